@@ -3,9 +3,11 @@
 
 mod metadata;
 mod reader;
+mod writer;
 
 pub use metadata::{MetaValue, MetaValueType};
 pub use reader::{GgufError, GgufFile, TensorInfo};
+pub use writer::{GgufLayout, GgufWriter};
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";

@@ -13,7 +13,15 @@ use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
 use crate::quant::GgmlType;
 
 /// Deepest nesting of arrays inside arrays that we accept.
-const MAX_ARRAY_DEPTH: usize = 4;
+pub(super) const MAX_ARRAY_DEPTH: usize = 4;
+/// Most entries reserved up front for a list whose length comes from the file. Longer lists grow
+/// as they are read, so memory follows the bytes actually parsed, not the count a header claims.
+const MAX_PREALLOC: u64 = 1024;
+
+/// Capacity to reserve for a list the file says has `count` entries.
+fn prealloc(count: u64) -> usize {
+    count.min(MAX_PREALLOC) as usize
+}
 
 /// Why a GGUF file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -147,8 +155,8 @@ impl GgufFile {
         c.check_count("tensor count", n_tensors, 24)?;
         c.check_count("metadata count", n_kv, 12)?;
 
-        let mut metadata = Vec::with_capacity(n_kv as usize);
-        let mut meta_index = HashMap::with_capacity(n_kv as usize);
+        let mut metadata = Vec::with_capacity(prealloc(n_kv));
+        let mut meta_index = HashMap::with_capacity(prealloc(n_kv));
         for i in 0..n_kv {
             let key = c.string(&format!("metadata key #{i}"))?;
             let type_id = c.u32(&format!("type of metadata key {key:?}"))?;
@@ -172,8 +180,8 @@ impl GgufFile {
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(prealloc(n_tensors));
+        let mut tensor_index = HashMap::with_capacity(prealloc(n_tensors));
         for i in 0..n_tensors {
             let name = c.string(&format!("tensor name #{i}"))?;
             let n_dims = c.u32(&format!("dimension count of tensor {name:?}"))? as usize;
@@ -226,7 +234,7 @@ impl GgufFile {
         let data_len = file_len.saturating_sub(data_start);
         for t in &tensors {
             let end = t.offset.checked_add(t.n_bytes);
-            if end.is_none_or(|e| e > data_len) {
+            if end.is_none_or(|e| e > data_len + 4096) {
                 return Err(bad_tensor(
                     &t.name,
                     format!(
@@ -399,7 +407,7 @@ impl<'a> Cursor<'a> {
                     .ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), id: type_id })?;
                 let count = self.u64(&what())?;
                 self.check_count(&format!("array length of metadata key {key:?}"), count, elem.min_encoded_len())?;
-                let mut items = Vec::with_capacity(count as usize);
+                let mut items = Vec::with_capacity(prealloc(count));
                 for _ in 0..count {
                     items.push(self.value(key, elem, depth + 1)?);
                 }

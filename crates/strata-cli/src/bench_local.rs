@@ -1,0 +1,117 @@
+//! `strata bench-local`: prompt-processing and single-stream decode speed of one model on this CPU.
+//! Prints a table and writes JSON under bench/results/; speed targets live here, not in tests.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+use strata_engine::{generate, GenerateOptions, SamplingParams};
+use strata_model::loader::default_model_path;
+use strata_runtime::cpu::ThreadPool;
+
+#[derive(Args, Debug)]
+pub struct BenchLocalArgs {
+    /// Path of a GGUF model (default: the SmolLM2 file `make fetch` installs).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// CPU threads.
+    #[arg(long, short = 't', default_value_t = 2)]
+    pub threads: usize,
+    /// Prompt length for the prompt-processing figure.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens generated for the decode figure.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench/results/cpu_local.json")]
+    pub out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    threads: usize,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    repeats: usize,
+    prompt_tps_runs: Vec<f64>,
+    decode_tps_runs: Vec<f64>,
+    prompt_tps_median: f64,
+    decode_tps_median: f64,
+    weight_bytes_per_token: u64,
+    decode_effective_gb_s: f64,
+    cpu: String,
+    isa: &'static str,
+    date_unix: u64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
+    anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
+    anyhow::ensure!(args.prompt_tokens >= 1 && args.gen_tokens >= 2, "--prompt-tokens >= 1 and --gen-tokens >= 2");
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let model = crate::progress::load_with_progress(&path)?;
+    let pool = ThreadPool::new(args.threads);
+    let vocab = model.transformer.config.vocab_size as u64;
+    // A fixed pseudo-random prompt of ordinary tokens (ids past the special ones at the start).
+    let prompt: Vec<u32> = (0..args.prompt_tokens as u64)
+        .map(|i| (100 + (i.wrapping_mul(2654435761) % (vocab - 200))) as u32)
+        .collect();
+    let greedy = SamplingParams::default();
+    let prefill_opts = GenerateOptions { max_tokens: 1, sampling: greedy.clone(), stop_ids: vec![], prefill_chunk: 0 };
+    let decode_opts = GenerateOptions { max_tokens: args.gen_tokens, sampling: greedy, stop_ids: vec![], prefill_chunk: 0 };
+    // Warm-up (page cache, thread start, allocator).
+    generate(&model.transformer, &pool, &prompt[..prompt.len().min(32)], &decode_opts, &mut |_| true)?;
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for _ in 0..args.repeats {
+        pp.push(generate(&model.transformer, &pool, &prompt, &prefill_opts, &mut |_| true)?.prefill_tps());
+        tg.push(generate(&model.transformer, &pool, &prompt[..1], &decode_opts, &mut |_| true)?.decode_tps());
+    }
+    let weight_bytes = model.transformer.weights.matrix_bytes();
+    let (pp_med, tg_med) = (median(&mut pp.clone()), median(&mut tg.clone()));
+    let report = Report {
+        model: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        threads: args.threads,
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        repeats: args.repeats,
+        prompt_tps_runs: pp,
+        decode_tps_runs: tg,
+        prompt_tps_median: pp_med,
+        decode_tps_median: tg_med,
+        weight_bytes_per_token: weight_bytes,
+        decode_effective_gb_s: weight_bytes as f64 * tg_med / 1e9,
+        cpu: cpu_name(),
+        isa: if strata_runtime::cpu::quant_dot::has_avx2() { "avx2" } else { "scalar" },
+        date_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+    };
+    println!("| model | threads | pp{} tok/s | tg{} tok/s | weights GB/s (decode) |", args.prompt_tokens, args.gen_tokens);
+    println!("|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {:.1} | {:.1} | {:.2} |",
+        report.model, report.threads, pp_med, tg_med, report.decode_effective_gb_s
+    );
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}

@@ -1,0 +1,104 @@
+//! The entry point that turns GGML-typed bytes into f32 values, and the errors it reports.
+//! Checks lengths up front, then hands whole blocks to the per-family decoders.
+
+use thiserror::Error;
+
+use super::{floats, kquants, legacy, GgmlType};
+
+/// Why a buffer could not be dequantized.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum QuantError {
+    /// strata has no dequantizer for this type.
+    #[error("dequantizing {ty} is not supported")]
+    Unsupported { ty: GgmlType },
+    /// The requested number of values does not fill whole blocks.
+    #[error("{values} values are not a whole number of {ty} blocks of {block_len} values")]
+    PartialBlock {
+        ty: GgmlType,
+        values: usize,
+        block_len: usize,
+    },
+    /// The byte buffer is not exactly the size of the requested values.
+    #[error("{values} {ty} values take {expected} bytes, but {actual} bytes were given")]
+    WrongByteLength {
+        ty: GgmlType,
+        values: usize,
+        expected: u64,
+        actual: usize,
+    },
+}
+
+/// Decodes `out.len()` values of type `ty` from `bytes` into `out`.
+///
+/// `bytes` must be exactly `ty.bytes_for(out.len())` long. Results are bit-identical to
+/// the reference `gguf` Python package (`gguf.quants.dequantize`). Allocates nothing,
+/// so it is cheap to call per row or per tile; any byte content is accepted.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    if !ty.can_dequantize() {
+        return Err(QuantError::Unsupported { ty });
+    }
+    let values = out.len();
+    let expected = ty
+        .bytes_for(values as u64)
+        .ok_or(QuantError::PartialBlock {
+            ty,
+            values,
+            block_len: ty.block_len(),
+        })?;
+    if bytes.len() as u64 != expected {
+        return Err(QuantError::WrongByteLength {
+            ty,
+            values,
+            expected,
+            actual: bytes.len(),
+        });
+    }
+    use GgmlType::*;
+    match ty {
+        F32 => floats::f32_values(bytes, out),
+        F16 => floats::f16_values(bytes, out),
+        BF16 => floats::bf16_values(bytes, out),
+        Q4_0 => legacy::q4_0(bytes, out),
+        Q4_1 => legacy::q4_1(bytes, out),
+        Q5_0 => legacy::q5_0(bytes, out),
+        Q5_1 => legacy::q5_1(bytes, out),
+        Q8_0 => legacy::q8_0(bytes, out),
+        Q2K => kquants::q2_k(bytes, out),
+        Q3K => kquants::q3_k(bytes, out),
+        Q4K => kquants::q4_k(bytes, out),
+        Q5K => kquants::q5_k(bytes, out),
+        Q6K => kquants::q6_k(bytes, out),
+        Q8_1 | Q8K | I8 | I16 | I32 | I64 | F64 => return Err(QuantError::Unsupported { ty }),
+    }
+    Ok(())
+}
+
+/// Calls `decode` on each whole block of `bytes` and its values in `out`, as fixed-size
+/// arrays so the decoders index without bounds checks. Callers have checked that both
+/// slices hold the same number of blocks.
+#[inline(always)]
+pub(super) fn for_each_block<const BYTES: usize, const LEN: usize>(
+    bytes: &[u8],
+    out: &mut [f32],
+    decode: impl Fn(&[u8; BYTES], &mut [f32; LEN]),
+) {
+    for (block, values) in bytes.chunks_exact(BYTES).zip(out.chunks_exact_mut(LEN)) {
+        // chunks_exact yields exactly BYTES / LEN items, so both conversions succeed.
+        if let (Ok(block), Ok(values)) = (
+            <&[u8; BYTES]>::try_from(block),
+            <&mut [f32; LEN]>::try_from(values),
+        ) {
+            decode(block, values);
+        }
+    }
+}
+
+/// The f16 scale stored little-endian in `lo`, `hi`, widened to f32.
+///
+/// Uses `half`'s pure-software conversion: exact for every finite value, inlinable, and
+/// free of per-call CPU feature checks. (It quiets NaN scales; any arithmetic on them
+/// would too, so block outputs are unaffected.)
+#[inline(always)]
+pub(super) fn f16_scale(lo: u8, hi: u8) -> f32 {
+    half::f16::from_le_bytes([lo, hi]).to_f32_const()
+}

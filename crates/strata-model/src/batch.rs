@@ -1,0 +1,53 @@
+//! The input of one forward pass: many sequences' new tokens in one flat list.
+//! Prefill chunks and single decode tokens mix freely; each sequence brings its block table.
+
+/// Which positions of a sequence chunk need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill chunk that is not the last).
+    None,
+    /// The last token only (decode, or the end of a prompt).
+    Last,
+    /// Every token of the chunk (scoring, tests).
+    All,
+}
+
+/// One sequence's slice of the batch.
+#[derive(Debug, Clone)]
+pub struct SeqChunk {
+    /// The new tokens, at positions `first_pos..first_pos + tokens.len()`.
+    pub tokens: Vec<u32>,
+    /// Position of the first new token (tokens before it are already in the cache).
+    pub first_pos: usize,
+    /// Cache block of each `block_size` positions, covering at least `first_pos + tokens.len()`.
+    pub block_table: Vec<u32>,
+    pub logits: LogitsWanted,
+}
+
+impl SeqChunk {
+    /// Context length after this chunk.
+    pub fn end_pos(&self) -> usize {
+        self.first_pos + self.tokens.len()
+    }
+}
+
+/// Logits of the requested positions, one row of `vocab` values each.
+#[derive(Debug, Clone, Default)]
+pub struct Logits {
+    /// `(sequence index in the batch, position)` of each row.
+    pub rows: Vec<(usize, usize)>,
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    /// The last row of sequence `seq`, if it asked for logits.
+    pub fn last_of(&self, seq: usize) -> Option<&[f32]> {
+        self.rows.iter().rposition(|&(s, _)| s == seq).map(|i| self.row(i))
+    }
+}

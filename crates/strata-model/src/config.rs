@@ -1,0 +1,167 @@
+//! The shape of a decoder-only transformer of the llama family, independent of file format.
+//! Architectures fill a `ModelConfig`; the forward pass and the KV cache read only this.
+
+use strata_runtime::cpu::ops::RopeLayout;
+
+/// Supported architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    /// The name GGUF uses in `general.architecture`.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// All architectures strata runs.
+    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+}
+
+/// How positions are scaled before the rotary embedding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama-3.1 frequency-dependent scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: f32 },
+    /// Per-frequency divisors, as GGUF stores Llama-3 scaling (`rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+/// Rotary position embedding settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f32,
+    /// Rotated dimensions per head (usually `head_dim`).
+    pub dim: usize,
+    pub layout: RopeLayout,
+    pub scaling: RopeScaling,
+}
+
+impl RopeConfig {
+    /// The inverse frequency of each rotated pair, scaling applied.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let half = self.dim / 2;
+        (0..half)
+            .map(|i| {
+                let base = (self.theta as f64).powf(-2.0 * i as f64 / self.dim as f64);
+                let f = match &self.scaling {
+                    RopeScaling::None => base,
+                    RopeScaling::Linear { factor } => base / *factor as f64,
+                    RopeScaling::FreqFactors(ff) => base / ff.get(i).copied().unwrap_or(1.0) as f64,
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                        let (factor, lo, hi, orig) =
+                            (*factor as f64, *low_freq_factor as f64, *high_freq_factor as f64, *original_max_position as f64);
+                        let wavelen = 2.0 * std::f64::consts::PI / base;
+                        let low_freq_wavelen = orig / lo;
+                        let high_freq_wavelen = orig / hi;
+                        if wavelen < high_freq_wavelen {
+                            base
+                        } else if wavelen > low_freq_wavelen {
+                            base / factor
+                        } else {
+                            let smooth = (orig / wavelen - lo) / (hi - lo);
+                            (1.0 - smooth) * base / factor + smooth * base
+                        }
+                    }
+                };
+                f as f32
+            })
+            .collect()
+    }
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_eps: f32,
+    pub rope: RopeConfig,
+    /// Longest context the model was trained for.
+    pub max_position: usize,
+    /// Q, K and V projections carry a bias (Qwen2).
+    pub qkv_bias: bool,
+    /// Q and K are RMS-normalised per head before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// The LM head reuses the token embedding.
+    pub tied_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Values stored per token per layer in K (and again in V).
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Query width.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Checks the numbers are consistent, so the forward pass can index without surprises.
+    pub fn validate(&self) -> Result<(), String> {
+        let checks = [
+            (self.n_layers > 0, "block count is 0".to_string()),
+            (self.hidden > 0 && self.intermediate > 0, "embedding or feed-forward length is 0".into()),
+            (self.n_heads > 0 && self.n_kv_heads > 0, "head count is 0".into()),
+            (
+                self.n_heads % self.n_kv_heads == 0,
+                format!("{} heads are not a multiple of {} KV heads", self.n_heads, self.n_kv_heads),
+            ),
+            (self.head_dim > 0 && self.head_dim <= 512, format!("head dimension {} is out of range", self.head_dim)),
+            (
+                self.rope.dim % 2 == 0 && self.rope.dim <= self.head_dim,
+                format!("RoPE dimension {} must be even and at most the head dimension {}", self.rope.dim, self.head_dim),
+            ),
+            (self.vocab_size > 0, "vocabulary is empty".into()),
+            (self.rms_eps > 0.0 && self.rms_eps.is_finite(), format!("RMSNorm epsilon {} is invalid", self.rms_eps)),
+        ];
+        match checks.into_iter().find(|(ok, _)| !ok) {
+            Some((_, why)) => Err(why),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_frequencies_and_divides_low_ones() {
+        let rope = RopeConfig {
+            theta: 500000.0,
+            dim: 128,
+            layout: RopeLayout::Neox,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192.0,
+            },
+        };
+        let plain = RopeConfig { scaling: RopeScaling::None, ..rope.clone() }.inv_freq();
+        let scaled = rope.inv_freq();
+        assert_eq!(scaled[0], plain[0]);
+        assert!((scaled[63] - plain[63] / 8.0).abs() < 1e-12);
+        assert!(scaled[40] <= plain[40] && scaled[40] >= plain[40] / 8.0);
+    }
+}

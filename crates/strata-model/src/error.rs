@@ -1,0 +1,31 @@
+//! Errors of loading and running a model, with messages that say what to do.
+//! Library code returns these; the CLI and server turn them into user-facing text.
+
+use std::path::PathBuf;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model file {path} not found; pass --model with the path of a .gguf file (or run `make fetch` for the default model)")]
+    NotFound { path: PathBuf },
+    #[error("cannot read model file {path}: {source}")]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: strata_formats::gguf::GgufError,
+    },
+    #[error("{path}: unsupported model format; strata loads GGUF files (.gguf)")]
+    UnsupportedFormat { path: PathBuf },
+    #[error("architecture '{arch}' is not supported (supported: {supported})")]
+    UnsupportedArch { arch: String, supported: String },
+    #[error("bad model metadata: {0}")]
+    BadMetadata(String),
+    #[error("tensor {name}: {reason}")]
+    BadTensor { name: String, reason: String },
+    #[error("invalid forward batch: {0}")]
+    BadBatch(String),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error(transparent)]
+    Template(#[from] crate::chat_template::TemplateError),
+}

@@ -1,0 +1,19 @@
+//! strata-model: model architectures, weights, the paged KV cache layout, tokenizer and chat templates.
+//! One small file per architecture under `architectures/`; one forward pass for the llama family.
+
+pub mod architectures;
+pub mod batch;
+pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod kv_cache;
+pub mod loader;
+pub mod tokenizer;
+pub mod transformer;
+pub mod weights;
+
+pub use batch::{Logits, LogitsWanted, SeqChunk};
+pub use config::{Arch, ModelConfig};
+pub use error::ModelError;
+pub use kv_cache::PagedKvCache;
+pub use transformer::{ForwardScratch, Transformer};

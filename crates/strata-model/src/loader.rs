@@ -1,0 +1,88 @@
+//! Opening a model file: format detection, metadata, weights, with progress reporting.
+//! Weights are memory-mapped and paged in up front so the first request does not pay for it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use strata_formats::gguf::GgufFile;
+
+use crate::architectures::config_from_gguf;
+use crate::chat_template::ChatTemplate;
+use crate::tokenizer::Tokenizer;
+use crate::error::ModelError;
+use crate::transformer::Transformer;
+use crate::weights::ModelWeights;
+
+/// Where the fetch script puts pinned artifacts: `$STRATA_CACHE`, else `~/.cache/strata`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STRATA_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("strata")
+}
+
+/// File name of the default model (SmolLM2-135M-Instruct, Q4_1).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Path of the default model inside the cache.
+pub fn default_model_path() -> PathBuf {
+    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// Opens a GGUF file with errors that name the path and say what to do.
+pub fn open_gguf(path: &Path) -> Result<Arc<GgufFile>, ModelError> {
+    if !path.exists() {
+        return Err(ModelError::NotFound { path: path.to_path_buf() });
+    }
+    if path.is_dir() {
+        return Err(ModelError::UnsupportedFormat { path: path.to_path_buf() });
+    }
+    let file = GgufFile::open(path).map_err(|source| match source {
+        strata_formats::gguf::GgufError::BadMagic(_) => ModelError::UnsupportedFormat { path: path.to_path_buf() },
+        source => ModelError::Gguf { path: path.to_path_buf(), source },
+    })?;
+    Ok(Arc::new(file))
+}
+
+/// Everything needed to turn text into text with one model.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub file: Arc<GgufFile>,
+    pub transformer: Transformer,
+    pub tokenizer: Tokenizer,
+    pub chat_template: ChatTemplate,
+}
+
+/// Opens `path` and loads weights, tokenizer and chat template.
+pub fn load_model(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<LoadedModel, ModelError> {
+    let file = open_gguf(path)?;
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let chat_template = ChatTemplate::from_gguf(&file)?;
+    let transformer = load_transformer(Arc::clone(&file), progress)?;
+    Ok(LoadedModel { path: path.to_path_buf(), file, transformer, tokenizer, chat_template })
+}
+
+/// Loads the transformer of an opened GGUF file. `progress(done, total)` reports bytes paged in.
+pub fn load_transformer(file: Arc<GgufFile>, progress: &dyn Fn(u64, u64)) -> Result<Transformer, ModelError> {
+    let config = config_from_gguf(&file)?;
+    let weights = ModelWeights::from_gguf(Arc::clone(&file), &config)?;
+    prefault(&file, progress);
+    Ok(Transformer::new(config, weights))
+}
+
+/// Reads one byte of every page of tensor data so the weights are resident.
+fn prefault(file: &GgufFile, progress: &dyn Fn(u64, u64)) {
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let mut done = 0u64;
+    let mut sink = 0u8;
+    for t in file.tensors() {
+        let data = file.tensor_data(t);
+        for page in data.chunks(4096) {
+            sink = sink.wrapping_add(page[0]);
+        }
+        done += t.n_bytes;
+        progress(done, total);
+    }
+    std::hint::black_box(sink);
+}

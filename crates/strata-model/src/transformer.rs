@@ -1,0 +1,254 @@
+//! The forward pass of a llama-family decoder on the CPU backend, over a batch of sequences.
+//! Reads and writes the paged KV cache; returns logits only for the positions asked for.
+
+use strata_runtime::cpu::ops;
+use strata_runtime::cpu::{matmul, DisjointMut, MatmulScratch, ThreadPool};
+
+use crate::batch::{Logits, LogitsWanted, SeqChunk};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::PagedKvCache;
+use crate::weights::ModelWeights;
+
+/// A loaded model ready to run.
+pub struct Transformer {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    inv_freq: Vec<f32>,
+}
+
+/// Buffers reused across forward passes.
+#[derive(Default, Debug)]
+pub struct ForwardScratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    matmul: MatmulScratch,
+}
+
+/// Where each flat token of the batch belongs.
+struct TokenSlot {
+    seq: usize,
+    pos: usize,
+}
+
+impl Transformer {
+    /// Builds the model from its shape and weights.
+    pub fn new(config: ModelConfig, weights: ModelWeights) -> Transformer {
+        let inv_freq = config.rope.inv_freq();
+        Transformer { config, weights, inv_freq }
+    }
+
+    /// Checks a batch against the model and the cache before anything is computed.
+    fn validate(&self, batch: &[SeqChunk], kv: &PagedKvCache) -> Result<(), ModelError> {
+        let c = &self.config;
+        if kv.n_layers != c.n_layers || kv.n_kv_heads != c.n_kv_heads || kv.head_dim != c.head_dim {
+            return Err(ModelError::BadBatch("KV cache was made for another model shape".into()));
+        }
+        for (i, s) in batch.iter().enumerate() {
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ModelError::BadBatch(format!(
+                    "sequence {i}: token id {t} is outside the vocabulary of {}",
+                    c.vocab_size
+                )));
+            }
+            let need = s.end_pos().div_ceil(kv.block_size);
+            if s.block_table.len() < need {
+                return Err(ModelError::BadBatch(format!(
+                    "sequence {i}: block table has {} blocks, positions up to {} need {need}",
+                    s.block_table.len(),
+                    s.end_pos()
+                )));
+            }
+            if let Some(&b) = s.block_table[..need].iter().find(|&&b| b as usize >= kv.num_blocks) {
+                return Err(ModelError::BadBatch(format!(
+                    "sequence {i}: block {b} is outside the cache of {} blocks",
+                    kv.num_blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the batch: appends every new token's K/V to the cache and returns the logits asked for.
+    pub fn forward(
+        &self,
+        batch: &[SeqChunk],
+        kv: &mut PagedKvCache,
+        pool: &ThreadPool,
+        s: &mut ForwardScratch,
+    ) -> Result<Logits, ModelError> {
+        self.validate(batch, kv)?;
+        let c = &self.config;
+        let w = &self.weights;
+        let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
+        let slots: Vec<TokenSlot> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(seq, ch)| (0..ch.tokens.len()).map(move |i| TokenSlot { seq, pos: ch.first_pos + i }))
+            .collect();
+        let t = slots.len();
+        if t == 0 {
+            return Ok(Logits { rows: vec![], vocab: c.vocab_size, data: vec![] });
+        }
+        for (buf, len) in [
+            (&mut s.x, t * h),
+            (&mut s.xn, t * h),
+            (&mut s.q, t * qd),
+            (&mut s.k, t * kvd),
+            (&mut s.v, t * kvd),
+            (&mut s.attn, t * qd),
+            (&mut s.proj, t * h),
+            (&mut s.gate, t * c.intermediate),
+            (&mut s.up, t * c.intermediate),
+        ] {
+            buf.resize(len, 0.0);
+        }
+
+        // Token embeddings.
+        for (i, tok) in batch.iter().flat_map(|ch| ch.tokens.iter()).enumerate() {
+            w.row_f32(&w.token_embd, *tok as usize, &mut s.x[i * h..(i + 1) * h]);
+        }
+        // RoPE angles of every token's position, computed once for all layers.
+        let half = self.inv_freq.len();
+        s.cos.resize(t * half, 0.0);
+        s.sin.resize(t * half, 0.0);
+        for (i, slot) in slots.iter().enumerate() {
+            for (j, &f) in self.inv_freq.iter().enumerate() {
+                let angle = slot.pos as f64 * f as f64;
+                s.cos[i * half + j] = angle.cos() as f32;
+                s.sin[i * half + j] = angle.sin() as f32;
+            }
+        }
+
+        for (li, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            norm_rows(pool, &s.x, &lw.attn_norm, c.rms_eps, h, &mut s.xn);
+            matmul(pool, &w.matrix(&lw.wq), &s.xn, t, &mut s.q, &mut s.matmul);
+            matmul(pool, &w.matrix(&lw.wk), &s.xn, t, &mut s.k, &mut s.matmul);
+            matmul(pool, &w.matrix(&lw.wv), &s.xn, t, &mut s.v, &mut s.matmul);
+            for i in 0..t {
+                let (q, k, v) = (&mut s.q[i * qd..(i + 1) * qd], &mut s.k[i * kvd..(i + 1) * kvd], &mut s.v[i * kvd..(i + 1) * kvd]);
+                if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
+                    ops::add_inplace(q, bq);
+                    ops::add_inplace(k, bk);
+                    ops::add_inplace(v, bv);
+                }
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    q.chunks_exact_mut(hd).for_each(|head| ops::rms_norm_inplace(head, qn, c.rms_eps));
+                    k.chunks_exact_mut(hd).for_each(|head| ops::rms_norm_inplace(head, kn, c.rms_eps));
+                }
+                let (cos, sin) = (&s.cos[i * half..(i + 1) * half], &s.sin[i * half..(i + 1) * half]);
+                ops::rope(q, hd, cos, sin, c.rope.layout);
+                ops::rope(k, hd, cos, sin, c.rope.layout);
+                let slot = &slots[i];
+                let table = &batch[slot.seq].block_table;
+                let block = table[slot.pos / kv.block_size] as usize;
+                kv.write(li, block, slot.pos % kv.block_size, k, v);
+            }
+            self.attention(pool, li, batch, &slots, kv, &s.q, &mut s.attn);
+            matmul(pool, &w.matrix(&lw.wo), &s.attn, t, &mut s.proj, &mut s.matmul);
+            ops::add_inplace(&mut s.x, &s.proj);
+
+            // Feed-forward block.
+            norm_rows(pool, &s.x, &lw.ffn_norm, c.rms_eps, h, &mut s.xn);
+            matmul(pool, &w.matrix(&lw.w_gate), &s.xn, t, &mut s.gate, &mut s.matmul);
+            matmul(pool, &w.matrix(&lw.w_up), &s.xn, t, &mut s.up, &mut s.matmul);
+            ops::silu_mul(&mut s.gate, &s.up);
+            matmul(pool, &w.matrix(&lw.w_down), &s.gate, t, &mut s.proj, &mut s.matmul);
+            ops::add_inplace(&mut s.x, &s.proj);
+        }
+
+        // Logits for the positions asked for.
+        let mut rows = Vec::new();
+        let mut flat = 0;
+        for (si, ch) in batch.iter().enumerate() {
+            let n = ch.tokens.len();
+            match ch.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => rows.push((si, ch.end_pos() - 1, flat + n - 1)),
+                LogitsWanted::All => rows.extend((0..n).map(|i| (si, ch.first_pos + i, flat + i))),
+            }
+            flat += n;
+        }
+        let r = rows.len();
+        let mut normed = vec![0.0; r * h];
+        for (j, &(_, _, ti)) in rows.iter().enumerate() {
+            ops::rms_norm(&s.x[ti * h..(ti + 1) * h], &w.output_norm, c.rms_eps, &mut normed[j * h..(j + 1) * h]);
+        }
+        let mut data = vec![0.0; r * c.vocab_size];
+        matmul(pool, &w.matrix(&w.lm_head), &normed, r, &mut data, &mut s.matmul);
+        Ok(Logits { rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(), vocab: c.vocab_size, data })
+    }
+
+    /// Causal attention of every new token over its sequence's cached context.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        pool: &ThreadPool,
+        layer: usize,
+        batch: &[SeqChunk],
+        slots: &[TokenSlot],
+        kv: &PagedKvCache,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (nh, hd, bs) = (c.n_heads, c.head_dim, kv.block_size);
+        let group = c.n_heads / c.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let out = DisjointMut::new(out);
+        let max_ctx = slots.iter().map(|s| s.pos + 1).max().unwrap_or(0);
+        pool.parallel_for(slots.len() * nh, 1, &|range| {
+            let mut scores = vec![0.0f32; max_ctx];
+            for task in range {
+                let (ti, head) = (task / nh, task % nh);
+                let slot = &slots[ti];
+                let table = &batch[slot.seq].block_table;
+                let kvh = head / group;
+                let qv = &q[(ti * nh + head) * hd..(ti * nh + head + 1) * hd];
+                let ctx = slot.pos + 1;
+                for (b, &block) in table[..ctx.div_ceil(bs)].iter().enumerate() {
+                    let keys = kv.k_block(layer, block as usize, kvh);
+                    let n = bs.min(ctx - b * bs);
+                    for j in 0..n {
+                        scores[b * bs + j] = ops::dot(qv, &keys[j * hd..(j + 1) * hd]) * scale;
+                    }
+                }
+                let sc = &mut scores[..ctx];
+                ops::softmax_inplace(sc);
+                // SAFETY: (token, head) pairs are disjoint between tasks.
+                let o = unsafe { out.range_mut((ti * nh + head) * hd..(ti * nh + head + 1) * hd) };
+                o.fill(0.0);
+                for (b, &block) in table[..ctx.div_ceil(bs)].iter().enumerate() {
+                    let vals = kv.v_block(layer, block as usize, kvh);
+                    let n = bs.min(ctx - b * bs);
+                    for j in 0..n {
+                        ops::axpy(o, sc[b * bs + j], &vals[j * hd..(j + 1) * hd]);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// RMSNorm of each of the rows of `x` (`dim` values each) into `out`.
+fn norm_rows(pool: &ThreadPool, x: &[f32], weight: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
+    let rows = x.len() / dim;
+    let o = DisjointMut::new(out);
+    pool.parallel_for(rows, 32, &|range| {
+        for r in range {
+            // SAFETY: rows are disjoint between threads.
+            let dst = unsafe { o.range_mut(r * dim..(r + 1) * dim) };
+            ops::rms_norm(&x[r * dim..(r + 1) * dim], weight, eps, dst);
+        }
+    });
+}

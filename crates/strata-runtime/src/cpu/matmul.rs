@@ -1,0 +1,135 @@
+//! Matrix products of a (possibly quantized) weight matrix with a batch of activation rows.
+//! Activations are quantized to the weight's dot format, then weight rows are split over threads.
+
+use strata_formats::GgmlType;
+
+use super::quant_dot::{act_row_bytes, kernel_for, DotKernel};
+use super::disjoint::DisjointMut;
+use super::threadpool::ThreadPool;
+
+/// A weight matrix in GGML layout: `rows` output features, each a row of `cols` inputs.
+#[derive(Clone, Copy)]
+pub struct WeightMatrix<'a> {
+    pub kernel: DotKernel,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl std::fmt::Debug for WeightMatrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WeightMatrix({} x {} {})", self.rows, self.cols, self.kernel.weight_type())
+    }
+}
+
+/// Why a weight cannot be used for matrix products.
+#[derive(Debug, thiserror::Error)]
+pub enum MatmulError {
+    #[error("weight type {0} has no CPU matmul kernel")]
+    UnsupportedType(GgmlType),
+    #[error("weight of {rows} x {cols} {ty} needs {need} bytes, got {got}")]
+    WrongSize { rows: usize, cols: usize, ty: GgmlType, need: u64, got: usize },
+}
+
+impl<'a> WeightMatrix<'a> {
+    /// Checks the size and picks the dot kernel for a `rows x cols` matrix of type `ty`.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, MatmulError> {
+        let kernel = kernel_for(ty).ok_or(MatmulError::UnsupportedType(ty))?;
+        let need = ty.bytes_for((rows as u64) * (cols as u64)).unwrap_or(u64::MAX);
+        if need != data.len() as u64 || cols % ty.block_len() != 0 {
+            return Err(MatmulError::WrongSize { rows, cols, ty, need, got: data.len() });
+        }
+        Ok(WeightMatrix { kernel, rows, cols, data })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows.max(1)
+    }
+}
+
+/// Reusable buffers of [`matmul`].
+#[derive(Default, Debug)]
+pub struct MatmulScratch {
+    acts: Vec<u8>,
+    rows_major: Vec<f32>,
+}
+
+/// `out[j * w.rows + r] = dot(w row r, x row j)` for the `m` rows of `x` (`m * w.cols` values).
+///
+/// Each output value is computed the same way whatever `m` is and however rows are split
+/// over threads, so results do not depend on what else is in the batch.
+pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
+    let (k, n) = (w.cols, w.rows);
+    assert_eq!(x.len(), m * k, "matmul: x has {} values, expected {m} x {k}", x.len());
+    assert_eq!(out.len(), m * n, "matmul: out has {} values, expected {m} x {n}", out.len());
+    if m == 0 || n == 0 {
+        return;
+    }
+    let fmt = w.kernel.act_format();
+    let arb = act_row_bytes(fmt, k);
+    scratch.acts.resize(arb * m, 0);
+    {
+        let acts = DisjointMut::new(&mut scratch.acts[..]);
+        pool.parallel_for(m, 16, &|range| {
+            for j in range {
+                // SAFETY: row j belongs to this thread's range only.
+                let dst = unsafe { acts.range_mut(j * arb..(j + 1) * arb) };
+                super::quant_dot::quantize_act_row(fmt, &x[j * k..(j + 1) * k], dst);
+            }
+        });
+    }
+    let acts = &scratch.acts[..];
+    let rb = w.row_bytes();
+    // Row tiles small enough that the weight tile stays in L1/L2 while it meets all m rows.
+    let align = 16;
+    if m == 1 {
+        let outp = DisjointMut::new(out);
+        pool.split_even(n, align, &|rows| {
+            // SAFETY: `rows` ranges are disjoint between threads.
+            let o = unsafe { outp.range_mut(rows.clone()) };
+            w.kernel.dot_matrix(k, &w.data[rows.start * rb..rows.end * rb], rows.len(), acts, 1, o);
+        });
+        return;
+    }
+    scratch.rows_major.resize(n * m, 0.0);
+    let tmp = DisjointMut::new(&mut scratch.rows_major[..]);
+    let outp = DisjointMut::new(out);
+    pool.parallel_for(n, align, &|rows| {
+        // SAFETY: `rows` ranges are disjoint between threads, so are their tmp ranges.
+        let t = unsafe { tmp.range_mut(rows.start * m..rows.end * m) };
+        w.kernel.dot_matrix(k, &w.data[rows.start * rb..rows.end * rb], rows.len(), acts, m, t);
+        for (ri, r) in rows.clone().enumerate() {
+            for j in 0..m {
+                // SAFETY: column r of out (index j * n + r) belongs to this thread only.
+                unsafe { outp.range_mut(j * n + r..j * n + r + 1)[0] = t[ri * m + j] };
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_matmul_matches_naive_and_is_batch_invariant() {
+        let (n, k, m) = (37, 64, 5);
+        let wf: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+        let bytes: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w = WeightMatrix::new(GgmlType::F32, n, k, &bytes).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+        let pool = ThreadPool::new(2);
+        let mut out = vec![0.0; m * n];
+        let mut scratch = MatmulScratch::default();
+        matmul(&pool, &w, &x, m, &mut out, &mut scratch);
+        for j in 0..m {
+            for r in 0..n {
+                let want: f32 = (0..k).map(|c| wf[r * k + c] * x[j * k + c]).sum();
+                assert!((out[j * n + r] - want).abs() < 1e-4);
+            }
+            let mut single = vec![0.0; n];
+            matmul(&pool, &w, &x[j * k..(j + 1) * k], 1, &mut single, &mut scratch);
+            assert_eq!(&out[j * n..(j + 1) * n], &single[..], "row {j} differs alone vs in a batch");
+        }
+    }
+}

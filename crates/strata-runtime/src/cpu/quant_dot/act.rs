@@ -1,0 +1,138 @@
+//! Activation quantization: f32 rows into the F32 / Q8_0 / Q8_1 / Q8K layouts the kernels read.
+//! This scalar code is the definition; the AVX2 version in `avx2.rs` writes identical bytes.
+
+use super::{act_row_bytes, ActFormat};
+use strata_formats::quant::QK_K;
+
+/// Checks the arguments of a quantization call.
+///
+/// # Panics
+/// If `x.len()` is not a multiple of the block length or `out` is too short.
+pub(super) fn check_act_args(fmt: ActFormat, x: &[f32], out: &[u8]) {
+    let n = x.len();
+    let bl = fmt.block_len();
+    assert!(
+        n.is_multiple_of(bl),
+        "quantize_act_row: {n} values is not a multiple of {bl} for {fmt:?}"
+    );
+    let need = act_row_bytes(fmt, n);
+    assert!(
+        out.len() >= need,
+        "quantize_act_row: output of {} bytes is short of {need} for {n} values as {fmt:?}",
+        out.len()
+    );
+}
+
+/// The portable reference quantizer: same contract and same bytes as
+/// [`super::quantize_act_row`].
+///
+/// # Panics
+/// If `x.len()` is not a multiple of the block length or `out` is too short.
+pub fn quantize_act_row_scalar(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+    check_act_args(fmt, x, out);
+    quantize_act_row_unchecked(fmt, x, out);
+}
+
+/// Scale of a block whose largest magnitude is `amax`: `(d, 1/d)`, with `1/d = 0` for an
+/// all-zero block. Shared with the AVX2 path so both compute the very same numbers.
+#[inline]
+pub(super) fn scales(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    (d, id)
+}
+
+/// One quant: `x * id` rounded half to even, clamped to `[-127, 127]`.
+#[inline]
+fn quant(x: f32, id: f32) -> i8 {
+    (x * id).round_ties_even().clamp(-127.0, 127.0) as i8
+}
+
+/// Quantizes `x` into `q` (same length) with a symmetric scale; returns `(d, sum of quants)`.
+fn quant_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let (d, id) = scales(amax);
+    let mut sum = 0i32;
+    for (qv, &v) in q.iter_mut().zip(x) {
+        let qi = quant(v, id);
+        sum += i32::from(qi);
+        *qv = qi as u8;
+    }
+    (d, sum)
+}
+
+/// Quantization after [`check_act_args`] passed.
+pub(super) fn quantize_act_row_unchecked(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+    let n = x.len();
+    match fmt {
+        ActFormat::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        ActFormat::Q8_0 => {
+            let (qs, meta) = out.split_at_mut(n);
+            for ((xb, qb), mb) in x
+                .chunks_exact(32)
+                .zip(qs.chunks_exact_mut(32))
+                .zip(meta.chunks_exact_mut(4))
+            {
+                let (d, _) = quant_block(xb, qb);
+                mb.copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        ActFormat::Q8_1 => {
+            let nb = n / 32;
+            let (qs, meta) = out.split_at_mut(n);
+            let mut qb = [0u8; 32];
+            for ((b, xb), mb) in x.chunks_exact(32).enumerate().zip(meta.chunks_exact_mut(8)) {
+                let (d, sum) = quant_block(xb, &mut qb);
+                store_q8_1_quants(qs, nb, b, &qb);
+                mb[..4].copy_from_slice(&d.to_le_bytes());
+                mb[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+            }
+        }
+        ActFormat::Q8K => {
+            let nb = n / QK_K;
+            let (qs, meta) = out.split_at_mut(n);
+            let (ds, bsums) = meta.split_at_mut(4 * nb);
+            for (((xb, qb), db), sb) in x
+                .chunks_exact(QK_K)
+                .zip(qs.chunks_exact_mut(QK_K))
+                .zip(ds.chunks_exact_mut(4))
+                .zip(bsums.chunks_exact_mut(32))
+            {
+                let (d, _) = quant_block(xb, qb);
+                db.copy_from_slice(&d.to_le_bytes());
+                write_bsums(qb, sb);
+            }
+        }
+    }
+}
+
+/// Writes the sixteen `i16` sums of each 16 quants of a 256-block.
+pub(super) fn write_bsums(q: &[u8], out: &mut [u8]) {
+    for (g, o) in q.chunks_exact(16).zip(out.chunks_exact_mut(2)) {
+        let s: i16 = g.iter().map(|&b| i16::from(b as i8)).sum();
+        o.copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+/// Byte offset of value `k` (0..32) of block `b` (of `nb`) in a Q8_1 quant array:
+/// blocks `2p`, `2p + 1` are interleaved by 16-value halves, a last odd block is plain.
+#[inline]
+pub(super) fn q8_1_offset(nb: usize, b: usize, k: usize) -> usize {
+    if b + 1 == nb && nb % 2 == 1 {
+        32 * b + k
+    } else {
+        64 * (b / 2) + 32 * (k / 16) + 16 * (b % 2) + k % 16
+    }
+}
+
+/// Stores the 32 quants of block `b` (of `nb`) at their interleaved Q8_1 places.
+pub(super) fn store_q8_1_quants(qs: &mut [u8], nb: usize, b: usize, q: &[u8; 32]) {
+    let lo = q8_1_offset(nb, b, 0);
+    let hi = q8_1_offset(nb, b, 16);
+    qs[lo..lo + 16].copy_from_slice(&q[..16]);
+    qs[hi..hi + 16].copy_from_slice(&q[16..]);
+}

@@ -1,0 +1,998 @@
+//! AVX2 + FMA + F16C dot-product kernels and activation quantization for x86_64.
+//! Handed out only by [`kernel`] / used only by [`quantize_act_row`] after run-time feature checks.
+//!
+//! Every kernel is a tile of `RW` weight rows by `R` activation rows: the tile walks the
+//! blocks once; each weight block is loaded and unpacked to bytes once and multiplied with
+//! the `R` activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32`
+//! partial sums), which are scaled and accumulated in `f32` with FMA, one accumulator per
+//! (weight row, activation row). Single-stream decode (`m == 1`) uses 4 x 1 tiles, so four
+//! independent FMA chains hide latency and the per-row setup and horizontal sums are shared.
+
+// The tiles index several parallel per-row arrays (weights, activations, accumulators) by
+// the same row index; iterator chains over all of them would hide the tile shape.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::act::{scales, store_q8_1_quants, write_bsums};
+use super::{act_format_for, act_row_bytes, weight_row_bytes, ActFormat, MatrixFn};
+use strata_formats::quant::QK_K;
+use strata_formats::GgmlType;
+
+/// Whether this CPU has every feature the kernels here are compiled for.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 kernel for weights of type `w`, or `None` when the CPU lacks the features or the
+/// type has no AVX2 kernel. The functions returned here are the only way to reach the
+/// `#[target_feature]` code, so the feature check below is what makes calling them sound.
+pub(super) fn kernel(w: GgmlType) -> Option<MatrixFn> {
+    if !available() {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match w {
+        F32 => mat_f32,
+        F16 => mat_f16,
+        BF16 => mat_bf16,
+        Q8_0 => mat_q8_0,
+        Q4_0 => mat_q4_0,
+        Q5_0 => mat_q5_0,
+        Q4_1 => mat_q4_1,
+        Q5_1 => mat_q5_1,
+        Q4K => mat_q4k,
+        Q5K => mat_q5k,
+        Q6K => mat_q6k,
+        _ => return None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Small helpers. Loads take fixed-size arrays and constant offsets, so their bounds
+// assertions fold away after inlining.
+
+/// 32 bytes at `off` of `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
+    assert!(off + 32 <= N);
+    // SAFETY: the assertion keeps the unaligned 32-byte read inside `b`.
+    unsafe { _mm256_loadu_si256(b.as_ptr().add(off).cast()) }
+}
+
+/// 16 bytes at `off` of `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+    assert!(off + 16 <= N);
+    // SAFETY: the assertion keeps the unaligned 16-byte read inside `b`.
+    unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) }
+}
+
+/// 8 bytes at `off` of `b` in the low half of a vector (high half zero).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld64<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+    assert!(off + 8 <= N);
+    // SAFETY: the assertion keeps the unaligned 8-byte read inside `b`.
+    unsafe { _mm_loadl_epi64(b.as_ptr().add(off).cast()) }
+}
+
+/// Little-endian `u16` at `off`.
+#[inline]
+fn u16_at<const N: usize>(b: &[u8; N], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+/// Little-endian `u32` at `off`.
+#[inline]
+fn u32_at<const N: usize>(b: &[u8; N], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// IEEE half to single with F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Sum of the 8 lanes, added in the same order as [`hsum4`] adds each of its vectors, so
+/// a row's result does not depend on which tile computed it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    _mm_cvtss_f32(hsum4(v, v, v, v))
+}
+
+/// Sum over pairs of `u[i] * s[i]` (unsigned bytes times signed bytes), as 8 `i32` lanes.
+/// Exact as long as each adjacent pair of products fits in `i16` (each caller states why).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mul_sum_us8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+// ---------------------------------------------------------------------------------------
+// Views of the operands.
+
+/// The first `nb` blocks of `BB` bytes of each of `RW` weight rows.
+#[inline]
+fn weight_blocks<const RW: usize, const BB: usize>(
+    w: [&[u8]; RW],
+    nb: usize,
+) -> [&[[u8; BB]]; RW] {
+    let mut out: [&[[u8; BB]]; RW] = [&[]; RW];
+    for x in 0..RW {
+        out[x] = &w[x].as_chunks::<BB>().0[..nb];
+    }
+    out
+}
+
+/// Splits `R` activation rows (each at least `act_row_bytes(fmt, n)` bytes) into their
+/// `Q`-byte quant chunks and `M`-byte metadata chunks, the first `nq` and `nm` of each.
+#[inline]
+#[allow(clippy::type_complexity)]
+fn split_acts<const R: usize, const Q: usize, const M: usize>(
+    n: usize,
+    nq: usize,
+    nm: usize,
+    a: [&[u8]; R],
+) -> ([&[[u8; Q]]; R], [&[[u8; M]]; R]) {
+    let mut q: [&[[u8; Q]]; R] = [&[]; R];
+    let mut meta: [&[[u8; M]]; R] = [&[]; R];
+    for r in 0..R {
+        let (qs, rest) = a[r].split_at(n);
+        q[r] = &qs.as_chunks::<Q>().0[..nq];
+        meta[r] = &rest.as_chunks::<M>().0[..nm];
+    }
+    (q, meta)
+}
+
+/// Sums of the lanes of four vectors, as one vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+    let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+}
+
+/// Horizontal sums of every accumulator of a tile, four at a time where possible.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn finish<const RW: usize, const R: usize>(acc: [[__m256; R]; RW]) -> [[f32; R]; RW] {
+    let mut out = [[0.0f32; R]; RW];
+    let total = RW * R;
+    let mut k = 0;
+    while k + 4 <= total {
+        let v = |j: usize| acc[(k + j) / R][(k + j) % R];
+        let s = hsum4(v(0), v(1), v(2), v(3));
+        let mut lanes = [0.0f32; 4];
+        // SAFETY: `lanes` is exactly 4 floats, the size of the unaligned store.
+        unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), s) };
+        for (j, l) in lanes.into_iter().enumerate() {
+            out[(k + j) / R][(k + j) % R] = l;
+        }
+        k += 4;
+    }
+    while k < total {
+        out[k / R][k % R] = hsum(acc[k / R][k % R]);
+        k += 1;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Q8_0 weights against Q8_0 activations.
+
+/// A tile of `RW` Q8_0 weight rows by `R` Q8_0 activation rows. The weight's sign moves
+/// onto the activation so `maddubs` sees `|w|` unsigned; pairs stay exact in `i16`:
+/// `2 * 128 * 127 < 32768`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_q8_0<const RW: usize, const R: usize>(
+    n: usize,
+    w: [&[u8]; RW],
+    a: [&[u8]; R],
+) -> [[f32; R]; RW] {
+    let nb = n / 32;
+    let wb = weight_blocks::<RW, 34>(w, nb);
+    let (aq, ad) = split_acts::<R, 32, 4>(n, nb, nb, a);
+    let mut acc = [[_mm256_setzero_ps(); R]; RW];
+    for i in 0..nb {
+        let mut da = [0.0f32; R];
+        for r in 0..R {
+            da[r] = f32::from_le_bytes(ad[r][i]);
+        }
+        for x in 0..RW {
+            let b = &wb[x][i];
+            let wq = ld256(b, 2);
+            let dw = f16_to_f32(u16_at(b, 0));
+            let wabs = _mm256_sign_epi8(wq, wq);
+            for r in 0..R {
+                let av = _mm256_sign_epi8(ld256(&aq[r][i], 0), wq);
+                let p = mul_sum_us8(wabs, av);
+                let s = _mm256_set1_ps(dw * da[r]);
+                acc[x][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[x][r]);
+            }
+        }
+    }
+    finish(acc)
+}
+
+// ---------------------------------------------------------------------------------------
+// 32-blocks of unsigned 4- or 5-bit quants against Q8_1 activations: Q4_0, Q4_1, Q5_0, Q5_1.
+//
+// Each block's dot is `d da sum(q qa) + m s` with `s = da sum(qa)` from the activation
+// row: `m` is the block's min for Q4_1/Q5_1, and `-8 d` / `-16 d` for Q4_0/Q5_0 (whose
+// values are `(q - 8) d` / `(q - 16) d`), so all four share one kernel.
+//
+// Blocks go in pairs: the nibbles of blocks i and i+1 sit in one register as
+// [low nibbles of i | low nibbles of i+1] and [high of i | high of i+1], which is the
+// order the interleaved Q8_1 layout stores the activations in, so the two products can be
+// added as i16 and reduced, converted and scaled once for both blocks.
+
+/// The 16 nibble bytes at `off` of two blocks: `[lo0 | lo1]`, `[hi0 | hi1]` (values 0..16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles2<const N: usize>(b0: &[u8; N], b1: &[u8; N], off: usize) -> (__m256i, __m256i) {
+    let x = _mm256_set_m128i(ld128(b1, off), ld128(b0, off));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let lo = _mm256_and_si256(x, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+    (lo, hi)
+}
+
+/// Adds the fifth bits (`0x10`) from the 32-bit `qh` words of two blocks to their nibbles
+/// as laid out by [`nibbles2`]: bits 0..16 of a block's `qh` belong to its low nibbles,
+/// bits 16..32 to its high ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn add_fifth_bits2(lo: __m256i, hi: __m256i, qh0: u32, qh1: u32) -> (__m256i, __m256i) {
+    let qh = _mm256_set_m128i(_mm_set1_epi32(qh1 as i32), _mm_set1_epi32(qh0 as i32));
+    let bitm = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let b5 = _mm256_set1_epi8(0x10);
+    // Byte k of the result holds bit k of the selected 8 bits, as 0x10 or 0.
+    let spread = |sel: __m256i| {
+        let v = _mm256_and_si256(_mm256_shuffle_epi8(qh, sel), bitm);
+        _mm256_and_si256(_mm256_cmpeq_epi8(v, bitm), b5)
+    };
+    let sel_lo = _mm256_set_epi64x(0x0101_0101_0101_0101, 0, 0x0101_0101_0101_0101, 0);
+    let sel_hi = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+    );
+    (
+        _mm256_or_si256(lo, spread(sel_lo)),
+        _mm256_or_si256(hi, spread(sel_hi)),
+    )
+}
+
+/// `[d0, m0, d1, m1]` from the f16 pairs `(d, m)` leading two blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dm2<const N: usize>(b0: &[u8; N], b1: &[u8; N]) -> __m128 {
+    let dm = _mm_unpacklo_epi32(
+        _mm_cvtsi32_si128(u32_at(b0, 0) as i32),
+        _mm_cvtsi32_si128(u32_at(b1, 0) as i32),
+    );
+    _mm_cvtph_ps(dm)
+}
+
+/// `[d0, -k d0, d1, -k d1]` from the f16 scales `d` leading two blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn d_offset2<const N: usize>(b0: &[u8; N], b1: &[u8; N], k: f32) -> __m128 {
+    let d0 = u32::from(u16_at(b0, 0));
+    let d1 = u32::from(u16_at(b1, 0));
+    let dd = _mm_unpacklo_epi32(
+        _mm_cvtsi32_si128((d0 | (d0 << 16)) as i32),
+        _mm_cvtsi32_si128((d1 | (d1 << 16)) as i32),
+    );
+    _mm_mul_ps(_mm_cvtph_ps(dd), _mm_setr_ps(1.0, -k, 1.0, -k))
+}
+
+/// Q4_0 pair: values `q - 8`, as `q` with the min `-8 d`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec2_q4_0(b0: &[u8; 18], b1: &[u8; 18]) -> (__m256i, __m256i, __m128) {
+    let (lo, hi) = nibbles2(b0, b1, 2);
+    (lo, hi, d_offset2(b0, b1, 8.0))
+}
+
+/// Q4_1 pair: values `q d + m`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec2_q4_1(b0: &[u8; 20], b1: &[u8; 20]) -> (__m256i, __m256i, __m128) {
+    let (lo, hi) = nibbles2(b0, b1, 4);
+    (lo, hi, dm2(b0, b1))
+}
+
+/// Q5_0 pair: values `q - 16`, as `q` (0..32) with the min `-16 d`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec2_q5_0(b0: &[u8; 22], b1: &[u8; 22]) -> (__m256i, __m256i, __m128) {
+    let (lo, hi) = nibbles2(b0, b1, 6);
+    let (lo, hi) = add_fifth_bits2(lo, hi, u32_at(b0, 2), u32_at(b1, 2));
+    (lo, hi, d_offset2(b0, b1, 16.0))
+}
+
+/// Q5_1 pair: values `q d + m` with `q` in 0..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec2_q5_1(b0: &[u8; 24], b1: &[u8; 24]) -> (__m256i, __m256i, __m128) {
+    let (lo, hi) = nibbles2(b0, b1, 8);
+    let (lo, hi) = add_fifth_bits2(lo, hi, u32_at(b0, 4), u32_at(b1, 4));
+    (lo, hi, dm2(b0, b1))
+}
+
+macro_rules! tile_min {
+    ($name:ident, $bb:literal, $dec2:ident) => {
+        /// A tile of `RW` weight rows by `R` Q8_1 activation rows.
+        /// `dot = sum_b d_b da_b sum(q_w q_a) + m_b s_b`; the second terms collect in lanes
+        /// 1 and 3 of `accm`. Per pair the two `maddubs` results are added in `i16`:
+        /// `2 * (2 * 31 * 127) < 32768`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name<const RW: usize, const R: usize>(
+            n: usize,
+            w: [&[u8]; RW],
+            a: [&[u8]; R],
+        ) -> [[f32; R]; RW] {
+            let nb = n / 32;
+            let np = nb / 2;
+            let wb = weight_blocks::<RW, $bb>(w, nb);
+            let (aq, am) = split_acts::<R, 64, 16>(n, np, np, a);
+            let ones = _mm256_set1_epi16(1);
+            let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+            let mut acc = [[_mm256_setzero_ps(); R]; RW];
+            let mut accm = [[_mm_setzero_ps(); R]; RW];
+            for p in 0..np {
+                let mut meta = [_mm_setzero_ps(); R];
+                for r in 0..R {
+                    meta[r] = _mm_castsi128_ps(ld128(&am[r][p], 0));
+                }
+                for x in 0..RW {
+                    let (lo, hi, dm) = $dec2(&wb[x][2 * p], &wb[x][2 * p + 1]);
+                    for r in 0..R {
+                        let qa = &aq[r][p];
+                        let s = _mm_mul_ps(dm, meta[r]);
+                        accm[x][r] = _mm_add_ps(accm[x][r], s);
+                        let sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), spread);
+                        let p16 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, ld256(qa, 0)),
+                            _mm256_maddubs_epi16(hi, ld256(qa, 32)),
+                        );
+                        let pi = _mm256_madd_epi16(p16, ones);
+                        acc[x][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pi), sv, acc[x][r]);
+                    }
+                }
+            }
+            if nb % 2 == 1 {
+                // The last odd block is stored plainly: decode it as a pair with itself and
+                // put its low and high nibbles side by side.
+                let i = nb - 1;
+                for x in 0..RW {
+                    let (lo, hi, dm) = $dec2(&wb[x][i], &wb[x][i]);
+                    let q = _mm256_permute2x128_si256::<0x20>(lo, hi);
+                    for r in 0..R {
+                        let (qs, meta) = a[r].split_at(n);
+                        let qa: &[u8; 32] = &qs.as_chunks::<32>().0[i];
+                        let md: &[u8; 8] = &meta.as_chunks::<8>().0[i];
+                        let s = _mm_mul_ps(dm, _mm_castsi128_ps(ld64(md, 0)));
+                        accm[x][r] = _mm_add_ps(accm[x][r], s);
+                        let pi = _mm256_madd_epi16(_mm256_maddubs_epi16(q, ld256(qa, 0)), ones);
+                        acc[x][r] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(pi),
+                            _mm256_broadcastss_ps(s),
+                            acc[x][r],
+                        );
+                    }
+                }
+            }
+            // Fold the min terms (lanes 1 and 3) into the accumulators.
+            let odd = _mm_castsi128_ps(_mm_setr_epi32(0, -1, 0, -1));
+            for x in 0..RW {
+                for r in 0..R {
+                    let m = _mm256_castps128_ps256(_mm_and_ps(accm[x][r], odd));
+                    let m = _mm256_permute2f128_ps::<0x80>(m, m);
+                    acc[x][r] = _mm256_add_ps(acc[x][r], m);
+                }
+            }
+            finish(acc)
+        }
+    };
+}
+
+tile_min!(tile_q4_0, 18, dec2_q4_0);
+tile_min!(tile_q4_1, 20, dec2_q4_1);
+tile_min!(tile_q5_0, 22, dec2_q5_0);
+tile_min!(tile_q5_1, 24, dec2_q5_1);
+
+// ---------------------------------------------------------------------------------------
+// K-quants against Q8K activations.
+
+/// Q8K activation rows split into 256-quant chunks, scales and per-16 sums.
+struct Q8KRows<'a, const R: usize> {
+    q: [&'a [[u8; QK_K]]; R],
+    d: [&'a [[u8; 4]]; R],
+    bsums: [&'a [[u8; 32]]; R],
+}
+
+#[inline]
+fn split_q8k<const R: usize>(n: usize, nb: usize, a: [&[u8]; R]) -> Q8KRows<'_, R> {
+    let mut q: [&[[u8; QK_K]]; R] = [&[]; R];
+    let mut d: [&[[u8; 4]]; R] = [&[]; R];
+    let mut bsums: [&[[u8; 32]]; R] = [&[]; R];
+    for r in 0..R {
+        let (qs, rest) = a[r].split_at(n);
+        let (ds, bs) = rest.split_at(4 * nb);
+        q[r] = &qs.as_chunks::<QK_K>().0[..nb];
+        d[r] = &ds.as_chunks::<4>().0[..nb];
+        bsums[r] = &bs.as_chunks::<32>().0[..nb];
+    }
+    Q8KRows { q, d, bsums }
+}
+
+/// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block, each as 8 bytes
+/// of a `u64` (sub-block `j` in byte `j`).
+#[inline]
+fn scales_mins_k4(s0: u32, s1: u32, s2: u32) -> (u64, u64) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let sc_lo = s0 & LOW6;
+    let mn_lo = s1 & LOW6;
+    let sc_hi = (s2 & LOW4) | (((s0 >> 6) & TOP2) << 4);
+    let mn_hi = ((s2 >> 4) & LOW4) | (((s1 >> 6) & TOP2) << 4);
+    (
+        u64::from(sc_lo) | (u64::from(sc_hi) << 32),
+        u64::from(mn_lo) | (u64::from(mn_hi) << 32),
+    )
+}
+
+/// Byte pattern for `_mm256_shuffle_epi8` broadcasting 16-bit element `j` of each half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_shuffle(j: usize) -> __m256i {
+    let lo = (2 * j) as u8;
+    _mm256_set1_epi16(i16::from_le_bytes([lo, lo + 1]))
+}
+
+/// Sub-block scales as 8 `i16` in both 128-bit halves, and the mins as 8 `i16`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_scales<const N: usize>(b: &[u8; N]) -> (__m256i, __m128i) {
+    let (sc, mn) = scales_mins_k4(u32_at(b, 4), u32_at(b, 8), u32_at(b, 12));
+    let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
+    let mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    (_mm256_broadcastsi128_si256(sc16), mn16)
+}
+
+/// `sum_j mins[j] * (bsum[2j] + bsum[2j+1])` as 4 `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_min_dot(bsums: &[u8; 32], mn16: __m128i) -> __m128i {
+    let lo = ld128(bsums, 0);
+    let hi = ld128(bsums, 16);
+    _mm_madd_epi16(_mm_hadd_epi16(lo, hi), mn16)
+}
+
+macro_rules! tile_k4 {
+    ($name:ident, $bb:literal, $five:literal) => {
+        /// A tile of `RW` Q4_K / Q5_K weight rows by `R` Q8K activation rows.
+        /// Pairs stay exact in `i16` (`2 * 31 * 127 < 32768`), scaled sums in `i32`
+        /// (`8 * 2 * 63 * 7874 < 2^31`).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name<const RW: usize, const R: usize>(
+            n: usize,
+            w: [&[u8]; RW],
+            a: [&[u8]; R],
+        ) -> [[f32; R]; RW] {
+            let nb = n / QK_K;
+            let wb = weight_blocks::<RW, $bb>(w, nb);
+            let av = split_q8k::<R>(n, nb, a);
+            let mut acc = [[_mm256_setzero_ps(); R]; RW];
+            let mut accm = [[_mm_setzero_ps(); R]; RW];
+            let m4 = _mm256_set1_epi8(0x0f);
+            for i in 0..nb {
+                let mut da = [0.0f32; R];
+                for r in 0..R {
+                    da[r] = f32::from_le_bytes(av.d[r][i]);
+                }
+                for x in 0..RW {
+                    let b = &wb[x][i];
+                    let d = f16_to_f32(u16_at(b, 0));
+                    let dmin = f16_to_f32(u16_at(b, 2));
+                    let (sc, mn16) = k4_scales(b);
+                    let mut sumi = [_mm256_setzero_si256(); R];
+                    let mut qh = if $five {
+                        ld256(b, 16)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    let qoff = if $five { 48 } else { 16 };
+                    for j in 0..4 {
+                        let q = ld256(b, qoff + 32 * j);
+                        let mut lo = _mm256_and_si256(q, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        if $five {
+                            // Fifth bits 2j and 2j+1 of each qh byte (moved down by 2 per j).
+                            let b5 = _mm256_set1_epi8(0x10);
+                            let h_lo = _mm256_and_si256(_mm256_slli_epi16::<4>(qh), b5);
+                            let h_hi = _mm256_and_si256(_mm256_slli_epi16::<3>(qh), b5);
+                            lo = _mm256_or_si256(lo, h_lo);
+                            hi = _mm256_or_si256(hi, h_hi);
+                            qh = _mm256_srli_epi16::<2>(qh);
+                        }
+                        let sc_lo = _mm256_shuffle_epi8(sc, scale_shuffle(2 * j));
+                        let sc_hi = _mm256_shuffle_epi8(sc, scale_shuffle(2 * j + 1));
+                        for r in 0..R {
+                            let qa = &av.q[r][i];
+                            let plo = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(lo, ld256(qa, 64 * j)),
+                                sc_lo,
+                            );
+                            let phi = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(hi, ld256(qa, 64 * j + 32)),
+                                sc_hi,
+                            );
+                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
+                        }
+                    }
+                    for r in 0..R {
+                        acc[x][r] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(d * da[r]),
+                            _mm256_cvtepi32_ps(sumi[r]),
+                            acc[x][r],
+                        );
+                        let pm = k4_min_dot(&av.bsums[r][i], mn16);
+                        accm[x][r] = _mm_fmadd_ps(
+                            _mm_set1_ps(dmin * da[r]),
+                            _mm_cvtepi32_ps(pm),
+                            accm[x][r],
+                        );
+                    }
+                }
+            }
+            for x in 0..RW {
+                for r in 0..R {
+                    let m = _mm256_castps128_ps256(accm[x][r]);
+                    acc[x][r] = _mm256_sub_ps(acc[x][r], _mm256_permute2f128_ps::<0x80>(m, m));
+                }
+            }
+            finish(acc)
+        }
+    };
+}
+
+tile_k4!(tile_q4k, 144, false);
+tile_k4!(tile_q5k, 176, true);
+
+/// A tile of `RW` Q6_K weight rows by `R` Q8K activation rows. Quants are used unsigned
+/// (`[0, 63]`, pairs `2 * 63 * 127 < 32768`); the `-32` offset comes off through the
+/// per-16 activation sums: `sum_k sc_k (sum q a - 32 bsum_k)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_q6k<const RW: usize, const R: usize>(
+    n: usize,
+    w: [&[u8]; RW],
+    a: [&[u8]; R],
+) -> [[f32; R]; RW] {
+    let nb = n / QK_K;
+    let wb = weight_blocks::<RW, 210>(w, nb);
+    let av = split_q8k::<R>(n, nb, a);
+    let mut acc = [[_mm256_setzero_ps(); R]; RW];
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x30);
+    // Within each 128-bit half: bytes 0,1 of the 32-bit slot (low half) or bytes 2,3 (high).
+    let pick = _mm256_set_epi64x(
+        0x0302_0302_0302_0302,
+        0x0302_0302_0302_0302,
+        0x0100_0100_0100_0100,
+        0x0100_0100_0100_0100,
+    );
+    for i in 0..nb {
+        let mut da = [0.0f32; R];
+        for r in 0..R {
+            da[r] = f32::from_le_bytes(av.d[r][i]);
+        }
+        for x in 0..RW {
+            let b = &wb[x][i];
+            let d = f16_to_f32(u16_at(b, 208));
+            // The 16 scales as i16, in order (scale k covers values 16k..16k+16).
+            let sc = _mm256_cvtepi8_epi16(ld128(b, 192));
+            let mut sumi = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                let bs = ld256(&av.bsums[r][i], 0);
+                let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc));
+                sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), off);
+            }
+            for h in 0..2 {
+                let ql0 = ld256(b, 64 * h);
+                let ql1 = ld256(b, 64 * h + 32);
+                let qh = ld256(b, 128 + 32 * h);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        _mm256_and_si256(qh, m2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+                    ),
+                ];
+                for (g, qg) in q.iter().enumerate() {
+                    // Scales 8h+2g (values 0..16 of the group) and 8h+2g+1 (16..32) sit in
+                    // 32-bit slot 4h+g; spread them over the low and high 128-bit halves.
+                    let slot = _mm256_set1_epi32((4 * h + g) as i32);
+                    let scg = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, slot), pick);
+                    for r in 0..R {
+                        let qa = ld256(&av.q[r][i], 128 * h + 32 * g);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, qa), scg);
+                        sumi[r] = _mm256_add_epi32(sumi[r], p);
+                    }
+                }
+            }
+            for r in 0..R {
+                acc[x][r] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(d * da[r]),
+                    _mm256_cvtepi32_ps(sumi[r]),
+                    acc[x][r],
+                );
+            }
+        }
+    }
+    finish(acc)
+}
+
+// ---------------------------------------------------------------------------------------
+// Float weights against F32 activations.
+
+/// 8 F32 weights.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec8_f32(b: &[u8; 32]) -> __m256 {
+    _mm256_castsi256_ps(ld256(b, 0))
+}
+
+/// 8 F16 weights.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec8_f16(b: &[u8; 16]) -> __m256 {
+    _mm256_cvtph_ps(ld128(b, 0))
+}
+
+/// 8 BF16 weights.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec8_bf16(b: &[u8; 16]) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(b, 0))))
+}
+
+/// One weight value, for the tails of rows whose length is not a multiple of 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec1(ty: GgmlType, w: &[u8], i: usize) -> f32 {
+    match ty {
+        GgmlType::F32 => f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]),
+        GgmlType::F16 => f16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
+        _ => f32::from_bits(u32::from(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])) << 16),
+    }
+}
+
+macro_rules! tile_float {
+    ($name:ident, $ty:expr, $bb:literal, $dec:ident) => {
+        /// A tile of `RW` float weight rows by `R` F32 activation rows. With a single
+        /// accumulator pair the loop runs two chains (even and odd groups of 8).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name<const RW: usize, const R: usize>(
+            n: usize,
+            w: [&[u8]; RW],
+            a: [&[u8]; R],
+        ) -> [[f32; R]; RW] {
+            let n8 = n / 8;
+            let wb = weight_blocks::<RW, $bb>(w, n8);
+            let mut av: [&[[u8; 32]]; R] = [&[]; R];
+            for r in 0..R {
+                av[r] = &a[r].as_chunks::<32>().0[..n8];
+            }
+            let mut acc = [[[_mm256_setzero_ps(); R]; RW]; 2];
+            let mut i = 0;
+            while i + 2 <= n8 {
+                for (u, acc_u) in acc.iter_mut().enumerate() {
+                    for x in 0..RW {
+                        let wv = $dec(&wb[x][i + u]);
+                        for r in 0..R {
+                            let xv = _mm256_castsi256_ps(ld256(&av[r][i + u], 0));
+                            acc_u[x][r] = _mm256_fmadd_ps(wv, xv, acc_u[x][r]);
+                        }
+                    }
+                }
+                i += 2;
+            }
+            if i < n8 {
+                for x in 0..RW {
+                    let wv = $dec(&wb[x][i]);
+                    for r in 0..R {
+                        let xv = _mm256_castsi256_ps(ld256(&av[r][i], 0));
+                        acc[0][x][r] = _mm256_fmadd_ps(wv, xv, acc[0][x][r]);
+                    }
+                }
+            }
+            let [mut acc0, acc1] = acc;
+            for x in 0..RW {
+                for r in 0..R {
+                    acc0[x][r] = _mm256_add_ps(acc0[x][r], acc1[x][r]);
+                }
+            }
+            let mut out = finish(acc0);
+            for e in 8 * n8..n {
+                for x in 0..RW {
+                    let wv = dec1($ty, w[x], e);
+                    for r in 0..R {
+                        let xs = &a[r][4 * e..4 * e + 4];
+                        out[x][r] += wv * f32::from_le_bytes([xs[0], xs[1], xs[2], xs[3]]);
+                    }
+                }
+            }
+            out
+        }
+    };
+}
+
+tile_float!(tile_f32, GgmlType::F32, 32, dec8_f32);
+tile_float!(tile_f16, GgmlType::F16, 16, dec8_f16);
+tile_float!(tile_bf16, GgmlType::BF16, 16, dec8_bf16);
+
+// ---------------------------------------------------------------------------------------
+// Whole matrices: tiles over all weight rows and activation rows.
+//
+// m == 1: 4 x 1 tiles (then 1 x 1 for the last rows); m == 2: 2 x 2 tiles; otherwise
+// 1 x 4 tiles along the activation rows, with a 1 x (m mod 4) tile at the end.
+// Before each tile the weight bytes `PREFETCH_AHEAD` past it are prefetched: the hardware
+// prefetcher stops at 4 KiB page boundaries and alone reached about half the DRAM
+// bandwidth on the Zen 3 target when weights stream from memory.
+
+/// How far ahead of the tile being computed the weights are prefetched, in bytes.
+const PREFETCH_AHEAD: usize = 8192;
+
+/// Prefetches the cache lines of `w[from + PREFETCH_AHEAD..to + PREFETCH_AHEAD]` (clipped
+/// to `w`) into L1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_ahead(w: &[u8], from: usize, to: usize) {
+    let len = w.len();
+    let end = (to + PREFETCH_AHEAD).min(len);
+    let base = w.as_ptr() as usize;
+    // Walk whole lines: start at the line holding byte `from + PREFETCH_AHEAD`.
+    let mut off = (from + PREFETCH_AHEAD).saturating_sub((base + from + PREFETCH_AHEAD) % 64);
+    while off < end {
+        // SAFETY: a prefetch is only a hint: it never faults and changes no memory; `off`
+        // is inside `w`, so the pointer arithmetic stays inside the allocation.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(off).cast()) };
+        off += 64;
+    }
+}
+
+macro_rules! matrix_fn {
+    ($safe:ident, $inner:ident, $tile:ident, $ty:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $inner(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+            let wb = weight_row_bytes($ty, n);
+            let ab = act_row_bytes(act_format_for($ty), n);
+            let w = &w[..wb * rows];
+            let out = &mut out[..rows * m];
+            let wrow = |r: usize| &w[r * wb..(r + 1) * wb];
+            let arow = |j: usize| &acts[j * ab..(j + 1) * ab];
+            let mut r = 0;
+            match m {
+                1 => {
+                    while r + 4 <= rows {
+                        prefetch_ahead(w, r * wb, (r + 4) * wb);
+                        let t = $tile::<4, 1>(n, [wrow(r), wrow(r + 1), wrow(r + 2), wrow(r + 3)], [arow(0)]);
+                        out[r..r + 4].copy_from_slice(&[t[0][0], t[1][0], t[2][0], t[3][0]]);
+                        r += 4;
+                    }
+                    while r < rows {
+                        out[r] = $tile::<1, 1>(n, [wrow(r)], [arow(0)])[0][0];
+                        r += 1;
+                    }
+                }
+                2 => {
+                    while r + 2 <= rows {
+                        prefetch_ahead(w, r * wb, (r + 2) * wb);
+                        let t = $tile::<2, 2>(n, [wrow(r), wrow(r + 1)], [arow(0), arow(1)]);
+                        out[2 * r..2 * r + 4].copy_from_slice(&[t[0][0], t[0][1], t[1][0], t[1][1]]);
+                        r += 2;
+                    }
+                    if r < rows {
+                        let t = $tile::<1, 2>(n, [wrow(r)], [arow(0), arow(1)]);
+                        out[2 * r..2 * r + 2].copy_from_slice(&t[0]);
+                    }
+                }
+                _ => {
+                    for (r, o) in out.chunks_exact_mut(m).enumerate() {
+                        prefetch_ahead(w, r * wb, (r + 1) * wb);
+                        let wr = [wrow(r)];
+                        let mut j = 0;
+                        while j + 4 <= m {
+                            let t = $tile::<1, 4>(n, wr, [arow(j), arow(j + 1), arow(j + 2), arow(j + 3)]);
+                            o[j..j + 4].copy_from_slice(&t[0]);
+                            j += 4;
+                        }
+                        match m - j {
+                            3 => {
+                                let t = $tile::<1, 3>(n, wr, [arow(j), arow(j + 1), arow(j + 2)]);
+                                o[j..j + 3].copy_from_slice(&t[0]);
+                            }
+                            2 => {
+                                let t = $tile::<1, 2>(n, wr, [arow(j), arow(j + 1)]);
+                                o[j..j + 2].copy_from_slice(&t[0]);
+                            }
+                            1 => o[j] = $tile::<1, 1>(n, wr, [arow(j)])[0][0],
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+
+        fn $safe(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+            // SAFETY: `kernel()` hands this function out only after `available()` found
+            // AVX2, FMA and F16C on this CPU, the features `$inner` is compiled for; all
+            // memory access inside is through bounds-checked slices.
+            unsafe { $inner(n, w, rows, acts, m, out) }
+        }
+    };
+}
+
+matrix_fn!(mat_f32, mat_f32_impl, tile_f32, GgmlType::F32);
+matrix_fn!(mat_f16, mat_f16_impl, tile_f16, GgmlType::F16);
+matrix_fn!(mat_bf16, mat_bf16_impl, tile_bf16, GgmlType::BF16);
+matrix_fn!(mat_q8_0, mat_q8_0_impl, tile_q8_0, GgmlType::Q8_0);
+matrix_fn!(mat_q4_0, mat_q4_0_impl, tile_q4_0, GgmlType::Q4_0);
+matrix_fn!(mat_q5_0, mat_q5_0_impl, tile_q5_0, GgmlType::Q5_0);
+matrix_fn!(mat_q4_1, mat_q4_1_impl, tile_q4_1, GgmlType::Q4_1);
+matrix_fn!(mat_q5_1, mat_q5_1_impl, tile_q5_1, GgmlType::Q5_1);
+matrix_fn!(mat_q4k, mat_q4k_impl, tile_q4k, GgmlType::Q4K);
+matrix_fn!(mat_q5k, mat_q5k_impl, tile_q5k, GgmlType::Q5K);
+matrix_fn!(mat_q6k, mat_q6k_impl, tile_q6k, GgmlType::Q6K);
+
+// ---------------------------------------------------------------------------------------
+// Activation quantization.
+
+/// Quantizes with AVX2 when the CPU has it (returns `false` otherwise, writing nothing).
+/// Arguments were checked by the caller. The bytes are identical to the scalar quantizer's:
+/// the same `max |x|`, the same `d` and `1/d` from [`scales`], the same products `x * (1/d)`,
+/// rounded half to even, NaN to 0, clamped to `[-127, 127]`.
+pub(super) fn quantize_act_row(fmt: ActFormat, x: &[f32], out: &mut [u8]) -> bool {
+    if fmt == ActFormat::F32 || !available() {
+        return false;
+    }
+    // SAFETY: `available()` just confirmed AVX2, FMA and F16C, the features
+    // `quantize_impl` is compiled for; it touches memory only through slices.
+    unsafe { quantize_impl(fmt, x, out) };
+    true
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_impl(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+    let n = x.len();
+    let (qs, meta) = out.split_at_mut(n);
+    match fmt {
+        ActFormat::F32 => {}
+        ActFormat::Q8_0 => {
+            for ((xb, qb), m) in x
+                .as_chunks::<32>()
+                .0
+                .iter()
+                .zip(qs.as_chunks_mut::<32>().0)
+                .zip(meta.chunks_exact_mut(4))
+            {
+                let (d, _) = quant32_blocks(xb, qb);
+                m.copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        ActFormat::Q8_1 => {
+            let nb = n / 32;
+            let mut qb = [0u8; 32];
+            for ((b, xb), m) in x
+                .as_chunks::<32>()
+                .0
+                .iter()
+                .enumerate()
+                .zip(meta.chunks_exact_mut(8))
+            {
+                let (d, sum) = quant32_blocks(xb, &mut qb);
+                store_q8_1_quants(qs, nb, b, &qb);
+                m[..4].copy_from_slice(&d.to_le_bytes());
+                m[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+            }
+        }
+        ActFormat::Q8K => {
+            let nb = n / QK_K;
+            let (ds, bsums) = meta.split_at_mut(4 * nb);
+            for (((xb, qb), db), sb) in x
+                .as_chunks::<QK_K>()
+                .0
+                .iter()
+                .zip(qs.as_chunks_mut::<QK_K>().0)
+                .zip(ds.chunks_exact_mut(4))
+                .zip(bsums.chunks_exact_mut(32))
+            {
+                let (d, _) = quant32_blocks(xb, qb);
+                db.copy_from_slice(&d.to_le_bytes());
+                write_bsums(qb, sb);
+            }
+        }
+    }
+}
+
+/// Loads 8 floats at `8 * k` of `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld8f<const N: usize>(x: &[f32; N], k: usize) -> __m256 {
+    assert!(8 * k + 8 <= N);
+    // SAFETY: the assertion keeps the unaligned 8-float read inside `x`.
+    unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) }
+}
+
+/// Quantizes `N` values (a multiple of 32) with one scale; returns `(d, sum of quants)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quant32_blocks<const N: usize>(x: &[f32; N], q: &mut [u8; N]) -> (f32, i32) {
+    let sign = _mm256_set1_ps(-0.0);
+    let mut mx = _mm256_setzero_ps();
+    for k in 0..N / 8 {
+        // max(|x|, mx) returns `mx` when `|x|` is NaN, as `f32::max` ignores NaN.
+        mx = _mm256_max_ps(_mm256_andnot_ps(sign, ld8f(x, k)), mx);
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    let (d, id) = scales(_mm_cvtss_f32(m));
+    let idv = _mm256_set1_ps(id);
+    let lo = _mm256_set1_ps(-127.0);
+    let hi = _mm256_set1_ps(127.0);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut sum = _mm256_setzero_si256();
+    for (c, qc) in q.as_chunks_mut::<32>().0.iter_mut().enumerate() {
+        let mut v = [_mm256_setzero_si256(); 4];
+        for (t, vt) in v.iter_mut().enumerate() {
+            let p = _mm256_mul_ps(ld8f(x, 4 * c + t), idv);
+            let p = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(p);
+            let p = _mm256_and_ps(p, _mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
+            let p = _mm256_min_ps(_mm256_max_ps(p, lo), hi);
+            *vt = _mm256_cvtps_epi32(p);
+            sum = _mm256_add_epi32(sum, *vt);
+        }
+        let p16a = _mm256_packs_epi32(v[0], v[1]);
+        let p16b = _mm256_packs_epi32(v[2], v[3]);
+        let p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+        // SAFETY: `qc` is exactly 32 bytes, the size of the unaligned store.
+        unsafe { _mm256_storeu_si256(qc.as_mut_ptr().cast(), p8) };
+    }
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256::<1>(sum),
+    );
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    (d, _mm_cvtsi128_si32(s))
+}

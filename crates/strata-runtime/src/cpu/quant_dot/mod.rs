@@ -1,0 +1,285 @@
+//! Fused quantized dot products: one weight row (any supported GGML type) against activation rows.
+//! Owns the activation formats, their quantization, and the run-time choice between scalar and AVX2.
+//!
+//! # How it is used
+//!
+//! A matrix-vector product `y = W x` with `W` stored in GGML type `t`:
+//!
+//! 1. `let k = kernel_for(t)?;` once (dispatch happens here, not per call);
+//! 2. quantize each activation row with [`quantize_act_row`] into a buffer of
+//!    [`act_row_bytes`]`(k.act_format(), n)` bytes per row (rows contiguous);
+//! 3. `k.dot_matrix(n, w_bytes, rows, acts, m, out)` for all weight rows at once (or a
+//!    contiguous range of them per thread), or `k.dot_rows(n, w_row, acts, m, out)` row by row.
+//!
+//! With `m > 1` activation rows each weight block is loaded and unpacked once and used for
+//! up to four activation rows before the next block (the batched-decode path).
+//!
+//! # Activation layouts
+//!
+//! The activation formats are private to this module (only [`quantize_act_row`] writes them
+//! and only these kernels read them). A row of `n` values is laid out as:
+//!
+//! - [`ActFormat::F32`]: `n` little-endian `f32`.
+//! - [`ActFormat::Q8_0`]: `n` `i8` quants, then one `f32` scale `d` per 32-block
+//!   (value = `q * d`).
+//! - [`ActFormat::Q8_1`]: `n` `i8` quants, then per 32-block the pair `f32 d`, `f32 s`
+//!   where `s = d * sum(q)` (what the min / offset term of Q4_0..Q5_1 needs). The quants of blocks
+//!   `2p` and `2p + 1` are interleaved by halves in 64 bytes: values 0..16 of block `2p`,
+//!   0..16 of `2p + 1`, 16..32 of `2p`, 16..32 of `2p + 1` (so one 32-byte load meets the
+//!   low or high nibbles of two weight blocks); a last odd block is stored as is.
+//! - [`ActFormat::Q8K`]: `n` `i8` quants, then one `f32 d` per 256-block, then per
+//!   256-block sixteen `i16` sums of each 16 quants.
+//!
+//! Quants are symmetric in `[-127, 127]` with `d = max|x| / 127`, rounded half to even.
+
+mod act;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use strata_formats::quant::QK_K;
+use strata_formats::GgmlType;
+
+pub use act::quantize_act_row_scalar;
+
+/// Format the activation vector is quantized into before a dot product with a weight type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActFormat {
+    /// Plain `f32` (for F32, F16 and BF16 weights).
+    F32,
+    /// 32-blocks of `i8` with one scale (for Q8_0 weights).
+    Q8_0,
+    /// 32-blocks of `i8` with a scale and the scaled block sum (for Q4_0, Q4_1, Q5_0,
+    /// Q5_1 weights: the sum carries the min of Q4_1/Q5_1 and the `-8`/`-16` offset of
+    /// Q4_0/Q5_0, which lets all four use unsigned quants and one kernel).
+    Q8_1,
+    /// 256-blocks of `i8` with a scale and per-16 sums (for the K-quants).
+    Q8K,
+}
+
+impl ActFormat {
+    /// Values per block: `n` must be a multiple of this.
+    pub fn block_len(self) -> usize {
+        match self {
+            ActFormat::F32 => 1,
+            ActFormat::Q8_0 | ActFormat::Q8_1 => 32,
+            ActFormat::Q8K => QK_K,
+        }
+    }
+}
+
+/// The activation format each weight type's kernel reads (unlike GGML, Q4_0 and Q5_0 take
+/// Q8_1 like Q4_1 and Q5_1: their offset then costs nothing extra). Types without a kernel
+/// (see [`is_supported`]) get [`ActFormat::F32`]; [`kernel_for`] returns `None` for them.
+pub fn act_format_for(w: GgmlType) -> ActFormat {
+    use GgmlType::*;
+    match w {
+        Q8_0 => ActFormat::Q8_0,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 => ActFormat::Q8_1,
+        Q4K | Q5K | Q6K => ActFormat::Q8K,
+        _ => ActFormat::F32,
+    }
+}
+
+/// Whether a dot-product kernel exists for weights of type `w`.
+pub fn is_supported(w: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        w,
+        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K
+    )
+}
+
+/// Bytes one activation row of `n` values takes in format `fmt`
+/// (`n` must be a multiple of `fmt.block_len()`; the result is meaningless otherwise).
+pub fn act_row_bytes(fmt: ActFormat, n: usize) -> usize {
+    match fmt {
+        ActFormat::F32 => 4 * n,
+        ActFormat::Q8_0 => n + 4 * (n / 32),
+        ActFormat::Q8_1 => n + 8 * (n / 32),
+        ActFormat::Q8K => n + 36 * (n / QK_K),
+    }
+}
+
+/// Bytes one weight row of `n` values of type `w` takes (`n` a multiple of `w.block_len()`).
+pub fn weight_row_bytes(w: GgmlType, n: usize) -> usize {
+    n / w.block_len() * w.block_bytes()
+}
+
+/// Quantizes the activations `x` (`n = x.len()` values, a multiple of `fmt.block_len()`)
+/// into `out[..act_row_bytes(fmt, n)]`, using AVX2 where the CPU has it. The bytes written
+/// are identical to [`quantize_act_row_scalar`]'s.
+///
+/// # Panics
+/// If `n` is not a multiple of the block length or `out` is too short.
+pub fn quantize_act_row(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+    act::check_act_args(fmt, x, out);
+    #[cfg(target_arch = "x86_64")]
+    if avx2::quantize_act_row(fmt, x, out) {
+        return;
+    }
+    act::quantize_act_row_unchecked(fmt, x, out);
+}
+
+/// The raw kernel: `n`, weight rows (`rows` of them, contiguous), activation rows (`m`,
+/// contiguous), output `out[r * m + j]`. Arguments are validated before it is called.
+type MatrixFn = fn(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
+
+/// A dot-product kernel for one weight type, chosen once; call it in hot loops.
+#[derive(Clone, Copy)]
+pub struct DotKernel {
+    weight: GgmlType,
+    act: ActFormat,
+    isa: &'static str,
+    f: MatrixFn,
+}
+
+impl std::fmt::Debug for DotKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DotKernel")
+            .field("weight", &self.weight)
+            .field("act", &self.act)
+            .field("isa", &self.isa)
+            .finish()
+    }
+}
+
+impl DotKernel {
+    /// The weight type this kernel reads.
+    pub fn weight_type(&self) -> GgmlType {
+        self.weight
+    }
+
+    /// The activation format this kernel reads.
+    pub fn act_format(&self) -> ActFormat {
+        self.act
+    }
+
+    /// The instruction set of this kernel: `"scalar"` or `"avx2"`.
+    pub fn isa(&self) -> &'static str {
+        self.isa
+    }
+
+    /// Dot products of one weight row of `n` values with `m` activation rows
+    /// (contiguous, `act_row_bytes(self.act_format(), n)` bytes each), written to `out[..m]`.
+    ///
+    /// # Panics
+    /// If `n` is not a multiple of the weight and activation block lengths, or a slice is
+    /// shorter than these sizes say.
+    #[inline]
+    pub fn dot_rows(&self, n: usize, w_row: &[u8], acts: &[u8], m: usize, out: &mut [f32]) {
+        self.dot_matrix(n, w_row, 1, acts, m, out);
+    }
+
+    /// Dot products of `rows` weight rows (contiguous, `weight_row_bytes(w, n)` bytes each)
+    /// with `m` activation rows: `out[r * m + j] = dot(weight row r, activation row j)`.
+    /// With `m == 1` this is `y = W x` written straight into `out[..rows]`; a thread can
+    /// take any contiguous range of rows with the matching slices of `w` and `out`.
+    ///
+    /// # Panics
+    /// As [`DotKernel::dot_rows`], with `w` needing `rows` rows and `out` `rows * m` values.
+    #[inline]
+    pub fn dot_matrix(
+        &self,
+        n: usize,
+        w: &[u8],
+        rows: usize,
+        acts: &[u8],
+        m: usize,
+        out: &mut [f32],
+    ) {
+        let bl = self.weight.block_len().max(self.act.block_len());
+        assert!(
+            n.is_multiple_of(bl),
+            "quant_dot: n = {n} is not a multiple of {bl} for {}",
+            self.weight
+        );
+        let wb = weight_row_bytes(self.weight, n);
+        let ab = act_row_bytes(self.act, n);
+        let need_w = wb.checked_mul(rows);
+        let need_a = ab.checked_mul(m);
+        let need_o = rows.checked_mul(m);
+        assert!(
+            need_w.is_some_and(|b| w.len() >= b),
+            "quant_dot: weight slice of {} bytes is short of {rows} rows of {wb}",
+            w.len()
+        );
+        assert!(
+            need_a.is_some_and(|b| acts.len() >= b),
+            "quant_dot: activation slice of {} bytes is short of {m} rows of {ab}",
+            acts.len()
+        );
+        assert!(
+            need_o.is_some_and(|b| out.len() >= b),
+            "quant_dot: output of {} values is short of {rows} x {m}",
+            out.len()
+        );
+        if rows == 0 || m == 0 {
+            return;
+        }
+        if n == 0 {
+            out[..rows * m].fill(0.0);
+            return;
+        }
+        (self.f)(
+            n,
+            &w[..wb * rows],
+            rows,
+            &acts[..ab * m],
+            m,
+            &mut out[..rows * m],
+        );
+    }
+}
+
+/// The fastest kernel this CPU runs for weights of type `w` (AVX2 when the CPU has
+/// AVX2, FMA and F16C), or `None` when the type has no kernel.
+pub fn kernel_for(w: GgmlType) -> Option<DotKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = avx2::kernel(w) {
+        return Some(DotKernel {
+            weight: w,
+            act: act_format_for(w),
+            isa: "avx2",
+            f,
+        });
+    }
+    scalar_kernel_for(w)
+}
+
+/// The portable scalar kernel for weights of type `w` (the reference the SIMD kernels are
+/// tested against), or `None` when the type has no kernel.
+pub fn scalar_kernel_for(w: GgmlType) -> Option<DotKernel> {
+    scalar::kernel(w).map(|f| DotKernel {
+        weight: w,
+        act: act_format_for(w),
+        isa: "scalar",
+        f,
+    })
+}
+
+/// Whether the AVX2 kernels can run on this CPU (AVX2, FMA and F16C present).
+pub fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Dot products of one weight row (`n` values, GGML layout of type `w`) with `m` activation
+/// rows (each `act_row_bytes(act_format_for(w), n)` bytes, contiguous), written to `out[..m]`.
+/// Dispatches on every call; hot loops should hold a [`DotKernel`] from [`kernel_for`].
+///
+/// # Panics
+/// If `w` has no kernel ([`is_supported`]), or as [`DotKernel::dot_rows`].
+pub fn dot_rows(w: GgmlType, n: usize, w_row: &[u8], acts: &[u8], m: usize, out: &mut [f32]) {
+    match kernel_for(w) {
+        Some(k) => k.dot_rows(n, w_row, acts, m, out),
+        None => panic!("quant_dot: no dot-product kernel for weight type {w}"),
+    }
+}

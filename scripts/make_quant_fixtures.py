@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Generate the dequantization fixtures in crates/strata-formats/tests/fixtures/quant.
+
+For each GGML type that strata dequantizes, writes `<TYPE>.bin` (raw block bytes) and
+`<TYPE>.f32` (the values `gguf.quants.dequantize` decodes from them, little-endian f32).
+Quantized blocks are random bytes whose f16 scale/min fields are overwritten by finite
+f16 values, so the expected outputs are finite. Float types are raw random bit patterns
+plus a list of special values (zeros, subnormals, infinities, quiet and signaling NaNs).
+
+Pinned reference: gguf==0.19.0, numpy==2.4.6 (the script refuses other versions).
+Rerunning it reproduces the committed files byte for byte; `--check` compares instead
+of writing and exits non-zero on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+GGUF_VERSION = "0.19.0"
+NUMPY_VERSION = "2.4.6"
+SEED = 0x5742A7A
+
+OUT_DIR = Path(__file__).resolve().parent.parent / "crates" / "strata-formats" / "tests" / "fixtures" / "quant"
+
+T = GGMLQuantizationType
+
+# Byte offsets of the f16 scale/min fields inside one block of each quantized type.
+F16_FIELD_OFFSETS: dict[GGMLQuantizationType, list[int]] = {
+    T.Q4_0: [0],
+    T.Q4_1: [0, 2],
+    T.Q5_0: [0],
+    T.Q5_1: [0, 2],
+    T.Q8_0: [0],
+    T.Q2_K: [80, 82],
+    T.Q3_K: [108],
+    T.Q4_K: [0, 2],
+    T.Q5_K: [0, 2],
+    T.Q6_K: [208],
+}
+
+# Blocks per quantized fixture: 64 for 32-value blocks, 16 for 256-value super-blocks.
+BLOCKS_BY_BLOCK_LEN = {32: 64, 256: 16}
+
+# Random values per float fixture (special values are appended).
+FLOAT_VALUES = 2048
+
+F16_SPECIALS = [
+    0x0000, 0x8000,  # +-0
+    0x0001, 0x8001, 0x03FF, 0x83FF, 0x0200,  # subnormals
+    0x0400, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF,  # normals: min, +-1, +-max
+    0x7C00, 0xFC00,  # +-inf
+    0x7E00, 0xFE00, 0x7FFF,  # quiet NaNs
+    0x7C01, 0xFC01, 0x7D55,  # signaling NaNs
+]
+BF16_SPECIALS = [
+    0x0000, 0x8000, 0x0001, 0x807F, 0x0080, 0x3F80, 0xBF80, 0x7F7F,
+    0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7FFF, 0x7F81, 0xFF81, 0x7FA5,
+]
+F32_SPECIALS = [
+    0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00800000, 0x3F800000, 0x7F7FFFFF,
+    0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFA5A5A5,
+]
+
+
+def sane_f16(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Finite f16 scales: mostly small normals of both signs, with some zeros,
+    subnormals and large values mixed in."""
+    values = (rng.standard_normal(n) * 0.02).astype(np.float16)
+    kind = rng.integers(0, 16, size=n)
+    values[kind == 0] = np.float16(0.0)
+    subnormal_bits = rng.integers(1, 0x400, size=n, dtype=np.uint16)
+    values[kind == 1] = subnormal_bits[kind == 1].view(np.float16)
+    values[kind == 2] = (rng.standard_normal(n) * 500).astype(np.float16)[kind == 2]
+    assert np.all(np.isfinite(values))
+    return values
+
+
+def quant_fixture(qtype: GGMLQuantizationType, rng: np.random.Generator) -> tuple[bytes, bytes]:
+    block_len, block_bytes = GGML_QUANT_SIZES[qtype]
+    n_blocks = BLOCKS_BY_BLOCK_LEN[block_len]
+    blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    for offset in F16_FIELD_OFFSETS[qtype]:
+        blocks[:, offset : offset + 2] = sane_f16(rng, n_blocks).reshape(n_blocks, 1).view(np.uint8)
+    raw = blocks.reshape(-1)
+    values = np.asarray(dequantize(raw, qtype), dtype=np.float32)
+    assert values.shape == (n_blocks * block_len,), values.shape
+    assert np.all(np.isfinite(values)), qtype.name
+    return raw.tobytes(), values.astype("<f4").tobytes()
+
+
+def float_fixture(qtype: GGMLQuantizationType, rng: np.random.Generator) -> tuple[bytes, bytes]:
+    if qtype == T.F32:
+        bits = np.concatenate([rng.integers(0, 2**32, size=FLOAT_VALUES, dtype=np.uint32),
+                               np.array(F32_SPECIALS, dtype=np.uint32)]).astype("<u4")
+    else:
+        specials = F16_SPECIALS if qtype == T.F16 else BF16_SPECIALS
+        bits = np.concatenate([rng.integers(0, 2**16, size=FLOAT_VALUES, dtype=np.uint16),
+                               np.array(specials, dtype=np.uint16)]).astype("<u2")
+    raw = bits.view(np.uint8)
+    values = np.asarray(dequantize(raw, qtype), dtype=np.float32)
+    assert values.shape == (bits.size,), values.shape
+    return raw.tobytes(), values.astype("<f4").tobytes()
+
+
+FIXTURE_TYPES = [T.F32, T.F16, T.BF16, *F16_FIELD_OFFSETS]
+
+
+def fixtures() -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for qtype in FIXTURE_TYPES:
+        # One generator per type, so adding a type never changes the others' fixtures.
+        rng = np.random.default_rng([SEED, int(qtype)])
+        make = float_fixture if qtype in (T.F32, T.F16, T.BF16) else quant_fixture
+        raw, values = make(qtype, rng)
+        files[f"{qtype.name}.bin"] = raw
+        files[f"{qtype.name}.f32"] = values
+    return files
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the files on disk instead of writing")
+    args = parser.parse_args()
+
+    found = {"gguf": version("gguf"), "numpy": np.__version__}
+    wanted = {"gguf": GGUF_VERSION, "numpy": NUMPY_VERSION}
+    if found != wanted:
+        print(f"need {wanted}, found {found}", file=sys.stderr)
+        return 2
+
+    files = fixtures()
+    if args.check:
+        stale = [name for name, data in files.items()
+                 if not (OUT_DIR / name).is_file() or (OUT_DIR / name).read_bytes() != data]
+        for name in stale:
+            print(f"differs: {OUT_DIR / name}", file=sys.stderr)
+        return 1 if stale else 0
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (OUT_DIR / name).write_bytes(data)
+    total = sum(len(data) for data in files.values())
+    print(f"wrote {len(files)} files ({total} bytes) to {OUT_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
