@@ -130,7 +130,10 @@ impl Raw {
 fn fails(bytes: Vec<u8>) -> GgufError {
     let err = GgufFile::from_bytes(bytes).expect_err("a malformed file must not parse");
     let message = err.to_string();
-    assert!(message.len() > 10 && !message.contains("{"), "unreadable message {message:?}");
+    assert!(
+        message.len() > 10 && !message.contains("{"),
+        "unreadable message {message:?}"
+    );
     err
 }
 
@@ -143,25 +146,38 @@ fn reason_of(err: &GgufError) -> &str {
 
 /// One tensor info for a one-tensor file with enough data behind it.
 fn one_tensor(dims: &[u64], ty: u32, offset: u64) -> Vec<u8> {
-    Raw::header(3, 1, 0).tensor("t", dims, ty, offset).data(32, 64).0
+    Raw::header(3, 1, 0)
+        .tensor("t", dims, ty, offset)
+        .data(32, 64)
+        .0
 }
 
 /// A small valid file with metadata of several kinds and three tensors.
 fn small_valid_file() -> Vec<u8> {
     let mut w = GgufWriter::new();
-    w.add_metadata("general.architecture", MetaValue::String("llama".into())).unwrap();
-    w.add_metadata("llama.block_count", MetaValue::U32(2)).unwrap();
-    w.add_metadata("general.alignment", MetaValue::U32(16)).unwrap();
-    w.add_string_array("tokenizer.ggml.tokens", ["a", "bc", ""]).unwrap();
+    w.add_metadata("general.architecture", MetaValue::String("llama".into()))
+        .unwrap();
+    w.add_metadata("llama.block_count", MetaValue::U32(2))
+        .unwrap();
+    w.add_metadata("general.alignment", MetaValue::U32(16))
+        .unwrap();
+    w.add_string_array("tokenizer.ggml.tokens", ["a", "bc", ""])
+        .unwrap();
     let nested = MetaValue::Array(
         MetaValueType::Array,
-        vec![MetaValue::Array(MetaValueType::Bool, vec![MetaValue::Bool(true), MetaValue::Bool(false)])],
+        vec![MetaValue::Array(
+            MetaValueType::Bool,
+            vec![MetaValue::Bool(true), MetaValue::Bool(false)],
+        )],
     );
     w.add_metadata("nested", nested).unwrap();
     w.add_metadata("f", MetaValue::F64(0.25)).unwrap();
-    w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12]).unwrap();
-    w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68]).unwrap();
-    w.add_tensor("c", &[5], GgmlType::F16, vec![3u8; 10]).unwrap();
+    w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12])
+        .unwrap();
+    w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68])
+        .unwrap();
+    w.add_tensor("c", &[5], GgmlType::F16, vec![3u8; 10])
+        .unwrap();
     w.to_bytes()
 }
 
@@ -170,7 +186,10 @@ fn small_valid_file() -> Vec<u8> {
 #[test]
 fn empty_file_is_truncated() {
     let err = fails(vec![]);
-    assert!(matches!(&err, GgufError::Truncated { what, offset: 0, needed: 4, len: 0 } if what == "magic"), "{err}");
+    assert!(
+        matches!(&err, GgufError::Truncated { what, offset: 0, needed: 4, len: 0 } if what == "magic"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -189,7 +208,10 @@ fn unsupported_versions() {
         let mut bytes = small_valid_file();
         bytes[4..8].copy_from_slice(&version.to_le_bytes());
         let err = fails(bytes);
-        assert!(matches!(err, GgufError::UnsupportedVersion(v) if v == version), "{err}");
+        assert!(
+            matches!(err, GgufError::UnsupportedVersion(v) if v == version),
+            "{err}"
+        );
         assert!(err.to_string().contains("versions 2 and 3"));
     }
 }
@@ -199,10 +221,21 @@ fn every_truncation_of_a_small_valid_file_fails_cleanly() {
     let valid = small_valid_file();
     let file = GgufFile::from_bytes(valid.clone()).expect("the full file parses");
     let header_end = file.data_start() as usize;
-    let data_end = file.tensors().iter().map(|t| file.data_start() + t.offset + t.n_bytes).max().unwrap() as usize;
+    let data_end = file
+        .tensors()
+        .iter()
+        .map(|t| file.data_start() + t.offset + t.n_bytes)
+        .max()
+        .unwrap() as usize;
     // Only the padding after the last tensor may be cut without harm.
     for len in data_end..valid.len() {
-        assert_eq!(GgufFile::from_bytes(valid[..len].to_vec()).unwrap().tensors().len(), 3);
+        assert_eq!(
+            GgufFile::from_bytes(valid[..len].to_vec())
+                .unwrap()
+                .tensors()
+                .len(),
+            3
+        );
     }
     for len in 0..data_end {
         let err = fails(valid[..len].to_vec());
@@ -210,7 +243,9 @@ fn every_truncation_of_a_small_valid_file_fails_cleanly() {
             GgufError::Truncated { len: l, .. } => assert_eq!(*l, len as u64),
             // A cut inside a list is caught by the count check before the list is read.
             GgufError::AbsurdCount { len: l, .. } => assert_eq!(*l, len as u64),
-            GgufError::BadTensor { reason, .. } if len >= header_end => assert!(reason.contains("past the end")),
+            GgufError::BadTensor { reason, .. } if len >= header_end => {
+                assert!(reason.contains("past the end"))
+            }
             other => panic!("truncated to {len} bytes: unexpected {other:?}"),
         }
     }
@@ -220,9 +255,13 @@ fn every_truncation_of_a_small_valid_file_fails_cleanly() {
 fn absurd_tensor_and_metadata_counts() {
     for count in [u64::MAX, 1 << 40, 1 << 62, 1_000_000] {
         let err = fails(Raw::header(3, count, 0).0);
-        assert!(matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "tensor count" && *c == count));
+        assert!(
+            matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "tensor count" && *c == count)
+        );
         let err = fails(Raw::header(3, 0, count).0);
-        assert!(matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "metadata count" && *c == count));
+        assert!(
+            matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "metadata count" && *c == count)
+        );
         assert!(err.to_string().contains("impossible"));
     }
 }
@@ -231,22 +270,58 @@ fn absurd_tensor_and_metadata_counts() {
 fn absurd_string_lengths() {
     // Metadata key.
     let err = fails(Raw::header(3, 0, 1).u64(u64::MAX).u32(T_U8).u8(0).0);
-    assert!(matches!(&err, GgufError::Truncated { what, needed: u64::MAX, .. } if what == "metadata key #0"), "{err}");
+    assert!(
+        matches!(&err, GgufError::Truncated { what, needed: u64::MAX, .. } if what == "metadata key #0"),
+        "{err}"
+    );
     // String value.
     let err = fails(Raw::header(3, 0, 1).str("k").u32(T_STRING).u64(1 << 40).0);
-    assert!(matches!(&err, GgufError::Truncated { needed, .. } if *needed == 1 << 40), "{err}");
+    assert!(
+        matches!(&err, GgufError::Truncated { needed, .. } if *needed == 1 << 40),
+        "{err}"
+    );
     // String inside an array.
-    let err = fails(Raw::header(3, 0, 1).str("k").u32(T_ARRAY).u32(T_STRING).u64(1).u64(u64::MAX - 7).0);
+    let err = fails(
+        Raw::header(3, 0, 1)
+            .str("k")
+            .u32(T_ARRAY)
+            .u32(T_STRING)
+            .u64(1)
+            .u64(u64::MAX - 7)
+            .0,
+    );
     assert!(matches!(&err, GgufError::Truncated { .. }), "{err}");
     // Tensor name.
-    let err = fails(Raw::header(3, 1, 0).u64(1 << 50).u32(1).u64(1).u32(F32).u64(0).0);
-    assert!(matches!(&err, GgufError::Truncated { what, .. } if what == "tensor name #0"), "{err}");
+    let err = fails(
+        Raw::header(3, 1, 0)
+            .u64(1 << 50)
+            .u32(1)
+            .u64(1)
+            .u32(F32)
+            .u64(0)
+            .0,
+    );
+    assert!(
+        matches!(&err, GgufError::Truncated { what, .. } if what == "tensor name #0"),
+        "{err}"
+    );
 }
 
 #[test]
 fn absurd_array_lengths() {
-    for (elem, count) in [(T_U8, 1u64 << 60), (T_U8, u64::MAX), (T_STRING, u64::MAX / 4), (T_ARRAY, 1 << 62)] {
-        let bytes = Raw::header(3, 0, 1).str("arr").u32(T_ARRAY).u32(elem).u64(count).u8(0).0;
+    for (elem, count) in [
+        (T_U8, 1u64 << 60),
+        (T_U8, u64::MAX),
+        (T_STRING, u64::MAX / 4),
+        (T_ARRAY, 1 << 62),
+    ] {
+        let bytes = Raw::header(3, 0, 1)
+            .str("arr")
+            .u32(T_ARRAY)
+            .u32(elem)
+            .u64(count)
+            .u8(0)
+            .0;
         let start = Instant::now();
         let (result, peak) = peak_allocation(|| GgufFile::from_bytes(bytes));
         let err = result.unwrap_err();
@@ -255,7 +330,10 @@ fn absurd_array_lengths() {
             "{err}"
         );
         assert!(start.elapsed() < Duration::from_secs(1));
-        assert!(peak < 64 * 1024, "an absurd array length allocated {peak} bytes");
+        assert!(
+            peak < 64 * 1024,
+            "an absurd array length allocated {peak} bytes"
+        );
     }
 }
 
@@ -263,9 +341,22 @@ fn absurd_array_lengths() {
 fn unknown_metadata_value_types() {
     for id in [13, 14, 255, u32::MAX] {
         let err = fails(Raw::header(3, 0, 1).str("key").u32(id).u64(0).0);
-        assert!(matches!(&err, GgufError::UnknownValueType { key, id: i } if key == "key" && *i == id), "{err}");
-        let err = fails(Raw::header(3, 0, 1).str("arr").u32(T_ARRAY).u32(id).u64(0).0);
-        assert!(matches!(&err, GgufError::UnknownValueType { key, id: i } if key == "arr" && *i == id), "{err}");
+        assert!(
+            matches!(&err, GgufError::UnknownValueType { key, id: i } if key == "key" && *i == id),
+            "{err}"
+        );
+        let err = fails(
+            Raw::header(3, 0, 1)
+                .str("arr")
+                .u32(T_ARRAY)
+                .u32(id)
+                .u64(0)
+                .0,
+        );
+        assert!(
+            matches!(&err, GgufError::UnknownValueType { key, id: i } if key == "arr" && *i == id),
+            "{err}"
+        );
     }
 }
 
@@ -274,7 +365,10 @@ fn unknown_tensor_type_ids() {
     // 4 and 5 were Q4_2 and Q4_3, long removed from GGML.
     for id in [4, 5, 31, 99, u32::MAX] {
         let err = fails(one_tensor(&[32], id, 0));
-        assert!(reason_of(&err).contains(&format!("unknown tensor type id {id}")), "{err}");
+        assert!(
+            reason_of(&err).contains(&format!("unknown tensor type id {id}")),
+            "{err}"
+        );
     }
 }
 
@@ -303,14 +397,20 @@ fn dimension_product_overflows() {
 fn zero_dimensions() {
     for dims in [&[0u64][..], &[4, 0], &[0, 4, 4, 4]] {
         let err = fails(one_tensor(dims, F32, 0));
-        assert!(reason_of(&err).contains("zero dimension"), "{dims:?}: {err}");
+        assert!(
+            reason_of(&err).contains("zero dimension"),
+            "{dims:?}: {err}"
+        );
     }
 }
 
 #[test]
 fn row_length_not_a_whole_number_of_blocks() {
     let err = fails(one_tensor(&[33, 1], Q4_0, 0));
-    assert!(reason_of(&err).contains("row length 33 is not a multiple of the Q4_0 block size 32"), "{err}");
+    assert!(
+        reason_of(&err).contains("row length 33 is not a multiple of the Q4_0 block size 32"),
+        "{err}"
+    );
     let err = fails(one_tensor(&[128], GgmlType::Q4K as u32, 0));
     assert!(reason_of(&err).contains("block size 256"), "{err}");
 }
@@ -329,67 +429,157 @@ fn data_past_the_end() {
     let err = fails(one_tensor(&[4], F32, 64));
     assert!(reason_of(&err).contains("past the end"), "{err}");
     // Offset so large that offset + size overflows.
-    let err = fails(one_tensor(&[4], F32, u64::MAX & !31));
+    let err = fails(one_tensor(&[4], F32, !31u64));
     assert!(reason_of(&err).contains("past the end"), "{err}");
     // Size past the end.
     let err = fails(one_tensor(&[17], F32, 0));
     assert!(reason_of(&err).contains("past the end"), "{err}");
     // The data section itself is missing: tensor infos end mid-way through the alignment.
     let err = fails(Raw::header(3, 1, 0).tensor("t", &[1], F32, 0).0);
-    assert!(matches!(&err, GgufError::Truncated { what, .. } if what == "tensor data section"), "{err}");
+    assert!(
+        matches!(&err, GgufError::Truncated { what, .. } if what == "tensor data section"),
+        "{err}"
+    );
 }
 
 #[test]
 fn overlapping_tensors() {
-    let bytes = Raw::header(3, 2, 0).tensor("a", &[16], F32, 0).tensor("b", &[4], F32, 32).data(32, 128).0;
+    let bytes = Raw::header(3, 2, 0)
+        .tensor("a", &[16], F32, 0)
+        .tensor("b", &[4], F32, 32)
+        .data(32, 128)
+        .0;
     let err = fails(bytes);
-    assert!(matches!(&err, GgufError::OverlappingTensors { a, b } if a == "a" && b == "b"), "{err}");
-    let bytes = Raw::header(3, 2, 0).tensor("a", &[4], F32, 0).tensor("b", &[4], F32, 0).data(32, 128).0;
+    assert!(
+        matches!(&err, GgufError::OverlappingTensors { a, b } if a == "a" && b == "b"),
+        "{err}"
+    );
+    let bytes = Raw::header(3, 2, 0)
+        .tensor("a", &[4], F32, 0)
+        .tensor("b", &[4], F32, 0)
+        .data(32, 128)
+        .0;
     assert!(matches!(fails(bytes), GgufError::OverlappingTensors { .. }));
     // Touching is fine.
-    let bytes = Raw::header(3, 2, 0).tensor("a", &[8], F32, 0).tensor("b", &[8], F32, 32).data(32, 64).0;
+    let bytes = Raw::header(3, 2, 0)
+        .tensor("a", &[8], F32, 0)
+        .tensor("b", &[8], F32, 32)
+        .data(32, 64)
+        .0;
     GgufFile::from_bytes(bytes).unwrap();
 }
 
 #[test]
 fn duplicates() {
     let err = fails(Raw::header(3, 0, 2).kv_u32("k", 1).kv_u32("k", 2).0);
-    assert!(matches!(&err, GgufError::DuplicateKey(k) if k == "k"), "{err}");
-    let bytes = Raw::header(3, 2, 0).tensor("t", &[4], F32, 0).tensor("t", &[4], F32, 32).data(32, 64).0;
+    assert!(
+        matches!(&err, GgufError::DuplicateKey(k) if k == "k"),
+        "{err}"
+    );
+    let bytes = Raw::header(3, 2, 0)
+        .tensor("t", &[4], F32, 0)
+        .tensor("t", &[4], F32, 32)
+        .data(32, 64)
+        .0;
     let err = fails(bytes);
-    assert!(matches!(&err, GgufError::DuplicateTensor(n) if n == "t"), "{err}");
+    assert!(
+        matches!(&err, GgufError::DuplicateTensor(n) if n == "t"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_alignment_values() {
     for alignment in [0u32, 3, 48, 1 << 31] {
-        let err = fails(Raw::header(3, 0, 1).kv_u32("general.alignment", alignment).0);
-        assert!(matches!(err, GgufError::BadAlignment(a) if a == alignment as u64), "{err}");
+        let err = fails(
+            Raw::header(3, 0, 1)
+                .kv_u32("general.alignment", alignment)
+                .0,
+        );
+        assert!(
+            matches!(err, GgufError::BadAlignment(a) if a == alignment as u64),
+            "{err}"
+        );
     }
-    let err = fails(Raw::header(3, 0, 1).str("general.alignment").u32(T_STRING).str("32").0);
+    let err = fails(
+        Raw::header(3, 0, 1)
+            .str("general.alignment")
+            .u32(T_STRING)
+            .str("32")
+            .0,
+    );
     assert!(matches!(err, GgufError::BadAlignment(0)), "{err}");
-    let err = fails(Raw::header(3, 0, 1).str("general.alignment").u32(T_U64).u64(1 << 40).0);
-    assert!(matches!(err, GgufError::BadAlignment(a) if a == 1 << 40), "{err}");
+    let err = fails(
+        Raw::header(3, 0, 1)
+            .str("general.alignment")
+            .u32(T_U64)
+            .u64(1 << 40)
+            .0,
+    );
+    assert!(
+        matches!(err, GgufError::BadAlignment(a) if a == 1 << 40),
+        "{err}"
+    );
 }
 
 #[test]
 fn invalid_utf8() {
     let err = fails(Raw::header(3, 0, 1).raw_str(b"ke\xffy").u32(T_U8).u8(0).0);
-    assert!(matches!(&err, GgufError::BadUtf8 { what } if what == "metadata key #0"), "{err}");
-    let err = fails(Raw::header(3, 0, 1).str("k").u32(T_STRING).raw_str(b"\xc3\x28").0);
-    assert!(matches!(&err, GgufError::BadUtf8 { what } if what.contains("\"k\"")), "{err}");
-    let err = fails(Raw::header(3, 1, 0).raw_str(b"\xed\xa0\x80").u32(1).u64(4).u32(F32).u64(0).data(32, 16).0);
-    assert!(matches!(&err, GgufError::BadUtf8 { what } if what == "tensor name #0"), "{err}");
+    assert!(
+        matches!(&err, GgufError::BadUtf8 { what } if what == "metadata key #0"),
+        "{err}"
+    );
+    let err = fails(
+        Raw::header(3, 0, 1)
+            .str("k")
+            .u32(T_STRING)
+            .raw_str(b"\xc3\x28")
+            .0,
+    );
+    assert!(
+        matches!(&err, GgufError::BadUtf8 { what } if what.contains("\"k\"")),
+        "{err}"
+    );
+    let err = fails(
+        Raw::header(3, 1, 0)
+            .raw_str(b"\xed\xa0\x80")
+            .u32(1)
+            .u64(4)
+            .u32(F32)
+            .u64(0)
+            .data(32, 16)
+            .0,
+    );
+    assert!(
+        matches!(&err, GgufError::BadUtf8 { what } if what == "tensor name #0"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bool_that_is_neither_0_nor_1() {
     for byte in [2u8, 0xFF] {
         let err = fails(Raw::header(3, 0, 1).str("flag").u32(T_BOOL).u8(byte).0);
-        assert!(matches!(&err, GgufError::BadValue { key, .. } if key == "flag"), "{err}");
+        assert!(
+            matches!(&err, GgufError::BadValue { key, .. } if key == "flag"),
+            "{err}"
+        );
         assert!(reason_of(&err).contains(&format!("bool holds {byte}")));
-        let err = fails(Raw::header(3, 0, 1).str("flags").u32(T_ARRAY).u32(T_BOOL).u64(3).u8(1).u8(0).u8(byte).0);
-        assert!(matches!(&err, GgufError::BadValue { key, .. } if key == "flags"), "{err}");
+        let err = fails(
+            Raw::header(3, 0, 1)
+                .str("flags")
+                .u32(T_ARRAY)
+                .u32(T_BOOL)
+                .u64(3)
+                .u8(1)
+                .u8(0)
+                .u8(byte)
+                .0,
+        );
+        assert!(
+            matches!(&err, GgufError::BadValue { key, .. } if key == "flags"),
+            "{err}"
+        );
     }
 }
 
@@ -408,14 +598,20 @@ fn nesting_too_deep() {
     assert!(file.get_array("deep").is_some());
     for depth in [5, 6, 1000] {
         let err = fails(nested_arrays(depth));
-        assert!(matches!(&err, GgufError::NestingTooDeep { key } if key == "deep"), "{err}");
+        assert!(
+            matches!(&err, GgufError::NestingTooDeep { key } if key == "deep"),
+            "{err}"
+        );
     }
 }
 
 #[test]
 fn missing_file_is_an_io_error() {
     let err = GgufFile::open("/nonexistent/strata/model.gguf").unwrap_err();
-    assert!(matches!(&err, GgufError::Io { path, .. } if path.ends_with("model.gguf")), "{err}");
+    assert!(
+        matches!(&err, GgufError::Io { path, .. } if path.ends_with("model.gguf")),
+        "{err}"
+    );
     assert!(err.to_string().contains("/nonexistent/strata/model.gguf"));
 }
 
@@ -430,16 +626,33 @@ fn claimed_counts_do_not_drive_allocation() {
     };
     let cases = [
         // An array of 16 M bools whose first element is invalid.
-        ("bool array", pad(Raw::header(3, 0, 1).str("b").u32(T_ARRAY).u32(T_BOOL).u64(FILE_LEN as u64 - 64).0)),
+        (
+            "bool array",
+            pad(Raw::header(3, 0, 1)
+                .str("b")
+                .u32(T_ARRAY)
+                .u32(T_BOOL)
+                .u64(FILE_LEN as u64 - 64)
+                .0),
+        ),
         // A million metadata entries, the first of which has an unknown type.
-        ("metadata count", pad(Raw::header(3, 0, 1 << 20).str("k").u32(99).0)),
+        (
+            "metadata count",
+            pad(Raw::header(3, 0, 1 << 20).str("k").u32(99).0),
+        ),
         // Half a million tensors, the first of which has no dimensions.
-        ("tensor count", pad(Raw::header(3, 1 << 19, 0).str("t").u32(0).0)),
+        (
+            "tensor count",
+            pad(Raw::header(3, 1 << 19, 0).str("t").u32(0).0),
+        ),
     ];
     for (what, bytes) in cases {
         let (result, peak) = peak_allocation(|| GgufFile::from_bytes(bytes));
         assert!(result.is_err(), "{what}");
-        assert!(peak < 1 << 20, "{what}: parsing a {FILE_LEN}-byte file peaked at {peak} bytes allocated");
+        assert!(
+            peak < 1 << 20,
+            "{what}: parsing a {FILE_LEN}-byte file peaked at {peak} bytes allocated"
+        );
     }
 }
 

@@ -25,7 +25,11 @@ fn default_model_path() -> PathBuf {
         None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/strata"),
     };
     let path = cache.join("models").join(DEFAULT_MODEL);
-    assert!(path.is_file(), "{} is missing: run `make fetch` first", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make fetch` first",
+        path.display()
+    );
     path
 }
 
@@ -62,7 +66,9 @@ fn base_image(max_array_len: usize) -> BaseImage {
         // Same rank and type, one block of values.
         let mut dims = vec![1u64; t.dims.len()];
         dims[0] = t.ty.block_len() as u64;
-        let data: Vec<u8> = (0..t.ty.block_bytes()).map(|j| (i * 31 + j * 7) as u8).collect();
+        let data: Vec<u8> = (0..t.ty.block_bytes())
+            .map(|j| (i * 31 + j * 7) as u8)
+            .collect();
         w.add_tensor(t.name.clone(), &dims, t.ty, data).unwrap();
     }
     let layout = w.layout();
@@ -89,13 +95,30 @@ fn full_base() -> &'static BaseImage {
 /// One edit of the image. Positions past the end are taken modulo the current length.
 #[derive(Debug, Clone)]
 enum Mutation {
-    FlipBit { at: usize, bit: u8 },
-    SetByte { at: usize, byte: u8 },
+    FlipBit {
+        at: usize,
+        bit: u8,
+    },
+    SetByte {
+        at: usize,
+        byte: u8,
+    },
     /// Overwrite with (the first bytes of) a little-endian integer such as a count or length.
-    Overwrite { at: usize, bytes: Vec<u8> },
-    Insert { at: usize, bytes: Vec<u8> },
-    Remove { at: usize, len: usize },
-    Truncate { len: usize },
+    Overwrite {
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    Insert {
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    Remove {
+        at: usize,
+        len: usize,
+    },
+    Truncate {
+        len: usize,
+    },
 }
 
 impl Mutation {
@@ -202,11 +225,18 @@ fn check(image: Vec<u8>) -> Result<bool, TestCaseError> {
     for t in file.tensors() {
         let start = file.data_start().checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(t.n_bytes));
-        prop_assert!(end.is_some_and(|e| e <= len), "tensor {} lies outside the {len}-byte buffer", t.name);
+        prop_assert!(
+            end.is_some_and(|e| e <= len),
+            "tensor {} lies outside the {len}-byte buffer",
+            t.name
+        );
         prop_assert_eq!(file.tensor_data(t).len() as u64, t.n_bytes);
         prop_assert_eq!(t.offset % file.alignment, 0);
         prop_assert!((1..=4).contains(&t.dims.len()));
-        prop_assert_eq!(Some(t.n_elements), t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)));
+        prop_assert_eq!(
+            Some(t.n_elements),
+            t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+        );
         prop_assert_eq!(file.tensor(&t.name), Some(t));
         ranges.push((t.offset, t.offset + t.n_bytes));
     }
@@ -219,7 +249,11 @@ fn check(image: Vec<u8>) -> Result<bool, TestCaseError> {
 
 /// Runs `cases` mutated copies of `base` through `check`, and reports how many were accepted.
 fn run_mutations(name: &str, base: &BaseImage, cases: u32) {
-    let config = Config { cases, failure_persistence: None, ..Config::default() };
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
     let mut runner = TestRunner::new(config);
     let accepted = AtomicUsize::new(0);
     let started = Instant::now();
@@ -247,7 +281,10 @@ fn run_mutations(name: &str, base: &BaseImage, cases: u32) {
     // the acceptance checks, not only the error paths.
     if cases >= 100 {
         assert!(accepted > 0, "{name}: no mutated image was accepted");
-        assert!(accepted < cases as usize, "{name}: every mutated image was accepted");
+        assert!(
+            accepted < cases as usize,
+            "{name}: every mutated image was accepted"
+        );
     }
 }
 

@@ -15,7 +15,11 @@ fn default_model_path() -> PathBuf {
         None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/strata"),
     };
     let path = cache.join("models").join(DEFAULT_MODEL);
-    assert!(path.is_file(), "{} is missing: run `make fetch` first", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make fetch` first",
+        path.display()
+    );
     path
 }
 
@@ -66,11 +70,27 @@ fn every_metadata_type() -> Vec<(String, MetaValue)> {
         ("t.arr_u32", arr(T::U32, (0..100).map(V::U32).collect())),
         ("t.arr_i32", arr(T::I32, vec![V::I32(-1), V::I32(i32::MAX)])),
         ("t.arr_f32", arr(T::F32, vec![V::F32(0.5), V::F32(-2.0)])),
-        ("t.arr_bool", arr(T::Bool, vec![V::Bool(true), V::Bool(false), V::Bool(true)])),
-        ("t.arr_string", arr(T::String, vec![V::String("a".into()), V::String(String::new()), V::String("ç".into())])),
+        (
+            "t.arr_bool",
+            arr(T::Bool, vec![V::Bool(true), V::Bool(false), V::Bool(true)]),
+        ),
+        (
+            "t.arr_string",
+            arr(
+                T::String,
+                vec![
+                    V::String("a".into()),
+                    V::String(String::new()),
+                    V::String("ç".into()),
+                ],
+            ),
+        ),
         ("t.arr_u64", arr(T::U64, vec![V::U64(u64::MAX), V::U64(0)])),
         ("t.arr_i64", arr(T::I64, vec![V::I64(i64::MIN)])),
-        ("t.arr_f64", arr(T::F64, vec![V::F64(1e300), V::F64(-1e-300)])),
+        (
+            "t.arr_f64",
+            arr(T::F64, vec![V::F64(1e300), V::F64(-1e-300)]),
+        ),
         ("t.arr_empty_u8", arr(T::U8, vec![])),
         ("t.arr_empty_string", arr(T::String, vec![])),
         ("t.arr_empty_array", arr(T::Array, vec![])),
@@ -87,10 +107,19 @@ fn every_metadata_type() -> Vec<(String, MetaValue)> {
         ),
         (
             "t.arr_nested_4",
-            arr(T::Array, vec![arr(T::Array, vec![arr(T::Array, vec![arr(T::I16, vec![V::I16(-3)])])])]),
+            arr(
+                T::Array,
+                vec![arr(
+                    T::Array,
+                    vec![arr(T::Array, vec![arr(T::I16, vec![V::I16(-3)])])],
+                )],
+            ),
         ),
     ];
-    entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    entries
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// Tensors of several types and ranks, with distinct data.
@@ -136,7 +165,12 @@ fn check_round_trip(file: &GgufFile, version: u32, alignment: u64, file_len: usi
     assert_eq!(file.data_start() % alignment, 0);
 
     let expected = every_metadata_type();
-    let read: Vec<_> = file.metadata().iter().filter(|(k, _)| k != "general.alignment").cloned().collect();
+    let read: Vec<_> = file
+        .metadata()
+        .iter()
+        .filter(|(k, _)| k != "general.alignment")
+        .cloned()
+        .collect();
     assert_eq!(read.len(), expected.len());
     for ((rk, rv), (ek, ev)) in read.iter().zip(&expected) {
         assert_eq!(rk, ek);
@@ -145,7 +179,10 @@ fn check_round_trip(file: &GgufFile, version: u32, alignment: u64, file_len: usi
         assert_eq!(rv, ev, "value of {ek}");
         assert_eq!(file.get(ek), Some(ev));
     }
-    assert_eq!(file.get_f64("t.f64_neg_zero").map(f64::to_bits), Some((-0.0f64).to_bits()));
+    assert_eq!(
+        file.get_f64("t.f64_neg_zero").map(f64::to_bits),
+        Some((-0.0f64).to_bits())
+    );
     assert_eq!(file.get_str("general.architecture"), Some("llama"));
     assert_eq!(file.get_u64("t.u64"), Some(u64::MAX));
     assert_eq!(file.get_bool("t.bool_true"), Some(true));
@@ -161,15 +198,25 @@ fn check_round_trip(file: &GgufFile, version: u32, alignment: u64, file_len: usi
         assert_eq!(info.n_elements, dims.iter().product::<u64>());
         assert_eq!(info.n_bytes, data.len() as u64);
         assert_eq!(info.offset % alignment, 0, "{name} offset");
-        assert!(info.offset >= previous_end, "{name} follows the previous tensor");
+        assert!(
+            info.offset >= previous_end,
+            "{name} follows the previous tensor"
+        );
         // Tensors are packed: each starts at the first aligned offset after the previous one.
-        assert_eq!(info.offset, previous_end.div_ceil(alignment) * alignment, "{name} offset");
+        assert_eq!(
+            info.offset,
+            previous_end.div_ceil(alignment) * alignment,
+            "{name} offset"
+        );
         previous_end = info.offset + info.n_bytes;
         assert_eq!(file.tensor_data(info), &data[..], "{name} data");
         assert_eq!(file.tensor(name), Some(info));
     }
     // The last tensor is padded to the alignment too.
-    assert_eq!(file_len as u64, file.data_start() + previous_end.div_ceil(alignment) * alignment);
+    assert_eq!(
+        file_len as u64,
+        file.data_start() + previous_end.div_ceil(alignment) * alignment
+    );
 }
 
 #[test]
@@ -235,7 +282,11 @@ fn padding_bytes_are_zero() {
     let mut covered = vec![false; bytes.len()];
     covered[..layout.tensor_infos_start as usize].fill(true);
     let infos_end = layout.tensor_infos_start as usize
-        + file.tensors().iter().map(|t| 8 + t.name.len() + 4 + 8 * t.dims.len() + 4 + 8).sum::<usize>();
+        + file
+            .tensors()
+            .iter()
+            .map(|t| 8 + t.name.len() + 4 + 8 * t.dims.len() + 4 + 8)
+            .sum::<usize>();
     covered[layout.tensor_infos_start as usize..infos_end].fill(true);
     for t in file.tensors() {
         let start = (file.data_start() + t.offset) as usize;
@@ -278,10 +329,15 @@ fn write_to_matches_to_bytes_and_reads_back_through_mmap() {
 #[test]
 fn string_array_helper() {
     let mut w = GgufWriter::new();
-    w.add_string_array("tokenizer.ggml.tokens", ["<s>", "</s>", "héllo"]).unwrap();
+    w.add_string_array("tokenizer.ggml.tokens", ["<s>", "</s>", "héllo"])
+        .unwrap();
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
-    let tokens: Vec<&str> =
-        file.get_array("tokenizer.ggml.tokens").unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let tokens: Vec<&str> = file
+        .get_array("tokenizer.ggml.tokens")
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
     assert_eq!(tokens, ["<s>", "</s>", "héllo"]);
 }
 
@@ -293,32 +349,67 @@ fn writer_refuses_what_the_reader_refuses() {
     w.add_metadata("k", V::U32(1)).unwrap();
     assert!(matches!(w.add_metadata("k", V::U8(1)), Err(GgufError::DuplicateKey(k)) if k == "k"));
 
-    for bad in [V::U32(0), V::U32(3), V::U64(1 << 31), V::I32(-8), V::String("32".into())] {
-        let err = GgufWriter::new().add_metadata("general.alignment", bad.clone()).map(|_| ()).unwrap_err();
+    for bad in [
+        V::U32(0),
+        V::U32(3),
+        V::U64(1 << 31),
+        V::I32(-8),
+        V::String("32".into()),
+    ] {
+        let err = GgufWriter::new()
+            .add_metadata("general.alignment", bad.clone())
+            .map(|_| ())
+            .unwrap_err();
         assert!(matches!(err, GgufError::BadAlignment(_)), "{bad:?}: {err}");
     }
-    assert!(matches!(GgufWriter::new().set_alignment(48), Err(GgufError::BadAlignment(48))));
+    assert!(matches!(
+        GgufWriter::new().set_alignment(48),
+        Err(GgufError::BadAlignment(48))
+    ));
 
     let mixed = arr(T::U32, vec![V::U32(1), V::I32(2)]);
-    let err = GgufWriter::new().add_metadata("mixed", mixed).map(|_| ()).unwrap_err();
-    assert!(matches!(&err, GgufError::BadValue { key, .. } if key == "mixed"), "{err}");
+    let err = GgufWriter::new()
+        .add_metadata("mixed", mixed)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(&err, GgufError::BadValue { key, .. } if key == "mixed"),
+        "{err}"
+    );
     let inner_mixed = arr(T::Array, vec![arr(T::U8, vec![V::U8(1)]), V::U8(2)]);
-    assert!(matches!(GgufWriter::new().add_metadata("m", inner_mixed), Err(GgufError::BadValue { .. })));
+    assert!(matches!(
+        GgufWriter::new().add_metadata("m", inner_mixed),
+        Err(GgufError::BadValue { .. })
+    ));
 
     let mut deep = arr(T::U8, vec![]);
     for _ in 0..4 {
         deep = arr(T::Array, vec![deep]);
     }
-    let err = GgufWriter::new().add_metadata("deep", deep).map(|_| ()).unwrap_err();
-    assert!(matches!(&err, GgufError::NestingTooDeep { key } if key == "deep"), "{err}");
+    let err = GgufWriter::new()
+        .add_metadata("deep", deep)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(&err, GgufError::NestingTooDeep { key } if key == "deep"),
+        "{err}"
+    );
 
     for version in [0, 1, 4, u32::MAX] {
-        assert!(matches!(GgufWriter::with_version(version), Err(GgufError::UnsupportedVersion(v)) if v == version));
+        assert!(
+            matches!(GgufWriter::with_version(version), Err(GgufError::UnsupportedVersion(v)) if v == version)
+        );
     }
 
     let tensor_err = |dims: &[u64], ty: GgmlType, len: usize| {
-        let err = GgufWriter::new().add_tensor("t", dims, ty, vec![0u8; len]).map(|_| ()).unwrap_err();
-        assert!(matches!(&err, GgufError::BadTensor { name, .. } if name == "t"), "{dims:?}: {err}");
+        let err = GgufWriter::new()
+            .add_tensor("t", dims, ty, vec![0u8; len])
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(&err, GgufError::BadTensor { name, .. } if name == "t"),
+            "{dims:?}: {err}"
+        );
         err.to_string()
     };
     assert!(tensor_err(&[], GgmlType::F32, 0).contains("0 dimensions"));
@@ -330,11 +421,21 @@ fn writer_refuses_what_the_reader_refuses() {
     assert!(tensor_err(&[4], GgmlType::F32, 15).contains("needs 16"));
 
     let mut w = GgufWriter::new();
-    w.add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4]).unwrap();
-    let err = w.add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4]).map(|_| ()).unwrap_err();
-    assert!(matches!(&err, GgufError::DuplicateTensor(n) if n == "t"), "{err}");
+    w.add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4])
+        .unwrap();
+    let err = w
+        .add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4])
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(&err, GgufError::DuplicateTensor(n) if n == "t"),
+        "{err}"
+    );
     // Refused additions leave the writer as it was.
-    assert_eq!(GgufFile::from_bytes(w.to_bytes()).unwrap().tensors().len(), 1);
+    assert_eq!(
+        GgufFile::from_bytes(w.to_bytes()).unwrap().tensors().len(),
+        1
+    );
 }
 
 fn open_default_model() -> GgufFile {
@@ -373,7 +474,8 @@ fn writer_reproduces_the_default_model_byte_for_byte() {
     }
     for TensorInfo { name, dims, ty, .. } in file.tensors() {
         let info = file.tensor(name).unwrap();
-        w.add_tensor(name.clone(), dims, *ty, file.tensor_data(info).to_vec()).unwrap();
+        w.add_tensor(name.clone(), dims, *ty, file.tensor_data(info).to_vec())
+            .unwrap();
     }
     let layout = w.layout();
     assert_eq!(layout.data_start, file.data_start());
@@ -382,5 +484,10 @@ fn writer_reproduces_the_default_model_byte_for_byte() {
     let written = w.to_bytes();
     assert_eq!(written.len(), original.len());
     let first_difference = written.iter().zip(&original).position(|(a, b)| a != b);
-    assert_eq!(first_difference, None, "written image differs from {}", path.display());
+    assert_eq!(
+        first_difference,
+        None,
+        "written image differs from {}",
+        path.display()
+    );
 }

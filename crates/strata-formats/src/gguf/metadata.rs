@@ -161,7 +161,9 @@ impl MetaValue {
 impl fmt::Display for MetaValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MetaValue::String(s) if s.len() > 80 => write!(f, "{:?}...", &s[..s.floor_char_boundary(80)]),
+            MetaValue::String(s) if s.len() > 80 => {
+                write!(f, "{:?}...", &s[..s.floor_char_boundary(80)])
+            }
             MetaValue::String(s) => write!(f, "{s:?}"),
             MetaValue::Array(t, items) => write!(f, "[{:?}; {}]", t, items.len()),
             MetaValue::F32(v) => write!(f, "{v}"),

@@ -37,7 +37,12 @@ pub enum GgufError {
     #[error("GGUF version {0} is not supported (strata reads versions 2 and 3)")]
     UnsupportedVersion(u32),
     #[error("file is truncated: {what} needs {needed} bytes at offset {offset}, file has {len}")]
-    Truncated { what: String, offset: u64, needed: u64, len: u64 },
+    Truncated {
+        what: String,
+        offset: u64,
+        needed: u64,
+        len: u64,
+    },
     #[error("{what}: count {count} is impossible for a file of {len} bytes")]
     AbsurdCount { what: String, count: u64, len: u64 },
     #[error("metadata key {key:?}: unknown value type id {id}")]
@@ -125,7 +130,10 @@ impl GgufFile {
     /// Opens and memory-maps `path`, then parses and validates its header.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; strata never writes model files while serving them.
         // A file truncated by another process while mapped would fault, as with every mmap reader.
@@ -160,8 +168,11 @@ impl GgufFile {
         for i in 0..n_kv {
             let key = c.string(&format!("metadata key #{i}"))?;
             let type_id = c.u32(&format!("type of metadata key {key:?}"))?;
-            let ty = MetaValueType::from_id(type_id)
-                .ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), id: type_id })?;
+            let ty =
+                MetaValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+                    key: key.clone(),
+                    id: type_id,
+                })?;
             let value = c.value(&key, ty, 0)?;
             if meta_index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(GgufError::DuplicateKey(key));
@@ -186,7 +197,10 @@ impl GgufFile {
             let name = c.string(&format!("tensor name #{i}"))?;
             let n_dims = c.u32(&format!("dimension count of tensor {name:?}"))? as usize;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(bad_tensor(&name, format!("{n_dims} dimensions (GGML allows 1 to {MAX_DIMS})")));
+                return Err(bad_tensor(
+                    &name,
+                    format!("{n_dims} dimensions (GGML allows 1 to {MAX_DIMS})"),
+                ));
             }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -206,22 +220,37 @@ impl GgufFile {
             if dims[0] % ty.block_len() as u64 != 0 {
                 return Err(bad_tensor(
                     &name,
-                    format!("row length {} is not a multiple of the {} block size {}", dims[0], ty, ty.block_len()),
+                    format!(
+                        "row length {} is not a multiple of the {} block size {}",
+                        dims[0],
+                        ty,
+                        ty.block_len()
+                    ),
                 ));
             }
-            let n_bytes = ty
-                .bytes_for(n_elements)
-                .ok_or_else(|| bad_tensor(&name, format!("size of {n_elements} {ty} values overflows")))?;
+            let n_bytes = ty.bytes_for(n_elements).ok_or_else(|| {
+                bad_tensor(&name, format!("size of {n_elements} {ty} values overflows"))
+            })?;
             if offset % alignment != 0 {
-                return Err(bad_tensor(&name, format!("offset {offset} is not aligned to {alignment}")));
+                return Err(bad_tensor(
+                    &name,
+                    format!("offset {offset} is not aligned to {alignment}"),
+                ));
             }
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(GgufError::DuplicateTensor(name));
             }
-            tensors.push(TensorInfo { name, dims, ty, offset, n_elements, n_bytes });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+                n_elements,
+                n_bytes,
+            });
         }
 
-        let data_start = c.pos.div_ceil(alignment).checked_mul(alignment).unwrap_or(u64::MAX);
+        let data_start = c.pos.div_ceil(alignment).saturating_mul(alignment);
         let file_len = bytes.len() as u64;
         if data_start > file_len && !tensors.is_empty() {
             return Err(GgufError::Truncated {
@@ -234,7 +263,7 @@ impl GgufFile {
         let data_len = file_len.saturating_sub(data_start);
         for t in &tensors {
             let end = t.offset.checked_add(t.n_bytes);
-            if end.is_none_or(|e| e > data_len + 4096) {
+            if end.is_none_or(|e| e > data_len) {
                 return Err(bad_tensor(
                     &t.name,
                     format!(
@@ -248,11 +277,23 @@ impl GgufFile {
         order.sort_by_key(|t| t.offset);
         for pair in order.windows(2) {
             if pair[0].offset + pair[0].n_bytes > pair[1].offset {
-                return Err(GgufError::OverlappingTensors { a: pair[0].name.clone(), b: pair[1].name.clone() });
+                return Err(GgufError::OverlappingTensors {
+                    a: pair[0].name.clone(),
+                    b: pair[1].name.clone(),
+                });
             }
         }
 
-        Ok(GgufFile { version, alignment, metadata, meta_index, tensors, tensor_index, data_start, storage })
+        Ok(GgufFile {
+            version,
+            alignment,
+            metadata,
+            meta_index,
+            tensors,
+            tensor_index,
+            data_start,
+            storage,
+        })
     }
 
     /// All metadata in file order.
@@ -318,7 +359,10 @@ impl GgufFile {
 }
 
 fn bad_tensor(name: &str, reason: String) -> GgufError {
-    GgufError::BadTensor { name: name.to_string(), reason }
+    GgufError::BadTensor {
+        name: name.to_string(),
+        reason,
+    }
 }
 
 struct Cursor<'a> {
@@ -362,8 +406,15 @@ impl<'a> Cursor<'a> {
 
     /// Errors unless `count` items of at least `min_len` bytes each fit in what is left.
     fn check_count(&self, what: &str, count: u64, min_len: u64) -> Result<(), GgufError> {
-        if count.checked_mul(min_len).is_none_or(|need| need > self.remaining()) {
-            return Err(GgufError::AbsurdCount { what: what.to_string(), count, len: self.bytes.len() as u64 });
+        if count
+            .checked_mul(min_len)
+            .is_none_or(|need| need > self.remaining())
+        {
+            return Err(GgufError::AbsurdCount {
+                what: what.to_string(),
+                count,
+                len: self.bytes.len() as u64,
+            });
         }
         Ok(())
     }
@@ -371,10 +422,17 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
         let len = self.u64(what)?;
         let raw = self.take(len, what)?;
-        String::from_utf8(raw.to_vec()).map_err(|_| GgufError::BadUtf8 { what: what.to_string() })
+        String::from_utf8(raw.to_vec()).map_err(|_| GgufError::BadUtf8 {
+            what: what.to_string(),
+        })
     }
 
-    fn value(&mut self, key: &str, ty: MetaValueType, depth: usize) -> Result<MetaValue, GgufError> {
+    fn value(
+        &mut self,
+        key: &str,
+        ty: MetaValueType,
+        depth: usize,
+    ) -> Result<MetaValue, GgufError> {
         let what = || format!("value of metadata key {key:?}");
         Ok(match ty {
             MetaValueType::U8 => MetaValue::U8(self.array::<1>(&what())?[0]),
@@ -400,13 +458,22 @@ impl<'a> Cursor<'a> {
             MetaValueType::String => MetaValue::String(self.string(&what())?),
             MetaValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::NestingTooDeep { key: key.to_string() });
+                    return Err(GgufError::NestingTooDeep {
+                        key: key.to_string(),
+                    });
                 }
                 let type_id = self.u32(&what())?;
-                let elem = MetaValueType::from_id(type_id)
-                    .ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), id: type_id })?;
+                let elem =
+                    MetaValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+                        key: key.to_string(),
+                        id: type_id,
+                    })?;
                 let count = self.u64(&what())?;
-                self.check_count(&format!("array length of metadata key {key:?}"), count, elem.min_encoded_len())?;
+                self.check_count(
+                    &format!("array length of metadata key {key:?}"),
+                    count,
+                    elem.min_encoded_len(),
+                )?;
                 let mut items = Vec::with_capacity(prealloc(count));
                 for _ in 0..count {
                     items.push(self.value(key, elem, depth + 1)?);

@@ -89,7 +89,10 @@ impl GgufWriter {
         if version != 2 && version != 3 {
             return Err(GgufError::UnsupportedVersion(version));
         }
-        Ok(GgufWriter { version, ..Self::new() })
+        Ok(GgufWriter {
+            version,
+            ..Self::new()
+        })
     }
 
     /// The GGUF version that will be written.
@@ -107,7 +110,11 @@ impl GgufWriter {
     /// Errors on a key added before, an array whose elements are not all of its declared type,
     /// arrays nested deeper than the reader accepts, and a `general.alignment` that is not an
     /// integer power of two up to 2^30 (that key also sets the alignment of tensor data).
-    pub fn add_metadata(&mut self, key: impl Into<String>, value: MetaValue) -> Result<&mut Self, GgufError> {
+    pub fn add_metadata(
+        &mut self,
+        key: impl Into<String>,
+        value: MetaValue,
+    ) -> Result<&mut Self, GgufError> {
         let key = key.into();
         if self.keys.contains(&key) {
             return Err(GgufError::DuplicateKey(key));
@@ -136,7 +143,10 @@ impl GgufWriter {
         key: impl Into<String>,
         items: impl IntoIterator<Item = S>,
     ) -> Result<&mut Self, GgufError> {
-        let items = items.into_iter().map(|s| MetaValue::String(s.into())).collect();
+        let items = items
+            .into_iter()
+            .map(|s| MetaValue::String(s.into()))
+            .collect();
         self.add_metadata(key, MetaValue::Array(MetaValueType::String, items))
     }
 
@@ -158,23 +168,39 @@ impl GgufWriter {
         if data.len() as u64 != expected {
             return Err(GgufError::BadTensor {
                 name,
-                reason: format!("{} bytes of data given, {dims:?} {ty} needs {expected}", data.len()),
+                reason: format!(
+                    "{} bytes of data given, {dims:?} {ty} needs {expected}",
+                    data.len()
+                ),
             });
         }
         if self.tensor_names.contains(&name) {
             return Err(GgufError::DuplicateTensor(name));
         }
         self.tensor_names.insert(name.clone());
-        self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ty, data });
+        self.tensors.push(PendingTensor {
+            name,
+            dims: dims.to_vec(),
+            ty,
+            data,
+        });
         Ok(self)
     }
 
     /// Where each part of the image will lie once written.
     pub fn layout(&self) -> GgufLayout {
         let metadata_start = 4 + 4 + 8 + 8;
-        let metadata_len: u64 = self.metadata.iter().map(|(k, v)| string_len(k) + 4 + value_len(v)).sum();
+        let metadata_len: u64 = self
+            .metadata
+            .iter()
+            .map(|(k, v)| string_len(k) + 4 + value_len(v))
+            .sum();
         let tensor_infos_start = metadata_start + metadata_len;
-        let infos_len: u64 = self.tensors.iter().map(|t| string_len(&t.name) + 4 + 8 * t.dims.len() as u64 + 4 + 8).sum();
+        let infos_len: u64 = self
+            .tensors
+            .iter()
+            .map(|t| string_len(&t.name) + 4 + 8 * t.dims.len() as u64 + 4 + 8)
+            .sum();
         let data_start = align_up(tensor_infos_start + infos_len, self.alignment);
         let mut tensor_offsets = Vec::with_capacity(self.tensors.len());
         let mut data_len = 0;
@@ -182,7 +208,13 @@ impl GgufWriter {
             tensor_offsets.push(data_len);
             data_len = align_up(data_len + t.data.len() as u64, self.alignment);
         }
-        GgufLayout { metadata_start, tensor_infos_start, data_start, tensor_offsets, total_len: data_start + data_len }
+        GgufLayout {
+            metadata_start,
+            tensor_infos_start,
+            data_start,
+            tensor_offsets,
+            total_len: data_start + data_len,
+        }
     }
 
     /// Writes the image to `out`: header, metadata, tensor infos, padding, then tensor data.
@@ -235,9 +267,15 @@ impl GgufWriter {
 
 /// Bytes taken by `dims` values of `ty`, after the checks the reader makes on a tensor info.
 fn tensor_size(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError> {
-    let bad = |reason: String| GgufError::BadTensor { name: name.to_string(), reason };
+    let bad = |reason: String| GgufError::BadTensor {
+        name: name.to_string(),
+        reason,
+    };
     if dims.is_empty() || dims.len() > MAX_DIMS {
-        return Err(bad(format!("{} dimensions (GGML allows 1 to {MAX_DIMS})", dims.len())));
+        return Err(bad(format!(
+            "{} dimensions (GGML allows 1 to {MAX_DIMS})",
+            dims.len()
+        )));
     }
     if dims.contains(&0) {
         return Err(bad(format!("has a zero dimension {dims:?}")));
@@ -246,14 +284,15 @@ fn tensor_size(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError>
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
-    if dims[0] % ty.block_len() as u64 != 0 {
+    if !dims[0].is_multiple_of(ty.block_len() as u64) {
         return Err(bad(format!(
             "row length {} is not a multiple of the {ty} block size {}",
             dims[0],
             ty.block_len()
         )));
     }
-    ty.bytes_for(n_elements).ok_or_else(|| bad(format!("size of {n_elements} {ty} values overflows")))
+    ty.bytes_for(n_elements)
+        .ok_or_else(|| bad(format!("size of {n_elements} {ty} values overflows")))
 }
 
 /// Errors unless every array in `value` holds only elements of its declared type and arrays
@@ -263,13 +302,18 @@ fn check_value(key: &str, value: &MetaValue, depth: usize) -> Result<(), GgufErr
         return Ok(());
     };
     if depth >= MAX_ARRAY_DEPTH {
-        return Err(GgufError::NestingTooDeep { key: key.to_string() });
+        return Err(GgufError::NestingTooDeep {
+            key: key.to_string(),
+        });
     }
     for (i, item) in items.iter().enumerate() {
         if item.value_type() != *elem {
             return Err(GgufError::BadValue {
                 key: key.to_string(),
-                reason: format!("array of {elem:?} holds a {:?} at index {i}", item.value_type()),
+                reason: format!(
+                    "array of {elem:?} holds a {:?} at index {i}",
+                    item.value_type()
+                ),
             });
         }
         check_value(key, item, depth + 1)?;
@@ -386,8 +430,10 @@ mod tests {
     fn layout_matches_written_length() {
         let mut w = GgufWriter::new();
         w.set_alignment(64).unwrap();
-        w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12]).unwrap();
-        w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68]).unwrap();
+        w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12])
+            .unwrap();
+        w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68])
+            .unwrap();
         let layout = w.layout();
         assert_eq!(layout.tensor_offsets, vec![0, 64]);
         assert_eq!(w.to_bytes().len() as u64, layout.total_len);
