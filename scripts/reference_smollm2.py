@@ -62,8 +62,8 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def forward(cfg, w, ids):
-    """Logits (len(ids) x vocab) of a full causal pass."""
+def forward(cfg, w, ids, last_only=False):
+    """Logits (len(ids) x vocab, or 1 x vocab with last_only) of a full causal pass."""
     L, H = len(ids), cfg["hidden"]
     nh, nkv = cfg["heads"], cfg["kv_heads"]
     hd = H // nh
@@ -93,6 +93,8 @@ def forward(cfg, w, ids):
         g = h @ w[p + "ffn_gate.weight"].T
         u = h @ w[p + "ffn_up.weight"].T
         x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "ffn_down.weight"].T
+    if last_only:
+        x = x[-1:]
     x = rms_norm(x, w["output_norm.weight"], cfg["eps"])
     head = w.get("output.weight", w["token_embd.weight"])
     return x @ head.T
@@ -112,8 +114,8 @@ def main():
             top.append({"ids": [int(i) for i in idx], "logits": [float(row[i]) for i in idx], "logsumexp": lse})
         seq = list(ids)
         for _ in range(CONTINUATION):
-            seq.append(int(np.argmax(forward(cfg, w, seq)[-1])))
-        out["prompts"].append({"text": p["text"], "ids": ids, "positions": top, "greedy": seq[len(ids):]})
+            seq.append(int(np.argmax(forward(cfg, w, seq, last_only=True)[-1])))
+        out["prompts"].append({"text": p["text"], "chat": p["chat"], "ids": ids, "positions": top, "greedy": seq[len(ids):]})
         print(f"{p['text']!r}: greedy {seq[len(ids):][:8]}...", file=sys.stderr)
     path = os.path.join(ROOT, "tests", "fidelity", "smollm2_reference.json")
     with open(path, "w") as f:

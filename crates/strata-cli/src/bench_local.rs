@@ -44,6 +44,10 @@ struct Report {
     decode_tps_median: f64,
     weight_bytes_per_token: u64,
     decode_effective_gb_s: f64,
+    /// Read bandwidth of this machine with `threads` threads over a buffer far larger than cache.
+    memory_read_gb_s: f64,
+    /// Decode ceiling if every step only streamed the weights once: bandwidth / weight bytes.
+    decode_roofline_tps: f64,
     cpu: String,
     isa: &'static str,
     date_unix: u64,
@@ -57,7 +61,10 @@ fn median(v: &mut [f64]) -> f64 {
 pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
     anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
-    anyhow::ensure!(args.prompt_tokens >= 1 && args.gen_tokens >= 2, "--prompt-tokens >= 1 and --gen-tokens >= 2");
+    anyhow::ensure!(
+        args.prompt_tokens >= 1 && args.gen_tokens >= 2,
+        "--prompt-tokens >= 1 and --gen-tokens >= 2"
+    );
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let model = crate::progress::load_with_progress(&path)?;
     let pool = ThreadPool::new(args.threads);
@@ -67,10 +74,26 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
         .map(|i| (100 + (i.wrapping_mul(2654435761) % (vocab - 200))) as u32)
         .collect();
     let greedy = SamplingParams::default();
-    let prefill_opts = GenerateOptions { max_tokens: 1, sampling: greedy.clone(), stop_ids: vec![], prefill_chunk: 0 };
-    let decode_opts = GenerateOptions { max_tokens: args.gen_tokens, sampling: greedy, stop_ids: vec![], prefill_chunk: 0 };
+    let prefill_opts = GenerateOptions {
+        max_tokens: 1,
+        sampling: greedy.clone(),
+        stop_ids: vec![],
+        prefill_chunk: 0,
+    };
+    let decode_opts = GenerateOptions {
+        max_tokens: args.gen_tokens,
+        sampling: greedy,
+        stop_ids: vec![],
+        prefill_chunk: 0,
+    };
     // Warm-up (page cache, thread start, allocator).
-    generate(&model.transformer, &pool, &prompt[..prompt.len().min(32)], &decode_opts, &mut |_| true)?;
+    generate(
+        &model.transformer,
+        &pool,
+        &prompt[..prompt.len().min(32)],
+        &decode_opts,
+        &mut |_| true,
+    )?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     for _ in 0..args.repeats {
@@ -78,9 +101,13 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
         tg.push(generate(&model.transformer, &pool, &prompt[..1], &decode_opts, &mut |_| true)?.decode_tps());
     }
     let weight_bytes = model.transformer.weights.matrix_bytes();
+    let bandwidth = read_bandwidth_gb_s(&pool);
     let (pp_med, tg_med) = (median(&mut pp.clone()), median(&mut tg.clone()));
     let report = Report {
-        model: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        model: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         threads: args.threads,
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
@@ -91,15 +118,33 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
         decode_tps_median: tg_med,
         weight_bytes_per_token: weight_bytes,
         decode_effective_gb_s: weight_bytes as f64 * tg_med / 1e9,
+        memory_read_gb_s: bandwidth,
+        decode_roofline_tps: bandwidth * 1e9 / weight_bytes as f64,
         cpu: cpu_name(),
-        isa: if strata_runtime::cpu::quant_dot::has_avx2() { "avx2" } else { "scalar" },
-        date_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        isa: if strata_runtime::cpu::quant_dot::has_avx2() {
+            "avx2"
+        } else {
+            "scalar"
+        },
+        date_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
     };
-    println!("| model | threads | pp{} tok/s | tg{} tok/s | weights GB/s (decode) |", args.prompt_tokens, args.gen_tokens);
-    println!("|---|---|---|---|---|");
     println!(
-        "| {} | {} | {:.1} | {:.1} | {:.2} |",
-        report.model, report.threads, pp_med, tg_med, report.decode_effective_gb_s
+        "| model | threads | pp{} tok/s | tg{} tok/s | weights GB/s in decode | memory GB/s | decode roofline tok/s |",
+        args.prompt_tokens, args.gen_tokens
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.0} |",
+        report.model,
+        report.threads,
+        pp_med,
+        tg_med,
+        report.decode_effective_gb_s,
+        bandwidth,
+        report.decode_roofline_tps
     );
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -109,9 +154,39 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Best of three passes summing a 512 MiB buffer split over the pool's threads.
+fn read_bandwidth_gb_s(pool: &ThreadPool) -> f64 {
+    let words = 64 << 20; // 512 MiB of u64
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let sums: Vec<std::sync::atomic::AtomicU64> = (0..pool.n_threads()).map(|_| Default::default()).collect();
+        let t = std::time::Instant::now();
+        pool.split_even(words, 4096, &|range| {
+            let mut acc = [0u64; 8];
+            for chunk in buf[range.clone()].chunks_exact(8) {
+                for (a, &v) in acc.iter_mut().zip(chunk) {
+                    *a = a.wrapping_add(v);
+                }
+            }
+            let slot = range.start * pool.n_threads() / words;
+            sums[slot.min(sums.len() - 1)].fetch_add(acc.iter().sum(), std::sync::atomic::Ordering::Relaxed);
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&sums);
+        best = best.max((words * 8) as f64 / secs / 1e9);
+    }
+    best
+}
+
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }

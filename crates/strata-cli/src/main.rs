@@ -4,11 +4,16 @@
 mod bench_local;
 mod progress;
 mod run;
+mod tokenize;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "strata", version, about = "LLM inference server: paged attention, continuous batching, multi-GPU planning")]
+#[command(
+    name = "strata",
+    version,
+    about = "LLM inference server: paged attention, continuous batching, multi-GPU planning"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,19 +25,20 @@ enum Command {
     Run(run::RunArgs),
     /// Measure prompt processing and single-stream decode speed on this machine's CPU.
     BenchLocal(bench_local::BenchLocalArgs),
+    /// Print the token ids of texts as JSON (as `run` would feed them to the model).
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::BenchLocal(args) => bench_local::bench_local(args),
+        Command::Tokenize(args) => tokenize::tokenize(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

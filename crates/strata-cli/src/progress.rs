@@ -15,7 +15,11 @@ pub fn load_with_progress(path: &Path) -> anyhow::Result<LoadedModel> {
             ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        bar.set_message(
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
         Some(bar)
     } else {
         None

@@ -53,21 +53,33 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let model = crate::progress::load_with_progress(&path)?;
     let tok = &model.tokenizer;
-    let prompt_ids = if args.chat {
-        let mut messages = Vec::new();
-        if let Some(s) = &args.system {
-            messages.push(ChatMessage::system(s.clone()));
+    let prompt_ids = match (&args.system, args.chat) {
+        (Some(system), true) => {
+            let messages = [
+                ChatMessage::system(system.clone()),
+                ChatMessage::user(args.prompt.clone()),
+            ];
+            let text = model
+                .chat_template
+                .render(&messages, true)
+                .context("applying the chat template")?;
+            tok.encode(&text, false, true)?
         }
-        messages.push(ChatMessage::user(args.prompt.clone()));
-        let text = model.chat_template.render(&messages, true).context("applying the chat template")?;
-        tok.encode(&text, false, true)?
-    } else {
-        tok.encode(&args.prompt, true, false)?
+        _ => crate::tokenize::prompt_ids(tok, &model.chat_template, &args.prompt, args.chat)?,
     };
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
-        sampling: SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, seed: args.seed },
-        stop_ids: if args.ignore_eos { vec![] } else { tok.eog_ids().to_vec() },
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        stop_ids: if args.ignore_eos {
+            vec![]
+        } else {
+            tok.eog_ids().to_vec()
+        },
         prefill_chunk: 0,
     };
     let pool = match args.threads {

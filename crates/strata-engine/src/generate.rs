@@ -79,7 +79,11 @@ pub fn generate(
     let mut sampler = Sampler::new(opts.sampling.clone());
 
     let t0 = Instant::now();
-    let chunk = if opts.prefill_chunk == 0 { prompt.len() } else { opts.prefill_chunk };
+    let chunk = if opts.prefill_chunk == 0 {
+        prompt.len()
+    } else {
+        opts.prefill_chunk
+    };
     let mut logits = None;
     for (i, part) in prompt.chunks(chunk).enumerate() {
         let last = (i + 1) * chunk >= prompt.len();
@@ -95,7 +99,10 @@ pub fn generate(
     let mut generated = Vec::new();
     let mut stop = StopReason::Length;
     let t1 = Instant::now();
-    let mut next = logits.as_ref().and_then(|l| l.last_of(0)).map(|row| sampler.sample(row));
+    let mut next = logits
+        .as_ref()
+        .and_then(|l| l.last_of(0))
+        .map(|row| sampler.sample(row));
     while let Some(tok) = next.take() {
         if opts.stop_ids.contains(&tok) {
             stop = StopReason::Stop;
@@ -118,5 +125,11 @@ pub fn generate(
         let l = model.forward(&[seq], &mut kv, pool, &mut scratch)?;
         next = l.last_of(0).map(|row| sampler.sample(row));
     }
-    Ok(GenerateStats { prompt_tokens: prompt.len(), generated, prefill_time, decode_time: t1.elapsed(), stop })
+    Ok(GenerateStats {
+        prompt_tokens: prompt.len(),
+        generated,
+        prefill_time,
+        decode_time: t1.elapsed(),
+        stop,
+    })
 }

@@ -15,7 +15,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
     }
 }
 
@@ -129,9 +134,18 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_respected() {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32).collect();
-        let p = SamplingParams { temperature: 1.0, top_k: 5, top_p: 0.9, seed: 42 };
-        let a: Vec<u32> = (0..50).scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits))).collect();
-        let b: Vec<u32> = (0..50).scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits))).collect();
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            top_p: 0.9,
+            seed: 42,
+        };
+        let a: Vec<u32> = (0..50)
+            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits)))
+            .collect();
+        let b: Vec<u32> = (0..50)
+            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits)))
+            .collect();
         assert_eq!(a, b);
         // top_k = 5 keeps the five ids with logit 6 (ids 6, 13, 20, 27, 34).
         assert!(a.iter().all(|&t| t % 7 == 6 && t <= 34), "{a:?}");
@@ -139,7 +153,10 @@ mod tests {
 
     #[test]
     fn validation_names_the_parameter() {
-        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
         assert!(bad.validate().unwrap_err().contains("top_p"));
     }
 }

@@ -146,10 +146,7 @@ fn reason_of(err: &GgufError) -> &str {
 
 /// One tensor info for a one-tensor file with enough data behind it.
 fn one_tensor(dims: &[u64], ty: u32, offset: u64) -> Vec<u8> {
-    Raw::header(3, 1, 0)
-        .tensor("t", dims, ty, offset)
-        .data(32, 64)
-        .0
+    Raw::header(3, 1, 0).tensor("t", dims, ty, offset).data(32, 64).0
 }
 
 /// A small valid file with metadata of several kinds and three tensors.
@@ -157,12 +154,9 @@ fn small_valid_file() -> Vec<u8> {
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", MetaValue::String("llama".into()))
         .unwrap();
-    w.add_metadata("llama.block_count", MetaValue::U32(2))
-        .unwrap();
-    w.add_metadata("general.alignment", MetaValue::U32(16))
-        .unwrap();
-    w.add_string_array("tokenizer.ggml.tokens", ["a", "bc", ""])
-        .unwrap();
+    w.add_metadata("llama.block_count", MetaValue::U32(2)).unwrap();
+    w.add_metadata("general.alignment", MetaValue::U32(16)).unwrap();
+    w.add_string_array("tokenizer.ggml.tokens", ["a", "bc", ""]).unwrap();
     let nested = MetaValue::Array(
         MetaValueType::Array,
         vec![MetaValue::Array(
@@ -172,12 +166,9 @@ fn small_valid_file() -> Vec<u8> {
     );
     w.add_metadata("nested", nested).unwrap();
     w.add_metadata("f", MetaValue::F64(0.25)).unwrap();
-    w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12])
-        .unwrap();
-    w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68])
-        .unwrap();
-    w.add_tensor("c", &[5], GgmlType::F16, vec![3u8; 10])
-        .unwrap();
+    w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12]).unwrap();
+    w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68]).unwrap();
+    w.add_tensor("c", &[5], GgmlType::F16, vec![3u8; 10]).unwrap();
     w.to_bytes()
 }
 
@@ -208,10 +199,7 @@ fn unsupported_versions() {
         let mut bytes = small_valid_file();
         bytes[4..8].copy_from_slice(&version.to_le_bytes());
         let err = fails(bytes);
-        assert!(
-            matches!(err, GgufError::UnsupportedVersion(v) if v == version),
-            "{err}"
-        );
+        assert!(matches!(err, GgufError::UnsupportedVersion(v) if v == version), "{err}");
         assert!(err.to_string().contains("versions 2 and 3"));
     }
 }
@@ -229,13 +217,7 @@ fn every_truncation_of_a_small_valid_file_fails_cleanly() {
         .unwrap() as usize;
     // Only the padding after the last tensor may be cut without harm.
     for len in data_end..valid.len() {
-        assert_eq!(
-            GgufFile::from_bytes(valid[..len].to_vec())
-                .unwrap()
-                .tensors()
-                .len(),
-            3
-        );
+        assert_eq!(GgufFile::from_bytes(valid[..len].to_vec()).unwrap().tensors().len(), 3);
     }
     for len in 0..data_end {
         let err = fails(valid[..len].to_vec());
@@ -255,9 +237,7 @@ fn every_truncation_of_a_small_valid_file_fails_cleanly() {
 fn absurd_tensor_and_metadata_counts() {
     for count in [u64::MAX, 1 << 40, 1 << 62, 1_000_000] {
         let err = fails(Raw::header(3, count, 0).0);
-        assert!(
-            matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "tensor count" && *c == count)
-        );
+        assert!(matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "tensor count" && *c == count));
         let err = fails(Raw::header(3, 0, count).0);
         assert!(
             matches!(&err, GgufError::AbsurdCount { what, count: c, .. } if what == "metadata count" && *c == count)
@@ -292,15 +272,7 @@ fn absurd_string_lengths() {
     );
     assert!(matches!(&err, GgufError::Truncated { .. }), "{err}");
     // Tensor name.
-    let err = fails(
-        Raw::header(3, 1, 0)
-            .u64(1 << 50)
-            .u32(1)
-            .u64(1)
-            .u32(F32)
-            .u64(0)
-            .0,
-    );
+    let err = fails(Raw::header(3, 1, 0).u64(1 << 50).u32(1).u64(1).u32(F32).u64(0).0);
     assert!(
         matches!(&err, GgufError::Truncated { what, .. } if what == "tensor name #0"),
         "{err}"
@@ -330,10 +302,7 @@ fn absurd_array_lengths() {
             "{err}"
         );
         assert!(start.elapsed() < Duration::from_secs(1));
-        assert!(
-            peak < 64 * 1024,
-            "an absurd array length allocated {peak} bytes"
-        );
+        assert!(peak < 64 * 1024, "an absurd array length allocated {peak} bytes");
     }
 }
 
@@ -345,14 +314,7 @@ fn unknown_metadata_value_types() {
             matches!(&err, GgufError::UnknownValueType { key, id: i } if key == "key" && *i == id),
             "{err}"
         );
-        let err = fails(
-            Raw::header(3, 0, 1)
-                .str("arr")
-                .u32(T_ARRAY)
-                .u32(id)
-                .u64(0)
-                .0,
-        );
+        let err = fails(Raw::header(3, 0, 1).str("arr").u32(T_ARRAY).u32(id).u64(0).0);
         assert!(
             matches!(&err, GgufError::UnknownValueType { key, id: i } if key == "arr" && *i == id),
             "{err}"
@@ -397,10 +359,7 @@ fn dimension_product_overflows() {
 fn zero_dimensions() {
     for dims in [&[0u64][..], &[4, 0], &[0, 4, 4, 4]] {
         let err = fails(one_tensor(dims, F32, 0));
-        assert!(
-            reason_of(&err).contains("zero dimension"),
-            "{dims:?}: {err}"
-        );
+        assert!(reason_of(&err).contains("zero dimension"), "{dims:?}: {err}");
     }
 }
 
@@ -472,54 +431,29 @@ fn overlapping_tensors() {
 #[test]
 fn duplicates() {
     let err = fails(Raw::header(3, 0, 2).kv_u32("k", 1).kv_u32("k", 2).0);
-    assert!(
-        matches!(&err, GgufError::DuplicateKey(k) if k == "k"),
-        "{err}"
-    );
+    assert!(matches!(&err, GgufError::DuplicateKey(k) if k == "k"), "{err}");
     let bytes = Raw::header(3, 2, 0)
         .tensor("t", &[4], F32, 0)
         .tensor("t", &[4], F32, 32)
         .data(32, 64)
         .0;
     let err = fails(bytes);
-    assert!(
-        matches!(&err, GgufError::DuplicateTensor(n) if n == "t"),
-        "{err}"
-    );
+    assert!(matches!(&err, GgufError::DuplicateTensor(n) if n == "t"), "{err}");
 }
 
 #[test]
 fn bad_alignment_values() {
     for alignment in [0u32, 3, 48, 1 << 31] {
-        let err = fails(
-            Raw::header(3, 0, 1)
-                .kv_u32("general.alignment", alignment)
-                .0,
-        );
+        let err = fails(Raw::header(3, 0, 1).kv_u32("general.alignment", alignment).0);
         assert!(
             matches!(err, GgufError::BadAlignment(a) if a == alignment as u64),
             "{err}"
         );
     }
-    let err = fails(
-        Raw::header(3, 0, 1)
-            .str("general.alignment")
-            .u32(T_STRING)
-            .str("32")
-            .0,
-    );
+    let err = fails(Raw::header(3, 0, 1).str("general.alignment").u32(T_STRING).str("32").0);
     assert!(matches!(err, GgufError::BadAlignment(0)), "{err}");
-    let err = fails(
-        Raw::header(3, 0, 1)
-            .str("general.alignment")
-            .u32(T_U64)
-            .u64(1 << 40)
-            .0,
-    );
-    assert!(
-        matches!(err, GgufError::BadAlignment(a) if a == 1 << 40),
-        "{err}"
-    );
+    let err = fails(Raw::header(3, 0, 1).str("general.alignment").u32(T_U64).u64(1 << 40).0);
+    assert!(matches!(err, GgufError::BadAlignment(a) if a == 1 << 40), "{err}");
 }
 
 #[test]
@@ -529,13 +463,7 @@ fn invalid_utf8() {
         matches!(&err, GgufError::BadUtf8 { what } if what == "metadata key #0"),
         "{err}"
     );
-    let err = fails(
-        Raw::header(3, 0, 1)
-            .str("k")
-            .u32(T_STRING)
-            .raw_str(b"\xc3\x28")
-            .0,
-    );
+    let err = fails(Raw::header(3, 0, 1).str("k").u32(T_STRING).raw_str(b"\xc3\x28").0);
     assert!(
         matches!(&err, GgufError::BadUtf8 { what } if what.contains("\"k\"")),
         "{err}"
@@ -636,15 +564,9 @@ fn claimed_counts_do_not_drive_allocation() {
                 .0),
         ),
         // A million metadata entries, the first of which has an unknown type.
-        (
-            "metadata count",
-            pad(Raw::header(3, 0, 1 << 20).str("k").u32(99).0),
-        ),
+        ("metadata count", pad(Raw::header(3, 0, 1 << 20).str("k").u32(99).0)),
         // Half a million tensors, the first of which has no dimensions.
-        (
-            "tensor count",
-            pad(Raw::header(3, 1 << 19, 0).str("t").u32(0).0),
-        ),
+        ("tensor count", pad(Raw::header(3, 1 << 19, 0).str("t").u32(0).0)),
     ];
     for (what, bytes) in cases {
         let (result, peak) = peak_allocation(|| GgufFile::from_bytes(bytes));

@@ -25,11 +25,7 @@ fn default_model_path() -> PathBuf {
         None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/strata"),
     };
     let path = cache.join("models").join(DEFAULT_MODEL);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make fetch` first",
-        path.display()
-    );
+    assert!(path.is_file(), "{} is missing: run `make fetch` first", path.display());
     path
 }
 
@@ -66,9 +62,7 @@ fn base_image(max_array_len: usize) -> BaseImage {
         // Same rank and type, one block of values.
         let mut dims = vec![1u64; t.dims.len()];
         dims[0] = t.ty.block_len() as u64;
-        let data: Vec<u8> = (0..t.ty.block_bytes())
-            .map(|j| (i * 31 + j * 7) as u8)
-            .collect();
+        let data: Vec<u8> = (0..t.ty.block_bytes()).map(|j| (i * 31 + j * 7) as u8).collect();
         w.add_tensor(t.name.clone(), &dims, t.ty, data).unwrap();
     }
     let layout = w.layout();
@@ -281,10 +275,7 @@ fn run_mutations(name: &str, base: &BaseImage, cases: u32) {
     // the acceptance checks, not only the error paths.
     if cases >= 100 {
         assert!(accepted > 0, "{name}: no mutated image was accepted");
-        assert!(
-            accepted < cases as usize,
-            "{name}: every mutated image was accepted"
-        );
+        assert!(accepted < cases as usize, "{name}: every mutated image was accepted");
     }
 }
 

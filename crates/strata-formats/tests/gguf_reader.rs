@@ -15,11 +15,7 @@ fn default_model_path() -> PathBuf {
         None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/strata"),
     };
     let path = cache.join("models").join(DEFAULT_MODEL);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make fetch` first",
-        path.display()
-    );
+    assert!(path.is_file(), "{} is missing: run `make fetch` first", path.display());
     path
 }
 
@@ -78,19 +74,12 @@ fn every_metadata_type() -> Vec<(String, MetaValue)> {
             "t.arr_string",
             arr(
                 T::String,
-                vec![
-                    V::String("a".into()),
-                    V::String(String::new()),
-                    V::String("ç".into()),
-                ],
+                vec![V::String("a".into()), V::String(String::new()), V::String("ç".into())],
             ),
         ),
         ("t.arr_u64", arr(T::U64, vec![V::U64(u64::MAX), V::U64(0)])),
         ("t.arr_i64", arr(T::I64, vec![V::I64(i64::MIN)])),
-        (
-            "t.arr_f64",
-            arr(T::F64, vec![V::F64(1e300), V::F64(-1e-300)]),
-        ),
+        ("t.arr_f64", arr(T::F64, vec![V::F64(1e300), V::F64(-1e-300)])),
         ("t.arr_empty_u8", arr(T::U8, vec![])),
         ("t.arr_empty_string", arr(T::String, vec![])),
         ("t.arr_empty_array", arr(T::Array, vec![])),
@@ -109,17 +98,11 @@ fn every_metadata_type() -> Vec<(String, MetaValue)> {
             "t.arr_nested_4",
             arr(
                 T::Array,
-                vec![arr(
-                    T::Array,
-                    vec![arr(T::Array, vec![arr(T::I16, vec![V::I16(-3)])])],
-                )],
+                vec![arr(T::Array, vec![arr(T::Array, vec![arr(T::I16, vec![V::I16(-3)])])])],
             ),
         ),
     ];
-    entries
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+    entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 /// Tensors of several types and ranks, with distinct data.
@@ -198,10 +181,7 @@ fn check_round_trip(file: &GgufFile, version: u32, alignment: u64, file_len: usi
         assert_eq!(info.n_elements, dims.iter().product::<u64>());
         assert_eq!(info.n_bytes, data.len() as u64);
         assert_eq!(info.offset % alignment, 0, "{name} offset");
-        assert!(
-            info.offset >= previous_end,
-            "{name} follows the previous tensor"
-        );
+        assert!(info.offset >= previous_end, "{name} follows the previous tensor");
         // Tensors are packed: each starts at the first aligned offset after the previous one.
         assert_eq!(
             info.offset,
@@ -368,10 +348,7 @@ fn writer_refuses_what_the_reader_refuses() {
     ));
 
     let mixed = arr(T::U32, vec![V::U32(1), V::I32(2)]);
-    let err = GgufWriter::new()
-        .add_metadata("mixed", mixed)
-        .map(|_| ())
-        .unwrap_err();
+    let err = GgufWriter::new().add_metadata("mixed", mixed).map(|_| ()).unwrap_err();
     assert!(
         matches!(&err, GgufError::BadValue { key, .. } if key == "mixed"),
         "{err}"
@@ -386,19 +363,14 @@ fn writer_refuses_what_the_reader_refuses() {
     for _ in 0..4 {
         deep = arr(T::Array, vec![deep]);
     }
-    let err = GgufWriter::new()
-        .add_metadata("deep", deep)
-        .map(|_| ())
-        .unwrap_err();
+    let err = GgufWriter::new().add_metadata("deep", deep).map(|_| ()).unwrap_err();
     assert!(
         matches!(&err, GgufError::NestingTooDeep { key } if key == "deep"),
         "{err}"
     );
 
     for version in [0, 1, 4, u32::MAX] {
-        assert!(
-            matches!(GgufWriter::with_version(version), Err(GgufError::UnsupportedVersion(v)) if v == version)
-        );
+        assert!(matches!(GgufWriter::with_version(version), Err(GgufError::UnsupportedVersion(v)) if v == version));
     }
 
     let tensor_err = |dims: &[u64], ty: GgmlType, len: usize| {
@@ -421,21 +393,14 @@ fn writer_refuses_what_the_reader_refuses() {
     assert!(tensor_err(&[4], GgmlType::F32, 15).contains("needs 16"));
 
     let mut w = GgufWriter::new();
-    w.add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4])
-        .unwrap();
+    w.add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4]).unwrap();
     let err = w
         .add_tensor("t", &[1], GgmlType::F32, vec![0u8; 4])
         .map(|_| ())
         .unwrap_err();
-    assert!(
-        matches!(&err, GgufError::DuplicateTensor(n) if n == "t"),
-        "{err}"
-    );
+    assert!(matches!(&err, GgufError::DuplicateTensor(n) if n == "t"), "{err}");
     // Refused additions leave the writer as it was.
-    assert_eq!(
-        GgufFile::from_bytes(w.to_bytes()).unwrap().tensors().len(),
-        1
-    );
+    assert_eq!(GgufFile::from_bytes(w.to_bytes()).unwrap().tensors().len(), 1);
 }
 
 fn open_default_model() -> GgufFile {
@@ -484,10 +449,5 @@ fn writer_reproduces_the_default_model_byte_for_byte() {
     let written = w.to_bytes();
     assert_eq!(written.len(), original.len());
     let first_difference = written.iter().zip(&original).position(|(a, b)| a != b);
-    assert_eq!(
-        first_difference,
-        None,
-        "written image differs from {}",
-        path.display()
-    );
+    assert_eq!(first_difference, None, "written image differs from {}", path.display());
 }

@@ -105,11 +105,7 @@ fn fixtures_match_reference_bit_for_bit() -> TestResult {
 fn quantized_fixtures_are_finite() {
     for fixture in fixtures().iter().filter(|f| f.ty.is_quantized()) {
         let bits = expected_bits(fixture);
-        assert!(
-            bits.iter().all(|&b| f32::from_bits(b).is_finite()),
-            "{}",
-            fixture.ty
-        );
+        assert!(bits.iter().all(|&b| f32::from_bits(b).is_finite()), "{}", fixture.ty);
     }
 }
 
@@ -125,12 +121,7 @@ fn block_by_block_equals_whole() -> TestResult {
         for (index, block) in fixture.blocks.chunks_exact(block_bytes).enumerate() {
             dequantize(fixture.ty, block, &mut out)?;
             let want = &expected[index * block_len..(index + 1) * block_len];
-            assert_eq!(
-                first_mismatch(&out, want),
-                None,
-                "{} block {index}",
-                fixture.ty
-            );
+            assert_eq!(first_mismatch(&out, want), None, "{} block {index}", fixture.ty);
         }
     }
     Ok(())
@@ -211,10 +202,7 @@ fn unsupported_types_are_an_error() {
         assert!(!ty.can_dequantize());
         let bytes = vec![0u8; ty.block_bytes()];
         let mut out = vec![0.0f32; ty.block_len()];
-        assert_eq!(
-            dequantize(ty, &bytes, &mut out),
-            Err(QuantError::Unsupported { ty })
-        );
+        assert_eq!(dequantize(ty, &bytes, &mut out), Err(QuantError::Unsupported { ty }));
     }
 }
 

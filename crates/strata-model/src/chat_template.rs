@@ -33,7 +33,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with any role.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 
     /// A `system` message.
@@ -106,8 +109,15 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        Ok(ChatTemplate { env, source, bos_token: bos_token.into(), eos_token: eos_token.into(), is_fallback: false })
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
+            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+            is_fallback: false,
+        })
     }
 
     /// The ChatML fallback (see the module docs).
@@ -127,11 +137,18 @@ impl ChatTemplate {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TemplateError> {
         let token = |key: &str| -> String {
             gguf.get_u64(key)
-                .and_then(|id| gguf.get_array("tokenizer.ggml.tokens")?.get(usize::try_from(id).ok()?)?.as_str())
+                .and_then(|id| {
+                    gguf.get_array("tokenizer.ggml.tokens")?
+                        .get(usize::try_from(id).ok()?)?
+                        .as_str()
+                })
                 .unwrap_or_default()
                 .to_string()
         };
-        let (bos, eos) = (token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"));
+        let (bos, eos) = (
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        );
         match gguf.get_str("tokenizer.chat_template") {
             Some(source) => Self::new(source, bos, eos),
             None => {
@@ -150,21 +167,36 @@ impl ChatTemplate {
     /// Like [`Self::from_tokenizer_config`], choosing a named template (e.g. `tool_use`).
     pub fn from_tokenizer_config_named(path: impl AsRef<Path>, name: Option<&str>) -> Result<Self, TemplateError> {
         let path = path.as_ref();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| TemplateError::Io { path: path.to_path_buf(), source })?;
-        let config: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| TemplateError::BadConfig { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })?;
+        let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| TemplateError::BadConfig {
+            path: path.to_path_buf(),
+            message: format!("invalid JSON: {e}"),
+        })?;
         Self::from_tokenizer_config_value(&config, name).map_err(|e| match e {
-            TemplateError::BadConfig { message, .. } => TemplateError::BadConfig { path: path.to_path_buf(), message },
+            TemplateError::BadConfig { message, .. } => TemplateError::BadConfig {
+                path: path.to_path_buf(),
+                message,
+            },
             other => other,
         })
     }
 
     /// Like [`Self::from_tokenizer_config_named`] for an already parsed config.
     pub fn from_tokenizer_config_value(config: &serde_json::Value, name: Option<&str>) -> Result<Self, TemplateError> {
-        let token = |key: &str| config.get(key).and_then(crate::tokenizer::config_token_text).unwrap_or_default();
+        let token = |key: &str| {
+            config
+                .get(key)
+                .and_then(crate::tokenizer::config_token_text)
+                .unwrap_or_default()
+        };
         let (bos, eos) = (token("bos_token"), token("eos_token"));
-        let bad = |message: String| TemplateError::BadConfig { path: PathBuf::new(), message };
+        let bad = |message: String| TemplateError::BadConfig {
+            path: PathBuf::new(),
+            message,
+        };
         match config.get("chat_template") {
             None | Some(serde_json::Value::Null) => {
                 tracing::warn!("tokenizer_config.json has no chat_template; falling back to ChatML, which may not be the format the model was trained on");
@@ -172,7 +204,10 @@ impl ChatTemplate {
             }
             Some(serde_json::Value::String(source)) => match name {
                 None | Some("default") => Self::new(source.as_str(), bos, eos),
-                Some(other) => Err(TemplateError::NoSuchTemplate { name: other.into(), available: "default".into() }),
+                Some(other) => Err(TemplateError::NoSuchTemplate {
+                    name: other.into(),
+                    available: "default".into(),
+                }),
             },
             Some(serde_json::Value::Array(items)) => {
                 let mut named = Vec::new();
@@ -181,7 +216,11 @@ impl ChatTemplate {
                     let t = item.get("template").and_then(|v| v.as_str());
                     match (n, t) {
                         (Some(n), Some(t)) => named.push((n, t)),
-                        _ => return Err(bad("chat_template list entries need string `name` and `template`".into())),
+                        _ => {
+                            return Err(bad(
+                                "chat_template list entries need string `name` and `template`".into()
+                            ))
+                        }
                     }
                 }
                 let wanted = name.unwrap_or("default");
@@ -189,7 +228,10 @@ impl ChatTemplate {
                 match (found, name) {
                     (Some((_, t)), _) => Self::new(*t, bos, eos),
                     (None, None) if !named.is_empty() => {
-                        tracing::warn!("tokenizer_config.json has no template named `default`; using `{}`", named[0].0);
+                        tracing::warn!(
+                            "tokenizer_config.json has no template named `default`; using `{}`",
+                            named[0].0
+                        );
                         Self::new(named[0].1, bos, eos)
                     }
                     _ => Err(TemplateError::NoSuchTemplate {
@@ -235,13 +277,22 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
-        let mut ctx: BTreeMap<String, Value> =
-            extra.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))).collect();
+        // transformers always passes `tools` and `documents` (None unless given).
+        let mut ctx: BTreeMap<String, Value> = [
+            ("tools".to_string(), Value::from(())),
+            ("documents".to_string(), Value::from(())),
+        ]
+        .into_iter()
+        .collect();
+        ctx.extend(extra.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))));
         ctx.insert("messages".into(), Value::from_serialize(messages));
         ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
         ctx.insert("bos_token".into(), Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token".into(), Value::from(self.eos_token.as_str()));
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
         template.render(Value::from(ctx)).map_err(|e| match raised_message(&e) {
             Some(message) => TemplateError::Raised(message),
             None => TemplateError::Render(describe(&e)),
@@ -295,9 +346,29 @@ fn strftime_now(format: String) -> String {
     strftime(&format, now)
 }
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
 
 /// Year, month (1-12) and day (1-31) of a count of days since 1970-01-01 (proleptic Gregorian).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -375,15 +446,28 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(v) => match (v.as_i64(), v.as_str()) {
             (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
             (None, Some(s)) => Some(s.to_string()),
-            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string")),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an integer or a string",
+                ))
+            }
         },
     };
     let (item_sep, key_sep) = match separators {
         Some(v) if !v.is_none() && !v.is_undefined() => {
             let parts: Vec<Value> = v.try_iter()?.collect();
             match parts.as_slice() {
-                [a, b] => (a.as_str().unwrap_or(",").to_string(), b.as_str().unwrap_or(":").to_string()),
-                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")),
+                [a, b] => (
+                    a.as_str().unwrap_or(",").to_string(),
+                    b.as_str().unwrap_or(":").to_string(),
+                ),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be a pair",
+                    ))
+                }
             }
         }
         _ => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
@@ -438,7 +522,11 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
             }
         }
         ValueKind::String => write_json_str(out, v.as_str().unwrap_or_default(), opts.ensure_ascii),
-        ValueKind::Bytes => write_json_str(out, &String::from_utf8_lossy(v.as_bytes().unwrap_or_default()), opts.ensure_ascii),
+        ValueKind::Bytes => write_json_str(
+            out,
+            &String::from_utf8_lossy(v.as_bytes().unwrap_or_default()),
+            opts.ensure_ascii,
+        ),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
             if items.is_empty() {
@@ -522,7 +610,10 @@ mod tests {
         // 2024-07-23 14:05:09 UTC, a Tuesday.
         let t = 1_721_743_509;
         assert_eq!(strftime("%d %b %Y", t), "23 Jul 2024");
-        assert_eq!(strftime("%A %B %e, %F %T %j %%", t), "Tuesday July 23, 2024-07-23 14:05:09 205 %");
+        assert_eq!(
+            strftime("%A %B %e, %F %T %j %%", t),
+            "Tuesday July 23, 2024-07-23 14:05:09 205 %"
+        );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d %a", 951_782_400), "2000-02-29 Tue");
     }

@@ -32,9 +32,16 @@ impl Arch {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama-3.1 frequency-dependent scaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: f32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: f32,
+    },
     /// Per-frequency divisors, as GGUF stores Llama-3 scaling (`rope_freqs.weight`).
     FreqFactors(Vec<f32>),
 }
@@ -60,9 +67,18 @@ impl RopeConfig {
                     RopeScaling::None => base,
                     RopeScaling::Linear { factor } => base / *factor as f64,
                     RopeScaling::FreqFactors(ff) => base / ff.get(i).copied().unwrap_or(1.0) as f64,
-                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
-                        let (factor, lo, hi, orig) =
-                            (*factor as f64, *low_freq_factor as f64, *high_freq_factor as f64, *original_max_position as f64);
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position,
+                    } => {
+                        let (factor, lo, hi, orig) = (
+                            *factor as f64,
+                            *low_freq_factor as f64,
+                            *high_freq_factor as f64,
+                            *original_max_position as f64,
+                        );
                         let wavelen = 2.0 * std::f64::consts::PI / base;
                         let low_freq_wavelen = orig / lo;
                         let high_freq_wavelen = orig / hi;
@@ -120,19 +136,34 @@ impl ModelConfig {
     pub fn validate(&self) -> Result<(), String> {
         let checks = [
             (self.n_layers > 0, "block count is 0".to_string()),
-            (self.hidden > 0 && self.intermediate > 0, "embedding or feed-forward length is 0".into()),
+            (
+                self.hidden > 0 && self.intermediate > 0,
+                "embedding or feed-forward length is 0".into(),
+            ),
             (self.n_heads > 0 && self.n_kv_heads > 0, "head count is 0".into()),
             (
-                self.n_heads % self.n_kv_heads == 0,
-                format!("{} heads are not a multiple of {} KV heads", self.n_heads, self.n_kv_heads),
+                self.n_heads.is_multiple_of(self.n_kv_heads),
+                format!(
+                    "{} heads are not a multiple of {} KV heads",
+                    self.n_heads, self.n_kv_heads
+                ),
             ),
-            (self.head_dim > 0 && self.head_dim <= 512, format!("head dimension {} is out of range", self.head_dim)),
             (
-                self.rope.dim % 2 == 0 && self.rope.dim <= self.head_dim,
-                format!("RoPE dimension {} must be even and at most the head dimension {}", self.rope.dim, self.head_dim),
+                self.head_dim > 0 && self.head_dim <= 512,
+                format!("head dimension {} is out of range", self.head_dim),
+            ),
+            (
+                self.rope.dim.is_multiple_of(2) && self.rope.dim <= self.head_dim,
+                format!(
+                    "RoPE dimension {} must be even and at most the head dimension {}",
+                    self.rope.dim, self.head_dim
+                ),
             ),
             (self.vocab_size > 0, "vocabulary is empty".into()),
-            (self.rms_eps > 0.0 && self.rms_eps.is_finite(), format!("RMSNorm epsilon {} is invalid", self.rms_eps)),
+            (
+                self.rms_eps > 0.0 && self.rms_eps.is_finite(),
+                format!("RMSNorm epsilon {} is invalid", self.rms_eps),
+            ),
         ];
         match checks.into_iter().find(|(ok, _)| !ok) {
             Some((_, why)) => Err(why),
@@ -158,7 +189,11 @@ mod tests {
                 original_max_position: 8192.0,
             },
         };
-        let plain = RopeConfig { scaling: RopeScaling::None, ..rope.clone() }.inv_freq();
+        let plain = RopeConfig {
+            scaling: RopeScaling::None,
+            ..rope.clone()
+        }
+        .inv_freq();
         let scaled = rope.inv_freq();
         assert_eq!(scaled[0], plain[0]);
         assert!((scaled[63] - plain[63] / 8.0).abs() < 1e-12);

@@ -19,7 +19,11 @@ pub struct PagedKvCache {
 
 impl std::fmt::Debug for PagedKvCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PagedKvCache({} blocks x {} tokens)", self.num_blocks, self.block_size)
+        write!(
+            f,
+            "PagedKvCache({} blocks x {} tokens)",
+            self.num_blocks, self.block_size
+        )
     }
 }
 

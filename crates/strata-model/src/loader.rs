@@ -8,8 +8,8 @@ use strata_formats::gguf::GgufFile;
 
 use crate::architectures::config_from_gguf;
 use crate::chat_template::ChatTemplate;
-use crate::tokenizer::Tokenizer;
 use crate::error::ModelError;
+use crate::tokenizer::Tokenizer;
 use crate::transformer::Transformer;
 use crate::weights::ModelWeights;
 
@@ -18,7 +18,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("STRATA_CACHE").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("strata")
 }
 
@@ -33,14 +35,23 @@ pub fn default_model_path() -> PathBuf {
 /// Opens a GGUF file with errors that name the path and say what to do.
 pub fn open_gguf(path: &Path) -> Result<Arc<GgufFile>, ModelError> {
     if !path.exists() {
-        return Err(ModelError::NotFound { path: path.to_path_buf() });
+        return Err(ModelError::NotFound {
+            path: path.to_path_buf(),
+        });
     }
     if path.is_dir() {
-        return Err(ModelError::UnsupportedFormat { path: path.to_path_buf() });
+        return Err(ModelError::UnsupportedFormat {
+            path: path.to_path_buf(),
+        });
     }
     let file = GgufFile::open(path).map_err(|source| match source {
-        strata_formats::gguf::GgufError::BadMagic(_) => ModelError::UnsupportedFormat { path: path.to_path_buf() },
-        source => ModelError::Gguf { path: path.to_path_buf(), source },
+        strata_formats::gguf::GgufError::BadMagic(_) => ModelError::UnsupportedFormat {
+            path: path.to_path_buf(),
+        },
+        source => ModelError::Gguf {
+            path: path.to_path_buf(),
+            source,
+        },
     })?;
     Ok(Arc::new(file))
 }
@@ -60,7 +71,13 @@ pub fn load_model(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<LoadedMode
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let chat_template = ChatTemplate::from_gguf(&file)?;
     let transformer = load_transformer(Arc::clone(&file), progress)?;
-    Ok(LoadedModel { path: path.to_path_buf(), file, transformer, tokenizer, chat_template })
+    Ok(LoadedModel {
+        path: path.to_path_buf(),
+        file,
+        transformer,
+        tokenizer,
+        chat_template,
+    })
 }
 
 /// Loads the transformer of an opened GGUF file. `progress(done, total)` reports bytes paged in.

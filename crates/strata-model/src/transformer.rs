@@ -44,7 +44,11 @@ impl Transformer {
     /// Builds the model from its shape and weights.
     pub fn new(config: ModelConfig, weights: ModelWeights) -> Transformer {
         let inv_freq = config.rope.inv_freq();
-        Transformer { config, weights, inv_freq }
+        Transformer {
+            config,
+            weights,
+            inv_freq,
+        }
     }
 
     /// Checks a batch against the model and the cache before anything is computed.
@@ -93,11 +97,20 @@ impl Transformer {
         let slots: Vec<TokenSlot> = batch
             .iter()
             .enumerate()
-            .flat_map(|(seq, ch)| (0..ch.tokens.len()).map(move |i| TokenSlot { seq, pos: ch.first_pos + i }))
+            .flat_map(|(seq, ch)| {
+                (0..ch.tokens.len()).map(move |i| TokenSlot {
+                    seq,
+                    pos: ch.first_pos + i,
+                })
+            })
             .collect();
         let t = slots.len();
         if t == 0 {
-            return Ok(Logits { rows: vec![], vocab: c.vocab_size, data: vec![] });
+            return Ok(Logits {
+                rows: vec![],
+                vocab: c.vocab_size,
+                data: vec![],
+            });
         }
         for (buf, len) in [
             (&mut s.x, t * h),
@@ -135,21 +148,26 @@ impl Transformer {
             matmul(pool, &w.matrix(&lw.wq), &s.xn, t, &mut s.q, &mut s.matmul);
             matmul(pool, &w.matrix(&lw.wk), &s.xn, t, &mut s.k, &mut s.matmul);
             matmul(pool, &w.matrix(&lw.wv), &s.xn, t, &mut s.v, &mut s.matmul);
-            for i in 0..t {
-                let (q, k, v) = (&mut s.q[i * qd..(i + 1) * qd], &mut s.k[i * kvd..(i + 1) * kvd], &mut s.v[i * kvd..(i + 1) * kvd]);
+            for (i, slot) in slots.iter().enumerate() {
+                let (q, k, v) = (
+                    &mut s.q[i * qd..(i + 1) * qd],
+                    &mut s.k[i * kvd..(i + 1) * kvd],
+                    &mut s.v[i * kvd..(i + 1) * kvd],
+                );
                 if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
                     ops::add_inplace(q, bq);
                     ops::add_inplace(k, bk);
                     ops::add_inplace(v, bv);
                 }
                 if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                    q.chunks_exact_mut(hd).for_each(|head| ops::rms_norm_inplace(head, qn, c.rms_eps));
-                    k.chunks_exact_mut(hd).for_each(|head| ops::rms_norm_inplace(head, kn, c.rms_eps));
+                    q.chunks_exact_mut(hd)
+                        .for_each(|head| ops::rms_norm_inplace(head, qn, c.rms_eps));
+                    k.chunks_exact_mut(hd)
+                        .for_each(|head| ops::rms_norm_inplace(head, kn, c.rms_eps));
                 }
                 let (cos, sin) = (&s.cos[i * half..(i + 1) * half], &s.sin[i * half..(i + 1) * half]);
                 ops::rope(q, hd, cos, sin, c.rope.layout);
                 ops::rope(k, hd, cos, sin, c.rope.layout);
-                let slot = &slots[i];
                 let table = &batch[slot.seq].block_table;
                 let block = table[slot.pos / kv.block_size] as usize;
                 kv.write(li, block, slot.pos % kv.block_size, k, v);
@@ -182,11 +200,20 @@ impl Transformer {
         let r = rows.len();
         let mut normed = vec![0.0; r * h];
         for (j, &(_, _, ti)) in rows.iter().enumerate() {
-            ops::rms_norm(&s.x[ti * h..(ti + 1) * h], &w.output_norm, c.rms_eps, &mut normed[j * h..(j + 1) * h]);
+            ops::rms_norm(
+                &s.x[ti * h..(ti + 1) * h],
+                &w.output_norm,
+                c.rms_eps,
+                &mut normed[j * h..(j + 1) * h],
+            );
         }
         let mut data = vec![0.0; r * c.vocab_size];
         matmul(pool, &w.matrix(&w.lm_head), &normed, r, &mut data, &mut s.matmul);
-        Ok(Logits { rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(), vocab: c.vocab_size, data })
+        Ok(Logits {
+            rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(),
+            vocab: c.vocab_size,
+            data,
+        })
     }
 
     /// Causal attention of every new token over its sequence's cached context.

@@ -85,7 +85,13 @@ impl ModelWeights {
                 w_down: linear(f, &n("ffn_down.weight"), c.hidden, c.intermediate)?,
             });
         }
-        Ok(ModelWeights { file, token_embd, output_norm, lm_head, layers })
+        Ok(ModelWeights {
+            file,
+            token_embd,
+            output_norm,
+            lm_head,
+            layers,
+        })
     }
 
     /// The matrix ready for the CPU matmul.
@@ -115,12 +121,18 @@ impl ModelWeights {
 }
 
 fn find<'a>(f: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, ModelError> {
-    f.tensor(name).ok_or_else(|| ModelError::BadTensor { name: name.into(), reason: "missing from the file".into() })
+    f.tensor(name).ok_or_else(|| ModelError::BadTensor {
+        name: name.into(),
+        reason: "missing from the file".into(),
+    })
 }
 
 fn linear(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
     let t = find(f, name)?;
-    let bad = |reason: String| ModelError::BadTensor { name: name.into(), reason };
+    let bad = |reason: String| ModelError::BadTensor {
+        name: name.into(),
+        reason,
+    };
     if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
         return Err(bad(format!("shape {:?}, expected [{cols}, {rows}]", t.dims)));
     }
@@ -128,17 +140,27 @@ fn linear(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, 
     if !t.ty.can_dequantize() {
         return Err(bad(format!("type {} cannot be dequantized", t.ty)));
     }
-    Ok(Linear { info: t.clone(), rows, cols })
+    Ok(Linear {
+        info: t.clone(),
+        rows,
+        cols,
+    })
 }
 
 fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let t = find(f, name)?;
-    let bad = |reason: String| ModelError::BadTensor { name: name.into(), reason };
+    let bad = |reason: String| ModelError::BadTensor {
+        name: name.into(),
+        reason,
+    };
     if t.n_elements != len as u64 {
         return Err(bad(format!("has {} values, expected {len}", t.n_elements)));
     }
     if !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-        return Err(bad(format!("type {} for a norm or bias vector (expected F32, F16 or BF16)", t.ty)));
+        return Err(bad(format!(
+            "type {} for a norm or bias vector (expected F32, F16 or BF16)",
+            t.ty
+        )));
     }
     let mut out = vec![0.0; len];
     dequantize(t.ty, f.tensor_data(t), &mut out).map_err(|e| bad(e.to_string()))?;

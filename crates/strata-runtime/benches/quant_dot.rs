@@ -85,11 +85,7 @@ fn bench_one(k: &DotKernel, rows: usize, n: usize, m: usize, cold: bool) -> f64 
         quantize_act_row(fmt, &x, a);
     }
     let one = weights(ty, n, rows, 0x1234_5678);
-    let copies = if cold {
-        (256 << 20) / one.len().max(1) + 1
-    } else {
-        1
-    };
+    let copies = if cold { (256 << 20) / one.len().max(1) + 1 } else { 1 };
     let mats: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
     let mut out = vec![0f32; rows * m];
     let mut next = 0;

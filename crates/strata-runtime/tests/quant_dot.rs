@@ -5,9 +5,8 @@ use half::{bf16, f16};
 use strata_formats::quant::dequantize;
 use strata_formats::GgmlType;
 use strata_runtime::cpu::quant_dot::{
-    act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for,
-    quantize_act_row, quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat,
-    DotKernel,
+    act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for, quantize_act_row,
+    quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat, DotKernel,
 };
 
 /// Small deterministic generator (SplitMix64).

@@ -168,11 +168,10 @@ impl GgufFile {
         for i in 0..n_kv {
             let key = c.string(&format!("metadata key #{i}"))?;
             let type_id = c.u32(&format!("type of metadata key {key:?}"))?;
-            let ty =
-                MetaValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-                    key: key.clone(),
-                    id: type_id,
-                })?;
+            let ty = MetaValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+                key: key.clone(),
+                id: type_id,
+            })?;
             let value = c.value(&key, ty, 0)?;
             if meta_index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(GgufError::DuplicateKey(key));
@@ -228,9 +227,9 @@ impl GgufFile {
                     ),
                 ));
             }
-            let n_bytes = ty.bytes_for(n_elements).ok_or_else(|| {
-                bad_tensor(&name, format!("size of {n_elements} {ty} values overflows"))
-            })?;
+            let n_bytes = ty
+                .bytes_for(n_elements)
+                .ok_or_else(|| bad_tensor(&name, format!("size of {n_elements} {ty} values overflows")))?;
             if offset % alignment != 0 {
                 return Err(bad_tensor(
                     &name,
@@ -406,10 +405,7 @@ impl<'a> Cursor<'a> {
 
     /// Errors unless `count` items of at least `min_len` bytes each fit in what is left.
     fn check_count(&self, what: &str, count: u64, min_len: u64) -> Result<(), GgufError> {
-        if count
-            .checked_mul(min_len)
-            .is_none_or(|need| need > self.remaining())
-        {
+        if count.checked_mul(min_len).is_none_or(|need| need > self.remaining()) {
             return Err(GgufError::AbsurdCount {
                 what: what.to_string(),
                 count,
@@ -422,17 +418,10 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
         let len = self.u64(what)?;
         let raw = self.take(len, what)?;
-        String::from_utf8(raw.to_vec()).map_err(|_| GgufError::BadUtf8 {
-            what: what.to_string(),
-        })
+        String::from_utf8(raw.to_vec()).map_err(|_| GgufError::BadUtf8 { what: what.to_string() })
     }
 
-    fn value(
-        &mut self,
-        key: &str,
-        ty: MetaValueType,
-        depth: usize,
-    ) -> Result<MetaValue, GgufError> {
+    fn value(&mut self, key: &str, ty: MetaValueType, depth: usize) -> Result<MetaValue, GgufError> {
         let what = || format!("value of metadata key {key:?}");
         Ok(match ty {
             MetaValueType::U8 => MetaValue::U8(self.array::<1>(&what())?[0]),
@@ -458,16 +447,13 @@ impl<'a> Cursor<'a> {
             MetaValueType::String => MetaValue::String(self.string(&what())?),
             MetaValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::NestingTooDeep {
-                        key: key.to_string(),
-                    });
+                    return Err(GgufError::NestingTooDeep { key: key.to_string() });
                 }
                 let type_id = self.u32(&what())?;
-                let elem =
-                    MetaValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-                        key: key.to_string(),
-                        id: type_id,
-                    })?;
+                let elem = MetaValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+                    key: key.to_string(),
+                    id: type_id,
+                })?;
                 let count = self.u64(&what())?;
                 self.check_count(
                     &format!("array length of metadata key {key:?}"),

@@ -89,10 +89,7 @@ impl GgufWriter {
         if version != 2 && version != 3 {
             return Err(GgufError::UnsupportedVersion(version));
         }
-        Ok(GgufWriter {
-            version,
-            ..Self::new()
-        })
+        Ok(GgufWriter { version, ..Self::new() })
     }
 
     /// The GGUF version that will be written.
@@ -110,11 +107,7 @@ impl GgufWriter {
     /// Errors on a key added before, an array whose elements are not all of its declared type,
     /// arrays nested deeper than the reader accepts, and a `general.alignment` that is not an
     /// integer power of two up to 2^30 (that key also sets the alignment of tensor data).
-    pub fn add_metadata(
-        &mut self,
-        key: impl Into<String>,
-        value: MetaValue,
-    ) -> Result<&mut Self, GgufError> {
+    pub fn add_metadata(&mut self, key: impl Into<String>, value: MetaValue) -> Result<&mut Self, GgufError> {
         let key = key.into();
         if self.keys.contains(&key) {
             return Err(GgufError::DuplicateKey(key));
@@ -143,10 +136,7 @@ impl GgufWriter {
         key: impl Into<String>,
         items: impl IntoIterator<Item = S>,
     ) -> Result<&mut Self, GgufError> {
-        let items = items
-            .into_iter()
-            .map(|s| MetaValue::String(s.into()))
-            .collect();
+        let items = items.into_iter().map(|s| MetaValue::String(s.into())).collect();
         self.add_metadata(key, MetaValue::Array(MetaValueType::String, items))
     }
 
@@ -168,10 +158,7 @@ impl GgufWriter {
         if data.len() as u64 != expected {
             return Err(GgufError::BadTensor {
                 name,
-                reason: format!(
-                    "{} bytes of data given, {dims:?} {ty} needs {expected}",
-                    data.len()
-                ),
+                reason: format!("{} bytes of data given, {dims:?} {ty} needs {expected}", data.len()),
             });
         }
         if self.tensor_names.contains(&name) {
@@ -272,10 +259,7 @@ fn tensor_size(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError>
         reason,
     };
     if dims.is_empty() || dims.len() > MAX_DIMS {
-        return Err(bad(format!(
-            "{} dimensions (GGML allows 1 to {MAX_DIMS})",
-            dims.len()
-        )));
+        return Err(bad(format!("{} dimensions (GGML allows 1 to {MAX_DIMS})", dims.len())));
     }
     if dims.contains(&0) {
         return Err(bad(format!("has a zero dimension {dims:?}")));
@@ -302,18 +286,13 @@ fn check_value(key: &str, value: &MetaValue, depth: usize) -> Result<(), GgufErr
         return Ok(());
     };
     if depth >= MAX_ARRAY_DEPTH {
-        return Err(GgufError::NestingTooDeep {
-            key: key.to_string(),
-        });
+        return Err(GgufError::NestingTooDeep { key: key.to_string() });
     }
     for (i, item) in items.iter().enumerate() {
         if item.value_type() != *elem {
             return Err(GgufError::BadValue {
                 key: key.to_string(),
-                reason: format!(
-                    "array of {elem:?} holds a {:?} at index {i}",
-                    item.value_type()
-                ),
+                reason: format!("array of {elem:?} holds a {:?} at index {i}", item.value_type()),
             });
         }
         check_value(key, item, depth + 1)?;
@@ -430,10 +409,8 @@ mod tests {
     fn layout_matches_written_length() {
         let mut w = GgufWriter::new();
         w.set_alignment(64).unwrap();
-        w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12])
-            .unwrap();
-        w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68])
-            .unwrap();
+        w.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12]).unwrap();
+        w.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68]).unwrap();
         let layout = w.layout();
         assert_eq!(layout.tensor_offsets, vec![0, 64]);
         assert_eq!(w.to_bytes().len() as u64, layout.total_len);

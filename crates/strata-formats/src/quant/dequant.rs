@@ -38,13 +38,11 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         return Err(QuantError::Unsupported { ty });
     }
     let values = out.len();
-    let expected = ty
-        .bytes_for(values as u64)
-        .ok_or(QuantError::PartialBlock {
-            ty,
-            values,
-            block_len: ty.block_len(),
-        })?;
+    let expected = ty.bytes_for(values as u64).ok_or(QuantError::PartialBlock {
+        ty,
+        values,
+        block_len: ty.block_len(),
+    })?;
     if bytes.len() as u64 != expected {
         return Err(QuantError::WrongByteLength {
             ty,
@@ -84,10 +82,7 @@ pub(super) fn for_each_block<const BYTES: usize, const LEN: usize>(
 ) {
     for (block, values) in bytes.chunks_exact(BYTES).zip(out.chunks_exact_mut(LEN)) {
         // chunks_exact yields exactly BYTES / LEN items, so both conversions succeed.
-        if let (Ok(block), Ok(values)) = (
-            <&[u8; BYTES]>::try_from(block),
-            <&mut [f32; LEN]>::try_from(values),
-        ) {
+        if let (Ok(block), Ok(values)) = (<&[u8; BYTES]>::try_from(block), <&mut [f32; LEN]>::try_from(values)) {
             decode(block, values);
         }
     }

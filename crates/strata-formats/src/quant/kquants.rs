@@ -124,11 +124,7 @@ pub(super) fn q5_k(bytes: &[u8], out: &mut [f32]) {
             let ml = dmin * f32::from(mins[sub]);
             let shift = 4 * (sub % 2);
             let start = 32 * (sub / 2);
-            for ((value, &q), &h) in values
-                .iter_mut()
-                .zip(&quants[start..start + 32])
-                .zip(fifth_bits)
-            {
+            for ((value, &q), &h) in values.iter_mut().zip(&quants[start..start + 32]).zip(fifth_bits) {
                 let q = ((q >> shift) & 0x0F) | (((h >> sub) & 1) << 4);
                 *value = dl * f32::from(q) - ml;
             }

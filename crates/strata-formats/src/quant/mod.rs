@@ -120,9 +120,7 @@ impl GgmlType {
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
         match self {
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => {
-                true
-            }
+            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => true,
             Q8_1 | Q8K | I8 | I16 | I32 | I64 | F64 => false,
         }
     }

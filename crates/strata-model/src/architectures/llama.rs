@@ -18,7 +18,9 @@ pub(super) fn config(h: &Hparams) -> Result<ModelConfig, ModelError> {
 
 /// Llama-3.1 frequency factors from the `rope_freqs.weight` tensor, when present.
 pub(super) fn rope_freq_factors(h: &Hparams, rope_dim: usize) -> Result<Option<Vec<f32>>, ModelError> {
-    let Some(t) = h.file.tensor("rope_freqs.weight") else { return Ok(None) };
+    let Some(t) = h.file.tensor("rope_freqs.weight") else {
+        return Ok(None);
+    };
     if t.ty != GgmlType::F32 || t.n_elements != (rope_dim / 2) as u64 {
         return Err(ModelError::BadMetadata(format!(
             "rope_freqs.weight should be {} F32 values, found {} {}",
@@ -28,5 +30,10 @@ pub(super) fn rope_freq_factors(h: &Hparams, rope_dim: usize) -> Result<Option<V
         )));
     }
     let bytes = h.file.tensor_data(t);
-    Ok(Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+    Ok(Some(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    ))
 }

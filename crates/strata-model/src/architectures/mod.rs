@@ -46,7 +46,8 @@ impl Hparams<'_> {
     }
 
     fn usize(&self, suffix: &str) -> Result<usize, ModelError> {
-        self.opt_usize(suffix)?.ok_or_else(|| ModelError::BadMetadata(format!("missing {}", self.key(suffix))))
+        self.opt_usize(suffix)?
+            .ok_or_else(|| ModelError::BadMetadata(format!("missing {}", self.key(suffix))))
     }
 
     fn opt_usize(&self, suffix: &str) -> Result<Option<usize>, ModelError> {
@@ -75,7 +76,10 @@ impl Hparams<'_> {
         let n_heads = self.usize("attention.head_count")?;
         let n_kv_heads = self.opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
         if n_heads == 0 {
-            return Err(ModelError::BadMetadata(format!("{} is 0", self.key("attention.head_count"))));
+            return Err(ModelError::BadMetadata(format!(
+                "{} is 0",
+                self.key("attention.head_count")
+            )));
         }
         let head_dim = self.opt_usize("attention.key_length")?.unwrap_or(hidden / n_heads);
         let vocab_size = match self.opt_usize("vocab_size")? {

@@ -30,9 +30,19 @@ impl IncrementalDecoder {
     /// few ids are kept, for context). Special tokens are skipped; see [`Self::with_skip_special`].
     pub fn new(tokenizer: &Tokenizer, prompt_tail: &[u32]) -> Self {
         let tail = &prompt_tail[prompt_tail.len().saturating_sub(PROMPT_CONTEXT)..];
-        let ids: Vec<u32> = tail.iter().copied().filter(|&id| tokenizer.token_to_piece(id).is_some()).collect();
+        let ids: Vec<u32> = tail
+            .iter()
+            .copied()
+            .filter(|&id| tokenizer.token_to_piece(id).is_some())
+            .collect();
         let read = ids.len();
-        IncrementalDecoder { tokenizer: tokenizer.clone(), skip_special: true, ids, prefix: 0, read }
+        IncrementalDecoder {
+            tokenizer: tokenizer.clone(),
+            skip_special: true,
+            ids,
+            prefix: 0,
+            read,
+        }
     }
 
     /// Whether control tokens (e.g. `<|im_end|>`) are left out of the text (default `true`).
@@ -74,12 +84,19 @@ impl IncrementalDecoder {
                 String::new()
             })
         };
-        (decode(&self.ids[self.prefix..self.read]), decode(&self.ids[self.prefix..]))
+        (
+            decode(&self.ids[self.prefix..self.read]),
+            decode(&self.ids[self.prefix..]),
+        )
     }
 
     /// Emits `after` minus `before` and moves the window forward.
     fn advance(&mut self, before: &str, after: &str) -> String {
-        let start = if after.starts_with(before) { before.len() } else { common_prefix_len(before, after) };
+        let start = if after.starts_with(before) {
+            before.len()
+        } else {
+            common_prefix_len(before, after)
+        };
         let text = after[start..].to_string();
         self.prefix = self.read;
         self.read = self.ids.len();

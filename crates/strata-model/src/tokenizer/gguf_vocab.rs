@@ -65,8 +65,8 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     let model = gguf
         .get_str("tokenizer.ggml.model")
         .ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
-    let texts = string_array(gguf, "tokenizer.ggml.tokens")?
-        .ok_or(TokenizerError::MissingKey("tokenizer.ggml.tokens"))?;
+    let texts =
+        string_array(gguf, "tokenizer.ggml.tokens")?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.tokens"))?;
     if texts.is_empty() || texts.len() > u32::MAX as usize {
         return Err(bad("tokenizer.ggml.tokens", format!("has {} entries", texts.len())));
     }
@@ -82,9 +82,10 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
             }
             let mut kinds = Vec::with_capacity(n);
             for (i, v) in items.iter().enumerate() {
-                let kind = v.as_i64().and_then(TokenKind::from_gguf).ok_or_else(|| {
-                    bad("tokenizer.ggml.token_type", format!("entry {i} is {v}, expected 0..=6"))
-                })?;
+                let kind = v
+                    .as_i64()
+                    .and_then(TokenKind::from_gguf)
+                    .ok_or_else(|| bad("tokenizer.ggml.token_type", format!("entry {i} is {v}, expected 0..=6")))?;
                 kinds.push(kind);
             }
             kinds
@@ -103,8 +104,10 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     let bos = token_id("tokenizer.ggml.bos_token_id");
     let eos = token_id("tokenizer.ggml.eos_token_id");
     let unk = token_id("tokenizer.ggml.unknown_token_id");
-    let extra_eog: Vec<u32> =
-        ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"].into_iter().filter_map(token_id).collect();
+    let extra_eog: Vec<u32> = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
+        .into_iter()
+        .filter_map(token_id)
+        .collect();
 
     // The string -> id map. A text listed twice keeps its first id (later copies can only be decoded).
     let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
@@ -117,7 +120,9 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
         }
     }
     if duplicates > 0 {
-        tracing::warn!("GGUF vocabulary lists {duplicates} token texts more than once; the first id of each is used for encoding");
+        tracing::warn!(
+            "GGUF vocabulary lists {duplicates} token texts more than once; the first id of each is used for encoding"
+        );
     }
 
     let (vocab_type, mut hf, add_bos_default, add_space_prefix) = match model {
@@ -126,12 +131,14 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
                 tracing::warn!("GGUF has no tokenizer.ggml.pre; using llama.cpp's `default` pre-tokenizer, which may tokenize differently from the original model");
                 "default"
             });
-            let pre = KNOWN_PRE.iter().find(|(name, _)| *name == pre_name).map(|(_, k)| *k).ok_or_else(|| {
-                TokenizerError::UnknownPreTokenizer {
+            let pre = KNOWN_PRE
+                .iter()
+                .find(|(name, _)| *name == pre_name)
+                .map(|(_, k)| *k)
+                .ok_or_else(|| TokenizerError::UnknownPreTokenizer {
                     kind: pre_name.to_string(),
                     known: KNOWN_PRE.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", "),
-                }
-            })?;
+                })?;
             let merges = gpt2_merges(gguf, &vocab)?;
             let bpe = BPE::builder()
                 .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
@@ -147,9 +154,9 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
                 Some(items) if items.len() == n => {
                     let mut scores = Vec::with_capacity(n);
                     for (i, v) in items.iter().enumerate() {
-                        let s = v
-                            .as_f64()
-                            .ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is {v}, expected a number")))?;
+                        let s = v.as_f64().ok_or_else(|| {
+                            bad("tokenizer.ggml.scores", format!("entry {i} is {v}, expected a number"))
+                        })?;
                         scores.push(s as f32);
                     }
                     scores
@@ -161,31 +168,39 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
                     ))
                 }
                 None => {
-                    tracing::warn!("SentencePiece GGUF has no tokenizer.ggml.scores; merging pieces in vocabulary order");
+                    tracing::warn!(
+                        "SentencePiece GGUF has no tokenizer.ggml.scores; merging pieces in vocabulary order"
+                    );
                     (0..n).map(|i| -(i as f32)).collect()
                 }
             };
             let merges = spm_merges(&texts, &scores, &vocab);
-            let mut builder = BPE::builder().vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges).byte_fallback(true).fuse_unk(true);
+            let mut builder = BPE::builder()
+                .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
+                .byte_fallback(true)
+                .fuse_unk(true);
             if let Some(unk) = unk {
                 builder = builder.unk_token(texts[unk as usize].clone());
             }
-            let bpe = builder.build().map_err(|e| TokenizerError::Backend(format!("building the SentencePiece model: {e}")))?;
+            let bpe = builder
+                .build()
+                .map_err(|e| TokenizerError::Backend(format!("building the SentencePiece model: {e}")))?;
             let add_space_prefix = gguf.get_bool("tokenizer.ggml.add_space_prefix").unwrap_or(true);
             let mut hf = tokenizers::Tokenizer::new(bpe);
             let replace = Replace::new(" ", "\u{2581}")
                 .map_err(|e| TokenizerError::Backend(format!("building the space normalizer: {e}")))?;
             if add_space_prefix {
                 let seq = NormalizerSequence::new(vec![Prepend::new("\u{2581}".into()).into(), replace.into()]);
-                hf.with_normalizer(Some(seq)).map_err(|e| TokenizerError::Backend(e.to_string()))?;
+                hf.with_normalizer(Some(seq))
+                    .map_err(|e| TokenizerError::Backend(e.to_string()))?;
             } else {
-                hf.with_normalizer(Some(replace)).map_err(|e| TokenizerError::Backend(e.to_string()))?;
+                hf.with_normalizer(Some(replace))
+                    .map_err(|e| TokenizerError::Backend(e.to_string()))?;
             }
             (VocabType::SentencePiece, hf, true, add_space_prefix)
         }
         other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
     };
-
     // Control and unknown tokens are "special": matched in text only when parse_special is on.
     // User-defined tokens are always matched, as llama.cpp does.
     let mut special = Vec::new();
@@ -202,9 +217,10 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
             _ => {}
         }
     }
-    hf.add_special_tokens(special).map_err(|e| TokenizerError::Backend(format!("adding special tokens: {e}")))?;
-    hf.add_tokens(user).map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
-
+    hf.add_special_tokens(special)
+        .map_err(|e| TokenizerError::Backend(format!("adding special tokens: {e}")))?;
+    hf.add_tokens(user)
+        .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
     Ok(GgufVocab {
         hf,
         texts,
@@ -220,13 +236,20 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
 }
 
 fn bad(key: &str, reason: String) -> TokenizerError {
-    TokenizerError::BadMetadata { key: key.to_string(), reason }
+    TokenizerError::BadMetadata {
+        key: key.to_string(),
+        reason,
+    }
 }
 
 /// A string array under `key`, or `None` when the key is absent.
 fn string_array(gguf: &GgufFile, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
-    let Some(value) = gguf.get(key) else { return Ok(None) };
-    let items = value.as_array().ok_or_else(|| bad(key, format!("is {value}, expected an array of strings")))?;
+    let Some(value) = gguf.get(key) else {
+        return Ok(None);
+    };
+    let items = value
+        .as_array()
+        .ok_or_else(|| bad(key, format!("is {value}, expected an array of strings")))?;
     items
         .iter()
         .enumerate()
@@ -240,17 +263,30 @@ fn string_array(gguf: &GgufFile, key: &str) -> Result<Option<Vec<String>>, Token
 
 /// `tokenizer.ggml.merges` as pairs, skipping (with a warning) any the vocabulary cannot express.
 fn gpt2_merges(gguf: &GgufFile, vocab: &HashMap<String, u32>) -> Result<Vec<(String, String)>, TokenizerError> {
-    let lines = string_array(gguf, "tokenizer.ggml.merges")?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
+    const KEY: &str = "tokenizer.ggml.merges";
+    let value = gguf.get(KEY).ok_or(TokenizerError::MissingKey(KEY))?;
+    let lines = value
+        .as_array()
+        .ok_or_else(|| bad(KEY, format!("is {value}, expected an array of strings")))?;
     let mut merges = Vec::with_capacity(lines.len());
+    let mut merged = String::new();
     let mut skipped = 0usize;
-    for (i, line) in lines.into_iter().enumerate() {
+    for (i, line) in lines.iter().enumerate() {
+        let line = line
+            .as_str()
+            .ok_or_else(|| bad(KEY, format!("entry {i} is {line}, expected a string")))?;
         let Some((a, b)) = line.split_once(' ') else {
-            return Err(bad("tokenizer.ggml.merges", format!("entry {i} {line:?} is not two tokens separated by a space")));
+            return Err(bad(
+                KEY,
+                format!("entry {i} {line:?} is not two tokens separated by a space"),
+            ));
         };
         if a.is_empty() || b.is_empty() {
-            return Err(bad("tokenizer.ggml.merges", format!("entry {i} {line:?} has an empty side")));
+            return Err(bad(KEY, format!("entry {i} {line:?} has an empty side")));
         }
-        let merged = format!("{a}{b}");
+        merged.clear();
+        merged.push_str(a);
+        merged.push_str(b);
         if vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&merged) {
             merges.push((a.to_string(), b.to_string()));
         } else {
@@ -290,9 +326,13 @@ fn spm_merges(texts: &[String], scores: &[f32], vocab: &HashMap<String, u32>) ->
 }
 
 fn split(regex: &str) -> Result<PreTokenizerWrapper, TokenizerError> {
-    Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false)
-        .map(Into::into)
-        .map_err(|e| TokenizerError::Backend(format!("compiling pre-tokenizer regex: {e}")))
+    Split::new(
+        SplitPattern::Regex(regex.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map(Into::into)
+    .map_err(|e| TokenizerError::Backend(format!("compiling pre-tokenizer regex: {e}")))
 }
 
 /// The pre-tokenizer pipeline of one family; every family ends in the byte-level mapping.

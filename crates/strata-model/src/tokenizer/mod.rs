@@ -156,7 +156,9 @@ impl Tokenizer {
             kinds: v.kinds,
             pieces,
             vocab_type: v.vocab_type,
-            decode_mode: DecodeMode::Table { strip_leading_space: strip },
+            decode_mode: DecodeMode::Table {
+                strip_leading_space: strip,
+            },
             bos: v.bos,
             eos: v.eos,
             eog,
@@ -173,8 +175,10 @@ impl Tokenizer {
         tokenizer_config_json: Option<&Path>,
     ) -> Result<Self, TokenizerError> {
         let path = tokenizer_json.as_ref();
-        let hf = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| TokenizerError::BadFile { path: path.to_path_buf(), message: e.to_string() })?;
+        let hf = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::BadFile {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let config = match tokenizer_config_json {
             Some(p) => Some(read_json(p)?),
             None => None,
@@ -182,7 +186,12 @@ impl Tokenizer {
         let token_string = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(config_token_text);
         let config_bool = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(|v| v.as_bool());
 
-        let n = hf.get_vocab(true).values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let n = hf
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
         let added = hf.get_added_tokens_decoder();
         let style = hf.get_decoder().map(piece_style).unwrap_or(PieceStyle::Other);
         let mut texts = Vec::with_capacity(n);
@@ -205,7 +214,10 @@ impl Tokenizer {
             .map(|(id, (text, &kind))| match style {
                 PieceStyle::ByteLevel => piece_bytes(text, kind, VocabType::ByteLevelBpe),
                 PieceStyle::Spm => piece_bytes(text, kind, VocabType::SentencePiece),
-                PieceStyle::Other => hf.decode(&[id as u32], false).map(String::into_bytes).unwrap_or_default(),
+                PieceStyle::Other => hf
+                    .decode(&[id as u32], false)
+                    .map(String::into_bytes)
+                    .unwrap_or_default(),
             })
             .collect();
 
@@ -263,9 +275,15 @@ impl Tokenizer {
     /// tokenized as plain text. User-defined tokens are always recognised.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let inner = &*self.inner;
-        let hf = if parse_special { &inner.with_special } else { &inner.plain };
+        let hf = if parse_special {
+            &inner.with_special
+        } else {
+            &inner.plain
+        };
         let hf_adds = add_special && !inner.manual_special;
-        let encoding = hf.encode_fast(text, hf_adds).map_err(|e| TokenizerError::Backend(format!("encoding: {e}")))?;
+        let encoding = hf
+            .encode_fast(text, hf_adds)
+            .map_err(|e| TokenizerError::Backend(format!("encoding: {e}")))?;
         let ids = encoding.get_ids();
         if !(add_special && inner.manual_special) {
             return Ok(ids.to_vec());
@@ -295,14 +313,21 @@ impl Tokenizer {
                     }
                     out.extend_from_slice(self.piece(i));
                 }
-                let bytes = if strip_leading_space && out.first() == Some(&b' ') { &out[1..] } else { &out[..] };
+                let bytes = if strip_leading_space && out.first() == Some(&b' ') {
+                    &out[1..]
+                } else {
+                    &out[..]
+                };
                 Ok(String::from_utf8_lossy(bytes).into_owned())
             }
             DecodeMode::Hf => {
                 for &id in ids {
                     self.check(id)?;
                 }
-                inner.with_special.decode(ids, skip_special).map_err(|e| TokenizerError::Backend(format!("decoding: {e}")))
+                inner
+                    .with_special
+                    .decode(ids, skip_special)
+                    .map_err(|e| TokenizerError::Backend(format!("decoding: {e}")))
             }
         }
     }
@@ -379,7 +404,10 @@ impl Tokenizer {
         if i < self.inner.texts.len() {
             Ok(i)
         } else {
-            Err(TokenizerError::IdOutOfRange { id, vocab_size: self.inner.texts.len() })
+            Err(TokenizerError::IdOutOfRange {
+                id,
+                vocab_size: self.inner.texts.len(),
+            })
         }
     }
 
@@ -457,10 +485,14 @@ fn piece_style(decoder: &DecoderWrapper) -> PieceStyle {
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value, TokenizerError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
-    serde_json::from_str(&text)
-        .map_err(|e| TokenizerError::BadFile { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
+    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| TokenizerError::BadFile {
+        path: path.to_path_buf(),
+        message: format!("invalid JSON: {e}"),
+    })
 }
 
 /// A token in `tokenizer_config.json`: a string or an added-token object with `content`.

@@ -19,7 +19,11 @@ unsafe impl<T: Send> Sync for DisjointMut<'_, T> {}
 impl<'a, T> DisjointMut<'a, T> {
     /// Wraps `slice` for the duration of a parallel region.
     pub fn new(slice: &'a mut [T]) -> Self {
-        DisjointMut { ptr: slice.as_mut_ptr(), len: slice.len(), _borrow: PhantomData }
+        DisjointMut {
+            ptr: slice.as_mut_ptr(),
+            len: slice.len(),
+            _borrow: PhantomData,
+        }
     }
 
     /// The sub-slice `range`.
@@ -29,7 +33,11 @@ impl<'a, T> DisjointMut<'a, T> {
     /// during the same parallel region.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn range_mut(&self, range: Range<usize>) -> &mut [T] {
-        assert!(range.start <= range.end && range.end <= self.len, "DisjointMut: {range:?} outside 0..{}", self.len);
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "DisjointMut: {range:?} outside 0..{}",
+            self.len
+        );
         // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
     }

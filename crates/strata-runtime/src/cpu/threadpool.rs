@@ -38,7 +38,9 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads).finish()
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads)
+            .finish()
     }
 }
 
@@ -63,7 +65,12 @@ impl ThreadPool {
                     .unwrap_or_else(|e| panic!("cannot start CPU worker thread: {e}"))
             })
             .collect();
-        ThreadPool { n_threads, shared, run_lock: Mutex::new(()), workers }
+        ThreadPool {
+            n_threads,
+            shared,
+            run_lock: Mutex::new(()),
+            workers,
+        }
     }
 
     /// A pool with one thread per available core.
@@ -95,8 +102,15 @@ impl ThreadPool {
             self.shared.wake.notify_all();
         }
         f(0);
+        let mut spins = 0u32;
         while self.shared.running.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            // On an oversubscribed machine the worker we wait for may not be running: give it the core.
+            if spins.is_multiple_of(128) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         // SAFETY: all workers are done with the job.
         unsafe { *self.shared.job.get() = None };
@@ -169,7 +183,10 @@ fn worker_loop(shared: &Shared, index: usize) {
                 break e;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && spin_start.elapsed() > SPIN_FOR {
+            if spins.is_multiple_of(128) {
+                std::thread::yield_now();
+            }
+            if spins.is_multiple_of(1024) && spin_start.elapsed() > SPIN_FOR {
                 let mut guard = shared.park.lock().unwrap_or_else(|p| p.into_inner());
                 while shared.epoch.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
                     guard = shared.wake.wait(guard).unwrap_or_else(|p| p.into_inner());
@@ -207,7 +224,10 @@ mod tests {
                         hits[i].fetch_add(1, Ordering::Relaxed);
                     }
                 });
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "parallel_for n={n}");
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "parallel_for n={n}"
+                );
                 let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                 pool.split_even(n, 4, &|r| {
                     for i in r {

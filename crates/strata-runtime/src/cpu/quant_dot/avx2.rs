@@ -1,12 +1,12 @@
 //! AVX2 + FMA + F16C dot-product kernels and activation quantization for x86_64.
 //! Handed out only by [`kernel`] / used only by [`quantize_act_row`] after run-time feature checks.
-//!
-//! Every kernel is a tile of `RW` weight rows by `R` activation rows: the tile walks the
-//! blocks once; each weight block is loaded and unpacked to bytes once and multiplied with
-//! the `R` activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32`
-//! partial sums), which are scaled and accumulated in `f32` with FMA, one accumulator per
-//! (weight row, activation row). Single-stream decode (`m == 1`) uses 4 x 1 tiles, so four
-//! independent FMA chains hide latency and the per-row setup and horizontal sums are shared.
+
+// Every kernel is a tile of `RW` weight rows by `R` activation rows: the tile walks the
+// blocks once; each weight block is loaded and unpacked to bytes once and multiplied with
+// the `R` activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32`
+// partial sums), which are scaled and accumulated in `f32` with FMA, one accumulator per
+// (weight row, activation row). Single-stream decode (`m == 1`) uses 4 x 1 tiles, so four
+// independent FMA chains hide latency and the per-row setup and horizontal sums are shared.
 
 // The tiles index several parallel per-row arrays (weights, activations, accumulators) by
 // the same row index; iterator chains over all of them would hide the tile shape.
@@ -21,9 +21,7 @@ use strata_formats::GgmlType;
 
 /// Whether this CPU has every feature the kernels here are compiled for.
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
 /// The AVX2 kernel for weights of type `w`, or `None` when the CPU lacks the features or the
@@ -121,10 +119,7 @@ fn mul_sum_us8(u: __m256i, s: __m256i) -> __m256i {
 
 /// The first `nb` blocks of `BB` bytes of each of `RW` weight rows.
 #[inline]
-fn weight_blocks<const RW: usize, const BB: usize>(
-    w: [&[u8]; RW],
-    nb: usize,
-) -> [&[[u8; BB]]; RW] {
+fn weight_blocks<const RW: usize, const BB: usize>(w: [&[u8]; RW], nb: usize) -> [&[[u8; BB]]; RW] {
     let mut out: [&[[u8; BB]]; RW] = [&[]; RW];
     for x in 0..RW {
         out[x] = &w[x].as_chunks::<BB>().0[..nb];
@@ -193,11 +188,7 @@ fn finish<const RW: usize, const R: usize>(acc: [[__m256; R]; RW]) -> [[f32; R];
 /// `2 * 128 * 127 < 32768`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_q8_0<const RW: usize, const R: usize>(
-    n: usize,
-    w: [&[u8]; RW],
-    a: [&[u8]; R],
-) -> [[f32; R]; RW] {
+fn tile_q8_0<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
     let nb = n / 32;
     let wb = weight_blocks::<RW, 34>(w, nb);
     let (aq, ad) = split_acts::<R, 32, 4>(n, nb, nb, a);
@@ -267,10 +258,7 @@ fn add_fifth_bits2(lo: __m256i, hi: __m256i, qh0: u32, qh1: u32) -> (__m256i, __
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
     );
-    (
-        _mm256_or_si256(lo, spread(sel_lo)),
-        _mm256_or_si256(hi, spread(sel_hi)),
-    )
+    (_mm256_or_si256(lo, spread(sel_lo)), _mm256_or_si256(hi, spread(sel_hi)))
 }
 
 /// `[d0, m0, d1, m1]` from the f16 pairs `(d, m)` leading two blocks.
@@ -284,25 +272,24 @@ fn dm2<const N: usize>(b0: &[u8; N], b1: &[u8; N]) -> __m128 {
     _mm_cvtph_ps(dm)
 }
 
-/// `[d0, -k d0, d1, -k d1]` from the f16 scales `d` leading two blocks.
+/// `[d0, d0, d1, d1]` from the f16 scales `d` leading two blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn d_offset2<const N: usize>(b0: &[u8; N], b1: &[u8; N], k: f32) -> __m128 {
-    let d0 = u32::from(u16_at(b0, 0));
-    let d1 = u32::from(u16_at(b1, 0));
-    let dd = _mm_unpacklo_epi32(
-        _mm_cvtsi32_si128((d0 | (d0 << 16)) as i32),
-        _mm_cvtsi32_si128((d1 | (d1 << 16)) as i32),
+fn dd2<const N: usize>(b0: &[u8; N], b1: &[u8; N]) -> __m128 {
+    let x = _mm_unpacklo_epi32(
+        _mm_cvtsi32_si128(u32_at(b0, 0) as i32),
+        _mm_cvtsi32_si128(u32_at(b1, 0) as i32),
     );
-    _mm_mul_ps(_mm_cvtph_ps(dd), _mm_setr_ps(1.0, -k, 1.0, -k))
+    // Halves [d0, x0, d1, x1] -> [d0, d0, d1, d1].
+    _mm_cvtph_ps(_mm_shufflelo_epi16::<0b10_10_00_00>(x))
 }
 
-/// Q4_0 pair: values `q - 8`, as `q` with the min `-8 d`.
+/// Q4_0 pair: values `q - 8`, as `q` with the min `-8 d` (the `-8` is the tile's `k`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dec2_q4_0(b0: &[u8; 18], b1: &[u8; 18]) -> (__m256i, __m256i, __m128) {
     let (lo, hi) = nibbles2(b0, b1, 2);
-    (lo, hi, d_offset2(b0, b1, 8.0))
+    (lo, hi, dd2(b0, b1))
 }
 
 /// Q4_1 pair: values `q d + m`.
@@ -313,13 +300,13 @@ fn dec2_q4_1(b0: &[u8; 20], b1: &[u8; 20]) -> (__m256i, __m256i, __m128) {
     (lo, hi, dm2(b0, b1))
 }
 
-/// Q5_0 pair: values `q - 16`, as `q` (0..32) with the min `-16 d`.
+/// Q5_0 pair: values `q - 16`, as `q` (0..32) with the min `-16 d` (`-16` is the tile's `k`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dec2_q5_0(b0: &[u8; 22], b1: &[u8; 22]) -> (__m256i, __m256i, __m128) {
     let (lo, hi) = nibbles2(b0, b1, 6);
     let (lo, hi) = add_fifth_bits2(lo, hi, u32_at(b0, 2), u32_at(b1, 2));
-    (lo, hi, d_offset2(b0, b1, 16.0))
+    (lo, hi, dd2(b0, b1))
 }
 
 /// Q5_1 pair: values `q d + m` with `q` in 0..32.
@@ -332,26 +319,24 @@ fn dec2_q5_1(b0: &[u8; 24], b1: &[u8; 24]) -> (__m256i, __m256i, __m128) {
 }
 
 macro_rules! tile_min {
-    ($name:ident, $bb:literal, $dec2:ident) => {
-        /// A tile of `RW` weight rows by `R` Q8_1 activation rows.
-        /// `dot = sum_b d_b da_b sum(q_w q_a) + m_b s_b`; the second terms collect in lanes
-        /// 1 and 3 of `accm`. Per pair the two `maddubs` results are added in `i16`:
+    ($name:ident, $bb:literal, $dec2:ident, $k:literal) => {
+        /// A tile of `RW` weight rows by `R` Q8_1 activation rows. With `dm = [d0, m0, d1,
+        /// m1]` from the decoder (the min lanes hold `d` for the types without a min) and the
+        /// activation's `[da0, s0, da1, s1]`, `s = dm * meta` holds the integer sums' scales
+        /// in lanes 0, 2 and, times `k`, the min terms in lanes 1, 3, which are added in as
+        /// the FMA's addend. Per pair the two `maddubs` results are added in `i16`:
         /// `2 * (2 * 31 * 127) < 32768`.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const RW: usize, const R: usize>(
-            n: usize,
-            w: [&[u8]; RW],
-            a: [&[u8]; R],
-        ) -> [[f32; R]; RW] {
+        fn $name<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
             let nb = n / 32;
             let np = nb / 2;
             let wb = weight_blocks::<RW, $bb>(w, nb);
             let (aq, am) = split_acts::<R, 64, 16>(n, np, np, a);
             let ones = _mm256_set1_epi16(1);
             let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+            let kmin = _mm_setr_ps(0.0, $k, 0.0, $k);
             let mut acc = [[_mm256_setzero_ps(); R]; RW];
-            let mut accm = [[_mm_setzero_ps(); R]; RW];
             for p in 0..np {
                 let mut meta = [_mm_setzero_ps(); R];
                 for r in 0..R {
@@ -362,14 +347,14 @@ macro_rules! tile_min {
                     for r in 0..R {
                         let qa = &aq[r][p];
                         let s = _mm_mul_ps(dm, meta[r]);
-                        accm[x][r] = _mm_add_ps(accm[x][r], s);
+                        let mins = _mm256_zextps128_ps256(_mm_mul_ps(s, kmin));
                         let sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), spread);
                         let p16 = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo, ld256(qa, 0)),
                             _mm256_maddubs_epi16(hi, ld256(qa, 32)),
                         );
-                        let pi = _mm256_madd_epi16(p16, ones);
-                        acc[x][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pi), sv, acc[x][r]);
+                        let pi = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                        acc[x][r] = _mm256_add_ps(acc[x][r], _mm256_fmadd_ps(pi, sv, mins));
                     }
                 }
             }
@@ -377,6 +362,7 @@ macro_rules! tile_min {
                 // The last odd block is stored plainly: decode it as a pair with itself and
                 // put its low and high nibbles side by side.
                 let i = nb - 1;
+                let kmin = _mm_setr_ps(0.0, $k, 0.0, 0.0);
                 for x in 0..RW {
                     let (lo, hi, dm) = $dec2(&wb[x][i], &wb[x][i]);
                     let q = _mm256_permute2x128_si256::<0x20>(lo, hi);
@@ -385,23 +371,12 @@ macro_rules! tile_min {
                         let qa: &[u8; 32] = &qs.as_chunks::<32>().0[i];
                         let md: &[u8; 8] = &meta.as_chunks::<8>().0[i];
                         let s = _mm_mul_ps(dm, _mm_castsi128_ps(ld64(md, 0)));
-                        accm[x][r] = _mm_add_ps(accm[x][r], s);
+                        let mins = _mm256_zextps128_ps256(_mm_mul_ps(s, kmin));
                         let pi = _mm256_madd_epi16(_mm256_maddubs_epi16(q, ld256(qa, 0)), ones);
-                        acc[x][r] = _mm256_fmadd_ps(
-                            _mm256_cvtepi32_ps(pi),
-                            _mm256_broadcastss_ps(s),
-                            acc[x][r],
-                        );
+                        let pi = _mm256_cvtepi32_ps(pi);
+                        let sv = _mm256_broadcastss_ps(s);
+                        acc[x][r] = _mm256_add_ps(acc[x][r], _mm256_fmadd_ps(pi, sv, mins));
                     }
-                }
-            }
-            // Fold the min terms (lanes 1 and 3) into the accumulators.
-            let odd = _mm_castsi128_ps(_mm_setr_epi32(0, -1, 0, -1));
-            for x in 0..RW {
-                for r in 0..R {
-                    let m = _mm256_castps128_ps256(_mm_and_ps(accm[x][r], odd));
-                    let m = _mm256_permute2f128_ps::<0x80>(m, m);
-                    acc[x][r] = _mm256_add_ps(acc[x][r], m);
                 }
             }
             finish(acc)
@@ -409,10 +384,10 @@ macro_rules! tile_min {
     };
 }
 
-tile_min!(tile_q4_0, 18, dec2_q4_0);
-tile_min!(tile_q4_1, 20, dec2_q4_1);
-tile_min!(tile_q5_0, 22, dec2_q5_0);
-tile_min!(tile_q5_1, 24, dec2_q5_1);
+tile_min!(tile_q4_0, 18, dec2_q4_0, -8.0);
+tile_min!(tile_q4_1, 20, dec2_q4_1, 1.0);
+tile_min!(tile_q5_0, 22, dec2_q5_0, -16.0);
+tile_min!(tile_q5_1, 24, dec2_q5_1, 1.0);
 
 // ---------------------------------------------------------------------------------------
 // K-quants against Q8K activations.
@@ -490,11 +465,7 @@ macro_rules! tile_k4 {
         /// (`8 * 2 * 63 * 7874 < 2^31`).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const RW: usize, const R: usize>(
-            n: usize,
-            w: [&[u8]; RW],
-            a: [&[u8]; R],
-        ) -> [[f32; R]; RW] {
+        fn $name<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
             let nb = n / QK_K;
             let wb = weight_blocks::<RW, $bb>(w, nb);
             let av = split_q8k::<R>(n, nb, a);
@@ -535,29 +506,15 @@ macro_rules! tile_k4 {
                         let sc_hi = _mm256_shuffle_epi8(sc, scale_shuffle(2 * j + 1));
                         for r in 0..R {
                             let qa = &av.q[r][i];
-                            let plo = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(lo, ld256(qa, 64 * j)),
-                                sc_lo,
-                            );
-                            let phi = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(hi, ld256(qa, 64 * j + 32)),
-                                sc_hi,
-                            );
+                            let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(qa, 64 * j)), sc_lo);
+                            let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(qa, 64 * j + 32)), sc_hi);
                             sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
                         }
                     }
                     for r in 0..R {
-                        acc[x][r] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(d * da[r]),
-                            _mm256_cvtepi32_ps(sumi[r]),
-                            acc[x][r],
-                        );
+                        acc[x][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * da[r]), _mm256_cvtepi32_ps(sumi[r]), acc[x][r]);
                         let pm = k4_min_dot(&av.bsums[r][i], mn16);
-                        accm[x][r] = _mm_fmadd_ps(
-                            _mm_set1_ps(dmin * da[r]),
-                            _mm_cvtepi32_ps(pm),
-                            accm[x][r],
-                        );
+                        accm[x][r] = _mm_fmadd_ps(_mm_set1_ps(dmin * da[r]), _mm_cvtepi32_ps(pm), accm[x][r]);
                     }
                 }
             }
@@ -580,11 +537,7 @@ tile_k4!(tile_q5k, 176, true);
 /// per-16 activation sums: `sum_k sc_k (sum q a - 32 bsum_k)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_q6k<const RW: usize, const R: usize>(
-    n: usize,
-    w: [&[u8]; RW],
-    a: [&[u8]; R],
-) -> [[f32; R]; RW] {
+fn tile_q6k<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
     let nb = n / QK_K;
     let wb = weight_blocks::<RW, 210>(w, nb);
     let av = split_q8k::<R>(n, nb, a);
@@ -649,11 +602,7 @@ fn tile_q6k<const RW: usize, const R: usize>(
                 }
             }
             for r in 0..R {
-                acc[x][r] = _mm256_fmadd_ps(
-                    _mm256_set1_ps(d * da[r]),
-                    _mm256_cvtepi32_ps(sumi[r]),
-                    acc[x][r],
-                );
+                acc[x][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * da[r]), _mm256_cvtepi32_ps(sumi[r]), acc[x][r]);
             }
         }
     }
@@ -701,11 +650,7 @@ macro_rules! tile_float {
         /// accumulator pair the loop runs two chains (even and odd groups of 8).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const RW: usize, const R: usize>(
-            n: usize,
-            w: [&[u8]; RW],
-            a: [&[u8]; R],
-        ) -> [[f32; R]; RW] {
+        fn $name<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
             let n8 = n / 8;
             let wb = weight_blocks::<RW, $bb>(w, n8);
             let mut av: [&[[u8; 32]]; R] = [&[]; R];
@@ -777,11 +722,17 @@ const PREFETCH_AHEAD: usize = 8192;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn prefetch_ahead(w: &[u8], from: usize, to: usize) {
-    let len = w.len();
-    let end = (to + PREFETCH_AHEAD).min(len);
+    prefetch_lines(w, from + PREFETCH_AHEAD, to + PREFETCH_AHEAD);
+}
+
+/// Prefetches the cache lines of `w[from..to]` (clipped to `w`) into L1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_lines(w: &[u8], from: usize, to: usize) {
+    let end = to.min(w.len());
     let base = w.as_ptr() as usize;
-    // Walk whole lines: start at the line holding byte `from + PREFETCH_AHEAD`.
-    let mut off = (from + PREFETCH_AHEAD).saturating_sub((base + from + PREFETCH_AHEAD) % 64);
+    // Walk whole lines: start at the line holding byte `from`.
+    let mut off = from.saturating_sub((base + from) % 64);
     while off < end {
         // SAFETY: a prefetch is only a hint: it never faults and changes no memory; `off`
         // is inside `w`, so the pointer arithmetic stays inside the allocation.
@@ -912,13 +863,7 @@ fn quantize_impl(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
         ActFormat::Q8_1 => {
             let nb = n / 32;
             let mut qb = [0u8; 32];
-            for ((b, xb), m) in x
-                .as_chunks::<32>()
-                .0
-                .iter()
-                .enumerate()
-                .zip(meta.chunks_exact_mut(8))
-            {
+            for ((b, xb), m) in x.as_chunks::<32>().0.iter().enumerate().zip(meta.chunks_exact_mut(8)) {
                 let (d, sum) = quant32_blocks(xb, &mut qb);
                 store_q8_1_quants(qs, nb, b, &qb);
                 m[..4].copy_from_slice(&d.to_le_bytes());
@@ -988,10 +933,7 @@ fn quant32_blocks<const N: usize>(x: &[f32; N], q: &mut [u8; N]) -> (f32, i32) {
         // SAFETY: `qc` is exactly 32 bytes, the size of the unaligned store.
         unsafe { _mm256_storeu_si256(qc.as_mut_ptr().cast(), p8) };
     }
-    let s = _mm_add_epi32(
-        _mm256_castsi256_si128(sum),
-        _mm256_extracti128_si256::<1>(sum),
-    );
+    let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
     (d, _mm_cvtsi128_si32(s))

@@ -1,36 +1,5 @@
 //! Fused quantized dot products: one weight row (any supported GGML type) against activation rows.
 //! Owns the activation formats, their quantization, and the run-time choice between scalar and AVX2.
-//!
-//! # How it is used
-//!
-//! A matrix-vector product `y = W x` with `W` stored in GGML type `t`:
-//!
-//! 1. `let k = kernel_for(t)?;` once (dispatch happens here, not per call);
-//! 2. quantize each activation row with [`quantize_act_row`] into a buffer of
-//!    [`act_row_bytes`]`(k.act_format(), n)` bytes per row (rows contiguous);
-//! 3. `k.dot_matrix(n, w_bytes, rows, acts, m, out)` for all weight rows at once (or a
-//!    contiguous range of them per thread), or `k.dot_rows(n, w_row, acts, m, out)` row by row.
-//!
-//! With `m > 1` activation rows each weight block is loaded and unpacked once and used for
-//! up to four activation rows before the next block (the batched-decode path).
-//!
-//! # Activation layouts
-//!
-//! The activation formats are private to this module (only [`quantize_act_row`] writes them
-//! and only these kernels read them). A row of `n` values is laid out as:
-//!
-//! - [`ActFormat::F32`]: `n` little-endian `f32`.
-//! - [`ActFormat::Q8_0`]: `n` `i8` quants, then one `f32` scale `d` per 32-block
-//!   (value = `q * d`).
-//! - [`ActFormat::Q8_1`]: `n` `i8` quants, then per 32-block the pair `f32 d`, `f32 s`
-//!   where `s = d * sum(q)` (what the min / offset term of Q4_0..Q5_1 needs). The quants of blocks
-//!   `2p` and `2p + 1` are interleaved by halves in 64 bytes: values 0..16 of block `2p`,
-//!   0..16 of `2p + 1`, 16..32 of `2p`, 16..32 of `2p + 1` (so one 32-byte load meets the
-//!   low or high nibbles of two weight blocks); a last odd block is stored as is.
-//! - [`ActFormat::Q8K`]: `n` `i8` quants, then one `f32 d` per 256-block, then per
-//!   256-block sixteen `i16` sums of each 16 quants.
-//!
-//! Quants are symmetric in `[-127, 127]` with `d = max|x| / 127`, rounded half to even.
 
 mod act;
 mod scalar;
@@ -41,9 +10,24 @@ mod avx2;
 use strata_formats::quant::QK_K;
 use strata_formats::GgmlType;
 
-pub use act::quantize_act_row_scalar;
+pub use act::{act_residual, quantize_act_row_scalar};
 
 /// Format the activation vector is quantized into before a dot product with a weight type.
+///
+/// The layouts are private to this module (only [`quantize_act_row`] writes them and only
+/// these kernels read them). A row of `n` values is laid out as:
+///
+/// - `F32`: `n` little-endian `f32`.
+/// - `Q8_0`: `n` `i8` quants, then one `f32` scale `d` per 32-block (value = `q * d`).
+/// - `Q8_1`: `n` `i8` quants, then per 32-block the pair `f32 d`, `f32 s` where
+///   `s = d * sum(q)` (what the min / offset term of Q4_0..Q5_1 needs). The quants of
+///   blocks `2p` and `2p + 1` are interleaved by halves in 64 bytes: values 0..16 of block
+///   `2p`, 0..16 of `2p + 1`, 16..32 of `2p`, 16..32 of `2p + 1` (so one 32-byte load meets
+///   the low or high nibbles of two weight blocks); a last odd block is stored as is.
+/// - `Q8K`: `n` `i8` quants, then one `f32 d` per 256-block, then per 256-block sixteen
+///   `i16` sums of each 16 quants.
+///
+/// Quants are symmetric in `[-127, 127]` with `d = max|x| / 127`, rounded half to even.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ActFormat {
     /// Plain `f32` (for F32, F16 and BF16 weights).
@@ -85,10 +69,7 @@ pub fn act_format_for(w: GgmlType) -> ActFormat {
 /// Whether a dot-product kernel exists for weights of type `w`.
 pub fn is_supported(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(
-        w,
-        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K
-    )
+    matches!(w, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K)
 }
 
 /// Bytes one activation row of `n` values takes in format `fmt`
@@ -127,6 +108,19 @@ pub fn quantize_act_row(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
 type MatrixFn = fn(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
 
 /// A dot-product kernel for one weight type, chosen once; call it in hot loops.
+///
+/// A matrix-vector product `y = W x` with `W` stored in GGML type `t`:
+///
+/// 1. `let k = kernel_for(t)?;` once (the CPU-feature dispatch happens here, not per call);
+/// 2. quantize each activation row with [`quantize_act_row`] into a buffer of
+///    [`act_row_bytes`]`(k.act_format(), n)` bytes per row (rows contiguous);
+/// 3. `k.dot_matrix(n, w_bytes, rows, acts, m, out)` for all weight rows at once (or for a
+///    contiguous range of them per thread), or `k.dot_rows(n, w_row, acts, m, out)`.
+///
+/// With `m > 1` activation rows each weight block is loaded and unpacked once and used for
+/// up to four activation rows (the batched-decode path). Every (weight row, activation
+/// row) result is bit-identical whatever `m` and whatever range of rows a call covers, so
+/// results do not depend on batch composition or on how rows are split between threads.
 #[derive(Clone, Copy)]
 pub struct DotKernel {
     weight: GgmlType,
@@ -163,6 +157,9 @@ impl DotKernel {
 
     /// Dot products of one weight row of `n` values with `m` activation rows
     /// (contiguous, `act_row_bytes(self.act_format(), n)` bytes each), written to `out[..m]`.
+    /// For many weight rows prefer [`DotKernel::dot_matrix`]: with `m == 1` it works on four
+    /// rows at a time (four FMA chains, shared horizontal sums, weight prefetch), which a
+    /// row-by-row loop cannot; the results are bit-identical either way.
     ///
     /// # Panics
     /// If `n` is not a multiple of the weight and activation block lengths, or a slice is
@@ -180,15 +177,7 @@ impl DotKernel {
     /// # Panics
     /// As [`DotKernel::dot_rows`], with `w` needing `rows` rows and `out` `rows * m` values.
     #[inline]
-    pub fn dot_matrix(
-        &self,
-        n: usize,
-        w: &[u8],
-        rows: usize,
-        acts: &[u8],
-        m: usize,
-        out: &mut [f32],
-    ) {
+    pub fn dot_matrix(&self, n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
         let bl = self.weight.block_len().max(self.act.block_len());
         assert!(
             n.is_multiple_of(bl),
@@ -222,14 +211,7 @@ impl DotKernel {
             out[..rows * m].fill(0.0);
             return;
         }
-        (self.f)(
-            n,
-            &w[..wb * rows],
-            rows,
-            &acts[..ab * m],
-            m,
-            &mut out[..rows * m],
-        );
+        (self.f)(n, &w[..wb * rows], rows, &acts[..ab * m], m, &mut out[..rows * m]);
     }
 }
 

@@ -1,9 +1,9 @@
 //! Portable scalar dot-product kernels, one per weight type: the reference the SIMD paths match.
-//! Integer sums per block exactly as the SIMD kernels form them, then scaled and summed in f32.
+//! Exact integer sums per block, scaled and summed in f32; written to auto-vectorize passably.
 
 use super::act::q8_1_offset;
 use super::{act_format_for, act_row_bytes, weight_row_bytes, MatrixFn};
-use half::{bf16, f16};
+use half::bf16;
 use strata_formats::quant::QK_K;
 use strata_formats::GgmlType;
 
@@ -45,7 +45,24 @@ fn matrix<K: RowDot>(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out
 
 #[inline]
 fn f16_at(b: &[u8], off: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
+}
+
+/// IEEE half to single, exactly, in plain integer arithmetic (`half` would check the CPU's
+/// features on every call).
+#[inline]
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = match exp {
+        // Zero or subnormal: man * 2^-24, exact in f32.
+        0 => (man as f32 * (1.0 / 16_777_216.0)).to_bits(),
+        // Infinity or NaN (payload kept).
+        31 => 0x7f80_0000 | (man << 13),
+        _ => ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(sign | bits)
 }
 
 #[inline]
@@ -58,17 +75,61 @@ fn i16_at(b: &[u8], off: usize) -> i32 {
     i32::from(i16::from_le_bytes([b[off], b[off + 1]]))
 }
 
-/// The `i8` quants of a 32-block of activations.
+/// `sum w[k] * a[k]` over `N` weight values and `N` activation quants (bytes read as `i8`).
+/// Fixed-size and branch-free, so the compiler vectorizes it for the baseline target.
 #[inline]
-fn act_q(qs: &[u8], blk: usize) -> &[u8] {
-    &qs[32 * blk..32 * blk + 32]
+fn idot<const N: usize>(w: &[i8; N], a: &[u8; N]) -> i32 {
+    // Widened to i16 first: the i16 x i16 -> i32 sum is a shape vectorizers know well.
+    let w16: [i16; N] = w.map(i16::from);
+    let a16: [i16; N] = a.map(|v| i16::from(v as i8));
+    let mut s = 0i32;
+    for k in 0..N {
+        s += i32::from(w16[k]) * i32::from(a16[k]);
+    }
+    s
+}
+
+/// A copy of `b[off..off + N]` as an array.
+#[inline]
+fn arr<T: Copy, const N: usize>(b: &[T], off: usize) -> [T; N] {
+    let s = &b[off..off + N];
+    std::array::from_fn(|k| s[k])
+}
+
+/// The 32 quants of block `b` (of `nb`) of a Q8_1 activation row, in value order.
+#[inline]
+fn q8_1_block(qs: &[u8], nb: usize, b: usize) -> [u8; 32] {
+    let lo = q8_1_offset(nb, b, 0);
+    let hi = q8_1_offset(nb, b, 16);
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&qs[lo..lo + 16]);
+    out[16..].copy_from_slice(&qs[hi..hi + 16]);
+    out
+}
+
+/// Sum of `w(k) * a(k)` for float weights, in 8 interleaved partial sums (as the SIMD
+/// kernels do, and so the compiler can vectorize it), then added pairwise.
+#[inline]
+fn float_dot(n: usize, a: &[u8], w: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let n8 = n / 8 * 8;
+    for base in (0..n8).step_by(8) {
+        for (l, s) in acc.iter_mut().enumerate() {
+            *s += w(base + l) * f32_at(a, 4 * (base + l));
+        }
+    }
+    let mut total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for e in n8..n {
+        total += w(e) * f32_at(a, 4 * e);
+    }
+    total
 }
 
 struct RowF32;
 impl RowDot for RowF32 {
     const TYPE: GgmlType = GgmlType::F32;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        (0..n).map(|i| f32_at(w, 4 * i) * f32_at(a, 4 * i)).sum()
+        float_dot(n, a, |i| f32_at(w, 4 * i))
     }
 }
 
@@ -76,7 +137,7 @@ struct RowF16;
 impl RowDot for RowF16 {
     const TYPE: GgmlType = GgmlType::F16;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        (0..n).map(|i| f16_at(w, 2 * i) * f32_at(a, 4 * i)).sum()
+        float_dot(n, a, |i| f16_at(w, 2 * i))
     }
 }
 
@@ -84,30 +145,10 @@ struct RowBf16;
 impl RowDot for RowBf16 {
     const TYPE: GgmlType = GgmlType::BF16;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        (0..n)
-            .map(|i| {
-                let wv = bf16::from_bits(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])).to_f32();
-                wv * f32_at(a, 4 * i)
-            })
-            .sum()
+        float_dot(n, a, |i| {
+            bf16::from_bits(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])).to_f32()
+        })
     }
-}
-
-/// Sum over a 32-block of Q8_1 quants (block `b` of `nb`, interleaved layout) times `wq[i]`.
-#[inline]
-fn isum32_q8_1(qs: &[u8], nb: usize, b: usize, wq: impl Fn(usize) -> i32) -> i32 {
-    (0..32)
-        .map(|i| wq(i) * i32::from(qs[q8_1_offset(nb, b, i)] as i8))
-        .sum()
-}
-
-/// Sum over a 32-block of `wq[i] * aq[i]` where `wq` gives the weight's integer value.
-#[inline]
-fn isum32(aq: &[u8], wq: impl Fn(usize) -> i32) -> i32 {
-    aq.iter()
-        .enumerate()
-        .map(|(i, &a)| wq(i) * i32::from(a as i8))
-        .sum()
 }
 
 struct RowQ8_0;
@@ -117,51 +158,64 @@ impl RowDot for RowQ8_0 {
         let (qs, meta) = a.split_at(n);
         let mut acc = 0.0f32;
         for (b, wb) in w.chunks_exact(34).enumerate() {
-            let s = isum32(act_q(qs, b), |i| i32::from(wb[2 + i] as i8));
+            let wq: [u8; 32] = arr(wb, 2);
+            let s = idot(&wq.map(|v| v as i8), &arr(qs, 32 * b));
             acc += f16_at(wb, 0) * f32_at(meta, 4 * b) * s as f32;
         }
         acc
     }
 }
 
+/// The 32 values of 16 packed nibbles: low nibbles are values 0..16, high ones 16..32.
+#[inline]
+fn nibbles(q: &[u8; 16]) -> [i8; 32] {
+    let mut out = [0i8; 32];
+    for k in 0..16 {
+        out[k] = (q[k] & 15) as i8;
+        out[k + 16] = (q[k] >> 4) as i8;
+    }
+    out
+}
+
+/// Adds the fifth bits of a Q5 block (bit `k` of the little-endian `qh` word for value `k`).
+#[inline]
+fn with_fifth_bits(mut v: [i8; 32], qh: &[u8; 4]) -> [i8; 32] {
+    let qh = u32::from_le_bytes(*qh);
+    for (k, x) in v.iter_mut().enumerate() {
+        *x |= (((qh >> k) & 1) << 4) as i8;
+    }
+    v
+}
+
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 against a Q8_1 row: quants `q - offset`, scale `d`, and for
+/// the `_1` types the min `m` at bytes 2..4 times the block's scaled activation sum.
+fn dot_q4q5(n: usize, w: &[u8], a: &[u8], bb: usize, weights: impl Fn(&[u8]) -> [i8; 32], has_min: bool) -> f32 {
+    let nb = n / 32;
+    let (qs, meta) = a.split_at(n);
+    let mut acc = 0.0f32;
+    for (b, wb) in w.chunks_exact(bb).enumerate() {
+        let s = idot(&weights(wb), &q8_1_block(qs, nb, b));
+        acc += f16_at(wb, 0) * f32_at(meta, 8 * b) * s as f32;
+        if has_min {
+            acc += f16_at(wb, 2) * f32_at(meta, 8 * b + 4);
+        }
+    }
+    acc
+}
+
 struct RowQ4_0;
 impl RowDot for RowQ4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        let (qs, meta) = a.split_at(n);
-        let mut acc = 0.0f32;
-        for (b, wb) in w.chunks_exact(18).enumerate() {
-            let s = isum32_q8_1(qs, n / 32, b, |i| nibble(&wb[2..18], i) - 8);
-            acc += f16_at(wb, 0) * f32_at(meta, 8 * b) * s as f32;
-        }
-        acc
+        dot_q4q5(n, w, a, 18, |wb| nibbles(&arr(wb, 2)).map(|v| v - 8), false)
     }
-}
-
-/// Element `i` (0..32) of a 16-byte nibble array: low nibbles are 0..16, high 16..32.
-#[inline]
-fn nibble(q: &[u8], i: usize) -> i32 {
-    i32::from(if i < 16 { q[i] & 15 } else { q[i - 16] >> 4 })
-}
-
-/// Fifth bit of element `i` (0..32) of a Q5 block, from its little-endian `qh` word.
-#[inline]
-fn bit5(qh: u32, i: usize) -> i32 {
-    (((qh >> i) & 1) << 4) as i32
 }
 
 struct RowQ4_1;
 impl RowDot for RowQ4_1 {
     const TYPE: GgmlType = GgmlType::Q4_1;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        let (qs, meta) = a.split_at(n);
-        let mut acc = 0.0f32;
-        for (b, wb) in w.chunks_exact(20).enumerate() {
-            let s = isum32_q8_1(qs, n / 32, b, |i| nibble(&wb[4..20], i));
-            acc += f16_at(wb, 0) * f32_at(meta, 8 * b) * s as f32;
-            acc += f16_at(wb, 2) * f32_at(meta, 8 * b + 4);
-        }
-        acc
+        dot_q4q5(n, w, a, 20, |wb| nibbles(&arr(wb, 4)), true)
     }
 }
 
@@ -169,14 +223,14 @@ struct RowQ5_0;
 impl RowDot for RowQ5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        let (qs, meta) = a.split_at(n);
-        let mut acc = 0.0f32;
-        for (b, wb) in w.chunks_exact(22).enumerate() {
-            let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-            let s = isum32_q8_1(qs, n / 32, b, |i| (nibble(&wb[6..22], i) | bit5(qh, i)) - 16);
-            acc += f16_at(wb, 0) * f32_at(meta, 8 * b) * s as f32;
-        }
-        acc
+        dot_q4q5(
+            n,
+            w,
+            a,
+            22,
+            |wb| with_fifth_bits(nibbles(&arr(wb, 6)), &arr(wb, 2)).map(|v| v - 16),
+            false,
+        )
     }
 }
 
@@ -184,21 +238,20 @@ struct RowQ5_1;
 impl RowDot for RowQ5_1 {
     const TYPE: GgmlType = GgmlType::Q5_1;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        let (qs, meta) = a.split_at(n);
-        let mut acc = 0.0f32;
-        for (b, wb) in w.chunks_exact(24).enumerate() {
-            let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
-            let s = isum32_q8_1(qs, n / 32, b, |i| nibble(&wb[8..24], i) | bit5(qh, i));
-            acc += f16_at(wb, 0) * f32_at(meta, 8 * b) * s as f32;
-            acc += f16_at(wb, 2) * f32_at(meta, 8 * b + 4);
-        }
-        acc
+        dot_q4q5(
+            n,
+            w,
+            a,
+            24,
+            |wb| with_fifth_bits(nibbles(&arr(wb, 8)), &arr(wb, 4)),
+            true,
+        )
     }
 }
 
 /// The eight 6-bit scales and eight 6-bit mins packed in the 12 `scales` bytes of a
 /// Q4_K / Q5_K super-block (one pair per 32-value sub-block).
-pub(super) fn unpack_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+fn unpack_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];
     for j in 0..4 {
@@ -232,11 +285,18 @@ fn q8k_blocks(n: usize, a: &[u8]) -> impl Iterator<Item = Q8KBlock<'_>> {
         })
 }
 
-/// `sum over sub-blocks of mins[j] * (sum of the 32 activation quants of sub-block j)`.
-fn min_term(mn: &[u8; 8], bsums: &[u8]) -> i32 {
-    (0..8)
-        .map(|j| i32::from(mn[j]) * (i16_at(bsums, 4 * j) + i16_at(bsums, 4 * j + 2)))
-        .sum()
+/// Q4_K / Q5_K super-block of unpacked quants against Q8K: `d * sum_j sc_j dot_j` minus
+/// `dmin * sum_j mn_j (sum of the activation quants of sub-block j)`, each times `da`.
+fn k4_block(q: &[i8; QK_K], wb: &[u8], ab: &Q8KBlock) -> f32 {
+    let (sc, mn) = unpack_scales_mins(&wb[4..16]);
+    let mut sumi = 0i32;
+    let mut summ = 0i32;
+    for j in 0..8 {
+        let wq: [i8; 32] = arr(q, 32 * j);
+        sumi += i32::from(sc[j]) * idot(&wq, &arr(ab.q, 32 * j));
+        summ += i32::from(mn[j]) * (i16_at(ab.bsums, 4 * j) + i16_at(ab.bsums, 4 * j + 2));
+    }
+    f16_at(wb, 0) * ab.d * sumi as f32 - f16_at(wb, 2) * ab.d * summ as f32
 }
 
 struct RowQ4K;
@@ -245,18 +305,15 @@ impl RowDot for RowQ4K {
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let mut acc = 0.0f32;
         for (wb, ab) in w.chunks_exact(144).zip(q8k_blocks(n, a)) {
-            let (sc, mn) = unpack_scales_mins(&wb[4..16]);
             let qs = &wb[16..144];
-            let mut sumi = 0i32;
+            let mut q = [0i8; QK_K];
             for j in 0..4 {
-                let q = &qs[32 * j..32 * j + 32];
-                let lo = isum32(&ab.q[64 * j..64 * j + 32], |i| i32::from(q[i] & 15));
-                let hi = isum32(&ab.q[64 * j + 32..64 * j + 64], |i| i32::from(q[i] >> 4));
-                sumi += i32::from(sc[2 * j]) * lo + i32::from(sc[2 * j + 1]) * hi;
+                for l in 0..32 {
+                    q[64 * j + l] = (qs[32 * j + l] & 15) as i8;
+                    q[64 * j + 32 + l] = (qs[32 * j + l] >> 4) as i8;
+                }
             }
-            let summ = min_term(&mn, ab.bsums);
-            acc += f16_at(wb, 0) * ab.d * sumi as f32;
-            acc -= f16_at(wb, 2) * ab.d * summ as f32;
+            acc += k4_block(&q, wb, &ab);
         }
         acc
     }
@@ -268,23 +325,17 @@ impl RowDot for RowQ5K {
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let mut acc = 0.0f32;
         for (wb, ab) in w.chunks_exact(176).zip(q8k_blocks(n, a)) {
-            let (sc, mn) = unpack_scales_mins(&wb[4..16]);
             let qh = &wb[16..48];
             let qs = &wb[48..176];
-            let mut sumi = 0i32;
+            let mut q = [0i8; QK_K];
             for j in 0..4 {
-                let q = &qs[32 * j..32 * j + 32];
-                let lo = isum32(&ab.q[64 * j..64 * j + 32], |i| {
-                    i32::from(q[i] & 15) | (i32::from((qh[i] >> (2 * j)) & 1) << 4)
-                });
-                let hi = isum32(&ab.q[64 * j + 32..64 * j + 64], |i| {
-                    i32::from(q[i] >> 4) | (i32::from((qh[i] >> (2 * j + 1)) & 1) << 4)
-                });
-                sumi += i32::from(sc[2 * j]) * lo + i32::from(sc[2 * j + 1]) * hi;
+                for l in 0..32 {
+                    let h = qh[l] >> (2 * j);
+                    q[64 * j + l] = ((qs[32 * j + l] & 15) | ((h & 1) << 4)) as i8;
+                    q[64 * j + 32 + l] = ((qs[32 * j + l] >> 4) | ((h & 2) << 3)) as i8;
+                }
             }
-            let summ = min_term(&mn, ab.bsums);
-            acc += f16_at(wb, 0) * ab.d * sumi as f32;
-            acc -= f16_at(wb, 2) * ab.d * summ as f32;
+            acc += k4_block(&q, wb, &ab);
         }
         acc
     }
@@ -299,24 +350,46 @@ impl RowDot for RowQ6K {
             let ql = &wb[0..128];
             let qh = &wb[128..192];
             let sc = &wb[192..208];
-            // Values 0..64 (unsigned); the -32 offset is applied through the per-16 sums.
-            let q6 = |e: usize| -> i32 {
-                let (h, r) = (e / 128, e % 128);
-                let (g, l) = (r / 32, r % 32);
-                let low = ql[64 * h + 32 * (g & 1) + l];
-                let low = if g < 2 { low & 15 } else { low >> 4 };
-                let high = (qh[32 * h + l] >> (2 * g)) & 3;
-                i32::from(low | (high << 4))
-            };
+            // Values 0..64 (unsigned); the -32 offset comes off through the per-16 sums.
+            // Half h, group g of 32, position l: low 4 bits from ql (low nibbles for g < 2),
+            // high 2 bits from qh bits 2g, 2g+1.
+            let mut q = [0i8; QK_K];
+            for h in 0..2 {
+                for g in 0..4 {
+                    for l in 0..32 {
+                        let low = ql[64 * h + 32 * (g & 1) + l];
+                        let low = if g < 2 { low & 15 } else { low >> 4 };
+                        let high = (qh[32 * h + l] >> (2 * g)) & 3;
+                        q[128 * h + 32 * g + l] = (low | (high << 4)) as i8;
+                    }
+                }
+            }
             let mut sumi = 0i32;
             for (k, &scale) in sc.iter().enumerate() {
-                let s: i32 = (16 * k..16 * k + 16)
-                    .map(|e| q6(e) * i32::from(ab.q[e] as i8))
-                    .sum();
+                let wq: [i8; 16] = arr(&q, 16 * k);
+                let s = idot(&wq, &arr(ab.q, 16 * k));
                 sumi += i32::from(scale as i8) * (s - 32 * i16_at(ab.bsums, 2 * k));
             }
             acc += f16_at(wb, 208) * ab.d * sumi as f32;
         }
         acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f16_to_f32;
+
+    #[test]
+    fn f16_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{h:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
     }
 }

@@ -1,0 +1,50 @@
+//! `strata tokenize`: the token ids strata feeds the model for a text, as JSON.
+//! Same rules as `strata run`: BOS as the model says for plain text, the chat template with --chat.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use strata_model::chat_template::ChatMessage;
+use strata_model::chat_template::ChatTemplate;
+use strata_model::loader::{default_model_path, open_gguf};
+use strata_model::tokenizer::Tokenizer;
+
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    /// Path of a GGUF model (default: the SmolLM2 file `make fetch` installs).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Treat the text as a user message and apply the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// The texts to tokenize.
+    #[arg(required = true)]
+    pub texts: Vec<String>,
+}
+
+/// The ids for `text`, exactly as `strata run` builds its prompt.
+pub fn prompt_ids(tok: &Tokenizer, template: &ChatTemplate, text: &str, chat: bool) -> anyhow::Result<Vec<u32>> {
+    Ok(if chat {
+        let rendered = template
+            .render(&[ChatMessage::user(text)], true)
+            .context("applying the chat template")?;
+        tok.encode(&rendered, false, true)?
+    } else {
+        tok.encode(text, true, false)?
+    })
+}
+
+pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let file = open_gguf(&path)?;
+    let tok = Tokenizer::from_gguf(&file)?;
+    let template = ChatTemplate::from_gguf(&file)?;
+    let mut out = Vec::new();
+    for text in &args.texts {
+        let ids = prompt_ids(&tok, &template, text, args.chat)?;
+        out.push(serde_json::json!({ "text": text, "chat": args.chat, "ids": ids }));
+    }
+    println!("{}", serde_json::to_string(&out)?);
+    Ok(())
+}
