@@ -1,5 +1,5 @@
 //! Opening a model file: format detection, metadata, weights, with progress reporting.
-//! Weights are memory-mapped and paged in up front so the first request does not pay for it.
+//! The file is memory-mapped; weights are copied into their arena with a progress report.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -83,23 +83,6 @@ pub fn load_model(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<LoadedMode
 /// Loads the transformer of an opened GGUF file. `progress(done, total)` reports bytes paged in.
 pub fn load_transformer(file: Arc<GgufFile>, progress: &dyn Fn(u64, u64)) -> Result<Transformer, ModelError> {
     let config = config_from_gguf(&file)?;
-    let weights = ModelWeights::from_gguf(Arc::clone(&file), &config)?;
-    prefault(&file, progress);
+    let weights = ModelWeights::from_gguf(Arc::clone(&file), &config, progress)?;
     Ok(Transformer::new(config, weights))
-}
-
-/// Reads one byte of every page of tensor data so the weights are resident.
-fn prefault(file: &GgufFile, progress: &dyn Fn(u64, u64)) {
-    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-    let mut done = 0u64;
-    let mut sink = 0u8;
-    for t in file.tensors() {
-        let data = file.tensor_data(t);
-        for page in data.chunks(4096) {
-            sink = sink.wrapping_add(page[0]);
-        }
-        done += t.n_bytes;
-        progress(done, total);
-    }
-    std::hint::black_box(sink);
 }

@@ -1,6 +1,7 @@
 //! The forward pass of a llama-family decoder on the CPU backend, over a batch of sequences.
 //! Reads and writes the paged KV cache; returns logits only for the positions asked for.
 
+use strata_runtime::cpu::gemm::{gemm_nn, gemm_nt};
 use strata_runtime::cpu::ops;
 use strata_runtime::cpu::{matmul, DisjointMut, MatmulScratch, ThreadPool};
 
@@ -9,6 +10,9 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::PagedKvCache;
 use crate::weights::ModelWeights;
+
+/// Sequences with at least this many new tokens take the GEMM attention path.
+const PROMPT_ATTENTION_MIN_TOKENS: usize = 16;
 
 /// A loaded model ready to run.
 pub struct Transformer {
@@ -233,11 +237,31 @@ impl Transformer {
         let group = c.n_heads / c.n_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let out = DisjointMut::new(out);
-        let max_ctx = slots.iter().map(|s| s.pos + 1).max().unwrap_or(0);
-        pool.parallel_for(slots.len() * nh, 1, &|range| {
+        // Chunks of many tokens (prompts) go through GEMMs per (sequence, head); single tokens
+        // (decode) through a dot-product loop per (token, head).
+        let mut starts = Vec::with_capacity(batch.len());
+        let mut flat = 0;
+        for ch in batch {
+            starts.push(flat);
+            flat += ch.tokens.len();
+        }
+        let prompt_seqs: Vec<usize> = (0..batch.len())
+            .filter(|&s| batch[s].tokens.len() >= PROMPT_ATTENTION_MIN_TOKENS)
+            .collect();
+        pool.parallel_for(prompt_seqs.len() * nh, 1, &|range| {
+            for task in range {
+                let (seq, head) = (prompt_seqs[task / nh], task % nh);
+                self.prompt_attention(layer, &batch[seq], starts[seq], head, kv, q, &out, scale);
+            }
+        });
+        let decode_tokens: Vec<usize> = (0..slots.len())
+            .filter(|&t| batch[slots[t].seq].tokens.len() < PROMPT_ATTENTION_MIN_TOKENS)
+            .collect();
+        let max_ctx = decode_tokens.iter().map(|&t| slots[t].pos + 1).max().unwrap_or(0);
+        pool.parallel_for(decode_tokens.len() * nh, 1, &|range| {
             let mut scores = vec![0.0f32; max_ctx];
             for task in range {
-                let (ti, head) = (task / nh, task % nh);
+                let (ti, head) = (decode_tokens[task / nh], task % nh);
                 let slot = &slots[ti];
                 let table = &batch[slot.seq].block_table;
                 let kvh = head / group;
@@ -264,6 +288,57 @@ impl Transformer {
                 }
             }
         });
+    }
+
+    /// Causal attention of one head for a chunk of prompt tokens: `S = Q K^T`, masked softmax,
+    /// `O = P V`, with K and V of the whole context gathered from the paged cache.
+    #[allow(clippy::too_many_arguments)]
+    fn prompt_attention(
+        &self,
+        layer: usize,
+        chunk: &SeqChunk,
+        start: usize,
+        head: usize,
+        kv: &PagedKvCache,
+        q: &[f32],
+        out: &DisjointMut<f32>,
+        scale: f32,
+    ) {
+        let c = &self.config;
+        let (nh, hd, bs) = (c.n_heads, c.head_dim, kv.block_size);
+        let kvh = head / (c.n_heads / c.n_kv_heads);
+        let (tq, ctx) = (chunk.tokens.len(), chunk.end_pos());
+        let mut keys = vec![0.0f32; ctx * hd];
+        let mut vals = vec![0.0f32; ctx * hd];
+        for (b, &block) in chunk.block_table[..ctx.div_ceil(bs)].iter().enumerate() {
+            let n = bs.min(ctx - b * bs);
+            keys[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.k_block(layer, block as usize, kvh)[..n * hd]);
+            vals[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.v_block(layer, block as usize, kvh)[..n * hd]);
+        }
+        let mut scores = vec![0.0f32; tq * ctx];
+        let q0 = &q[(start * nh + head) * hd..];
+        // SAFETY: `scores` is a local tq x ctx buffer.
+        unsafe { gemm_nt(tq, ctx, hd, q0, nh * hd, &keys, hd, scores.as_mut_ptr(), ctx) };
+        for (i, row) in scores.chunks_exact_mut(ctx).enumerate() {
+            let visible = chunk.first_pos + i + 1;
+            row[..visible].iter_mut().for_each(|v| *v *= scale);
+            ops::softmax_inplace(&mut row[..visible]);
+            row[visible..].fill(0.0);
+        }
+        // SAFETY: this task alone writes head `head` of tokens start..start+tq (stride nh*hd).
+        unsafe {
+            gemm_nn(
+                tq,
+                hd,
+                ctx,
+                &scores,
+                ctx,
+                &vals,
+                hd,
+                out.as_mut_ptr().add((start * nh + head) * hd),
+                nh * hd,
+            )
+        };
     }
 }
 

@@ -1,5 +1,5 @@
-//! Weights of a llama-family model, borrowed from the memory-mapped GGUF file.
-//! Matrices stay in their file type (quantized); norms and biases are widened to f32.
+//! Weights of a llama-family model: matrices in their file type (quantized) in one arena,
+//! norms and biases widened to f32. The arena is anonymous memory on 2 MiB pages where the OS allows.
 
 use std::sync::Arc;
 
@@ -17,6 +17,40 @@ pub struct Linear {
     pub info: TensorInfo,
     pub rows: usize,
     pub cols: usize,
+    /// Where its bytes start in the weight arena.
+    pub arena_offset: usize,
+}
+
+/// Alignment of each matrix in the arena (a cache line; pages for the first).
+const ARENA_ALIGN: usize = 64;
+
+/// The bytes of all matrices, copied out of the file once at load.
+///
+/// Decode streams every matrix once per step; on 4 KiB pages that costs a TLB miss per page,
+/// which measurably limits bandwidth. Anonymous memory advised for transparent huge pages
+/// avoids it (see bench/NOTES.md).
+pub struct WeightArena {
+    map: memmap2::MmapMut,
+}
+
+impl WeightArena {
+    fn new(len: usize) -> Result<WeightArena, ModelError> {
+        let map = memmap2::MmapOptions::new()
+            .len(len.max(1))
+            .map_anon()
+            .map_err(|e| ModelError::BadMetadata(format!("cannot allocate {len} bytes for the weights: {e}")))?;
+        #[cfg(target_os = "linux")]
+        {
+            // Best effort: without THP the weights simply stay on small pages.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        Ok(WeightArena { map })
+    }
+
+    /// The bytes of `l`.
+    pub fn bytes(&self, l: &Linear) -> &[u8] {
+        &self.map[l.arena_offset..l.arena_offset + l.info.n_bytes as usize]
+    }
 }
 
 /// One transformer block.
@@ -40,7 +74,7 @@ pub struct LayerWeights {
 
 /// All weights of a model.
 pub struct ModelWeights {
-    pub file: Arc<GgufFile>,
+    pub arena: WeightArena,
     pub token_embd: Linear,
     pub output_norm: Vec<f32>,
     pub lm_head: Linear,
@@ -48,8 +82,13 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
-    /// Finds and checks every tensor the architecture needs.
-    pub fn from_gguf(file: Arc<GgufFile>, c: &ModelConfig) -> Result<ModelWeights, ModelError> {
+    /// Finds and checks every tensor the architecture needs and copies the matrices into the
+    /// arena; `progress(done, total)` reports bytes copied.
+    pub fn from_gguf(
+        file: Arc<GgufFile>,
+        c: &ModelConfig,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<ModelWeights, ModelError> {
         let f = &*file;
         let token_embd = linear(f, "token_embd.weight", c.vocab_size, c.hidden)?;
         let lm_head = if c.tied_embeddings {
@@ -85,24 +124,72 @@ impl ModelWeights {
                 w_down: linear(f, &n("ffn_down.weight"), c.hidden, c.intermediate)?,
             });
         }
-        Ok(ModelWeights {
-            file,
+        let mut weights = ModelWeights {
+            arena: WeightArena::new(0)?,
             token_embd,
             output_norm,
             lm_head,
             layers,
-        })
+        };
+        weights.fill_arena(f, progress)?;
+        Ok(weights)
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut Linear> {
+        let mut all: Vec<&mut Linear> = vec![&mut self.token_embd, &mut self.lm_head];
+        for l in &mut self.layers {
+            all.extend([
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]);
+        }
+        all
+    }
+
+    /// Lays the matrices out in a new arena and copies their bytes from the file.
+    fn fill_arena(&mut self, f: &GgufFile, progress: &dyn Fn(u64, u64)) -> Result<(), ModelError> {
+        let tied = self.lm_head.info.name == self.token_embd.info.name;
+        let mut len = 0usize;
+        let mut layout: Vec<usize> = Vec::new();
+        for (i, m) in self.matrices_mut().into_iter().enumerate() {
+            if i == 1 && tied {
+                layout.push(layout[0]);
+                continue;
+            }
+            layout.push(len);
+            len += (m.info.n_bytes as usize).next_multiple_of(ARENA_ALIGN);
+        }
+        let mut arena = WeightArena::new(len)?;
+        let total = len as u64;
+        let mut done = 0u64;
+        for (i, (m, off)) in self.matrices_mut().into_iter().zip(layout).enumerate() {
+            m.arena_offset = off;
+            if i == 1 && tied {
+                continue;
+            }
+            let src = f.tensor_data(&m.info);
+            arena.map[off..off + src.len()].copy_from_slice(src);
+            done += src.len() as u64;
+            progress(done, total);
+        }
+        self.arena = arena;
+        Ok(())
     }
 
     /// The matrix ready for the CPU matmul.
     pub fn matrix(&self, l: &Linear) -> WeightMatrix<'_> {
-        WeightMatrix::new(l.info.ty, l.rows, l.cols, self.file.tensor_data(&l.info))
+        WeightMatrix::new(l.info.ty, l.rows, l.cols, self.arena.bytes(l))
             .expect("shape and kernel were checked when the weights were loaded")
     }
 
     /// Writes row `row` of `l` (e.g. a token's embedding) as f32 into `out`.
     pub fn row_f32(&self, l: &Linear, row: usize, out: &mut [f32]) {
-        let bytes = self.file.tensor_data(&l.info);
+        let bytes = self.arena.bytes(l);
         let rb = bytes.len() / l.rows;
         dequantize(l.info.ty, &bytes[row * rb..(row + 1) * rb], out)
             .expect("row size was checked when the weights were loaded");
@@ -144,6 +231,7 @@ fn linear(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, 
         info: t.clone(),
         rows,
         cols,
+        arena_offset: 0,
     })
 }
 

@@ -26,6 +26,22 @@ impl<'a, T> DisjointMut<'a, T> {
         }
     }
 
+    /// Raw pointer to element 0, for strided writes (e.g. a GEMM writing a column block).
+    /// Writers must keep to elements no other thread touches.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The sub-slice `range`.
     ///
     /// # Safety

@@ -1,9 +1,11 @@
 //! Matrix products of a (possibly quantized) weight matrix with a batch of activation rows.
 //! Activations are quantized to the weight's dot format, then weight rows are split over threads.
 
+use strata_formats::quant::dequantize;
 use strata_formats::GgmlType;
 
 use super::disjoint::DisjointMut;
+use super::gemm::gemm_nt;
 use super::quant_dot::{act_residual, act_row_bytes, kernel_for, quantize_act_row, ActFormat, DotKernel};
 use super::threadpool::ThreadPool;
 
@@ -77,6 +79,33 @@ pub struct MatmulScratch {
     rows_major: Vec<f32>,
 }
 
+/// From this many activation rows on (prompt chunks), weights are dequantized tile by tile
+/// and multiplied in f32 by a blocked GEMM: compute-bound work where integer dots lose.
+pub const GEMM_MIN_ROWS: usize = 32;
+
+/// Weight rows dequantized at a time on the GEMM path (stays in L2 with its activations).
+const GEMM_TILE_ROWS: usize = 64;
+
+/// The prompt path of [`matmul`]: f32 GEMM over dequantized weight tiles, threads over tiles.
+fn matmul_dequant_gemm(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32]) {
+    let (k, n) = (w.cols, w.rows);
+    let rb = w.row_bytes();
+    let ty = w.kernel.weight_type();
+    let outp = DisjointMut::new(out);
+    pool.parallel_for(n.div_ceil(GEMM_TILE_ROWS), 1, &|tiles| {
+        let mut wt = vec![0.0f32; GEMM_TILE_ROWS * k];
+        for tile in tiles {
+            let r0 = tile * GEMM_TILE_ROWS;
+            let rows = GEMM_TILE_ROWS.min(n - r0);
+            let wt = &mut wt[..rows * k];
+            dequantize(ty, &w.data[r0 * rb..(r0 + rows) * rb], wt)
+                .expect("weight size and type were checked by WeightMatrix::new");
+            // SAFETY: this thread alone writes columns r0..r0+rows of the m output rows (stride n).
+            unsafe { gemm_nt(m, rows, k, x, k, wt, k, outp.as_mut_ptr().add(r0), n) };
+        }
+    });
+}
+
 /// `out[j * w.rows + r] = dot(w row r, x row j)` for the `m` rows of `x` (`m * w.cols` values).
 ///
 /// For quantized weights each activation row is quantized twice: once as is and once the
@@ -96,6 +125,10 @@ pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize, out: &mu
         out.len()
     );
     if m == 0 || n == 0 {
+        return;
+    }
+    if m >= GEMM_MIN_ROWS {
+        matmul_dequant_gemm(pool, w, x, m, out);
         return;
     }
     let fmt = w.kernel.act_format();

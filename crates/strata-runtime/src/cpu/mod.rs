@@ -2,6 +2,7 @@
 //! Each submodule owns one family of kernels; `threadpool` runs them on all cores.
 
 pub mod disjoint;
+pub mod gemm;
 pub mod matmul;
 pub mod ops;
 pub mod quant_dot;

@@ -736,7 +736,7 @@ fn prefetch_lines(w: &[u8], from: usize, to: usize) {
     while off < end {
         // SAFETY: a prefetch is only a hint: it never faults and changes no memory; `off`
         // is inside `w`, so the pointer arithmetic stays inside the allocation.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(off).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_NTA>(w.as_ptr().add(off).cast()) };
         off += 64;
     }
 }
