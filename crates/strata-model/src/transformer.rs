@@ -3,7 +3,7 @@
 
 use strata_runtime::cpu::gemm::{gemm_nn, gemm_nt};
 use strata_runtime::cpu::ops;
-use strata_runtime::cpu::{matmul, DisjointMut, MatmulScratch, ThreadPool};
+use strata_runtime::cpu::{matmul, matmul_many, DisjointMut, MatmulScratch, ThreadPool};
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
 use crate::config::ModelConfig;
@@ -149,9 +149,8 @@ impl Transformer {
         for (li, lw) in w.layers.iter().enumerate() {
             // Attention block.
             norm_rows(pool, &s.x, &lw.attn_norm, c.rms_eps, h, &mut s.xn);
-            matmul(pool, &w.matrix(&lw.wq), &s.xn, t, &mut s.q, &mut s.matmul);
-            matmul(pool, &w.matrix(&lw.wk), &s.xn, t, &mut s.k, &mut s.matmul);
-            matmul(pool, &w.matrix(&lw.wv), &s.xn, t, &mut s.v, &mut s.matmul);
+            let qkv = [w.matrix(&lw.wq), w.matrix(&lw.wk), w.matrix(&lw.wv)];
+            matmul_many(pool, &qkv, &s.xn, t, &mut [&mut s.q, &mut s.k, &mut s.v], &mut s.matmul);
             for (i, slot) in slots.iter().enumerate() {
                 let (q, k, v) = (
                     &mut s.q[i * qd..(i + 1) * qd],
@@ -182,8 +181,8 @@ impl Transformer {
 
             // Feed-forward block.
             norm_rows(pool, &s.x, &lw.ffn_norm, c.rms_eps, h, &mut s.xn);
-            matmul(pool, &w.matrix(&lw.w_gate), &s.xn, t, &mut s.gate, &mut s.matmul);
-            matmul(pool, &w.matrix(&lw.w_up), &s.xn, t, &mut s.up, &mut s.matmul);
+            let gate_up = [w.matrix(&lw.w_gate), w.matrix(&lw.w_up)];
+            matmul_many(pool, &gate_up, &s.xn, t, &mut [&mut s.gate, &mut s.up], &mut s.matmul);
             ops::silu_mul(&mut s.gate, &s.up);
             matmul(pool, &w.matrix(&lw.w_down), &s.gate, t, &mut s.proj, &mut s.matmul);
             ops::add_inplace(&mut s.x, &s.proj);

@@ -18,37 +18,9 @@ pub unsafe fn gemm_nt(
     dst: *mut f32,
     ldd: usize,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(
-        a.len() >= (m - 1) * lda + k && b.len() >= (n - 1) * ldb + k,
-        "gemm_nt: operand too short"
-    );
-    // SAFETY: operands checked above; dst is the caller's contract.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            1,
-            ldd as isize,
-            false,
-            a.as_ptr(),
-            1,
-            lda as isize,
-            b.as_ptr(),
-            ldb as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    let b_needed = if n == 0 { 0 } else { (n - 1) * ldb + k };
+    // SAFETY: forwarded contract; B element (kk, j) at j*ldb + kk.
+    unsafe { gemm_strided(m, n, k, a, lda, b, b_needed, (ldb, 1), dst, ldd) }
 }
 
 /// `dst[i*ldd + j] = sum_k a[i*lda + k] * b[k*ldb + j]` for i < m, j < n: `A * B`.
@@ -67,12 +39,34 @@ pub unsafe fn gemm_nn(
     dst: *mut f32,
     ldd: usize,
 ) {
+    let b_needed = if k == 0 { 0 } else { (k - 1) * ldb + n };
+    // SAFETY: forwarded contract; B element (kk, j) at kk*ldb + j.
+    unsafe { gemm_strided(m, n, k, a, lda, b, b_needed, (1, ldb), dst, ldd) }
+}
+
+/// The shared body: B given by its (column, row) strides in elements.
+///
+/// # Safety
+/// As [`gemm_nt`]; `b_needed` must bound the highest B index touched plus one.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    b_needed: usize,
+    (b_cs, b_rs): (usize, usize),
+    dst: *mut f32,
+    ldd: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
     assert!(
-        a.len() >= (m - 1) * lda + k && b.len() >= (k - 1) * ldb + n,
-        "gemm_nn: operand too short"
+        a.len() >= (m - 1) * lda + k && b.len() >= b_needed,
+        "gemm: operand too short"
     );
     // SAFETY: operands checked above; dst is the caller's contract.
     unsafe {
@@ -88,8 +82,8 @@ pub unsafe fn gemm_nn(
             1,
             lda as isize,
             b.as_ptr(),
-            1,
-            ldb as isize,
+            b_cs as isize,
+            b_rs as isize,
             0.0,
             1.0,
             false,

@@ -75,7 +75,7 @@ impl<'a> WeightMatrix<'a> {
 /// Reusable buffers of [`matmul`].
 #[derive(Default, Debug)]
 pub struct MatmulScratch {
-    acts: Vec<u8>,
+    acts: Vec<Vec<u8>>,
     rows_major: Vec<f32>,
 }
 
@@ -116,79 +116,148 @@ fn matmul_dequant_gemm(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize,
 /// Each output value is computed the same way whatever `m` is and however rows are split
 /// over threads, so results do not depend on what else is in the batch.
 pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
-    let (k, n) = (w.cols, w.rows);
-    assert_eq!(x.len(), m * k, "matmul: x has {} values, expected {m} x {k}", x.len());
+    matmul_many(pool, &[*w], x, m, &mut [out], scratch);
+}
+
+/// [`matmul`] of several matrices with the same input (Q, K and V; gate and up) in one
+/// parallel region: the input is quantized once per activation format, and threads split
+/// the rows of all matrices together (fewer synchronisations per layer in decode).
+pub fn matmul_many(
+    pool: &ThreadPool,
+    ws: &[WeightMatrix],
+    x: &[f32],
+    m: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
     assert_eq!(
-        out.len(),
-        m * n,
-        "matmul: out has {} values, expected {m} x {n}",
-        out.len()
+        ws.len(),
+        outs.len(),
+        "matmul_many: {} matrices but {} outputs",
+        ws.len(),
+        outs.len()
     );
-    if m == 0 || n == 0 {
+    let Some(k) = ws.first().map(|w| w.cols) else { return };
+    assert_eq!(x.len(), m * k, "matmul: x has {} values, expected {m} x {k}", x.len());
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(w.cols, k, "matmul_many: matrices take inputs of different widths");
+        assert_eq!(
+            out.len(),
+            m * w.rows,
+            "matmul: out has {} values, expected {m} x {}",
+            out.len(),
+            w.rows
+        );
+    }
+    if m == 0 {
         return;
     }
     if m >= GEMM_MIN_ROWS {
-        matmul_dequant_gemm(pool, w, x, m, out);
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            matmul_dequant_gemm(pool, w, x, m, out);
+        }
         return;
     }
-    let fmt = w.kernel.act_format();
-    let split = fmt != ActFormat::F32;
-    let parts = if split { 2 } else { 1 };
-    let arb = act_row_bytes(fmt, k);
-    let ma = m * parts;
-    scratch.acts.resize(arb * ma, 0);
-    {
-        let acts = DisjointMut::new(&mut scratch.acts[..]);
-        pool.parallel_for(m, 16, &|range| {
-            let mut residual = vec![0.0f32; if split { k } else { 0 }];
-            for j in range {
-                let xj = &x[j * k..(j + 1) * k];
-                // SAFETY: rows j*parts.. belong to this thread's range only.
-                let dst = unsafe { acts.range_mut(j * parts * arb..(j + 1) * parts * arb) };
-                let (hi, lo) = dst.split_at_mut(arb);
-                quantize_act_row(fmt, xj, hi);
-                if split {
-                    act_residual(fmt, xj, hi, &mut residual);
-                    quantize_act_row(fmt, &residual, lo);
-                }
-            }
-        });
+    // Quantize the input (value + residual rows) once per activation format in use.
+    let mut formats: Vec<ActFormat> = Vec::new();
+    for w in ws {
+        if !formats.contains(&w.kernel.act_format()) {
+            formats.push(w.kernel.act_format());
+        }
     }
-    let acts = &scratch.acts[..];
-    let rb = w.row_bytes();
-    let align = 16;
-    if ma == 1 {
-        let outp = DisjointMut::new(out);
-        pool.split_even(n, align, &|rows| {
-            // SAFETY: `rows` ranges are disjoint between threads.
-            let o = unsafe { outp.range_mut(rows.clone()) };
-            w.kernel
-                .dot_matrix(k, &w.data[rows.start * rb..rows.end * rb], rows.len(), acts, 1, o);
-        });
-        return;
+    scratch.acts.resize(formats.len(), Vec::new());
+    for (fmt, buf) in formats.iter().zip(scratch.acts.iter_mut()) {
+        quantize_rows(pool, *fmt, x, m, k, buf);
     }
-    scratch.rows_major.resize(n * ma, 0.0);
+    // Rows of all matrices, end to end; threads take contiguous ranges of this virtual list.
+    let mut first_row = Vec::with_capacity(ws.len() + 1);
+    let mut total = 0;
+    for w in ws {
+        first_row.push(total);
+        total += w.rows;
+    }
+    first_row.push(total);
+    let max_ma = 2 * m;
+    scratch.rows_major.resize(total * max_ma, 0.0);
     let tmp = DisjointMut::new(&mut scratch.rows_major[..]);
-    let outp = DisjointMut::new(out);
-    let body = |rows: std::ops::Range<usize>| {
-        // SAFETY: `rows` ranges are disjoint between threads, so are their tmp ranges.
-        let t = unsafe { tmp.range_mut(rows.start * ma..rows.end * ma) };
-        w.kernel
-            .dot_matrix(k, &w.data[rows.start * rb..rows.end * rb], rows.len(), acts, ma, t);
-        for (ri, r) in rows.clone().enumerate() {
-            let tr = &t[ri * ma..(ri + 1) * ma];
-            for j in 0..m {
-                let v = if split { tr[2 * j] + tr[2 * j + 1] } else { tr[j] };
-                // SAFETY: column r of out (index j * n + r) belongs to this thread only.
-                unsafe { outp.range_mut(j * n + r..j * n + r + 1)[0] = v };
+    let outps: Vec<DisjointMut<f32>> = outs.iter_mut().map(|o| DisjointMut::new(&mut o[..])).collect();
+    let acts_by_fmt: Vec<(ActFormat, &[u8])> = formats
+        .iter()
+        .copied()
+        .zip(scratch.acts.iter().map(|b| &b[..]))
+        .collect();
+    let body = |virt: std::ops::Range<usize>| {
+        for (wi, w) in ws.iter().enumerate() {
+            let (lo, hi) = (first_row[wi].max(virt.start), first_row[wi + 1].min(virt.end));
+            if lo >= hi {
+                continue;
+            }
+            let rows = lo - first_row[wi]..hi - first_row[wi];
+            let fmt = w.kernel.act_format();
+            let acts = acts_by_fmt
+                .iter()
+                .find(|(f, _)| *f == fmt)
+                .map(|(_, a)| *a)
+                .unwrap_or_default();
+            let split = fmt != ActFormat::F32;
+            let ma = if split { 2 * m } else { m };
+            let rb = w.row_bytes();
+            let wdata = &w.data[rows.start * rb..rows.end * rb];
+            let n = w.rows;
+            // SAFETY: virtual row ranges are disjoint between threads, so are their tmp ranges.
+            let t = unsafe { tmp.range_mut(lo * max_ma..lo * max_ma + rows.len() * ma) };
+            w.kernel.dot_matrix(k, wdata, rows.len(), acts, ma, t);
+            let outp = &outps[wi];
+            for (ri, r) in rows.clone().enumerate() {
+                let tr = &t[ri * ma..(ri + 1) * ma];
+                for j in 0..m {
+                    let v = if split { tr[2 * j] + tr[2 * j + 1] } else { tr[j] };
+                    // SAFETY: column r of this output (index j * n + r) belongs to this thread only.
+                    unsafe { outp.range_mut(j * n + r..j * n + r + 1)[0] = v };
+                }
             }
         }
     };
+    let align = 16;
     if m == 1 {
-        pool.split_even(n, align, &body);
+        pool.split_even(total, align, &body);
     } else {
-        pool.parallel_for(n, align, &body);
+        pool.parallel_for(total, align, &body);
     }
+}
+
+/// Quantizes the `m` rows of `x` into `buf`: for integer formats each row as two rows,
+/// the quantized value and the quantized rounding residual.
+fn quantize_rows(pool: &ThreadPool, fmt: ActFormat, x: &[f32], m: usize, k: usize, buf: &mut Vec<u8>) {
+    let split = fmt != ActFormat::F32;
+    let parts = if split { 2 } else { 1 };
+    let arb = act_row_bytes(fmt, k);
+    buf.resize(arb * m * parts, 0);
+    let acts = DisjointMut::new(&mut buf[..]);
+    let quantize_row = |j: usize, residual: &mut [f32]| {
+        let xj = &x[j * k..(j + 1) * k];
+        // SAFETY: rows j*parts.. belong to this thread's range only.
+        let dst = unsafe { acts.range_mut(j * parts * arb..(j + 1) * parts * arb) };
+        let (hi, lo) = dst.split_at_mut(arb);
+        quantize_act_row(fmt, xj, hi);
+        if split {
+            act_residual(fmt, xj, hi, residual);
+            quantize_act_row(fmt, residual, lo);
+        }
+    };
+    if m == 1 {
+        let mut residual = [0.0f32; 8192];
+        if k <= residual.len() {
+            quantize_row(0, &mut residual[..k]);
+            return;
+        }
+    }
+    pool.parallel_for(m, 16, &|range| {
+        let mut residual = vec![0.0f32; k];
+        for j in range {
+            quantize_row(j, &mut residual);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ struct Shared {
     job: UnsafeCell<Option<&'static Job>>,
     epoch: AtomicU64,
     running: AtomicUsize,
+    /// Workers blocked on `wake` (so `run` can skip the wake-up syscall while all spin).
+    parked: AtomicUsize,
     shutdown: AtomicBool,
     park: Mutex<()>,
     wake: Condvar,
@@ -52,6 +54,7 @@ impl ThreadPool {
             job: UnsafeCell::new(None),
             epoch: AtomicU64::new(0),
             running: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -96,21 +99,18 @@ impl ThreadPool {
         // SAFETY: no worker runs a job now (the previous `run` waited for all), see `Shared`.
         unsafe { *self.shared.job.get() = Some(job) };
         self.shared.running.store(self.n_threads - 1, Ordering::Relaxed);
-        self.shared.epoch.fetch_add(1, Ordering::Release);
-        {
+        self.shared.epoch.fetch_add(1, Ordering::SeqCst);
+        // A worker increments `parked` before its last look at `epoch` (both SeqCst), so either
+        // we see it parked and wake it, or it sees the new epoch and does not sleep.
+        if self.shared.parked.load(Ordering::SeqCst) > 0 {
             let _p = self.shared.park.lock().unwrap_or_else(|p| p.into_inner());
             self.shared.wake.notify_all();
         }
         f(0);
-        let mut spins = 0u32;
+        // No yield here: with other processes runnable, sched_yield hands them whole time
+        // slices and every one of the hundreds of joins per token pays for it.
         while self.shared.running.load(Ordering::Acquire) != 0 {
-            spins = spins.wrapping_add(1);
-            // On an oversubscribed machine the worker we wait for may not be running: give it the core.
-            if spins.is_multiple_of(128) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            std::hint::spin_loop();
         }
         // SAFETY: all workers are done with the job.
         unsafe { *self.shared.job.get() = None };
@@ -183,14 +183,13 @@ fn worker_loop(shared: &Shared, index: usize) {
                 break e;
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(128) {
-                std::thread::yield_now();
-            }
             if spins.is_multiple_of(1024) && spin_start.elapsed() > SPIN_FOR {
                 let mut guard = shared.park.lock().unwrap_or_else(|p| p.into_inner());
-                while shared.epoch.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
+                shared.parked.fetch_add(1, Ordering::SeqCst);
+                while shared.epoch.load(Ordering::SeqCst) == seen && !shared.shutdown.load(Ordering::Acquire) {
                     guard = shared.wake.wait(guard).unwrap_or_else(|p| p.into_inner());
                 }
+                shared.parked.fetch_sub(1, Ordering::SeqCst);
                 break shared.epoch.load(Ordering::Acquire);
             }
             std::hint::spin_loop();

@@ -1,0 +1,133 @@
+//! End-to-end tests of the `strata` command: generation on the default model and the
+//! one-line errors for bad model files and arguments.
+
+use std::process::Command;
+
+fn strata() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+}
+
+fn default_model() -> std::path::PathBuf {
+    let path = strata_model::loader::default_model_path();
+    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
+    path
+}
+
+#[test]
+fn run_prints_the_greedy_continuation_and_speed() {
+    let model = default_model();
+    let out = strata()
+        .args([
+            "run",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "8",
+            "--threads",
+            "2",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("The capital of France is Paris"), "got {stdout:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("generated: 8 tokens at") && stderr.contains("tok/s"),
+        "got {stderr:?}"
+    );
+}
+
+#[test]
+fn chat_applies_the_template_and_stops_at_end_of_turn() {
+    let model = default_model();
+    let out = strata()
+        .args([
+            "run",
+            "--chat",
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "48",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("Paris"), "got {stdout:?}");
+    assert!(
+        !stdout.contains("<|im_end|>") && !stdout.contains("<|im_start|>"),
+        "special tokens leaked: {stdout:?}"
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("(Stop,"),
+        "the answer should end at <|im_end|>: {stderr:?}"
+    );
+}
+
+#[test]
+fn tokenize_matches_the_fidelity_prompts() {
+    let model = default_model();
+    let out = strata()
+        .args(["tokenize", "The capital of France is"])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["ids"], serde_json::json!([504, 3575, 282, 4649, 314]));
+}
+
+fn one_line_error(args: &[&str]) -> String {
+    let out = strata().args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got {stderr:?}");
+    lines[0].to_string()
+}
+
+#[test]
+fn missing_model_file_says_how_to_fix_it() {
+    let msg = one_line_error(&["run", "--model", "/nonexistent/model.gguf", "--prompt", "hi"]);
+    assert!(
+        msg.starts_with("error:") && msg.contains("not found") && msg.contains("--model"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_gguf_is_refused_clearly() {
+    let dir = std::env::temp_dir().join(format!("strata-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("weights.safetensors");
+    std::fs::write(&bad, b"{\"not\": \"gguf\"}").unwrap();
+    let msg = one_line_error(&["run", "--model", bad.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(
+        msg.contains("unsupported model format") && msg.contains("GGUF"),
+        "{msg}"
+    );
+    let truncated = dir.join("truncated.gguf");
+    let head = std::fs::read(default_model()).unwrap()[..4096].to_vec();
+    std::fs::write(&truncated, head).unwrap();
+    let msg = one_line_error(&["run", "--model", truncated.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(msg.contains("truncated"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_arguments_get_an_error_not_a_panic() {
+    let model = default_model();
+    let m = model.to_str().unwrap();
+    let msg = one_line_error(&["run", "--model", m, "--prompt", "hi", "--top-p", "0"]);
+    assert!(msg.contains("top_p"), "{msg}");
+    let msg = one_line_error(&["run", "--model", m, "--prompt", "hi", "--max-tokens", "100000"]);
+    assert!(msg.contains("exceeds the model's context"), "{msg}");
+}
