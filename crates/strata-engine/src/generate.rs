@@ -124,6 +124,7 @@ pub fn generate(
         };
         let l = model.forward(&[seq], &mut kv, pool, &mut scratch)?;
         next = l.last_of(0).map(|row| sampler.sample(row));
+        scratch.recycle(l);
     }
     Ok(GenerateStats {
         prompt_tokens: prompt.len(),

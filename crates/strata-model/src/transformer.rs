@@ -36,6 +36,16 @@ pub struct ForwardScratch {
     cos: Vec<f32>,
     sin: Vec<f32>,
     matmul: MatmulScratch,
+    /// A logits buffer handed back by [`ForwardScratch::recycle`], reused by the next pass.
+    spare_logits: Vec<f32>,
+}
+
+impl ForwardScratch {
+    /// Gives the buffer of consumed logits back so the next forward pass need not allocate
+    /// (and fault in) a fresh vocabulary-sized buffer.
+    pub fn recycle(&mut self, logits: Logits) {
+        self.spare_logits = logits.data;
+    }
 }
 
 /// Where each flat token of the batch belongs.
@@ -210,7 +220,8 @@ impl Transformer {
                 &mut normed[j * h..(j + 1) * h],
             );
         }
-        let mut data = vec![0.0; r * c.vocab_size];
+        let mut data = std::mem::take(&mut s.spare_logits);
+        data.resize(r * c.vocab_size, 0.0);
         matmul(pool, &w.matrix(&w.lm_head), &normed, r, &mut data, &mut s.matmul);
         Ok(Logits {
             rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(),
@@ -257,32 +268,40 @@ impl Transformer {
             .filter(|&t| batch[slots[t].seq].tokens.len() < PROMPT_ATTENTION_MIN_TOKENS)
             .collect();
         let max_ctx = decode_tokens.iter().map(|&t| slots[t].pos + 1).max().unwrap_or(0);
-        pool.parallel_for(decode_tokens.len() * nh, 1, &|range| {
-            let mut scores = vec![0.0f32; max_ctx];
+        let n_kv = c.n_kv_heads;
+        // One task per (token, KV head): the `group` query heads that share it read each key
+        // and value once.
+        pool.parallel_for(decode_tokens.len() * n_kv, 1, &|range| {
+            let mut scores = vec![0.0f32; group * max_ctx];
             for task in range {
-                let (ti, head) = (decode_tokens[task / nh], task % nh);
+                let (ti, kvh) = (decode_tokens[task / n_kv], task % n_kv);
                 let slot = &slots[ti];
                 let table = &batch[slot.seq].block_table;
-                let kvh = head / group;
-                let qv = &q[(ti * nh + head) * hd..(ti * nh + head + 1) * hd];
                 let ctx = slot.pos + 1;
+                let heads = kvh * group..(kvh + 1) * group;
+                let qs = &q[(ti * nh + heads.start) * hd..(ti * nh + heads.end) * hd];
                 for (b, &block) in table[..ctx.div_ceil(bs)].iter().enumerate() {
                     let keys = kv.k_block(layer, block as usize, kvh);
-                    let n = bs.min(ctx - b * bs);
-                    for j in 0..n {
-                        scores[b * bs + j] = ops::dot(qv, &keys[j * hd..(j + 1) * hd]) * scale;
+                    for j in 0..bs.min(ctx - b * bs) {
+                        let key = &keys[j * hd..(j + 1) * hd];
+                        for g in 0..group {
+                            scores[g * max_ctx + b * bs + j] = ops::dot(&qs[g * hd..(g + 1) * hd], key) * scale;
+                        }
                     }
                 }
-                let sc = &mut scores[..ctx];
-                ops::softmax_inplace(sc);
-                // SAFETY: (token, head) pairs are disjoint between tasks.
-                let o = unsafe { out.range_mut((ti * nh + head) * hd..(ti * nh + head + 1) * hd) };
+                // SAFETY: the heads of one (token, KV head) pair are disjoint between tasks.
+                let o = unsafe { out.range_mut((ti * nh + heads.start) * hd..(ti * nh + heads.end) * hd) };
                 o.fill(0.0);
+                for g in 0..group {
+                    ops::softmax_inplace(&mut scores[g * max_ctx..g * max_ctx + ctx]);
+                }
                 for (b, &block) in table[..ctx.div_ceil(bs)].iter().enumerate() {
                     let vals = kv.v_block(layer, block as usize, kvh);
-                    let n = bs.min(ctx - b * bs);
-                    for j in 0..n {
-                        ops::axpy(o, sc[b * bs + j], &vals[j * hd..(j + 1) * hd]);
+                    for j in 0..bs.min(ctx - b * bs) {
+                        let val = &vals[j * hd..(j + 1) * hd];
+                        for g in 0..group {
+                            ops::axpy(&mut o[g * hd..(g + 1) * hd], scores[g * max_ctx + b * bs + j], val);
+                        }
                     }
                 }
             }

@@ -208,6 +208,14 @@ pub fn matmul_many(
             let t = unsafe { tmp.range_mut(lo * max_ma..lo * max_ma + rows.len() * ma) };
             w.kernel.dot_matrix(k, wdata, rows.len(), acts, ma, t);
             let outp = &outps[wi];
+            if m == 1 {
+                // SAFETY: rows of this output in `rows` belong to this thread only.
+                let o = unsafe { outp.range_mut(rows.clone()) };
+                for (ri, o) in o.iter_mut().enumerate() {
+                    *o = if split { t[2 * ri] + t[2 * ri + 1] } else { t[ri] };
+                }
+                continue;
+            }
             for (ri, r) in rows.clone().enumerate() {
                 let tr = &t[ri * ma..(ri + 1) * ma];
                 for j in 0..m {

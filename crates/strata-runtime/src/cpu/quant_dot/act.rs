@@ -157,9 +157,16 @@ pub fn act_residual(fmt: ActFormat, x: &[f32], q: &[u8], residual: &mut [f32]) {
         }
         ActFormat::Q8_1 => {
             let nb = n / 32;
-            for (i, (r, &v)) in residual.iter_mut().zip(x).enumerate() {
-                let (b, k) = (i / 32, i % 32);
-                *r = v - f32::from(q[q8_1_offset(nb, b, k)] as i8) * f32_at(q, n + 8 * b);
+            for (b, (rb, xb)) in residual.chunks_exact_mut(32).zip(x.chunks_exact(32)).enumerate() {
+                let d = f32_at(q, n + 8 * b);
+                for half in 0..2 {
+                    let o = q8_1_offset(nb, b, 16 * half);
+                    let qs = &q[o..o + 16];
+                    let (r, xs) = (&mut rb[16 * half..16 * half + 16], &xb[16 * half..16 * half + 16]);
+                    for ((r, &v), &qv) in r.iter_mut().zip(xs).zip(qs) {
+                        *r = v - f32::from(qv as i8) * d;
+                    }
+                }
             }
         }
         ActFormat::Q8K => {
