@@ -297,4 +297,62 @@ mod tests {
             );
         }
     }
+
+    /// Random Q4_1 rows with sane f16 scale and min.
+    fn q4_1_matrix(rows: usize, cols: usize) -> Vec<u8> {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / 32 {
+            let d = half::f16::from_f32(0.01 + (next() % 100) as f32 / 5000.0);
+            let m = half::f16::from_f32(-((next() % 100) as f32) / 1000.0);
+            bytes.extend_from_slice(&d.to_le_bytes());
+            bytes.extend_from_slice(&m.to_le_bytes());
+            bytes.extend((0..16).map(|_| next() as u8));
+        }
+        bytes
+    }
+
+    #[test]
+    fn quantized_matmul_carries_about_14_bits_of_the_activations() {
+        let (n, k, m) = (48, 256, 3);
+        let bytes = q4_1_matrix(n, k);
+        let w = WeightMatrix::new(GgmlType::Q4_1, n, k, &bytes).unwrap();
+        let mut wf = vec![0.0f32; n * k];
+        dequantize(GgmlType::Q4_1, &bytes, &mut wf).unwrap();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0).powi(3))
+            .collect();
+        let pool = ThreadPool::new(2);
+        let mut out = vec![0.0; m * n];
+        matmul(&pool, &w, &x, m, &mut out, &mut MatmulScratch::default());
+        let mut worst = 0.0f64;
+        for j in 0..m {
+            for r in 0..n {
+                let exact: f64 = (0..k).map(|c| wf[r * k + c] as f64 * x[j * k + c] as f64).sum();
+                let scale: f64 = (0..k).map(|c| (wf[r * k + c] as f64 * x[j * k + c] as f64).abs()).sum();
+                worst = worst.max((out[j * n + r] as f64 - exact).abs() / scale);
+            }
+        }
+        // 8-bit activations alone give 1.5e-3 here; value + residual must be far below.
+        assert!(worst < 2e-4, "relative error {worst:e}");
+        // And the batch does not change any row's result.
+        for j in 0..m {
+            let mut single = vec![0.0; n];
+            matmul(
+                &pool,
+                &w,
+                &x[j * k..(j + 1) * k],
+                1,
+                &mut single,
+                &mut MatmulScratch::default(),
+            );
+            assert_eq!(&out[j * n..(j + 1) * n], &single[..]);
+        }
+    }
 }
