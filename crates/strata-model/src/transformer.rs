@@ -243,7 +243,7 @@ impl Transformer {
         out: &mut [f32],
     ) {
         let c = &self.config;
-        let (nh, hd, bs) = (c.n_heads, c.head_dim, kv.block_size);
+        let (nh, hd) = (c.n_heads, c.head_dim);
         let group = c.n_heads / c.n_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let out = DisjointMut::new(out);
@@ -271,39 +271,33 @@ impl Transformer {
         let n_kv = c.n_kv_heads;
         // One task per (token, KV head): the `group` query heads that share it read each key
         // and value once.
+        let avx2 = simd_available();
         pool.parallel_for(decode_tokens.len() * n_kv, 1, &|range| {
             let mut scores = vec![0.0f32; group * max_ctx];
             for task in range {
                 let (ti, kvh) = (decode_tokens[task / n_kv], task % n_kv);
                 let slot = &slots[ti];
-                let table = &batch[slot.seq].block_table;
-                let ctx = slot.pos + 1;
                 let heads = kvh * group..(kvh + 1) * group;
                 let qs = &q[(ti * nh + heads.start) * hd..(ti * nh + heads.end) * hd];
-                for (b, &block) in table[..ctx.div_ceil(bs)].iter().enumerate() {
-                    let keys = kv.k_block(layer, block as usize, kvh);
-                    for j in 0..bs.min(ctx - b * bs) {
-                        let key = &keys[j * hd..(j + 1) * hd];
-                        for g in 0..group {
-                            scores[g * max_ctx + b * bs + j] = ops::dot(&qs[g * hd..(g + 1) * hd], key) * scale;
-                        }
-                    }
-                }
                 // SAFETY: the heads of one (token, KV head) pair are disjoint between tasks.
                 let o = unsafe { out.range_mut((ti * nh + heads.start) * hd..(ti * nh + heads.end) * hd) };
-                o.fill(0.0);
-                for g in 0..group {
-                    ops::softmax_inplace(&mut scores[g * max_ctx..g * max_ctx + ctx]);
+                let task = DecodeAttention {
+                    kv,
+                    layer,
+                    kvh,
+                    table: &batch[slot.seq].block_table,
+                    ctx: slot.pos + 1,
+                    group,
+                    scale,
+                };
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: the CPU has AVX2 and FMA (checked by `simd_available`).
+                    unsafe { task.run_avx2(qs, &mut scores, o) };
+                    continue;
                 }
-                for (b, &block) in table[..ctx.div_ceil(bs)].iter().enumerate() {
-                    let vals = kv.v_block(layer, block as usize, kvh);
-                    for j in 0..bs.min(ctx - b * bs) {
-                        let val = &vals[j * hd..(j + 1) * hd];
-                        for g in 0..group {
-                            ops::axpy(&mut o[g * hd..(g + 1) * hd], scores[g * max_ctx + b * bs + j], val);
-                        }
-                    }
-                }
+                let _ = avx2;
+                task.run(qs, &mut scores, o);
             }
         });
     }
@@ -357,6 +351,71 @@ impl Transformer {
                 nh * hd,
             )
         };
+    }
+}
+
+/// Whether the CPU runs the AVX2+FMA builds of the small attention loops.
+fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Attention of the query heads sharing one KV head, for one new token, over the paged cache.
+struct DecodeAttention<'a> {
+    kv: &'a PagedKvCache,
+    layer: usize,
+    kvh: usize,
+    table: &'a [u32],
+    ctx: usize,
+    group: usize,
+    scale: f32,
+}
+
+impl DecodeAttention<'_> {
+    /// `o` (group x head_dim) = softmax(q K^T * scale) V; `scores` holds group x ctx values.
+    #[inline(always)]
+    fn run(&self, qs: &[f32], scores: &mut [f32], o: &mut [f32]) {
+        let (hd, bs, ctx, group) = (self.kv.head_dim, self.kv.block_size, self.ctx, self.group);
+        let stride = scores.len() / group;
+        let blocks = &self.table[..ctx.div_ceil(bs)];
+        for (b, &block) in blocks.iter().enumerate() {
+            let keys = self.kv.k_block(self.layer, block as usize, self.kvh);
+            for j in 0..bs.min(ctx - b * bs) {
+                let key = &keys[j * hd..(j + 1) * hd];
+                for g in 0..group {
+                    scores[g * stride + b * bs + j] = ops::dot(&qs[g * hd..(g + 1) * hd], key) * self.scale;
+                }
+            }
+        }
+        o.fill(0.0);
+        for g in 0..group {
+            ops::softmax_inplace(&mut scores[g * stride..g * stride + ctx]);
+        }
+        for (b, &block) in blocks.iter().enumerate() {
+            let vals = self.kv.v_block(self.layer, block as usize, self.kvh);
+            for j in 0..bs.min(ctx - b * bs) {
+                let val = &vals[j * hd..(j + 1) * hd];
+                for g in 0..group {
+                    ops::axpy(&mut o[g * hd..(g + 1) * hd], scores[g * stride + b * bs + j], val);
+                }
+            }
+        }
+    }
+
+    /// [`Self::run`] compiled for AVX2 and FMA (the loops are small and hot in decode).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, qs: &[f32], scores: &mut [f32], o: &mut [f32]) {
+        self.run(qs, scores, o)
     }
 }
 
