@@ -1,6 +1,7 @@
 //! strata-engine: turns prompts into generated tokens on a loaded model.
-//! Owns sampling and the generation loop over the paged KV cache (scheduler and block manager join here).
+//! Owns the KV block manager, sampling and the generation loop (the scheduler joins here).
 
+pub mod block_manager;
 pub mod generate;
 pub mod sampler;
 
