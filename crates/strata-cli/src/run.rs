@@ -38,6 +38,18 @@ pub struct RunArgs {
     /// Nucleus sampling mass.
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the most likely one.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalize tokens already in the prompt or output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Penalize tokens already generated, once (OpenAI's presence_penalty).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Penalize tokens already generated, per occurrence (OpenAI's frequency_penalty).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -73,6 +85,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             temperature: args.temperature,
             top_k: args.top_k,
             top_p: args.top_p,
+            min_p: args.min_p,
+            repetition_penalty: args.repetition_penalty,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
             seed: args.seed,
         },
         stop_ids: if args.ignore_eos {

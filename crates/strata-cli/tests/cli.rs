@@ -128,6 +128,8 @@ fn bad_arguments_get_an_error_not_a_panic() {
     let m = model.to_str().unwrap();
     let msg = one_line_error(&["run", "--model", m, "--prompt", "hi", "--top-p", "0"]);
     assert!(msg.contains("top_p"), "{msg}");
+    let msg = one_line_error(&["run", "--model", m, "--prompt", "hi", "--repetition-penalty", "0"]);
+    assert!(msg.contains("repetition_penalty"), "{msg}");
     let msg = one_line_error(&["run", "--model", m, "--prompt", "hi", "--max-tokens", "100000"]);
     assert!(msg.contains("exceeds the model's context"), "{msg}");
 }

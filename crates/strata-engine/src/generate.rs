@@ -102,7 +102,7 @@ pub fn generate(
     let mut next = logits
         .as_ref()
         .and_then(|l| l.last_of(0))
-        .map(|row| sampler.sample(row));
+        .map(|row| sampler.sample(row, prompt, &[]));
     while let Some(tok) = next.take() {
         if opts.stop_ids.contains(&tok) {
             stop = StopReason::Stop;
@@ -123,7 +123,7 @@ pub fn generate(
             logits: LogitsWanted::Last,
         };
         let l = model.forward(&[seq], &mut kv, pool, &mut scratch)?;
-        next = l.last_of(0).map(|row| sampler.sample(row));
+        next = l.last_of(0).map(|row| sampler.sample(row, prompt, &generated));
         scratch.recycle(l);
     }
     Ok(GenerateStats {

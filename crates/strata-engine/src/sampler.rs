@@ -1,5 +1,5 @@
-//! Choosing the next token from logits: greedy, or temperature with top-k / top-p and a seed.
-//! Each sequence owns its random stream, so its output does not depend on what else runs.
+//! Choosing the next token from logits: penalties, then greedy or temperature with top-k /
+//! top-p / min-p and a seed. Each sequence owns its random stream, so its output does not depend on what else runs.
 
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -10,6 +10,14 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// 1.0 means no limit.
     pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the top one's (0 = off).
+    pub min_p: f32,
+    /// Divides positive / multiplies negative logits of tokens seen in prompt or output (1 = off).
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated (OpenAI semantics).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
@@ -19,6 +27,10 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -33,7 +45,28 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(format!("{name} must be in [-2, 2], got {v}"));
+            }
+        }
         Ok(())
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
 
@@ -51,8 +84,16 @@ impl Sampler {
         Sampler { params, rng }
     }
 
-    /// The next token for these logits.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The next token for these logits, given the prompt and the tokens generated so far
+    /// (for the penalties).
+    pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> u32 {
+        let penalized;
+        let logits = if self.params.has_penalties() {
+            penalized = self.penalize(logits, prompt, generated);
+            &penalized[..]
+        } else {
+            logits
+        };
         if self.params.temperature == 0.0 || self.params.top_k == 1 {
             return argmax(logits);
         }
@@ -65,6 +106,15 @@ impl Sampler {
         }
         let max = cand[0].1;
         let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
+        if self.params.min_p > 0.0 {
+            // probs[0] is the top token's relative weight (1.0); keep those above min_p of it.
+            let keep = probs
+                .iter()
+                .position(|&p| p < self.params.min_p)
+                .unwrap_or(probs.len())
+                .max(1);
+            probs.truncate(keep);
+        }
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
         if self.params.top_p < 1.0 {
@@ -89,6 +139,51 @@ impl Sampler {
             }
         }
         cand[probs.len() - 1].0
+    }
+}
+
+impl Sampler {
+    /// Logits with repetition, presence and frequency penalties applied.
+    fn penalize(&self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Vec<f32> {
+        let p = &self.params;
+        let mut out = logits.to_vec();
+        if p.repetition_penalty != 1.0 {
+            let mut seen: Vec<u32> = prompt
+                .iter()
+                .chain(generated)
+                .copied()
+                .filter(|&t| (t as usize) < out.len())
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            for t in seen {
+                let l = &mut out[t as usize];
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            let mut counts: Vec<(u32, u32)> = Vec::new();
+            let mut sorted: Vec<u32> = generated
+                .iter()
+                .copied()
+                .filter(|&t| (t as usize) < out.len())
+                .collect();
+            sorted.sort_unstable();
+            for t in sorted {
+                match counts.last_mut() {
+                    Some((last, c)) if *last == t => *c += 1,
+                    _ => counts.push((t, 1)),
+                }
+            }
+            for (t, c) in counts {
+                out[t as usize] -= p.presence_penalty + p.frequency_penalty * c as f32;
+            }
+        }
+        out
     }
 }
 
@@ -128,7 +223,7 @@ mod tests {
     #[test]
     fn greedy_picks_the_max() {
         let mut s = Sampler::new(SamplingParams::default());
-        assert_eq!(s.sample(&[0.1, 3.0, 2.0]), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, 2.0], &[], &[]), 1);
     }
 
     #[test]
@@ -139,16 +234,95 @@ mod tests {
             top_k: 5,
             top_p: 0.9,
             seed: 42,
+            ..Default::default()
         };
         let a: Vec<u32> = (0..50)
-            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits)))
+            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits, &[], &[])))
             .collect();
         let b: Vec<u32> = (0..50)
-            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits)))
+            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits, &[], &[])))
             .collect();
         assert_eq!(a, b);
         // top_k = 5 keeps the five ids with logit 6 (ids 6, 13, 20, 27, 34).
         assert!(a.iter().all(|&t| t % 7 == 6 && t <= 34), "{a:?}");
+    }
+
+    #[test]
+    fn penalties_steer_away_from_repeats() {
+        let logits = [2.0f32, 1.9, -1.0];
+        let greedy = |p: SamplingParams, gen: &[u32]| Sampler::new(p).sample(&logits, &[], gen);
+        assert_eq!(greedy(SamplingParams::default(), &[0]), 0);
+        // Repetition: 2.0 / 1.5 = 1.33 < 1.9.
+        assert_eq!(
+            greedy(
+                SamplingParams {
+                    repetition_penalty: 1.5,
+                    ..Default::default()
+                },
+                &[0]
+            ),
+            1
+        );
+        // Presence: 2.0 - 0.5 < 1.9; frequency grows with each occurrence.
+        assert_eq!(
+            greedy(
+                SamplingParams {
+                    presence_penalty: 0.5,
+                    ..Default::default()
+                },
+                &[0]
+            ),
+            1
+        );
+        assert_eq!(
+            greedy(
+                SamplingParams {
+                    frequency_penalty: 0.06,
+                    ..Default::default()
+                },
+                &[0]
+            ),
+            0
+        );
+        assert_eq!(
+            greedy(
+                SamplingParams {
+                    frequency_penalty: 0.06,
+                    ..Default::default()
+                },
+                &[0, 0]
+            ),
+            1
+        );
+        // A negative logit is pushed further down by the repetition penalty.
+        let s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        });
+        assert_eq!(s.penalize(&logits, &[2], &[])[2], -2.0);
+    }
+
+    #[test]
+    fn min_p_keeps_only_tokens_near_the_top() {
+        // Token 0 has ~0.73 of the mass, token 1 ~0.27, the rest ~0; min_p 0.5 keeps only token 0.
+        let logits = [1.0f32, 0.0, -20.0, -20.0];
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            seed: 7,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p);
+        assert!((0..200).all(|_| s.sample(&logits, &[], &[]) == 0));
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.3,
+            seed: 7,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p);
+        let picks: Vec<u32> = (0..200).map(|_| s.sample(&logits, &[], &[])).collect();
+        assert!(picks.contains(&0) && picks.contains(&1) && !picks.contains(&2));
     }
 
     #[test]
