@@ -4,10 +4,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use strata_engine::{generate, GenerateOptions, SamplingParams};
-use strata_model::chat_template::ChatMessage;
 use strata_model::loader::default_model_path;
 use strata_model::tokenizer::IncrementalDecoder;
 use strata_runtime::cpu::ThreadPool;
@@ -65,20 +63,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let model = crate::progress::load_with_progress(&path)?;
     let tok = &model.tokenizer;
-    let prompt_ids = match (&args.system, args.chat) {
-        (Some(system), true) => {
-            let messages = [
-                ChatMessage::system(system.clone()),
-                ChatMessage::user(args.prompt.clone()),
-            ];
-            let text = model
-                .chat_template
-                .render(&messages, true)
-                .context("applying the chat template")?;
-            tok.encode(&text, false, true)?
-        }
-        _ => crate::tokenize::prompt_ids(tok, &model.chat_template, &args.prompt, args.chat)?,
-    };
+    let prompt_ids = crate::tokenize::prompt_ids(
+        tok,
+        &model.chat_template,
+        &args.prompt,
+        args.chat,
+        args.system.as_deref(),
+    )?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {

@@ -23,12 +23,22 @@ pub struct TokenizeArgs {
     pub texts: Vec<String>,
 }
 
-/// The ids for `text`, exactly as `strata run` builds its prompt.
-pub fn prompt_ids(tok: &Tokenizer, template: &ChatTemplate, text: &str, chat: bool) -> anyhow::Result<Vec<u32>> {
+/// The ids for `text`, exactly as `strata run` builds its prompt (with `chat`, `text` is the
+/// user message, after an optional system message).
+pub fn prompt_ids(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    text: &str,
+    chat: bool,
+    system: Option<&str>,
+) -> anyhow::Result<Vec<u32>> {
     Ok(if chat {
-        let rendered = template
-            .render(&[ChatMessage::user(text)], true)
-            .context("applying the chat template")?;
+        let messages: Vec<ChatMessage> = system
+            .map(ChatMessage::system)
+            .into_iter()
+            .chain([ChatMessage::user(text)])
+            .collect();
+        let rendered = template.render(&messages, true).context("applying the chat template")?;
         tok.encode(&rendered, false, true)?
     } else {
         tok.encode(text, true, false)?
@@ -42,7 +52,7 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     let template = ChatTemplate::from_gguf(&file)?;
     let mut out = Vec::new();
     for text in &args.texts {
-        let ids = prompt_ids(&tok, &template, text, args.chat)?;
+        let ids = prompt_ids(&tok, &template, text, args.chat, None)?;
         out.push(serde_json::json!({ "text": text, "chat": args.chat, "ids": ids }));
     }
     println!("{}", serde_json::to_string(&out)?);
