@@ -73,7 +73,12 @@ pub fn generate(
         )));
     }
     let n_blocks = total.div_ceil(block_size);
-    let mut kv = PagedKvCache::new(&model.config, block_size, n_blocks);
+    let mut kv = PagedKvCache::new(
+        &model.config,
+        strata_model::kv_cache::KvCacheDtype::F32,
+        block_size,
+        n_blocks,
+    );
     let table: Vec<u32> = (0..n_blocks as u32).collect();
     let mut scratch = ForwardScratch::default();
     let mut sampler = Sampler::new(opts.sampling.clone());
@@ -92,6 +97,7 @@ pub fn generate(
             first_pos: i * chunk,
             block_table: table.clone(),
             logits: if last { LogitsWanted::Last } else { LogitsWanted::None },
+            prompt_len: prompt.len(),
         };
         logits = Some(model.forward(&[seq], &mut kv, pool, &mut scratch)?);
     }
@@ -121,6 +127,7 @@ pub fn generate(
             first_pos: prompt.len() + generated.len() - 1,
             block_table: table.clone(),
             logits: LogitsWanted::Last,
+            prompt_len: prompt.len(),
         };
         let l = model.forward(&[seq], &mut kv, pool, &mut scratch)?;
         next = l.last_of(0).map(|row| sampler.sample(row, prompt, &generated));

@@ -3,6 +3,7 @@
 
 use strata_engine::{generate, GenerateOptions, SamplingParams};
 use strata_model::chat_template::ChatMessage;
+use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{LogitsWanted, PagedKvCache, SeqChunk};
 use strata_runtime::cpu::ThreadPool;
@@ -41,12 +42,13 @@ fn smollm2_matches_the_numpy_reference() {
 
         // Logits at every prompt position.
         let cfg = &model.transformer.config;
-        let mut kv = PagedKvCache::new(cfg, 16, ids.len().div_ceil(16));
+        let mut kv = PagedKvCache::new(cfg, KvCacheDtype::F32, 16, ids.len().div_ceil(16));
         let chunk = SeqChunk {
             tokens: ids.clone(),
             first_pos: 0,
             block_table: (0..ids.len().div_ceil(16) as u32).collect(),
             logits: LogitsWanted::All,
+            prompt_len: usize::MAX,
         };
         let logits = model
             .transformer

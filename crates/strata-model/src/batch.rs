@@ -22,12 +22,22 @@ pub struct SeqChunk {
     /// Cache block of each `block_size` positions, covering at least `first_pos + tokens.len()`.
     pub block_table: Vec<u32>,
     pub logits: LogitsWanted,
+    /// Positions below this are prompt tokens, computed on the dense (GEMM) path; positions from
+    /// here on were generated and are computed on the quantized decode path, also when they are
+    /// recomputed in a chunk after a preemption. A token's numbers depend on its path only, never
+    /// on the rest of the batch. `usize::MAX` makes every token a prompt token.
+    pub prompt_len: usize,
 }
 
 impl SeqChunk {
     /// Context length after this chunk.
     pub fn end_pos(&self) -> usize {
         self.first_pos + self.tokens.len()
+    }
+
+    /// How many of the new tokens are prompt tokens (they come first).
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_len.saturating_sub(self.first_pos).min(self.tokens.len())
     }
 }
 

@@ -1,7 +1,7 @@
 //! The forward pass of a llama-family decoder on the CPU backend, over a batch of sequences.
 //! Reads and writes the paged KV cache; returns logits only for the positions asked for.
 
-use strata_runtime::cpu::gemm::{gemm_nn, gemm_nt};
+use strata_runtime::cpu::matmul::RowPaths;
 use strata_runtime::cpu::ops;
 use strata_runtime::cpu::{matmul, matmul_many, DisjointMut, MatmulScratch, ThreadPool};
 
@@ -10,9 +10,6 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::PagedKvCache;
 use crate::weights::ModelWeights;
-
-/// Sequences with at least this many new tokens take the GEMM attention path.
-const PROMPT_ATTENTION_MIN_TOKENS: usize = 16;
 
 /// A loaded model ready to run.
 pub struct Transformer {
@@ -48,10 +45,67 @@ impl ForwardScratch {
     }
 }
 
-/// Where each flat token of the batch belongs.
+/// Where each flat token of the batch belongs. Prompt tokens of all sequences come first (dense
+/// path), then generated tokens (quantized path); see [`SeqChunk::prompt_len`].
 struct TokenSlot {
     seq: usize,
     pos: usize,
+    token: u32,
+}
+
+/// The flat token order of a batch: prompt tokens first, then generated ones.
+struct FlatBatch {
+    slots: Vec<TokenSlot>,
+    paths: RowPaths,
+    /// Per sequence: flat index of its first prompt token and of its first generated token.
+    starts: Vec<(usize, usize)>,
+}
+
+impl FlatBatch {
+    fn new(batch: &[SeqChunk]) -> FlatBatch {
+        let dense: usize = batch.iter().map(SeqChunk::prompt_tokens).sum();
+        let total: usize = batch.iter().map(|c| c.tokens.len()).sum();
+        let mut slots = Vec::with_capacity(total);
+        let mut starts = Vec::with_capacity(batch.len());
+        let mut generated_at = dense;
+        for (seq, ch) in batch.iter().enumerate() {
+            starts.push((slots.len(), generated_at));
+            generated_at += ch.tokens.len() - ch.prompt_tokens();
+            let prompt = ch.tokens.iter().take(ch.prompt_tokens()).enumerate();
+            slots.extend(prompt.map(|(i, &token)| TokenSlot {
+                seq,
+                pos: ch.first_pos + i,
+                token,
+            }));
+        }
+        for (seq, ch) in batch.iter().enumerate() {
+            let p = ch.prompt_tokens();
+            slots.extend(ch.tokens[p..].iter().enumerate().map(|(i, &token)| TokenSlot {
+                seq,
+                pos: ch.first_pos + p + i,
+                token,
+            }));
+        }
+        FlatBatch {
+            slots,
+            paths: RowPaths {
+                dense,
+                quantized: total - dense,
+            },
+            starts,
+        }
+    }
+
+    /// Flat index of sequence `seq`'s token at `pos`.
+    fn index(&self, batch: &[SeqChunk], seq: usize, pos: usize) -> usize {
+        let ch = &batch[seq];
+        let split = ch.first_pos + ch.prompt_tokens();
+        if pos < split {
+            self.starts[seq].0 + pos - ch.first_pos
+        } else {
+            self.starts[seq].1 + pos - split
+        }
+    }
 }
 
 impl Transformer {
@@ -108,16 +162,9 @@ impl Transformer {
         let c = &self.config;
         let w = &self.weights;
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
-        let slots: Vec<TokenSlot> = batch
-            .iter()
-            .enumerate()
-            .flat_map(|(seq, ch)| {
-                (0..ch.tokens.len()).map(move |i| TokenSlot {
-                    seq,
-                    pos: ch.first_pos + i,
-                })
-            })
-            .collect();
+        let flat = FlatBatch::new(batch);
+        let slots = &flat.slots;
+        let paths = flat.paths;
         let t = slots.len();
         if t == 0 {
             return Ok(Logits {
@@ -141,8 +188,8 @@ impl Transformer {
         }
 
         // Token embeddings.
-        for (i, tok) in batch.iter().flat_map(|ch| ch.tokens.iter()).enumerate() {
-            w.row_f32(&w.token_embd, *tok as usize, &mut s.x[i * h..(i + 1) * h]);
+        for (i, slot) in slots.iter().enumerate() {
+            w.row_f32(&w.token_embd, slot.token as usize, &mut s.x[i * h..(i + 1) * h]);
         }
         // RoPE angles of every token's position, computed once for all layers.
         let half = self.inv_freq.len();
@@ -160,7 +207,14 @@ impl Transformer {
             // Attention block.
             norm_rows(pool, &s.x, &lw.attn_norm, c.rms_eps, h, &mut s.xn);
             let qkv = [w.matrix(&lw.wq), w.matrix(&lw.wk), w.matrix(&lw.wv)];
-            matmul_many(pool, &qkv, &s.xn, t, &mut [&mut s.q, &mut s.k, &mut s.v], &mut s.matmul);
+            matmul_many(
+                pool,
+                &qkv,
+                &s.xn,
+                paths,
+                &mut [&mut s.q, &mut s.k, &mut s.v],
+                &mut s.matmul,
+            );
             for (i, slot) in slots.iter().enumerate() {
                 let (q, k, v) = (
                     &mut s.q[i * qd..(i + 1) * qd],
@@ -185,30 +239,35 @@ impl Transformer {
                 let block = table[slot.pos / kv.block_size] as usize;
                 kv.write(li, block, slot.pos % kv.block_size, k, v);
             }
-            self.attention(pool, li, batch, &slots, kv, &s.q, &mut s.attn);
-            matmul(pool, &w.matrix(&lw.wo), &s.attn, t, &mut s.proj, &mut s.matmul);
+            self.attention(pool, li, batch, slots, kv, &s.q, &mut s.attn);
+            matmul(pool, &w.matrix(&lw.wo), &s.attn, paths, &mut s.proj, &mut s.matmul);
             ops::add_inplace(&mut s.x, &s.proj);
 
             // Feed-forward block.
             norm_rows(pool, &s.x, &lw.ffn_norm, c.rms_eps, h, &mut s.xn);
             let gate_up = [w.matrix(&lw.w_gate), w.matrix(&lw.w_up)];
-            matmul_many(pool, &gate_up, &s.xn, t, &mut [&mut s.gate, &mut s.up], &mut s.matmul);
+            matmul_many(
+                pool,
+                &gate_up,
+                &s.xn,
+                paths,
+                &mut [&mut s.gate, &mut s.up],
+                &mut s.matmul,
+            );
             ops::silu_mul(&mut s.gate, &s.up);
-            matmul(pool, &w.matrix(&lw.w_down), &s.gate, t, &mut s.proj, &mut s.matmul);
+            matmul(pool, &w.matrix(&lw.w_down), &s.gate, paths, &mut s.proj, &mut s.matmul);
             ops::add_inplace(&mut s.x, &s.proj);
         }
 
         // Logits for the positions asked for.
         let mut rows = Vec::new();
-        let mut flat = 0;
         for (si, ch) in batch.iter().enumerate() {
-            let n = ch.tokens.len();
-            match ch.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => rows.push((si, ch.end_pos() - 1, flat + n - 1)),
-                LogitsWanted::All => rows.extend((0..n).map(|i| (si, ch.first_pos + i, flat + i))),
-            }
-            flat += n;
+            let positions = match ch.logits {
+                LogitsWanted::None => continue,
+                LogitsWanted::Last => ch.end_pos() - 1..ch.end_pos(),
+                LogitsWanted::All => ch.first_pos..ch.end_pos(),
+            };
+            rows.extend(positions.map(|p| (si, p, flat.index(batch, si, p))));
         }
         let r = rows.len();
         let mut normed = vec![0.0; r * h];
@@ -222,7 +281,9 @@ impl Transformer {
         }
         let mut data = std::mem::take(&mut s.spare_logits);
         data.resize(r * c.vocab_size, 0.0);
-        matmul(pool, &w.matrix(&w.lm_head), &normed, r, &mut data, &mut s.matmul);
+        // Logits rows always take the quantized path: one path for every row, whatever its kind.
+        let lm_paths = RowPaths::quantized(r);
+        matmul(pool, &w.matrix(&w.lm_head), &normed, lm_paths, &mut data, &mut s.matmul);
         Ok(Logits {
             rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(),
             vocab: c.vocab_size,
@@ -230,7 +291,8 @@ impl Transformer {
         })
     }
 
-    /// Causal attention of every new token over its sequence's cached context.
+    /// Causal attention of every new token over its sequence's cached context, one task per
+    /// (token, KV head).
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -247,35 +309,18 @@ impl Transformer {
         let group = c.n_heads / c.n_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let out = DisjointMut::new(out);
-        // Chunks of many tokens (prompts) go through GEMMs per (sequence, head); single tokens
-        // (decode) through a dot-product loop per (token, head).
-        let mut starts = Vec::with_capacity(batch.len());
-        let mut flat = 0;
-        for ch in batch {
-            starts.push(flat);
-            flat += ch.tokens.len();
-        }
-        let prompt_seqs: Vec<usize> = (0..batch.len())
-            .filter(|&s| batch[s].tokens.len() >= PROMPT_ATTENTION_MIN_TOKENS)
-            .collect();
-        pool.parallel_for(prompt_seqs.len() * nh, 1, &|range| {
-            for task in range {
-                let (seq, head) = (prompt_seqs[task / nh], task % nh);
-                self.prompt_attention(layer, &batch[seq], starts[seq], head, kv, q, &out, scale);
-            }
-        });
-        let decode_tokens: Vec<usize> = (0..slots.len())
-            .filter(|&t| batch[slots[t].seq].tokens.len() < PROMPT_ATTENTION_MIN_TOKENS)
-            .collect();
-        let max_ctx = decode_tokens.iter().map(|&t| slots[t].pos + 1).max().unwrap_or(0);
+        // Every token, prompt or generated, is computed by the same loop over its own context,
+        // so its result never depends on how the prompt was chunked or what else is batched.
+        let max_ctx = slots.iter().map(|s| s.pos + 1).max().unwrap_or(0);
         let n_kv = c.n_kv_heads;
         // One task per (token, KV head): the `group` query heads that share it read each key
         // and value once.
         let avx2 = simd_available();
-        pool.parallel_for(decode_tokens.len() * n_kv, 1, &|range| {
+        pool.parallel_for(slots.len() * n_kv, 1, &|range| {
             let mut scores = vec![0.0f32; group * max_ctx];
+            let mut block_buf = vec![0.0f32; kv.block_size * hd];
             for task in range {
-                let (ti, kvh) = (decode_tokens[task / n_kv], task % n_kv);
+                let (ti, kvh) = (task / n_kv, task % n_kv);
                 let slot = &slots[ti];
                 let heads = kvh * group..(kvh + 1) * group;
                 let qs = &q[(ti * nh + heads.start) * hd..(ti * nh + heads.end) * hd];
@@ -293,64 +338,13 @@ impl Transformer {
                 #[cfg(target_arch = "x86_64")]
                 if avx2 {
                     // SAFETY: the CPU has AVX2 and FMA (checked by `simd_available`).
-                    unsafe { task.run_avx2(qs, &mut scores, o) };
+                    unsafe { task.run_avx2(qs, &mut scores, &mut block_buf, o) };
                     continue;
                 }
                 let _ = avx2;
-                task.run(qs, &mut scores, o);
+                task.run(qs, &mut scores, &mut block_buf, o);
             }
         });
-    }
-
-    /// Causal attention of one head for a chunk of prompt tokens: `S = Q K^T`, masked softmax,
-    /// `O = P V`, with K and V of the whole context gathered from the paged cache.
-    #[allow(clippy::too_many_arguments)]
-    fn prompt_attention(
-        &self,
-        layer: usize,
-        chunk: &SeqChunk,
-        start: usize,
-        head: usize,
-        kv: &PagedKvCache,
-        q: &[f32],
-        out: &DisjointMut<f32>,
-        scale: f32,
-    ) {
-        let c = &self.config;
-        let (nh, hd, bs) = (c.n_heads, c.head_dim, kv.block_size);
-        let kvh = head / (c.n_heads / c.n_kv_heads);
-        let (tq, ctx) = (chunk.tokens.len(), chunk.end_pos());
-        let mut keys = vec![0.0f32; ctx * hd];
-        let mut vals = vec![0.0f32; ctx * hd];
-        for (b, &block) in chunk.block_table[..ctx.div_ceil(bs)].iter().enumerate() {
-            let n = bs.min(ctx - b * bs);
-            keys[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.k_block(layer, block as usize, kvh)[..n * hd]);
-            vals[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.v_block(layer, block as usize, kvh)[..n * hd]);
-        }
-        let mut scores = vec![0.0f32; tq * ctx];
-        let q0 = &q[(start * nh + head) * hd..];
-        // SAFETY: `scores` is a local tq x ctx buffer.
-        unsafe { gemm_nt(tq, ctx, hd, q0, nh * hd, &keys, hd, scores.as_mut_ptr(), ctx) };
-        for (i, row) in scores.chunks_exact_mut(ctx).enumerate() {
-            let visible = chunk.first_pos + i + 1;
-            row[..visible].iter_mut().for_each(|v| *v *= scale);
-            ops::softmax_inplace(&mut row[..visible]);
-            row[visible..].fill(0.0);
-        }
-        // SAFETY: this task alone writes head `head` of tokens start..start+tq (stride nh*hd).
-        unsafe {
-            gemm_nn(
-                tq,
-                hd,
-                ctx,
-                &scores,
-                ctx,
-                &vals,
-                hd,
-                out.as_mut_ptr().add((start * nh + head) * hd),
-                nh * hd,
-            )
-        };
     }
 }
 
@@ -378,14 +372,15 @@ struct DecodeAttention<'a> {
 }
 
 impl DecodeAttention<'_> {
-    /// `o` (group x head_dim) = softmax(q K^T * scale) V; `scores` holds group x ctx values.
+    /// `o` (group x head_dim) = softmax(q K^T * scale) V; `scores` holds group x ctx values,
+    /// `buf` one block of one head (for caches that decode on read).
     #[inline(always)]
-    fn run(&self, qs: &[f32], scores: &mut [f32], o: &mut [f32]) {
+    fn run(&self, qs: &[f32], scores: &mut [f32], buf: &mut [f32], o: &mut [f32]) {
         let (hd, bs, ctx, group) = (self.kv.head_dim, self.kv.block_size, self.ctx, self.group);
         let stride = scores.len() / group;
         let blocks = &self.table[..ctx.div_ceil(bs)];
         for (b, &block) in blocks.iter().enumerate() {
-            let keys = self.kv.k_block(self.layer, block as usize, self.kvh);
+            let keys = self.kv.k_block(self.layer, block as usize, self.kvh, buf);
             for j in 0..bs.min(ctx - b * bs) {
                 let key = &keys[j * hd..(j + 1) * hd];
                 for g in 0..group {
@@ -398,7 +393,7 @@ impl DecodeAttention<'_> {
             ops::softmax_inplace(&mut scores[g * stride..g * stride + ctx]);
         }
         for (b, &block) in blocks.iter().enumerate() {
-            let vals = self.kv.v_block(self.layer, block as usize, self.kvh);
+            let vals = self.kv.v_block(self.layer, block as usize, self.kvh, buf);
             for j in 0..bs.min(ctx - b * bs) {
                 let val = &vals[j * hd..(j + 1) * hd];
                 for g in 0..group {
@@ -414,8 +409,8 @@ impl DecodeAttention<'_> {
     /// The CPU must support AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, qs: &[f32], scores: &mut [f32], o: &mut [f32]) {
-        self.run(qs, scores, o)
+    unsafe fn run_avx2(&self, qs: &[f32], scores: &mut [f32], buf: &mut [f32], o: &mut [f32]) {
+        self.run(qs, scores, buf, o)
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use strata_formats::gguf::{GgufWriter, MetaValue};
 use strata_formats::GgmlType;
+use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{load_transformer, open_gguf};
 use strata_model::{LogitsWanted, PagedKvCache, SeqChunk, Transformer};
 use strata_runtime::cpu::ThreadPool;
@@ -272,7 +273,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
     let t = load(&model, arch);
     assert_eq!(t.config.tied_embeddings, tied);
     let pool = ThreadPool::new(2);
-    let mut kv = PagedKvCache::new(&t.config, 4, 8);
+    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::F32, 4, 8);
     let a: Vec<u32> = vec![3, 17, 42, 8, 8, 1, 30, 49, 12];
     let b: Vec<u32> = vec![5, 6, 7, 44, 2];
     let (ta, tb) = (vec![6u32, 1, 3], vec![0u32, 7]);
@@ -284,12 +285,14 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
             first_pos: 0,
             block_table: ta.clone(),
             logits: LogitsWanted::All,
+            prompt_len: usize::MAX,
         },
         SeqChunk {
             tokens: b.clone(),
             first_pos: 0,
             block_table: tb.clone(),
             logits: LogitsWanted::All,
+            prompt_len: usize::MAX,
         },
     ];
     let l1 = t.forward(&batch, &mut kv, &pool, &mut scratch).unwrap();
@@ -298,6 +301,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
         first_pos: 5,
         block_table: ta.clone(),
         logits: LogitsWanted::All,
+        prompt_len: usize::MAX,
     }];
     let l2 = t.forward(&batch, &mut kv, &pool, &mut scratch).unwrap();
     let ra = model.reference(&a);
@@ -323,12 +327,14 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
             first_pos: a.len(),
             block_table: ta,
             logits: LogitsWanted::Last,
+            prompt_len: a.len(),
         },
         SeqChunk {
             tokens: vec![nb],
             first_pos: b.len(),
             block_table: tb,
             logits: LogitsWanted::Last,
+            prompt_len: b.len(),
         },
     ];
     let l3 = t.forward(&batch, &mut kv, &pool, &mut scratch).unwrap();
@@ -363,7 +369,7 @@ fn bad_batches_are_errors_not_panics() {
     let model = TinyModel::new("llama", true, 5);
     let t = load(&model, "llama-bad");
     let pool = ThreadPool::new(1);
-    let mut kv = PagedKvCache::new(&t.config, 4, 2);
+    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::F32, 4, 2);
     let mut scratch = Default::default();
     let cases = [
         (
@@ -372,6 +378,7 @@ fn bad_batches_are_errors_not_panics() {
                 first_pos: 0,
                 block_table: vec![0],
                 logits: LogitsWanted::Last,
+                prompt_len: usize::MAX,
             },
             "vocabulary",
         ),
@@ -381,6 +388,7 @@ fn bad_batches_are_errors_not_panics() {
                 first_pos: 0,
                 block_table: vec![0],
                 logits: LogitsWanted::Last,
+                prompt_len: usize::MAX,
             },
             "block table",
         ),
@@ -390,6 +398,7 @@ fn bad_batches_are_errors_not_panics() {
                 first_pos: 0,
                 block_table: vec![9],
                 logits: LogitsWanted::Last,
+                prompt_len: usize::MAX,
             },
             "outside the cache",
         ),

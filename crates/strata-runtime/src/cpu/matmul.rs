@@ -79,9 +79,32 @@ pub struct MatmulScratch {
     rows_major: Vec<f32>,
 }
 
-/// From this many activation rows on (prompt chunks), weights are dequantized tile by tile
-/// and multiplied in f32 by a blocked GEMM: compute-bound work where integer dots lose.
-pub const GEMM_MIN_ROWS: usize = 32;
+/// How the rows of a product are computed: the first `dense` rows by dequantizing weight tiles
+/// into an f32 GEMM (compute-bound prompt rows), the remaining `quantized` rows by integer dot
+/// products against the packed weights (bandwidth-bound decode rows). A row's result depends on
+/// its path and its values only, never on the other rows: that is what makes batching invisible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPaths {
+    pub dense: usize,
+    pub quantized: usize,
+}
+
+impl RowPaths {
+    /// All `m` rows through the GEMM path.
+    pub fn dense(m: usize) -> Self {
+        RowPaths { dense: m, quantized: 0 }
+    }
+
+    /// All `m` rows through the quantized-dot path.
+    pub fn quantized(m: usize) -> Self {
+        RowPaths { dense: 0, quantized: m }
+    }
+
+    /// Rows in all.
+    pub fn total(&self) -> usize {
+        self.dense + self.quantized
+    }
+}
 
 /// Weight rows dequantized at a time on the GEMM path (stays in L2 with its activations).
 const GEMM_TILE_ROWS: usize = 64;
@@ -115,8 +138,15 @@ fn matmul_dequant_gemm(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize,
 ///
 /// Each output value is computed the same way whatever `m` is and however rows are split
 /// over threads, so results do not depend on what else is in the batch.
-pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
-    matmul_many(pool, &[*w], x, m, &mut [out], scratch);
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &WeightMatrix,
+    x: &[f32],
+    rows: RowPaths,
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    matmul_many(pool, &[*w], x, rows, &mut [out], scratch);
 }
 
 /// [`matmul`] of several matrices with the same input (Q, K and V; gate and up) in one
@@ -126,10 +156,11 @@ pub fn matmul_many(
     pool: &ThreadPool,
     ws: &[WeightMatrix],
     x: &[f32],
-    m: usize,
+    rows: RowPaths,
     outs: &mut [&mut [f32]],
     scratch: &mut MatmulScratch,
 ) {
+    let m = rows.total();
     assert_eq!(
         ws.len(),
         outs.len(),
@@ -152,12 +183,29 @@ pub fn matmul_many(
     if m == 0 {
         return;
     }
-    if m >= GEMM_MIN_ROWS {
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            matmul_dequant_gemm(pool, w, x, m, out);
+    let d = rows.dense;
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        if d > 0 {
+            matmul_dequant_gemm(pool, w, &x[..d * k], d, &mut out[..d * w.rows]);
         }
+    }
+    if rows.quantized == 0 {
         return;
     }
+    let mut quantized_outs: Vec<&mut [f32]> = outs.iter_mut().zip(ws).map(|(o, w)| &mut o[d * w.rows..]).collect();
+    matmul_quantized(pool, ws, &x[d * k..], rows.quantized, &mut quantized_outs, scratch);
+}
+
+/// The decode path of [`matmul_many`]: `m` rows through the integer dot kernels.
+fn matmul_quantized(
+    pool: &ThreadPool,
+    ws: &[WeightMatrix],
+    x: &[f32],
+    m: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    let k = ws[0].cols;
     // Quantize the input (value + residual rows) once per activation format in use.
     let mut formats: Vec<ActFormat> = Vec::new();
     for w in ws {
@@ -282,16 +330,54 @@ mod tests {
         let pool = ThreadPool::new(2);
         let mut out = vec![0.0; m * n];
         let mut scratch = MatmulScratch::default();
-        matmul(&pool, &w, &x, m, &mut out, &mut scratch);
+        matmul(&pool, &w, &x, RowPaths::quantized(m), &mut out, &mut scratch);
         for j in 0..m {
             for r in 0..n {
                 let want: f32 = (0..k).map(|c| wf[r * k + c] * x[j * k + c]).sum();
                 assert!((out[j * n + r] - want).abs() < 1e-4);
             }
             let mut single = vec![0.0; n];
-            matmul(&pool, &w, &x[j * k..(j + 1) * k], 1, &mut single, &mut scratch);
+            matmul(
+                &pool,
+                &w,
+                &x[j * k..(j + 1) * k],
+                RowPaths::quantized(1),
+                &mut single,
+                &mut scratch,
+            );
             assert_eq!(
                 &out[j * n..(j + 1) * n],
+                &single[..],
+                "row {j} differs alone vs in a batch"
+            );
+        }
+    }
+
+    #[test]
+    fn dense_rows_do_not_depend_on_the_batch_or_on_quantized_rows_beside_them() {
+        let (n, k, m) = (130, 256, 40);
+        let bytes = q4_1_matrix(n, k);
+        let w = WeightMatrix::new(GgmlType::Q4_1, n, k, &bytes).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0).collect();
+        let pool = ThreadPool::new(2);
+        let mut scratch = MatmulScratch::default();
+        // 25 dense rows and 15 quantized rows in one call.
+        let mut mixed = vec![0.0; m * n];
+        let paths = RowPaths {
+            dense: 25,
+            quantized: 15,
+        };
+        matmul(&pool, &w, &x, paths, &mut mixed, &mut scratch);
+        for j in 0..m {
+            let one = if j < 25 {
+                RowPaths::dense(1)
+            } else {
+                RowPaths::quantized(1)
+            };
+            let mut single = vec![0.0; n];
+            matmul(&pool, &w, &x[j * k..(j + 1) * k], one, &mut single, &mut scratch);
+            assert_eq!(
+                &mixed[j * n..(j + 1) * n],
                 &single[..],
                 "row {j} differs alone vs in a batch"
             );
@@ -330,7 +416,14 @@ mod tests {
             .collect();
         let pool = ThreadPool::new(2);
         let mut out = vec![0.0; m * n];
-        matmul(&pool, &w, &x, m, &mut out, &mut MatmulScratch::default());
+        matmul(
+            &pool,
+            &w,
+            &x,
+            RowPaths::quantized(m),
+            &mut out,
+            &mut MatmulScratch::default(),
+        );
         let mut worst = 0.0f64;
         for j in 0..m {
             for r in 0..n {
@@ -348,7 +441,7 @@ mod tests {
                 &pool,
                 &w,
                 &x[j * k..(j + 1) * k],
-                1,
+                RowPaths::quantized(1),
                 &mut single,
                 &mut MatmulScratch::default(),
             );
