@@ -54,7 +54,7 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
         return sign | (a * 512.0).round_ties_even() as u8;
     }
     let bits = a.to_bits();
-    let mut exp = (bits >> 23) - 127 + 7;
+    let mut exp = (bits >> 23) + 7 - 127;
     let mant = bits & 0x7F_FFFF;
     let mut m3 = mant >> 20;
     let rem = mant & 0xF_FFFF;
