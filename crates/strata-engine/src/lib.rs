@@ -1,9 +1,16 @@
-//! strata-engine: turns prompts into generated tokens on a loaded model.
-//! Owns the KV block manager, sampling and the generation loop (the scheduler joins here).
+//! strata-engine: turns prompts into generated tokens on a loaded model, for many users at once.
+//! Owns the engine thread, scheduler, KV block manager, sequences and sampling; callers use `EngineHandle`.
 
 pub mod block_manager;
+pub mod engine;
 pub mod generate;
+pub mod request;
 pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
 
+pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
 pub use generate::{generate, GenerateOptions, GenerateStats, StopReason};
+pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
+pub use strata_model::kv_cache::KvCacheDtype;

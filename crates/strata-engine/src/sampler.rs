@@ -1,6 +1,8 @@
 //! Choosing the next token from logits: penalties, then greedy or temperature with top-k /
 //! top-p / min-p and a seed. Each sequence owns its random stream, so its output does not depend on what else runs.
 
+use crate::request::TokenLogprob;
+
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -187,6 +189,33 @@ impl Sampler {
     }
 }
 
+/// Log-probability of `token` under the model's raw distribution (before penalties and
+/// temperature, as vLLM reports it), and the `top` most likely tokens with theirs.
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let log_z = max as f64 + sum.ln();
+    let lp = |t: u32| (logits[t as usize] as f64 - log_z) as f32;
+    let mut best: Vec<u32> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        // Keep the `top` largest, highest first, ties by the lower id (insertion into a short list).
+        for (i, &l) in logits.iter().enumerate() {
+            let i = i as u32;
+            if best.len() == top && l <= logits[best[top - 1] as usize] {
+                continue;
+            }
+            let at = best.partition_point(|&b| logits[b as usize] >= l);
+            best.insert(at, i);
+            best.truncate(top);
+        }
+    }
+    TokenLogprob {
+        token,
+        logprob: lp(token),
+        top: best.into_iter().map(|t| (t, lp(t))).collect(),
+    }
+}
+
 /// Index of the largest value (the first one on ties).
 pub fn argmax(x: &[f32]) -> u32 {
     let mut best = 0;
@@ -332,5 +361,18 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().unwrap_err().contains("top_p"));
+    }
+
+    #[test]
+    fn logprobs_are_a_normalized_log_softmax_with_the_top_tokens_in_order() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let lp = logprobs(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+        assert!((lp.logprob as f64 - (2.0 - z)).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 2], "highest first, ties by lower id");
+        let total: f64 = logits.iter().map(|&l| ((l as f64) - z).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!(logprobs(&logits, 0, 0).top.is_empty());
     }
 }

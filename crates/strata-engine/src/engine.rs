@@ -1,0 +1,653 @@
+//! The engine: one OS thread that owns the model, the KV cache and every sequence, and runs
+//! schedule -> forward -> sample steps; callers talk to it through an [`EngineHandle`] over channels.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use strata_model::chat_template::ChatTemplate;
+use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
+use strata_model::loader::LoadedModel;
+use strata_model::tokenizer::Tokenizer;
+use strata_model::{ForwardScratch, LogitsWanted, PagedKvCache, SeqChunk, Transformer};
+use strata_runtime::cpu::ThreadPool;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::block_manager::BlockManager;
+use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
+use crate::sampler::logprobs;
+use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::sequence::{Progress, Sequence, SequenceId};
+
+/// How the engine runs; flags of `strata serve` map onto these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per step, prefill and decode together (`--max-num-batched-tokens`).
+    pub max_num_batched_tokens: usize,
+    /// Sequences running at once (`--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Longest prompt + output (`--max-model-len`); `None` = the model's context.
+    pub max_model_len: Option<usize>,
+    /// Bytes of KV cache (`--kv-cache-memory`).
+    pub kv_cache_memory: usize,
+    /// Element type of the KV cache (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Share the KV of common prompt prefixes between requests.
+    pub enable_prefix_caching: bool,
+    /// Requests allowed to wait for admission before new ones are refused (`--max-queue`).
+    pub max_queue: usize,
+    /// Compute threads.
+    pub threads: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_batched_tokens: 512,
+            max_num_seqs: 64,
+            max_model_len: None,
+            kv_cache_memory: 1 << 30,
+            kv_cache_dtype: KvCacheDtype::F32,
+            block_size: DEFAULT_BLOCK_SIZE,
+            enable_prefix_caching: true,
+            max_queue: 1024,
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        }
+    }
+}
+
+/// How much the KV cache holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvCapacity {
+    pub blocks: usize,
+    pub block_size: usize,
+    pub bytes: usize,
+    pub dtype: KvCacheDtype,
+    pub max_model_len: usize,
+}
+
+impl KvCapacity {
+    /// Tokens the cache holds in all.
+    pub fn tokens(&self) -> usize {
+        self.blocks * self.block_size
+    }
+
+    /// How many sequences of `max_model_len` tokens fit at once.
+    pub fn max_len_sequences(&self) -> f64 {
+        self.tokens() as f64 / self.max_model_len as f64
+    }
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(
+        "--max-model-len {max_model_len} needs {need} KV tokens but --kv-cache-memory holds {have}; \
+         raise --kv-cache-memory or lower --max-model-len"
+    )]
+    KvCacheTooSmall {
+        max_model_len: usize,
+        need: usize,
+        have: usize,
+    },
+    #[error("{0}")]
+    Config(String),
+    #[error("could not start the engine thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Counters and gauges of the engine, as of its last step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    pub prefix_cache_hit_rate: f64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    pub preemptions_total: u64,
+    pub steps_total: u64,
+    /// Seconds of the last step.
+    pub last_step_seconds: f64,
+}
+
+impl EngineStats {
+    pub fn kv_blocks_free(&self) -> usize {
+        self.kv_blocks_total - self.kv_blocks_used
+    }
+}
+
+enum Command {
+    Add(Box<Sequence>),
+    Abort(SequenceId),
+    Shutdown,
+}
+
+/// State shared by the handle and the engine thread.
+struct Shared {
+    stats: Mutex<EngineStats>,
+    /// Requests submitted and not yet admitted (for the queue limit).
+    queued: AtomicUsize,
+    /// Set when the engine thread has stopped; holds why.
+    dead: Mutex<Option<String>>,
+    alive: AtomicBool,
+}
+
+/// A cheap, cloneable handle to a running engine. The engine stops when the last handle is
+/// dropped or [`EngineHandle::shutdown`] is called.
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<HandleInner>,
+}
+
+struct HandleInner {
+    commands: Mutex<Sender<Command>>,
+    shared: Arc<Shared>,
+    tokenizer: Tokenizer,
+    chat_template: ChatTemplate,
+    capacity: KvCapacity,
+    config: EngineConfig,
+    next_id: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        if let Ok(tx) = self.commands.lock() {
+            let _ = tx.send(Command::Shutdown);
+        }
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The outputs of one request. Dropping it aborts the request (its KV blocks are freed at the
+/// next engine step).
+pub struct RequestStream {
+    id: SequenceId,
+    rx: UnboundedReceiver<RequestOutput>,
+    commands: Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> SequenceId {
+        self.id
+    }
+
+    /// The next output; `None` after the last one.
+    pub async fn next(&mut self) -> Option<RequestOutput> {
+        let out = self.rx.recv().await;
+        self.note(&out);
+        out
+    }
+
+    /// [`Self::next`] for callers outside an async runtime.
+    pub fn blocking_next(&mut self) -> Option<RequestOutput> {
+        let out = self.rx.blocking_recv();
+        self.note(&out);
+        out
+    }
+
+    fn note(&mut self, out: &Option<RequestOutput>) {
+        if matches!(
+            out,
+            None | Some(RequestOutput::Finished { .. }) | Some(RequestOutput::Failed(_))
+        ) {
+            self.done = true;
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread for `model`.
+    pub fn start(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        let LoadedModel {
+            transformer,
+            tokenizer,
+            chat_template,
+            ..
+        } = model;
+        let mc = &transformer.config;
+        let block_size = config.block_size.max(1);
+        let max_model_len = config.max_model_len.unwrap_or(mc.max_position);
+        if max_model_len == 0 || max_model_len > mc.max_position {
+            return Err(EngineError::Config(format!(
+                "--max-model-len {max_model_len} is outside 1..={} (the model's context); pass a smaller value",
+                mc.max_position
+            )));
+        }
+        if config.max_num_batched_tokens == 0 || config.max_num_seqs == 0 {
+            return Err(EngineError::Config(
+                "--max-num-batched-tokens and --max-num-seqs must be at least 1".into(),
+            ));
+        }
+        let blocks = PagedKvCache::blocks_for_bytes(mc, config.kv_cache_dtype, block_size, config.kv_cache_memory);
+        let need = max_model_len.div_ceil(block_size);
+        if blocks < need {
+            return Err(EngineError::KvCacheTooSmall {
+                max_model_len,
+                need: need * block_size,
+                have: blocks * block_size,
+            });
+        }
+        let kv = PagedKvCache::new(mc, config.kv_cache_dtype, block_size, blocks);
+        let capacity = KvCapacity {
+            blocks,
+            block_size,
+            bytes: kv.memory_bytes(),
+            dtype: config.kv_cache_dtype,
+            max_model_len,
+        };
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(EngineStats {
+                kv_blocks_total: blocks,
+                ..Default::default()
+            }),
+            queued: AtomicUsize::new(0),
+            dead: Mutex::new(None),
+            alive: AtomicBool::new(true),
+        });
+        let (tx, rx) = mpsc::channel();
+        let worker = EngineLoop {
+            pool: ThreadPool::new(config.threads.max(1)),
+            transformer,
+            kv,
+            scratch: ForwardScratch::default(),
+            blocks: BlockManager::new(blocks, block_size, config.enable_prefix_caching),
+            scheduler: Scheduler::new(SchedulerConfig {
+                max_num_batched_tokens: config.max_num_batched_tokens,
+                max_num_seqs: config.max_num_seqs,
+            }),
+            seqs: HashMap::new(),
+            commands: rx,
+            shared: Arc::clone(&shared),
+            max_model_len,
+            stats: EngineStats {
+                kv_blocks_total: blocks,
+                ..Default::default()
+            },
+        };
+        let thread = std::thread::Builder::new()
+            .name("strata-engine".into())
+            .spawn(move || worker.run())
+            .map_err(EngineError::Thread)?;
+        Ok(EngineHandle {
+            inner: Arc::new(HandleInner {
+                commands: Mutex::new(tx),
+                shared,
+                tokenizer,
+                chat_template,
+                capacity,
+                config,
+                next_id: AtomicU64::new(1),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// Queues a request. `max_tokens` is capped so prompt + output fit in `max_model_len`.
+    pub fn submit(&self, mut request: GenerationRequest) -> Result<RequestStream, SubmitError> {
+        let max_model_len = self.inner.capacity.max_model_len;
+        if let Some(why) = self.death() {
+            return Err(SubmitError::EngineDead(why));
+        }
+        if request.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        let vocab = self.inner.tokenizer.vocab_size();
+        if let Some(bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(SubmitError::Invalid(format!(
+                "prompt token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if request.prompt.len() >= max_model_len {
+            return Err(SubmitError::PromptTooLong {
+                prompt: request.prompt.len(),
+                max_model_len,
+            });
+        }
+        if request.max_tokens == 0 {
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        }
+        request.sampling.validate().map_err(SubmitError::Invalid)?;
+        if let Some(k) = request.logprobs {
+            if k > MAX_TOP_LOGPROBS {
+                return Err(SubmitError::Invalid(format!(
+                    "top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {k}"
+                )));
+            }
+        }
+        request.max_tokens = request.max_tokens.min(max_model_len - request.prompt.len());
+        let max_queue = self.inner.config.max_queue;
+        if self.inner.shared.queued.fetch_add(1, Ordering::SeqCst) >= max_queue {
+            self.inner.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull { max: max_queue });
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        let seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
+        let commands = self
+            .inner
+            .commands
+            .lock()
+            .map_err(|_| SubmitError::EngineDead("poisoned".into()))?;
+        if commands.send(Command::Add(Box::new(seq))).is_err() {
+            self.inner.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::EngineDead(
+                self.death().unwrap_or_else(|| "stopped".into()),
+            ));
+        }
+        Ok(RequestStream {
+            id,
+            rx,
+            commands: commands.clone(),
+            done: false,
+        })
+    }
+
+    /// Why the engine stopped, if it has.
+    pub fn death(&self) -> Option<String> {
+        if self.inner.shared.alive.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(
+            self.inner
+                .shared
+                .dead
+                .lock()
+                .ok()
+                .and_then(|d| d.clone())
+                .unwrap_or_else(|| "stopped".into()),
+        )
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.inner.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// Counters as of the last step.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.shared.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.inner.chat_template
+    }
+
+    pub fn capacity(&self) -> KvCapacity {
+        self.inner.capacity
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Longest prompt + output.
+    pub fn max_model_len(&self) -> usize {
+        self.inner.capacity.max_model_len
+    }
+
+    /// Aborts every request and stops the engine thread (also done when the last handle drops).
+    pub fn shutdown(&self) {
+        if let Ok(tx) = self.inner.commands.lock() {
+            let _ = tx.send(Command::Shutdown);
+        }
+        if let Some(t) = self.inner.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+
+    /// Waits until no request is running or queued, or `timeout` passes; true if idle.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            let s = self.stats();
+            if s.running == 0 && s.waiting == 0 && self.inner.shared.queued.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if Instant::now() >= end || !self.is_alive() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Everything the engine thread owns.
+struct EngineLoop {
+    pool: ThreadPool,
+    transformer: Transformer,
+    kv: PagedKvCache,
+    scratch: ForwardScratch,
+    blocks: BlockManager,
+    scheduler: Scheduler,
+    seqs: HashMap<SequenceId, Sequence>,
+    commands: Receiver<Command>,
+    shared: Arc<Shared>,
+    max_model_len: usize,
+    stats: EngineStats,
+}
+
+impl EngineLoop {
+    fn run(mut self) {
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve()));
+        let why = match outcome {
+            Ok(()) => "shut down".to_string(),
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("engine thread panicked: {msg}");
+                format!("the engine failed: {msg}")
+            }
+        };
+        if let Ok(mut d) = self.shared.dead.lock() {
+            *d = Some(why.clone());
+        }
+        self.shared.alive.store(false, Ordering::SeqCst);
+        for (_, seq) in self.seqs.drain() {
+            seq.fail(&why);
+        }
+        // Anything still in the channel is refused the same way.
+        while let Ok(cmd) = self.commands.try_recv() {
+            if let Command::Add(seq) = cmd {
+                seq.fail(&why);
+            }
+        }
+    }
+
+    fn serve(&mut self) {
+        loop {
+            if self.seqs.is_empty() {
+                match self.commands.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = self.commands.try_recv() {
+                if !self.handle(cmd) {
+                    return;
+                }
+            }
+            let gone: Vec<SequenceId> = self
+                .seqs
+                .values()
+                .filter(|s| s.is_disconnected())
+                .map(|s| s.id)
+                .collect();
+            for id in gone {
+                self.abort(id);
+            }
+            if !self.seqs.is_empty() {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    /// Applies a command; false on shutdown.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Add(seq) => {
+                let id = seq.id;
+                self.seqs.insert(id, *seq);
+                self.scheduler.add(id);
+            }
+            Command::Abort(id) => self.abort(id),
+            Command::Shutdown => {
+                let ids: Vec<SequenceId> = self.seqs.keys().copied().collect();
+                for id in ids {
+                    if let Some(seq) = self.seqs.get_mut(&id) {
+                        seq.finish(FinishReason::Abort, None);
+                    }
+                    self.release(id);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    fn abort(&mut self, id: SequenceId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.finish(FinishReason::Abort, None);
+            self.release(id);
+        }
+    }
+
+    /// Frees a sequence's blocks and forgets it.
+    fn release(&mut self, id: SequenceId) {
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            if !seq.admitted {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.blocks.free_table(&mut seq.table);
+            self.scheduler.remove(id);
+        }
+    }
+
+    /// One schedule -> forward -> sample iteration.
+    fn step(&mut self) {
+        let t0 = Instant::now();
+        let plan = self.scheduler.schedule_step(&mut self.seqs, &mut self.blocks);
+        self.account(&plan);
+        if plan.chunks.is_empty() {
+            return;
+        }
+        let batch: Vec<SeqChunk> = plan
+            .chunks
+            .iter()
+            .map(|c| {
+                let seq = &self.seqs[&c.id];
+                let end = seq.num_computed + c.num_tokens;
+                SeqChunk {
+                    tokens: seq.tokens(seq.num_computed..end),
+                    first_pos: seq.num_computed,
+                    block_table: seq.table.blocks.clone(),
+                    logits: if end == seq.num_tokens() {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
+                    prompt_len: seq.request.prompt.len(),
+                }
+            })
+            .collect();
+        let logits = match self
+            .transformer
+            .forward(&batch, &mut self.kv, &self.pool, &mut self.scratch)
+        {
+            Ok(l) => l,
+            Err(e) => {
+                // A batch the model refuses is a bug of ours: fail its requests, keep serving.
+                tracing::error!("forward pass failed: {e}");
+                for c in &plan.chunks {
+                    if let Some(seq) = self.seqs.get(&c.id) {
+                        seq.fail(&format!("internal error: {e}"));
+                    }
+                    self.release(c.id);
+                }
+                return;
+            }
+        };
+        let mut finished = Vec::new();
+        for (bi, c) in plan.chunks.iter().enumerate() {
+            let seq = self.seqs.get_mut(&c.id).expect("scheduled sequence exists");
+            seq.num_computed += c.num_tokens;
+            let prompt_done = seq.num_computed.min(seq.request.prompt.len());
+            let prompt = &seq.request.prompt[..prompt_done];
+            self.blocks.commit_full_blocks(&mut seq.table, prompt);
+            let Some(row) = logits.last_of(bi) else { continue };
+            let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output);
+            let lp = seq.request.logprobs.map(|k| logprobs(row, token, k));
+            self.stats.generation_tokens_total += 1;
+            let mut progress = seq.push_token(token, lp);
+            if progress == Progress::Running && seq.num_tokens() >= self.max_model_len {
+                progress = seq.finish(FinishReason::Length, None);
+            }
+            if progress != Progress::Running {
+                finished.push(c.id);
+            }
+        }
+        self.scratch.recycle(logits);
+        for id in finished {
+            self.release(id);
+        }
+        self.stats.steps_total += 1;
+        self.stats.last_step_seconds = t0.elapsed().as_secs_f64();
+    }
+
+    /// Bookkeeping of admissions and preemptions.
+    fn account(&mut self, plan: &StepPlan) {
+        for id in &plan.admitted {
+            if let Some(seq) = self.seqs.get_mut(id) {
+                if !seq.admitted {
+                    seq.admitted = true;
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    self.stats.prompt_tokens_total += seq.request.prompt.len() as u64;
+                }
+            }
+        }
+        self.stats.preemptions_total += plan.preempted.len() as u64;
+        if !plan.preempted.is_empty() {
+            tracing::debug!("preempted {} sequence(s) for lack of KV blocks", plan.preempted.len());
+        }
+    }
+
+    fn publish(&mut self) {
+        self.stats.running = self.scheduler.num_running();
+        self.stats.waiting = self.scheduler.num_waiting();
+        self.stats.kv_blocks_used = self.blocks.num_used();
+        self.stats.prefix_cache_hit_rate = self.blocks.prefix_hit_rate();
+        if let Ok(mut s) = self.shared.stats.lock() {
+            *s = self.stats.clone();
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The engine on the real default model: continuous batching, chunked prefill, preemption,
+//! aborts, sampling options and stop strings, checked against each request run on its own.
+
+use std::time::Duration;
+
+use strata_engine::{
+    EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype, RequestOutput, RequestStream,
+    SamplingParams, SubmitError,
+};
+use strata_model::loader::{default_model_path, load_model};
+
+fn engine(config: EngineConfig) -> EngineHandle {
+    let path = default_model_path();
+    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
+    let model = load_model(&path, &|_, _| {}).expect("default model loads");
+    EngineHandle::start(model, config).expect("engine starts")
+}
+
+/// One compute thread: the test harness already runs tests side by side on the two cores.
+fn small_config() -> EngineConfig {
+    EngineConfig {
+        threads: 1,
+        kv_cache_memory: 64 << 20,
+        max_model_len: Some(1024),
+        ..Default::default()
+    }
+}
+
+/// Everything one request produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Collected {
+    tokens: Vec<u32>,
+    text: String,
+    logprobs: Vec<strata_engine::TokenLogprob>,
+    finish: Option<FinishReason>,
+    stop_string: Option<String>,
+    usage: strata_engine::Usage,
+}
+
+fn collect(mut stream: RequestStream) -> Collected {
+    let mut c = Collected::default();
+    while let Some(out) = stream.blocking_next() {
+        match out {
+            RequestOutput::Delta { tokens, text, logprobs } => {
+                c.tokens.extend(tokens);
+                c.text.push_str(&text);
+                c.logprobs.extend(logprobs);
+            }
+            RequestOutput::Finished {
+                reason,
+                stop_string,
+                usage,
+            } => {
+                c.finish = Some(reason);
+                c.stop_string = stop_string;
+                c.usage = usage;
+            }
+            RequestOutput::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    c
+}
+
+fn prompt(e: &EngineHandle, text: &str) -> Vec<u32> {
+    e.tokenizer().encode(text, true, false).expect("encodes")
+}
+
+/// Prompts of very different lengths (the long ones take several prefill chunks).
+fn prompts(e: &EngineHandle, n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            let body = "The quick brown fox jumps over the lazy dog. ".repeat(1 + (i * 7) % 23);
+            prompt(e, &format!("Story {i}: {body} Once upon a time, in town number {i},"))
+        })
+        .collect()
+}
+
+fn run_alone(e: &EngineHandle, req: GenerationRequest) -> Collected {
+    collect(e.submit(req).expect("submit"))
+}
+
+fn run_together(e: &EngineHandle, reqs: Vec<GenerationRequest>) -> Vec<Collected> {
+    let streams: Vec<RequestStream> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
+    streams.into_iter().map(collect).collect()
+}
+
+#[test]
+fn greedy_output_is_the_same_alone_and_among_32_others_with_chunked_prefill() {
+    let config = EngineConfig {
+        max_num_batched_tokens: 64,
+        ..small_config()
+    };
+    let e = engine(config);
+    let ps = prompts(&e, 33);
+    assert!(ps.iter().any(|p| p.len() > 150), "some prompts need several chunks");
+    let req = |p: &Vec<u32>| GenerationRequest {
+        ignore_eos: true,
+        ..GenerationRequest::greedy(p.clone(), 12)
+    };
+    let together = run_together(&e, ps.iter().map(req).collect());
+    // Alone: a few representative sequences (short, long, first, last).
+    let mut longest = 0;
+    for (i, p) in ps.iter().enumerate() {
+        if p.len() > ps[longest].len() {
+            longest = i;
+        }
+    }
+    for i in [0, 5, longest, 32] {
+        let alone = run_alone(&e, req(&ps[i]));
+        assert_eq!(alone.tokens, together[i].tokens, "sequence {i} changed in the batch");
+        assert_eq!(alone.text, together[i].text);
+        assert_eq!(alone.tokens.len(), 12);
+    }
+    assert!(e.wait_idle(Duration::from_secs(10)));
+    let s = e.stats();
+    assert_eq!(s.kv_blocks_used, 0, "every block is back");
+    assert!(
+        s.prefix_cache_hit_rate > 0.0,
+        "the repeated prompts hit the prefix cache"
+    );
+}
+
+#[test]
+fn preempted_sequences_finish_with_the_same_output() {
+    // Room for 20 blocks of 16 tokens: 8 sequences of ~20 + 40 tokens (4 blocks each) cannot all fit.
+    let mut config = small_config();
+    let per_token = strata_model::PagedKvCache::bytes_per_token(
+        &load_model(&default_model_path(), &|_, _| {})
+            .unwrap()
+            .transformer
+            .config,
+        KvCacheDtype::F32,
+    );
+    config.kv_cache_memory = per_token * 16 * 20;
+    config.max_model_len = Some(256);
+    let e = engine(config);
+    let ps: Vec<Vec<u32>> = (0..8)
+        .map(|i| {
+            prompt(
+                &e,
+                &format!("{i} little pigs went to the market and bought {i} apples, then"),
+            )
+        })
+        .collect();
+    let req = |p: &Vec<u32>| GenerationRequest {
+        ignore_eos: true,
+        ..GenerationRequest::greedy(p.clone(), 40)
+    };
+    let alone: Vec<Collected> = ps.iter().take(3).map(|p| run_alone(&e, req(p))).collect();
+    let before = e.stats().preemptions_total;
+    let together = run_together(&e, ps.iter().map(req).collect());
+    assert!(
+        e.stats().preemptions_total > before,
+        "the cache was too small, so something was preempted"
+    );
+    for i in 0..3 {
+        assert_eq!(
+            alone[i].tokens, together[i].tokens,
+            "sequence {i} changed after preemption"
+        );
+    }
+    assert!(e.wait_idle(Duration::from_secs(10)));
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn a_dropped_stream_frees_its_blocks_at_the_next_step() {
+    let e = engine(small_config());
+    let mut s = e
+        .submit(GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(prompt(&e, "Count with me: one, two, three,"), 500)
+        })
+        .unwrap();
+    // Read a few tokens, then go away mid-stream.
+    for _ in 0..3 {
+        assert!(matches!(s.blocking_next(), Some(RequestOutput::Delta { .. })));
+    }
+    assert!(e.stats().kv_blocks_used > 0);
+    drop(s);
+    assert!(
+        e.wait_idle(Duration::from_secs(10)),
+        "the aborted request left the engine"
+    );
+    assert_eq!(e.stats().kv_blocks_used, 0);
+    assert_eq!(e.stats().running, 0);
+}
+
+#[test]
+fn seeded_sampling_repeats_whatever_else_runs() {
+    let e = engine(small_config());
+    let req = |seed: u64| GenerationRequest {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            top_k: 40,
+            seed,
+            ..Default::default()
+        },
+        ignore_eos: true,
+        ..GenerationRequest::greedy(prompt(&e, "My favourite colour is"), 16)
+    };
+    let alone = run_alone(&e, req(7));
+    let mut batch = vec![req(7)];
+    batch.extend((0..8).map(|i| req(100 + i)));
+    let together = run_together(&e, batch);
+    assert_eq!(alone.tokens, together[0].tokens);
+    assert!(
+        together[1..].iter().any(|c| c.tokens != alone.tokens),
+        "other seeds give other text"
+    );
+}
+
+#[test]
+fn stop_strings_cut_the_text_also_across_token_boundaries() {
+    let e = engine(small_config());
+    let base = GenerationRequest {
+        ignore_eos: true,
+        ..GenerationRequest::greedy(prompt(&e, "List the days of the week: Monday, Tuesday,"), 24)
+    };
+    let free = run_alone(&e, base.clone());
+    // A stop string that starts inside one token and ends inside a later one.
+    let pieces: Vec<String> = free
+        .tokens
+        .iter()
+        .map(|&t| e.tokenizer().decode(&[t], true).unwrap())
+        .collect();
+    let (mut at, mut idx) = (0, 0);
+    while idx < pieces.len() && (at < 4 || pieces[idx].len() < 3) {
+        at += pieces[idx].len();
+        idx += 1;
+    }
+    assert!(idx + 1 < pieces.len(), "output long enough: {pieces:?}");
+    let start = at + pieces[idx].len() - 2;
+    let stop: String = free.text[start..start + 4].to_string();
+    let cut = free.text.find(&stop).unwrap();
+    let got = run_alone(
+        &e,
+        GenerationRequest {
+            stop: vec![stop.clone()],
+            ..base.clone()
+        },
+    );
+    assert_eq!(got.finish, Some(FinishReason::Stop));
+    assert_eq!(got.stop_string.as_deref(), Some(stop.as_str()));
+    assert_eq!(
+        got.text,
+        free.text[..cut],
+        "text ends right before the stop string {stop:?}"
+    );
+
+    // Stop token ids end generation without being emitted.
+    let stop_id = free.tokens[3];
+    let got = run_alone(
+        &e,
+        GenerationRequest {
+            stop_token_ids: vec![stop_id],
+            ..base
+        },
+    );
+    assert_eq!(got.finish, Some(FinishReason::Stop));
+    assert_eq!(
+        got.tokens,
+        free.tokens[..free.tokens.iter().position(|&t| t == stop_id).unwrap()]
+    );
+}
+
+#[test]
+fn lengths_logprobs_and_usage() {
+    let e = engine(small_config());
+    let p = prompt(&e, "The capital of France is");
+    let got = run_alone(
+        &e,
+        GenerationRequest {
+            logprobs: Some(3),
+            ignore_eos: true,
+            ..GenerationRequest::greedy(p.clone(), 5)
+        },
+    );
+    assert_eq!(got.finish, Some(FinishReason::Length));
+    assert_eq!(got.tokens.len(), 5);
+    assert_eq!(got.usage.prompt_tokens, p.len());
+    assert_eq!(got.usage.completion_tokens, 5);
+    assert_eq!(got.logprobs.len(), 5);
+    for (lp, &t) in got.logprobs.iter().zip(&got.tokens) {
+        assert_eq!(lp.token, t);
+        assert_eq!(lp.top.len(), 3);
+        assert_eq!(lp.top[0].0, t, "greedy picks the most likely token");
+        assert!(lp.logprob <= 0.0 && lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
+    // A repeated prompt finds its full blocks in the prefix cache.
+    let long = prompt(&e, &"A long shared system prompt. ".repeat(12));
+    run_alone(&e, GenerationRequest::greedy(long.clone(), 1));
+    let again = run_alone(&e, GenerationRequest::greedy(long.clone(), 1));
+    assert_eq!(again.usage.cached_prompt_tokens, (long.len() - 1) / 16 * 16);
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let e = engine(EngineConfig {
+        max_queue: 2,
+        ..small_config()
+    });
+    let too_long = vec![1u32; 1024];
+    assert_eq!(
+        e.submit(GenerationRequest::greedy(too_long, 1)).err(),
+        Some(SubmitError::PromptTooLong {
+            prompt: 1024,
+            max_model_len: 1024
+        })
+    );
+    assert!(matches!(
+        e.submit(GenerationRequest::greedy(vec![], 1)),
+        Err(SubmitError::Invalid(_))
+    ));
+    assert!(matches!(
+        e.submit(GenerationRequest::greedy(vec![u32::MAX], 1)),
+        Err(SubmitError::Invalid(m)) if m.contains("vocabulary")
+    ));
+    let bad_sampling = GenerationRequest {
+        sampling: SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        },
+        ..GenerationRequest::greedy(vec![1, 2], 1)
+    };
+    assert!(matches!(e.submit(bad_sampling), Err(SubmitError::Invalid(m)) if m.contains("top_p")));
+    // The queue holds 2; a burst of 10 gets some refusals, never a hang.
+    let results: Vec<_> = (0..10)
+        .map(|_| e.submit(GenerationRequest::greedy(vec![1, 2, 3], 4)))
+        .collect();
+    assert!(results
+        .iter()
+        .any(|r| matches!(r, Err(SubmitError::QueueFull { max: 2 }))));
+    for r in results.into_iter().flatten() {
+        collect(r);
+    }
+    e.shutdown();
+    assert!(matches!(
+        e.submit(GenerationRequest::greedy(vec![1], 1)),
+        Err(SubmitError::EngineDead(_))
+    ));
+}
