@@ -1,17 +1,21 @@
 //! `strata bench`: a load generator for any OpenAI-compatible server (strata, vLLM, llama.cpp, Ollama, SGLang).
 //! Owns the public API: `BenchArgs`/`run` for the CLI, `run_bench(&BenchConfig) -> BenchReport` for code and tests.
 
+pub mod args;
 pub mod client;
 pub mod config;
 pub mod mock;
+pub mod plot;
 pub mod report;
 mod rng;
 pub mod runner;
 pub mod sse;
+pub mod table;
 pub mod workload;
 
 use std::sync::Arc;
 
+pub use args::{compare_files, run, BenchArgs};
 pub use client::ErrorKind;
 pub use config::{Arrival, BenchConfig, Endpoint, InputSource, LoadShape};
 pub use report::{BenchReport, BenchResults, ErrorBreakdown, LatencySummary, RequestCounts, TokenTotals};
