@@ -20,6 +20,9 @@ fn smollm2_matches_the_numpy_reference() {
     let prompts = reference["prompts"].as_array().expect("prompts");
     assert!(prompts.len() >= 4, "the reference covers at least 4 prompts");
     let (mut max_rel, mut max_abs, mut positions) = (0.0f64, 0.0f64, 0usize);
+    // The FP8 KV cache against the f32 one, over the whole vocabulary.
+    let (mut fp8_max_abs, mut fp8_max_rel, mut fp8_top1_equal) = (0.0f64, 0.0f64, 0usize);
+    let (mut fp8_sum_abs, mut fp8_values) = (0.0f64, 0usize);
     for p in prompts {
         let text = p["text"].as_str().unwrap();
         let ids: Vec<u32> = p["ids"]
@@ -52,8 +55,23 @@ fn smollm2_matches_the_numpy_reference() {
         };
         let logits = model
             .transformer
-            .forward(&[chunk], &mut kv, &pool, &mut Default::default())
+            .forward(&[chunk.clone()], &mut kv, &pool, &mut Default::default())
             .unwrap();
+        let mut kv8 = PagedKvCache::new(cfg, KvCacheDtype::Fp8E4m3, 16, ids.len().div_ceil(16));
+        let logits8 = model
+            .transformer
+            .forward(&[chunk], &mut kv8, &pool, &mut Default::default())
+            .unwrap();
+        for r in 0..logits.rows.len() {
+            let (a, b) = (logits.row(r), logits8.row(r));
+            let scale = a.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64));
+            let err = a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+            fp8_sum_abs += a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).sum::<f64>();
+            fp8_values += a.len();
+            fp8_max_abs = fp8_max_abs.max(err);
+            fp8_max_rel = fp8_max_rel.max(err / scale);
+            fp8_top1_equal += usize::from(strata_engine::sampler::argmax(a) == strata_engine::sampler::argmax(b));
+        }
         for (pos, want) in p["positions"].as_array().unwrap().iter().enumerate() {
             let row = logits.row(pos);
             let top_ids: Vec<usize> = want["ids"]
@@ -105,6 +123,18 @@ fn smollm2_matches_the_numpy_reference() {
         prompts.len(),
         max_rel * 100.0
     );
+    println!(
+        "fp8 e4m3 KV cache vs f32: top-1 equal at {fp8_top1_equal}/{positions} positions; logits mean abs error \
+         {:.4}, max abs error {fp8_max_abs:.4}, max relative error {:.2}% (of the row's largest logit)",
+        fp8_sum_abs / fp8_values as f64,
+        fp8_max_rel * 100.0
+    );
+    assert!(
+        fp8_top1_equal * 100 >= positions * 90,
+        "fp8 KV changes the top-1 token too often"
+    );
+    // A 135M model with sharp attention is hard on 3-bit mantissas; this guards against regressions.
+    assert!(fp8_max_rel < 0.30, "fp8 KV logits drift {:.3}%", fp8_max_rel * 100.0);
     assert!(
         max_rel < 0.02,
         "logits drift from the reference: max relative error {:.3}%",
