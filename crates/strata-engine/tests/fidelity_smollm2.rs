@@ -55,7 +55,7 @@ fn smollm2_matches_the_numpy_reference() {
         };
         let logits = model
             .transformer
-            .forward(&[chunk.clone()], &mut kv, &pool, &mut Default::default())
+            .forward(std::slice::from_ref(&chunk), &mut kv, &pool, &mut Default::default())
             .unwrap();
         let mut kv8 = PagedKvCache::new(cfg, KvCacheDtype::Fp8E4m3, 16, ids.len().div_ceil(16));
         let logits8 = model
