@@ -156,7 +156,14 @@ impl BenchConfig {
     /// Checks what the types cannot; each error is one line with the fix.
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::bail;
-        if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
+        if self.base_url.starts_with("https://") {
+            bail!(
+                "base URL {:?} needs TLS, which strata bench is built without; bench the server's plain http port, \
+                 e.g. --base-url http://127.0.0.1:8000",
+                self.base_url
+            );
+        }
+        if !self.base_url.starts_with("http://") {
             bail!(
                 "base URL {:?} has no http:// scheme; pass e.g. --base-url http://127.0.0.1:8000",
                 self.base_url
@@ -237,6 +244,11 @@ mod tests {
         cfg.load = LoadShape::ClosedLoop { users: 1 };
         cfg.num_requests = None;
         assert!(cfg.validate().unwrap_err().to_string().contains("--duration"));
+        assert!(BenchConfig::new("https://x:1")
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("TLS"));
     }
 
     #[test]
