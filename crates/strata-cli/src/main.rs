@@ -1,9 +1,10 @@
-//! The `strata` command line: run a model, benchmark it locally (serve, plan and topo come later).
+//! The `strata` command line: serve the OpenAI API, run a model, load-test a server, benchmark locally.
 //! Errors end the process with one line saying what went wrong and how to fix it.
 
 mod bench_local;
 mod progress;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -21,21 +22,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (chat, completions, streaming, metrics).
+    Serve(serve::ServeArgs),
     /// Generate a continuation of a prompt (greedy unless told otherwise) and print tokens/s.
     Run(run::RunArgs),
     /// Measure prompt processing and single-stream decode speed on this machine's CPU.
     BenchLocal(bench_local::BenchLocalArgs),
     /// Print the token ids of texts as JSON (as `run` would feed them to the model).
     Tokenize(tokenize::TokenizeArgs),
+    /// Load-test an OpenAI-compatible server (strata, vLLM, llama.cpp, ...) and report latency and throughput.
+    Bench(strata_bench::BenchArgs),
 }
 
 fn main() {
+    let cli = Cli::parse();
+    // A server says what it is doing (capacity, address, shutdown); one-shot commands stay quiet.
+    let default_filter = if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| default_filter.into()),
+        )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::serve(args),
+        Command::Bench(args) => strata_bench::run(args),
         Command::Run(args) => run::run(args),
         Command::BenchLocal(args) => bench_local::bench_local(args),
         Command::Tokenize(args) => tokenize::tokenize(args),

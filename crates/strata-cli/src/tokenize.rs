@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use strata_model::chat_template::ChatMessage;
 use strata_model::chat_template::ChatTemplate;
 use strata_model::loader::{default_model_path, open_gguf};
 use strata_model::tokenizer::Tokenizer;
+use strata_server::prompt::{chat_prompt_ids, text_prompt_ids};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
@@ -38,10 +38,9 @@ pub fn prompt_ids(
             .into_iter()
             .chain([ChatMessage::user(text)])
             .collect();
-        let rendered = template.render(&messages, true).context("applying the chat template")?;
-        tok.encode(&rendered, false, true)?
+        chat_prompt_ids(tok, template, &messages, true)?
     } else {
-        tok.encode(text, true, false)?
+        text_prompt_ids(tok, text)?
     })
 }
 

@@ -1,0 +1,183 @@
+//! `strata serve`: loads a model, starts the engine and serves the OpenAI-compatible API until
+//! SIGTERM/SIGINT. Flags follow vLLM's spelling; sizes accept units (2GiB, 512MiB, bytes).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use strata_engine::{EngineConfig, EngineHandle, KvCacheDtype};
+use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
+use strata_model::loader::default_model_path;
+use strata_server::ServerConfig;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Path of a GGUF model (default: the SmolLM2-135M-Instruct file `make fetch` installs).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <key>` on the API (not on /health, /metrics, /openapi.json).
+    #[arg(long, env = "STRATA_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Model name clients use (default: the model file's name without .gguf).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Longest prompt + output in tokens (default: the model's context).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Tokens per engine step, prefill and decode together.
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Requests allowed to wait for admission; more get 429.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
+    /// Memory for the KV cache: bytes or a size like 512MiB, 2GiB, 1G.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub kv_cache_memory: usize,
+    /// KV cache element type: auto (full precision) or fp8 (E4M3 with scales, ~3.8x more tokens).
+    #[arg(long, default_value = "auto", value_parser = KvCacheDtype::parse)]
+    pub kv_cache_dtype: KvCacheDtype,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    pub block_size: usize,
+    /// Do not share the KV of common prompt prefixes between requests.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// CPU compute threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+    /// Largest request body: bytes or a size like 32MiB; larger ones get 413.
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
+    pub max_request_body_bytes: usize,
+    /// Seconds between `: keep-alive` comments on a stream with nothing to send (e.g. queued).
+    #[arg(long, default_value_t = 10.0)]
+    pub sse_keep_alive: f64,
+}
+
+/// Parses `512MiB`, `2GiB`, `1G`, `64k`, `1.5GiB` or a plain number of bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; write bytes or a number with a unit like 512MiB or 2GiB"))?;
+    let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?}; use B, KiB, MiB, GiB, TiB (or K, M, G, T)"
+            ))
+        }
+    };
+    let bytes = value * multiplier;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
+        return Err(format!("{s:?} is not a usable size"));
+    }
+    Ok(bytes as usize)
+}
+
+fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| anyhow::anyhow!("{flag} must be a number of seconds >= 0, got {value}"))
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let served_model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        path.file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| "model".into())
+    });
+    let threads = match args.threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    let server_config = ServerConfig {
+        served_model_name: served_model_name.clone(),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        max_request_body_bytes: args.max_request_body_bytes,
+        sse_keep_alive: seconds(args.sse_keep_alive, "--sse-keep-alive")?.max(Duration::from_millis(10)),
+        shutdown_timeout: seconds(args.shutdown_timeout, "--shutdown-timeout")?,
+    };
+    let engine_config = EngineConfig {
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        max_model_len: args.max_model_len,
+        kv_cache_memory: args.kv_cache_memory,
+        kv_cache_dtype: args.kv_cache_dtype,
+        block_size: args.block_size,
+        enable_prefix_caching: !args.no_enable_prefix_caching,
+        max_queue: args.max_queue,
+        threads,
+    };
+    let model = crate::progress::load_with_progress(&path)?;
+    let engine = EngineHandle::start(model, engine_config)?;
+    let cap = engine.capacity();
+    tracing::info!(
+        "KV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB, {:?}); {:.1} sequences of --max-model-len {} fit at once",
+        cap.blocks,
+        cap.block_size,
+        cap.tokens(),
+        cap.bytes as f64 / (1024.0 * 1024.0),
+        cap.dtype,
+        cap.max_len_sequences(),
+        cap.max_model_len
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata-http")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let address = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .with_context(|| format!("cannot listen on {address}; pass another --port or --host"))?;
+        let bound = listener.local_addr()?;
+        tracing::info!(
+            "serving `{served_model_name}` on http://{bound} (OpenAI API under /v1; /health, /metrics, /openapi.json){}",
+            if server_config.api_key.is_some() { "; API key required" } else { "" }
+        );
+        strata_server::serve(listener, engine, server_config, strata_server::shutdown_signal()).await?;
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5 KiB"), Ok(1536));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 parsecs").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}

@@ -1,0 +1,231 @@
+//! strata-server: the OpenAI-compatible HTTP API over a running engine (chat, completions, SSE,
+//! models, tokenize, health, metrics, OpenAPI), with API-key auth and graceful shutdown.
+
+pub mod body;
+pub mod chat;
+pub mod completions;
+pub mod error;
+pub mod generation;
+pub mod metrics;
+pub mod openapi;
+pub mod params;
+pub mod prompt;
+pub mod protocol;
+pub mod routes;
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::Router;
+use strata_engine::EngineHandle;
+use subtle::ConstantTimeEq;
+
+pub use error::{ApiError, ErrorDetail, ErrorResponse};
+pub use metrics::Metrics;
+
+/// How the server behaves (the engine has its own config).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model name clients send and see (`--served-model-name`).
+    pub served_model_name: String,
+    /// Required as `Authorization: Bearer <key>` when set (`--api-key`, `STRATA_API_KEY`).
+    pub api_key: Option<String>,
+    /// Larger request bodies get 413.
+    pub max_request_body_bytes: usize,
+    /// Interval of `: keep-alive` comments on an SSE stream that has nothing to send.
+    pub sse_keep_alive: Duration,
+    /// After SIGTERM/SIGINT, how long in-flight requests may finish before they are aborted.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            served_model_name: "default".into(),
+            api_key: None,
+            max_request_body_bytes: 32 << 20,
+            sse_keep_alive: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every handler sees.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub config: ServerConfig,
+    pub metrics: Metrics,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+}
+
+impl AppState {
+    pub fn new(engine: EngineHandle, config: ServerConfig) -> Self {
+        AppState {
+            engine,
+            config,
+            metrics: Metrics::default(),
+            created: generation::unix_now(),
+        }
+    }
+
+    /// A request naming another model gets 404; one naming none gets the served model.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.config.served_model_name => {
+                Err(ApiError::unknown_model(m, &self.config.served_model_name))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Paths that need no API key.
+const OPEN_PATHS: &[&str] = &["/health", "/metrics", "/openapi.json"];
+
+/// Every route the server has: (path, handlers). The OpenAPI document must list exactly these.
+pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/v1/chat/completions", post(chat::chat_completions)),
+        ("/v1/completions", post(completions::completions)),
+        ("/v1/models", get(routes::list_models)),
+        ("/v1/models/{model}", get(routes::get_model)),
+        ("/health", get(routes::health)),
+        ("/metrics", get(routes::metrics)),
+        ("/tokenize", post(routes::tokenize)),
+        ("/detokenize", post(routes::detokenize)),
+        ("/openapi.json", get(routes::openapi_json)),
+    ]
+}
+
+/// The whole HTTP application.
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut app = Router::new();
+    for (path, handlers) in routes() {
+        app = app.route(path, handlers.fallback(routes::wrong_method));
+    }
+    app.fallback(routes::unknown_route)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), require_api_key))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), count_requests))
+        .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
+        .with_state(state)
+}
+
+/// Refuses requests without the right `Authorization: Bearer` key (compared in constant time).
+async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let Some(key) = &state.config.api_key else {
+        return next.run(request).await;
+    };
+    if OPEN_PATHS.contains(&request.uri().path()) {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match given {
+        Some(token) if bool::from(token.as_bytes().ct_eq(key.as_bytes())) => next.run(request).await,
+        _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+/// Counts every response by route and status for `/metrics`.
+async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let response = next.run(request).await;
+    state.metrics.count_request(&route, response.status().as_u16());
+    response
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("the HTTP server failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the server task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Serves on `listener` until `shutdown` resolves; then stops accepting, lets in-flight requests
+/// finish for `config.shutdown_timeout`, aborts what is left, stops the engine and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    engine: EngineHandle,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let timeout = config.shutdown_timeout;
+    let state = Arc::new(AppState::new(engine.clone(), config));
+    let (signalled_tx, mut signalled_rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = signalled_tx.send(true);
+    });
+    let mut server = tokio::spawn(server.into_future());
+    let outcome = tokio::select! {
+        result = &mut server => Some(result),
+        _ = signalled_rx.wait_for(|s| *s) => None,
+    };
+    let result = match outcome {
+        Some(result) => result,
+        None => {
+            tracing::info!("shutting down: no new connections; in-flight requests get {timeout:?} to finish");
+            match tokio::time::timeout(timeout, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!("shutdown timeout passed: aborting the requests still running");
+                    let stopping = engine.clone();
+                    tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
+                    match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
+                        Ok(result) => result,
+                        Err(_) => {
+                            server.abort();
+                            Ok(Ok(()))
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let stopping = engine.clone();
+    tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
+    result??;
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = terminate => tracing::info!("SIGTERM received"),
+    }
+}

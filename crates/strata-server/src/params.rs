@@ -1,0 +1,318 @@
+//! The generation fields chat and completion requests share (sampling, n, stop, seed, logprobs,
+//! streaming), checked with errors naming the field and turned into engine requests.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use strata_engine::request::MAX_TOP_LOGPROBS;
+use strata_engine::{GenerationRequest, SamplingParams};
+
+use crate::error::ApiError;
+use crate::protocol::{StopField, StreamOptions};
+
+/// Most choices one request may ask for.
+pub const MAX_N: u64 = 128;
+
+/// The shared fields, borrowed from either request type.
+pub struct GenerationFields<'a> {
+    /// The max-tokens value and the name of the field it came from.
+    pub max_tokens: Option<(u64, &'static str)>,
+    /// Used when no max-tokens field is given.
+    pub default_max_tokens: usize,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub n: Option<u64>,
+    pub stop: Option<&'a StopField>,
+    pub stop_token_ids: Option<&'a [u32]>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// Alternatives per token, with the field name that asked for them.
+    pub logprobs: Option<(u64, &'static str)>,
+    pub ignore_eos: Option<bool>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<&'a StreamOptions>,
+}
+
+/// A checked request, ready to be submitted `n` times per prompt.
+#[derive(Debug, Clone)]
+pub struct GenerationPlan {
+    /// Everything but the prompt and the seed.
+    pub template: GenerationRequest,
+    pub n: usize,
+    pub seed: Option<u64>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl GenerationPlan {
+    /// The `n` engine requests for one prompt: seeds `seed + i`, or fresh random seeds.
+    pub fn requests(&self, prompt: &[u32]) -> Vec<GenerationRequest> {
+        (0..self.n)
+            .map(|i| {
+                let mut r = self.template.clone();
+                r.prompt = prompt.to_vec();
+                r.sampling.seed = match self.seed {
+                    Some(s) => s.wrapping_add(i as u64),
+                    None => random_u64(),
+                };
+                r
+            })
+            .collect()
+    }
+}
+
+fn as_f32(v: Option<f64>, default: f32, name: &str) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && x.abs() <= f32::MAX as f64 => Ok(x as f32),
+        Some(x) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a finite number, got {x}"),
+        )),
+    }
+}
+
+/// Checks the shared fields.
+pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
+    let max_tokens = match f.max_tokens {
+        Some((0, name)) => return Err(ApiError::invalid_field(name, format!("`{name}` must be at least 1"))),
+        Some((v, _)) => usize::try_from(v).unwrap_or(usize::MAX),
+        None => f.default_max_tokens,
+    };
+    let n = f.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid_field(
+            "n",
+            format!("`n` must be in 1..={MAX_N}, got {n}"),
+        ));
+    }
+    let top_k = match f.top_k.unwrap_or(0) {
+        -1 | 0 => 0,
+        k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        k => {
+            return Err(ApiError::invalid_field(
+                "top_k",
+                format!("`top_k` must be -1, 0 (no limit) or positive, got {k}"),
+            ))
+        }
+    };
+    let sampling = SamplingParams {
+        temperature: as_f32(f.temperature, 1.0, "temperature")?,
+        top_k,
+        top_p: as_f32(f.top_p, 1.0, "top_p")?,
+        min_p: as_f32(f.min_p, 0.0, "min_p")?,
+        repetition_penalty: as_f32(f.repetition_penalty, 1.0, "repetition_penalty")?,
+        presence_penalty: as_f32(f.presence_penalty, 0.0, "presence_penalty")?,
+        frequency_penalty: as_f32(f.frequency_penalty, 0.0, "frequency_penalty")?,
+        seed: 0,
+    };
+    sampling
+        .validate()
+        .map_err(|m| ApiError::from_submit(strata_engine::SubmitError::Invalid(m), "prompt"))?;
+    let stop: Vec<String> = match f.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if let Some(i) = stop.iter().position(|s| s.is_empty()) {
+        let param = if matches!(f.stop, Some(StopField::Many(_))) {
+            format!("stop[{i}]")
+        } else {
+            "stop".into()
+        };
+        return Err(ApiError::invalid_field(
+            param.clone(),
+            format!("`{param}` must not be an empty string"),
+        ));
+    }
+    let logprobs = match f.logprobs {
+        None => None,
+        Some((k, name)) if k > MAX_TOP_LOGPROBS as u64 => {
+            return Err(ApiError::invalid_field(
+                name,
+                format!("`{name}` must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+            ))
+        }
+        Some((k, _)) => Some(k as usize),
+    };
+    let stream = f.stream.unwrap_or(false);
+    if f.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid_field(
+            "stream_options",
+            "`stream_options` is only allowed when `stream` is true",
+        ));
+    }
+    Ok(GenerationPlan {
+        template: GenerationRequest {
+            prompt: Vec::new(),
+            sampling,
+            max_tokens,
+            stop,
+            stop_token_ids: f.stop_token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+            ignore_eos: f.ignore_eos.unwrap_or(false),
+            logprobs,
+        },
+        n: n as usize,
+        seed: f.seed.map(|s| s as u64),
+        stream,
+        include_usage: f.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+    })
+}
+
+/// A random 64-bit value (request ids, seeds of requests that gave none).
+pub fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields() -> GenerationFields<'static> {
+        GenerationFields {
+            max_tokens: None,
+            default_max_tokens: 16,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            min_p: None,
+            n: None,
+            stop: None,
+            stop_token_ids: None,
+            seed: None,
+            presence_penalty: None,
+            frequency_penalty: None,
+            repetition_penalty: None,
+            logprobs: None,
+            ignore_eos: None,
+            stream: None,
+            stream_options: None,
+        }
+    }
+
+    #[test]
+    fn defaults_and_seeds() {
+        let p = plan(&GenerationFields {
+            n: Some(3),
+            seed: Some(7),
+            ..fields()
+        })
+        .unwrap();
+        assert_eq!(p.template.max_tokens, 16);
+        let seeds: Vec<u64> = p.requests(&[1, 2]).iter().map(|r| r.sampling.seed).collect();
+        assert_eq!(seeds, vec![7, 8, 9]);
+        let p = plan(&GenerationFields { n: Some(2), ..fields() }).unwrap();
+        let r = p.requests(&[1]);
+        assert_ne!(r[0].sampling.seed, r[1].sampling.seed, "unseeded choices differ");
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases: Vec<(GenerationFields, &str)> = vec![
+            (
+                GenerationFields {
+                    max_tokens: Some((0, "max_completion_tokens")),
+                    ..fields()
+                },
+                "max_completion_tokens",
+            ),
+            (GenerationFields { n: Some(0), ..fields() }, "n"),
+            (
+                GenerationFields {
+                    temperature: Some(-1.0),
+                    ..fields()
+                },
+                "temperature",
+            ),
+            (
+                GenerationFields {
+                    temperature: Some(1e300),
+                    ..fields()
+                },
+                "temperature",
+            ),
+            (
+                GenerationFields {
+                    top_p: Some(0.0),
+                    ..fields()
+                },
+                "top_p",
+            ),
+            (
+                GenerationFields {
+                    top_k: Some(-5),
+                    ..fields()
+                },
+                "top_k",
+            ),
+            (
+                GenerationFields {
+                    min_p: Some(2.0),
+                    ..fields()
+                },
+                "min_p",
+            ),
+            (
+                GenerationFields {
+                    presence_penalty: Some(3.0),
+                    ..fields()
+                },
+                "presence_penalty",
+            ),
+            (
+                GenerationFields {
+                    frequency_penalty: Some(-3.0),
+                    ..fields()
+                },
+                "frequency_penalty",
+            ),
+            (
+                GenerationFields {
+                    repetition_penalty: Some(0.0),
+                    ..fields()
+                },
+                "repetition_penalty",
+            ),
+            (
+                GenerationFields {
+                    logprobs: Some((21, "top_logprobs")),
+                    ..fields()
+                },
+                "top_logprobs",
+            ),
+            (
+                GenerationFields {
+                    stream_options: Some(&StreamOptions {
+                        include_usage: Some(true),
+                    }),
+                    ..fields()
+                },
+                "stream_options",
+            ),
+        ];
+        for (f, want) in cases {
+            let e = plan(&f).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(want), "{}", e.message);
+        }
+        let stop = StopField::Many(vec!["a".into(), String::new()]);
+        let e = plan(&GenerationFields {
+            stop: Some(&stop),
+            ..fields()
+        })
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop[1]"));
+    }
+}
