@@ -68,10 +68,10 @@ fn percentile(v: &[f64], p: f64) -> f64 {
     s[((s.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Mixed prompt lengths (32..256 tokens) with distinct content, so the prefix cache does not
+/// Mixed prompt lengths (16..128 tokens) with distinct content, so the prefix cache does not
 /// turn prefill into a no-op.
 fn prompt_for(i: usize, e: &EngineHandle) -> Vec<u32> {
-    let lens = [32, 64, 128, 256];
+    let lens = [16, 32, 64, 128];
     let want = lens[i % lens.len()];
     let vocab = e.tokenizer().vocab_size() as u64;
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -192,7 +192,7 @@ fn main() {
     }
     let json = format!(
         "{{\"model\":\"{}\",\"threads\":{},\"kv_cache_dtype\":\"{}\",\"output_len\":{},\
-         \"prompt_lens\":[32,64,128,256],\"max_num_batched_tokens\":{},\"levels\":[{}]}}\n",
+         \"prompt_lens\":[16,32,64,128],\"max_num_batched_tokens\":{},\"levels\":[{}]}}\n",
         path.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
         o.threads,
         o.dtype.as_str(),

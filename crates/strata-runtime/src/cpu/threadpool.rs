@@ -1,5 +1,6 @@
 //! A small fork-join thread pool tuned for the many short parallel steps of a forward pass.
-//! Workers spin briefly between jobs (a decode step issues hundreds) and then park.
+//! Workers spin briefly between jobs (a decode step issues hundreds) and then park; a job's parts
+//! that no worker has claimed yet are run by the caller, so a descheduled worker never stalls a step.
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before it parks.
 const SPIN_FOR: Duration = Duration::from_millis(2);
+/// How long the caller spins on a worker's part before it starts yielding its core.
+const YIELD_AFTER: Duration = Duration::from_micros(50);
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -17,7 +20,10 @@ struct Shared {
     /// The job of the current epoch; written only while no worker runs one.
     job: UnsafeCell<Option<&'static Job>>,
     epoch: AtomicU64,
-    running: AtomicUsize,
+    /// Next part index of the current job to hand out (parts 1..n; part 0 is the caller's).
+    next_part: AtomicUsize,
+    /// Parts 1..n finished in the current job.
+    done: AtomicUsize,
     /// Workers blocked on `wake` (so `run` can skip the wake-up syscall while all spin).
     parked: AtomicUsize,
     shutdown: AtomicBool,
@@ -53,7 +59,8 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
             epoch: AtomicU64::new(0),
-            running: AtomicUsize::new(0),
+            next_part: AtomicUsize::new(usize::MAX / 2),
+            done: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             park: Mutex::new(()),
@@ -64,7 +71,7 @@ impl ThreadPool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("strata-cpu-{index}"))
-                    .spawn(move || worker_loop(&shared, index))
+                    .spawn(move || worker_loop(&shared, n_threads))
                     .unwrap_or_else(|e| panic!("cannot start CPU worker thread: {e}"))
             })
             .collect();
@@ -86,7 +93,8 @@ impl ThreadPool {
         self.n_threads
     }
 
-    /// Runs `f(thread_index)` once on every thread of the pool and returns when all are done.
+    /// Runs `f(part)` for every part `0..n_threads`, each exactly once, and returns when all are
+    /// done. The caller runs part 0 and any part no worker has claimed by then.
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
         if self.n_threads == 1 {
             f(0);
@@ -94,11 +102,16 @@ impl ThreadPool {
         }
         let _guard = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: we erase the lifetime of `f` to store it; `run` does not return before every
-        // worker has finished with it (`running` back to 0), so it never outlives the borrow.
+        // part is done, so no worker holds it after that.
         let job: &'static Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Job>(f) };
-        // SAFETY: no worker runs a job now (the previous `run` waited for all), see `Shared`.
+        // SAFETY: no worker runs a job now: the previous `run` waited until every part it
+        // handed out was done, and parts are handed out only after the reset below.
         unsafe { *self.shared.job.get() = Some(job) };
-        self.shared.running.store(self.n_threads - 1, Ordering::Relaxed);
+        let n = self.n_threads;
+        self.shared.done.store(0, Ordering::Relaxed);
+        // Publishes the job to whoever claims a part from here on (Release pairs with the
+        // claim's AcqRel).
+        self.shared.next_part.store(1, Ordering::Release);
         self.shared.epoch.fetch_add(1, Ordering::SeqCst);
         // A worker increments `parked` before its last look at `epoch` (both SeqCst), so either
         // we see it parked and wake it, or it sees the new epoch and does not sleep.
@@ -107,12 +120,26 @@ impl ThreadPool {
             self.shared.wake.notify_all();
         }
         f(0);
-        // No yield here: with other processes runnable, sched_yield hands them whole time
-        // slices and every one of the hundreds of joins per token pays for it.
-        while self.shared.running.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+        // Parts no worker has claimed yet (it is parked, or descheduled by the OS) are ours.
+        loop {
+            let part = self.shared.next_part.fetch_add(1, Ordering::AcqRel);
+            if part >= n {
+                break;
+            }
+            f(part);
+            self.shared.done.fetch_add(1, Ordering::Release);
         }
-        // SAFETY: all workers are done with the job.
+        // Wait for parts that workers are running. Spin first (parts take microseconds); yield
+        // only when one takes long, i.e. its worker was preempted and needs this core back.
+        let start = Instant::now();
+        while self.shared.done.load(Ordering::Acquire) != n - 1 {
+            if start.elapsed() > YIELD_AFTER {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        // SAFETY: every part is done; no worker holds the job.
         unsafe { *self.shared.job.get() = None };
     }
 
@@ -172,7 +199,7 @@ impl Drop for ThreadPool {
     }
 }
 
-fn worker_loop(shared: &Shared, index: usize) {
+fn worker_loop(shared: &Shared, n_threads: usize) {
     let mut seen = 0u64;
     loop {
         let spin_start = Instant::now();
@@ -198,19 +225,39 @@ fn worker_loop(shared: &Shared, index: usize) {
             return;
         }
         seen = epoch;
-        // SAFETY: the epoch bump we observed (Acquire) published the job, which stays valid
-        // until we decrement `running`.
+        // Claim a part; late claims (the caller took the parts already) get none.
+        let part = shared.next_part.fetch_add(1, Ordering::AcqRel);
+        if part >= n_threads {
+            continue;
+        }
+        // SAFETY: the claim (AcqRel, after the caller's Release reset) published the job, which
+        // stays valid until this part is counted done.
         let job = unsafe { *shared.job.get() };
         if let Some(job) = job {
-            job(index);
+            job(part);
         }
-        shared.running.fetch_sub(1, Ordering::Release);
+        shared.done.fetch_add(1, Ordering::Release);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_part_runs_exactly_once_also_when_workers_are_parked() {
+        let pool = ThreadPool::new(3);
+        for round in 0..2000 {
+            if round % 500 == 0 {
+                std::thread::sleep(SPIN_FOR * 2); // workers park; the caller takes their parts
+            }
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|part| {
+                hits[part].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "round {round}");
+        }
+    }
 
     #[test]
     fn every_item_visited_once() {
