@@ -62,7 +62,7 @@ pub struct ChoiceResult {
 }
 
 async fn collect_one(state: Arc<AppState>, mut s: Submitted, arrival: Instant) -> Result<ChoiceResult, ApiError> {
-    let mut timer = GenerationTimer::new(arrival);
+    let mut timer = GenerationTimer::new(Arc::clone(&state.metrics), arrival);
     let mut text = String::new();
     let mut logprobs = Vec::new();
     while let Some(out) = s.stream.next().await {
@@ -72,7 +72,7 @@ async fn collect_one(state: Arc<AppState>, mut s: Submitted, arrival: Instant) -
                 text: t,
                 logprobs: lp,
             } => {
-                timer.tokens(&state.metrics, tokens.len());
+                timer.tokens(tokens.len());
                 text.push_str(&t);
                 logprobs.extend(lp);
             }
@@ -81,7 +81,7 @@ async fn collect_one(state: Arc<AppState>, mut s: Submitted, arrival: Instant) -
                 stop_string,
                 usage,
             } => {
-                timer.finished(&state.metrics, reason);
+                timer.finished(reason);
                 if reason == FinishReason::Abort {
                     return Err(ApiError::engine_unavailable(
                         "the server is shutting down and aborted this request",
@@ -259,12 +259,10 @@ pub async fn respond<F: ChunkFormat>(
 struct ChoiceState {
     timer: GenerationTimer,
     chars: usize,
-    finished: bool,
 }
 
 /// The merged outputs of a request's choices, turned into SSE `data:` payloads.
 struct ChunkStream<F: ChunkFormat> {
-    state: Arc<AppState>,
     format: F,
     merged: SelectAll<BoxStream<'static, (usize, RequestOutput)>>,
     choices: Vec<ChoiceState>,
@@ -314,7 +312,7 @@ impl<F: ChunkFormat> ChunkStream<F> {
         };
         match out {
             RequestOutput::Delta { tokens, text, logprobs } => {
-                choice.timer.tokens(&self.state.metrics, tokens.len());
+                choice.timer.tokens(tokens.len());
                 let logprobs = if self.format.meta().logprobs {
                     logprobs
                 } else {
@@ -333,13 +331,11 @@ impl<F: ChunkFormat> ChunkStream<F> {
                 stop_string,
                 usage,
             } => {
-                choice.finished = true;
-                choice.timer.finished(&self.state.metrics, reason);
+                choice.timer.finished(reason);
                 self.usages.push((index, usage));
                 self.pending.push_back(self.format.finish(index, reason, stop_string));
             }
             RequestOutput::Failed(why) => {
-                choice.finished = true;
                 let body = ApiError::engine_failed(&why).body();
                 self.pending
                     .push_back(serde_json::to_string(&body).unwrap_or_else(|_| "{}".into()));
@@ -348,15 +344,6 @@ impl<F: ChunkFormat> ChunkStream<F> {
                 self.merged = SelectAll::new();
                 self.done = true;
             }
-        }
-    }
-}
-
-impl<F: ChunkFormat> Drop for ChunkStream<F> {
-    /// A client that went away mid-stream: its unfinished choices count as aborted.
-    fn drop(&mut self) {
-        for c in self.choices.iter().filter(|c| !c.finished) {
-            c.timer.finished(&self.state.metrics, FinishReason::Abort);
         }
     }
 }
@@ -383,13 +370,11 @@ fn sse_response<F: ChunkFormat>(
     let chunks = ChunkStream {
         choices: (0..total)
             .map(|_| ChoiceState {
-                timer: GenerationTimer::new(arrival),
+                timer: GenerationTimer::new(Arc::clone(&state.metrics), arrival),
                 chars: 0,
-                finished: false,
             })
             .collect(),
         merged: stream::select_all(submitted.into_iter().map(choice_outputs)),
-        state,
         format,
         usages: Vec::with_capacity(total),
         n,

@@ -60,7 +60,7 @@ impl Default for ServerConfig {
 pub struct AppState {
     pub engine: EngineHandle,
     pub config: ServerConfig,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
 }
@@ -70,7 +70,7 @@ impl AppState {
         AppState {
             engine,
             config,
-            metrics: Metrics::default(),
+            metrics: Arc::new(Metrics::default()),
             created: generation::unix_now(),
         }
     }

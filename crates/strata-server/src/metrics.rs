@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use strata_engine::{EngineStats, FinishReason, KvCapacity};
@@ -235,35 +235,52 @@ fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Times one generation: first token, gaps between tokens, the end.
+/// Times one generation: first token, gaps between tokens, the end. One dropped before its
+/// end (the client went away) counts as aborted.
 pub struct GenerationTimer {
+    metrics: Arc<Metrics>,
     arrival: Instant,
     last_token: Option<Instant>,
+    finished: bool,
 }
 
 impl GenerationTimer {
-    pub fn new(arrival: Instant) -> Self {
+    pub fn new(metrics: Arc<Metrics>, arrival: Instant) -> Self {
         GenerationTimer {
+            metrics,
             arrival,
             last_token: None,
+            finished: false,
         }
     }
 
     /// `tokens` new tokens arrived now.
-    pub fn tokens(&mut self, metrics: &Metrics, tokens: usize) {
+    pub fn tokens(&mut self, tokens: usize) {
         if tokens == 0 {
             return;
         }
         let now = Instant::now();
         match self.last_token {
-            None => metrics.observe_ttft((now - self.arrival).as_secs_f64()),
-            Some(prev) => metrics.observe_itl((now - prev).as_secs_f64() / tokens as f64, tokens),
+            None => self.metrics.observe_ttft((now - self.arrival).as_secs_f64()),
+            Some(prev) => self
+                .metrics
+                .observe_itl((now - prev).as_secs_f64() / tokens as f64, tokens),
         }
         self.last_token = Some(now);
     }
 
-    pub fn finished(&self, metrics: &Metrics, reason: FinishReason) {
-        metrics.observe_finish(self.arrival.elapsed().as_secs_f64(), reason);
+    pub fn finished(&mut self, reason: FinishReason) {
+        if !self.finished {
+            self.finished = true;
+            self.metrics
+                .observe_finish(self.arrival.elapsed().as_secs_f64(), reason);
+        }
+    }
+}
+
+impl Drop for GenerationTimer {
+    fn drop(&mut self) {
+        self.finished(FinishReason::Abort);
     }
 }
 
@@ -287,12 +304,14 @@ mod tests {
 
     #[test]
     fn render_has_every_family() {
-        let m = Metrics::default();
+        let m = Arc::new(Metrics::default());
         m.count_request("/v1/completions", 200);
-        let mut t = GenerationTimer::new(Instant::now());
-        t.tokens(&m, 1);
-        t.tokens(&m, 2);
-        t.finished(&m, FinishReason::Length);
+        let mut t = GenerationTimer::new(Arc::clone(&m), Instant::now());
+        t.tokens(1);
+        t.tokens(2);
+        t.finished(FinishReason::Length);
+        drop(t);
+        drop(GenerationTimer::new(Arc::clone(&m), Instant::now()));
         let stats = EngineStats {
             kv_blocks_total: 10,
             kv_blocks_used: 3,
@@ -309,8 +328,9 @@ mod tests {
         assert!(text.contains("strata_http_requests_total{route=\"/v1/completions\",status=\"200\"} 1"));
         assert!(text.contains("strata_time_to_first_token_seconds_count 1"));
         assert!(text.contains("strata_inter_token_latency_seconds_count 2"));
-        assert!(text.contains("strata_e2e_request_latency_seconds_count 1"));
         assert!(text.contains("strata_request_finished_total{finish_reason=\"length\"} 1"));
+        assert!(text.contains("strata_request_finished_total{finish_reason=\"abort\"} 1"));
+        assert!(text.contains("strata_e2e_request_latency_seconds_count 2"));
         assert!(text.contains("strata_kv_blocks_free 7"));
         assert!(text.contains("strata_kv_blocks_used 3"));
     }
