@@ -2,13 +2,13 @@
 //! model, printing aggregate decode tok/s and per-step latency and writing JSON to bench/results/.
 //!
 //! `cargo bench -p strata-engine --bench throughput -- [--threads 2] [--levels 1,4,16,32,64]
-//! [--output-len 64] [--kv-cache-dtype auto|fp8] [--out PATH]`
+//! [--output-len 64] [--kv-cache-dtype auto|fp8] [--activation-precision high|standard] [--out PATH]`
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_engine::{EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, RequestOutput};
+use strata_engine::{ActPrecision, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, RequestOutput};
 use strata_model::loader::{default_model_path, load_model};
 
 struct Options {
@@ -16,6 +16,7 @@ struct Options {
     levels: Vec<usize>,
     output_len: usize,
     dtype: KvCacheDtype,
+    precision: ActPrecision,
     out: std::path::PathBuf,
 }
 
@@ -25,6 +26,7 @@ fn options() -> Result<Options, String> {
         levels: vec![1, 4, 16, 32, 64],
         output_len: 64,
         dtype: KvCacheDtype::F32,
+        precision: ActPrecision::High,
         out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/engine_throughput.json"),
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
@@ -41,6 +43,7 @@ fn options() -> Result<Options, String> {
                     .collect::<Result<_, _>>()?
             }
             "--kv-cache-dtype" => o.dtype = KvCacheDtype::parse(&value()?)?,
+            "--activation-precision" => o.precision = ActPrecision::parse(&value()?)?,
             "--out" => o.out = value()?.into(),
             other => return Err(format!("unknown flag {other}")),
         }
@@ -158,6 +161,7 @@ fn main() {
     let config = EngineConfig {
         threads: o.threads,
         kv_cache_dtype: o.dtype,
+        activation_precision: o.precision,
         max_model_len: Some(2048),
         max_num_seqs: 64,
         max_num_batched_tokens: 512,
@@ -191,11 +195,12 @@ fn main() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let json = format!(
-        "{{\"model\":\"{}\",\"threads\":{},\"kv_cache_dtype\":\"{}\",\"output_len\":{},\
+        "{{\"model\":\"{}\",\"threads\":{},\"kv_cache_dtype\":\"{}\",\"activation_precision\":\"{}\",\"output_len\":{},\
          \"prompt_lens\":[16,32,64,128],\"max_num_batched_tokens\":{},\"levels\":[{}]}}\n",
         path.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
         o.threads,
         o.dtype.as_str(),
+        o.precision.as_str(),
         o.output_len,
         config.max_num_batched_tokens,
         rows.join(",")

@@ -14,7 +14,7 @@ use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{ForwardScratch, LogitsWanted, PagedKvCache, SeqChunk, Transformer};
-use strata_runtime::cpu::ThreadPool;
+use strata_runtime::cpu::{ActPrecision, ThreadPool};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
@@ -44,6 +44,8 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Compute threads.
     pub threads: usize,
+    /// Activation precision of the CPU decode path (`--activation-precision high|standard`).
+    pub activation_precision: ActPrecision,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +60,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             max_queue: 1024,
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            activation_precision: ActPrecision::High,
         }
     }
 }
@@ -219,11 +222,12 @@ impl EngineHandle {
     /// Starts the engine thread for `model`.
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
         let LoadedModel {
-            transformer,
+            mut transformer,
             tokenizer,
             chat_template,
             ..
         } = model;
+        transformer.act_precision = config.activation_precision;
         let mc = &transformer.config;
         let block_size = config.block_size.max(1);
         let max_model_len = config.max_model_len.unwrap_or(mc.max_position);

@@ -14,3 +14,4 @@ pub use generate::{generate, GenerateOptions, GenerateStats, StopReason};
 pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
 pub use strata_model::kv_cache::KvCacheDtype;
+pub use strata_runtime::cpu::ActPrecision;

@@ -1,9 +1,8 @@
 //! The forward pass of a llama-family decoder on the CPU backend, over a batch of sequences.
 //! Reads and writes the paged KV cache; returns logits only for the positions asked for.
 
-use strata_runtime::cpu::matmul::RowPaths;
 use strata_runtime::cpu::ops;
-use strata_runtime::cpu::{matmul, matmul_many, DisjointMut, MatmulScratch, ThreadPool};
+use strata_runtime::cpu::{matmul, matmul_many, ActPrecision, DisjointMut, MatmulScratch, RowPaths, ThreadPool};
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
 use crate::config::ModelConfig;
@@ -15,6 +14,8 @@ use crate::weights::ModelWeights;
 pub struct Transformer {
     pub config: ModelConfig,
     pub weights: ModelWeights,
+    /// Activation precision of the quantized (decode) path; see [`ActPrecision`].
+    pub act_precision: ActPrecision,
     inv_freq: Vec<f32>,
 }
 
@@ -91,6 +92,7 @@ impl FlatBatch {
             paths: RowPaths {
                 dense,
                 quantized: total - dense,
+                precision: ActPrecision::High,
             },
             starts,
         }
@@ -115,6 +117,7 @@ impl Transformer {
         Transformer {
             config,
             weights,
+            act_precision: ActPrecision::High,
             inv_freq,
         }
     }
@@ -164,7 +167,7 @@ impl Transformer {
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let flat = FlatBatch::new(batch);
         let slots = &flat.slots;
-        let paths = flat.paths;
+        let paths = flat.paths.with_precision(self.act_precision);
         let t = slots.len();
         if t == 0 {
             return Ok(Logits {
@@ -282,7 +285,7 @@ impl Transformer {
         let mut data = std::mem::take(&mut s.spare_logits);
         data.resize(r * c.vocab_size, 0.0);
         // Logits rows always take the quantized path: one path for every row, whatever its kind.
-        let lm_paths = RowPaths::quantized(r);
+        let lm_paths = RowPaths::quantized(r).with_precision(self.act_precision);
         matmul(pool, &w.matrix(&w.lm_head), &normed, lm_paths, &mut data, &mut s.matmul);
         Ok(Logits {
             rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(),

@@ -9,5 +9,5 @@ pub mod quant_dot;
 pub mod threadpool;
 
 pub use disjoint::DisjointMut;
-pub use matmul::{matmul, matmul_many, MatmulError, MatmulScratch, WeightMatrix};
+pub use matmul::{matmul, matmul_many, ActPrecision, MatmulError, MatmulScratch, RowPaths, WeightMatrix};
 pub use threadpool::ThreadPool;
