@@ -424,6 +424,7 @@ mod tests {
         let paths = RowPaths {
             dense: 25,
             quantized: 15,
+            precision: ActPrecision::High,
         };
         matmul(&pool, &w, &x, paths, &mut mixed, &mut scratch);
         for j in 0..m {
