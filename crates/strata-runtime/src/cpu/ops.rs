@@ -85,7 +85,7 @@ pub fn softmax_inplace(x: &mut [f32]) {
 }
 
 /// Dot product of two equal-length rows, with 8 independent accumulators so it vectorizes.
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = a.len() / 8;
@@ -102,7 +102,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += a * x`.
-#[inline]
+#[inline(always)]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, &v) in y.iter_mut().zip(x) {
         *o += a * v;
