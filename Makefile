@@ -1,11 +1,13 @@
 # strata: two commands on a fresh machine.
-#   make serve   set up, fetch the default model, build, and run it
-#   make test    set up, fetch fixtures, and pass every check (fmt, clippy, tests)
+#   make serve   set up, fetch the default model, build, and serve it on http://127.0.0.1:8000
+#   make test    set up, fetch fixtures, and pass every check (fmt, clippy, tests, real clients)
 
 CARGO ?= cargo
 STRATA := target/release/strata
+# The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
+CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test lint bench fidelity-reference quant-fixtures clean-cache
+.PHONY: setup fetch build serve test test-clients lint bench fidelity-reference quant-fixtures clean-cache
 
 setup:
 	@scripts/setup.sh
@@ -16,9 +18,9 @@ fetch: setup
 build: setup
 	$(CARGO) build --release --locked -p strata-cli
 
-# Until the HTTP server lands, `serve` runs the default model on a chat prompt.
+# The OpenAI-compatible server on the default model; more flags with SERVE_ARGS="--api-key ...".
 serve: fetch build
-	$(STRATA) run --chat --prompt "$${PROMPT:-Write one sentence about the sea.}" --max-tokens $${MAX_TOKENS:-64}
+	$(STRATA) serve --host 127.0.0.1 --port 8000 $(SERVE_ARGS)
 
 lint: setup
 	$(CARGO) fmt --all --check
@@ -26,6 +28,12 @@ lint: setup
 
 test: fetch lint
 	$(CARGO) test --locked --workspace
+	$(MAKE) --no-print-directory test-clients
+
+# The official openai SDK and a real nginx against the `strata serve` binary (debug build).
+test-clients: fetch
+	$(CARGO) build --locked -p strata-cli
+	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 
 bench: fetch build
 	$(STRATA) bench-local --threads 2 --out bench/results/cpu_smollm2_q4_1.json

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Real clients against the real `strata serve` binary and the default model.
+
+The pinned official `openai` SDK (installed by scripts/setup.sh into $STRATA_CACHE/clients-venv)
+does chat, completions and streaming with and without an API key; a real nginx (Debian package,
+stock `proxy_buffering on`) proxies the server, and streamed chunks must reach the client as they
+are generated; 64 concurrent streams through nginx finish with no error and no leaked KV block;
+SIGTERM stops the server with exit status 0.
+
+usage: clients-venv/bin/python tests/clients/real_clients.py   (env STRATA_BIN: the binary)
+"""
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+import openai
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("STRATA_BIN", os.path.join(ROOT, "target", "debug", "strata"))
+MODEL = "smol"
+API_KEY = "client-test-key"
+MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+class Server:
+    """`strata serve` on a free port; stop() sends SIGTERM and expects exit status 0."""
+
+    def __init__(self, tmp, api_key=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(tmp, f"strata-{self.port}.log")
+        env = dict(os.environ)
+        env.pop("STRATA_API_KEY", None)
+        if api_key:
+            env["STRATA_API_KEY"] = api_key
+        args = [BIN, "serve", "--port", str(self.port), "--served-model-name", MODEL, "--threads", "2",
+                "--kv-cache-memory", "256MiB", "--max-model-len", "2048", "--max-num-seqs", "64",
+                "--shutdown-timeout", "20"]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"strata serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if http_get(self.url + "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("strata serve did not become healthy in 120 s:\n" + self.log_tail())
+            time.sleep(0.2)
+
+    def log_tail(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return "".join(f.readlines()[-30:])
+
+    def metrics(self):
+        text = http_get(self.url + "/metrics")[1]
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(strata_\S+) (\S+)$", text, re.M)}
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("strata serve did not stop within 60 s of SIGTERM")
+        self.log.close()
+        assert code == 0, f"strata serve exited with {code} after SIGTERM:\n{self.log_tail()}"
+
+
+class Nginx:
+    """A real nginx in front of `upstream`, stock buffering (proxy_buffering on), no daemon.
+    The server's `X-Accel-Buffering: no` is what tells it to pass a stream through."""
+
+    def __init__(self, tmp, upstream_port):
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        prefix = os.path.join(tmp, "nginx")
+        os.makedirs(prefix, exist_ok=True)
+        user = "user root;" if os.geteuid() == 0 else ""
+        temp = "".join(f"{kind}_temp_path {prefix}/{kind};\n" for kind in
+                       ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"])
+        conf = f"""{user}
+worker_processes 1;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    {temp}
+    server {{
+        listen 127.0.0.1:{self.port};
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream_port};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+        path = os.path.join(prefix, "nginx.conf")
+        with open(path, "w") as f:
+            f.write(conf)
+        self.proc = subprocess.Popen([nginx, "-p", prefix, "-c", path, "-e", f"{prefix}/error.log"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nginx exited with {self.proc.returncode}; see {prefix}/error.log")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError("nginx did not listen in 20 s")
+                time.sleep(0.1)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def check_sdk_calls(client):
+    """Chat, completion and both streams through the official SDK."""
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    assert chat.object == "chat.completion", chat
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content, chat
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+
+    two = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=4, n=2, seed=7,
+                                         temperature=0.8, extra_body={"top_k": 20})
+    assert [c.index for c in two.choices] == [0, 1], two
+
+    completion = client.completions.create(model=MODEL, prompt=["The capital of France is", "1, 2, 3,"],
+                                           max_tokens=4, temperature=0, logprobs=1)
+    assert completion.object == "text_completion"
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert all(c.text and c.logprobs.tokens for c in completion.choices), completion
+
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes in (["stop"], ["length"]), finishes
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert text == whole.choices[0].message.content, (text, whole)
+
+    parts = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, stream=True,
+                                           temperature=0, extra_body={"ignore_eos": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices)
+    assert parts[-1].choices[0].finish_reason == "length"
+
+    try:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=-1)
+        raise AssertionError("temperature -1 was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.body["param"] == "temperature", e.body
+    try:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "model_not_found", e.body
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def stream_arrivals(client):
+    """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
+    start = time.monotonic()
+    arrivals = []
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=64, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+    return start, arrivals, time.monotonic()
+
+
+def bursts(arrivals, gap=0.005):
+    """How many separate deliveries the chunks came in (arrivals closer than `gap` are one)."""
+    return 1 + sum(1 for a, b in zip(arrivals, arrivals[1:]) if b - a > gap)
+
+
+async def concurrent_streams(base_url, api_key, n):
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
+
+    async def one(i):
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Say a word about the number {i}."}],
+            max_tokens=8, stream=True, temperature=0.7, seed=i)
+        finish = None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        if finish not in ("stop", "length"):
+            raise AssertionError(f"stream {i} ended without a finish reason")
+
+    results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+    await client.close()
+    return [r for r in results if isinstance(r, BaseException)]
+
+
+def wait_no_blocks_used(server):
+    deadline = time.time() + 15
+    while True:
+        m = server.metrics()
+        if m["strata_kv_blocks_used"] == 0 and m["strata_num_requests_running"] == 0:
+            return m
+        if time.time() > deadline:
+            raise AssertionError(f"KV blocks still used: {m['strata_kv_blocks_used']}")
+        time.sleep(0.1)
+
+
+def main():
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} is missing; build it first (cargo build -p strata-cli) or set STRATA_BIN")
+    print(f"real clients: openai {openai.__version__}, {BIN}")
+    tmp = tempfile.mkdtemp(prefix="strata-clients-")
+    results = []
+
+    def run(name, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            results.append(True)
+            print(f"ok   {name} ({time.monotonic() - t0:.1f}s)")
+        except Exception:
+            results.append(False)
+            print(f"FAIL {name}\n{traceback.format_exc()}")
+
+    open_server = keyed = proxy = None
+    try:
+        open_server = Server(tmp)
+        keyed = Server(tmp, api_key=API_KEY)
+        plain = openai.OpenAI(base_url=open_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        with_key = openai.OpenAI(base_url=keyed.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+        run("openai SDK: chat, completions, streams, errors (no API key)", lambda: check_sdk_calls(plain))
+        run("openai SDK: chat, completions, streams, errors (--api-key)", lambda: check_sdk_calls(with_key))
+
+        def refused_without_key():
+            for key in ["wrong-key", API_KEY + "x"]:
+                bad = openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0)
+                try:
+                    bad.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+                    raise AssertionError("a wrong key was accepted")
+                except openai.AuthenticationError as e:
+                    assert e.status_code == 401 and e.body["code"] == "invalid_api_key", e.body
+            assert http_get(keyed.url + "/health")[0] == 200
+        run("--api-key: wrong keys get 401 in OpenAI's shape, /health stays open", refused_without_key)
+
+        proxy = Nginx(tmp, open_server.port)
+        via_nginx = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def incremental_through_nginx():
+            start, arrivals, end = stream_arrivals(via_nginx)
+            lead = end - arrivals[0]
+            print(f"     via nginx: {len(arrivals)} content chunks in {bursts(arrivals)} deliveries; the first "
+                  f"{arrivals[0] - start:.2f}s after the request and {lead:.2f}s before the end")
+            assert len(arrivals) >= 32, len(arrivals)
+            # Buffered, they would come in a few large deliveries at the end.
+            assert bursts(arrivals) >= len(arrivals) // 2, "nginx delivered the stream in bursts"
+            assert arrivals[-1] - arrivals[0] > 0.3, "nginx held the stream back until the end"
+        run("nginx (proxy_buffering on): chunks arrive as generated", incremental_through_nginx)
+
+        def sixty_four_streams():
+            t0 = time.monotonic()
+            errors = asyncio.run(concurrent_streams(proxy.url + "/v1", "unused", 64))
+            print(f"     64 streams through nginx in {time.monotonic() - t0:.1f}s, {len(errors)} errors")
+            assert not errors, [repr(e) for e in errors[:5]]
+            m = wait_no_blocks_used(open_server)
+            assert m["strata_kv_blocks_free"] == m["strata_kv_blocks_total"]
+            assert m['strata_http_requests_total{route="/v1/chat/completions",status="200"}'] >= 64
+        run("64 concurrent streams: 0 errors, no leaked KV blocks", sixty_four_streams)
+
+        def sigterm_exits_zero():
+            for s in (open_server, keyed):
+                s.stop()
+        run("SIGTERM: strata serve exits 0", sigterm_exits_zero)
+    except Exception:
+        results.append(False)
+        print(f"FAIL setup\n{traceback.format_exc()}")
+    finally:
+        if proxy:
+            proxy.stop()
+        for s in (open_server, keyed):
+            if s and s.proc.poll() is None:
+                s.proc.kill()
+                s.proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    passed, failed = results.count(True), results.count(False)
+    print(f"real clients: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
