@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use serde::Serialize;
-use strata_engine::{generate, GenerateOptions, SamplingParams};
+use strata_engine::{complete, GenerationRequest};
 use strata_model::loader::default_model_path;
 use strata_runtime::cpu::ThreadPool;
 
@@ -67,40 +67,30 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
     );
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let model = crate::progress::load_with_progress(&path)?;
-    let pool = ThreadPool::new(args.threads);
     let vocab = model.transformer.config.vocab_size as u64;
     // A fixed pseudo-random prompt of ordinary tokens (ids past the special ones at the start).
     let prompt: Vec<u32> = (0..args.prompt_tokens as u64)
         .map(|i| (100 + (i.wrapping_mul(2654435761) % (vocab - 200))) as u32)
         .collect();
-    let greedy = SamplingParams::default();
-    let prefill_opts = GenerateOptions {
-        max_tokens: 1,
-        sampling: greedy.clone(),
-        stop_ids: vec![],
-        prefill_chunk: 0,
-    };
-    let decode_opts = GenerateOptions {
-        max_tokens: args.gen_tokens,
-        sampling: greedy,
-        stop_ids: vec![],
-        prefill_chunk: 0,
+    let weight_bytes = model.transformer.weights.matrix_bytes();
+    let engine = crate::run::start_single_stream(model, args.threads, args.prompt_tokens.max(1 + args.gen_tokens) + 1)?;
+    let greedy = |prompt: &[u32], max_tokens: usize| -> anyhow::Result<strata_engine::Completion> {
+        let req = GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(prompt.to_vec(), max_tokens)
+        };
+        complete(engine.submit(req)?, &mut |_| {}).map_err(|e| anyhow::anyhow!(e))
     };
     // Warm-up (page cache, thread start, allocator).
-    generate(
-        &model.transformer,
-        &pool,
-        &prompt[..prompt.len().min(32)],
-        &decode_opts,
-        &mut |_| true,
-    )?;
+    greedy(&prompt[..prompt.len().min(32)], args.gen_tokens)?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     for _ in 0..args.repeats {
-        pp.push(generate(&model.transformer, &pool, &prompt, &prefill_opts, &mut |_| true)?.prefill_tps());
-        tg.push(generate(&model.transformer, &pool, &prompt[..1], &decode_opts, &mut |_| true)?.decode_tps());
+        pp.push(greedy(&prompt, 1)?.prompt_tps());
+        tg.push(greedy(&prompt[..1], args.gen_tokens)?.decode_tps());
     }
-    let weight_bytes = model.transformer.weights.matrix_bytes();
+    drop(engine);
+    let pool = ThreadPool::new(args.threads);
     let bandwidth = read_bandwidth_gb_s(&pool);
     let (pp_med, tg_med) = (median(&mut pp.clone()), median(&mut tg.clone()));
     let report = Report {

@@ -5,10 +5,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use strata_engine::{generate, GenerateOptions, SamplingParams};
-use strata_model::loader::default_model_path;
-use strata_model::tokenizer::IncrementalDecoder;
-use strata_runtime::cpu::ThreadPool;
+use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, SamplingParams};
+use strata_model::loader::{default_model_path, LoadedModel};
+use strata_model::PagedKvCache;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -70,7 +69,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         args.chat,
         args.system.as_deref(),
     )?;
-    let opts = GenerateOptions {
+    let threads = match args.threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    let request = GenerationRequest {
+        prompt: prompt_ids.clone(),
         max_tokens: args.max_tokens,
         sampling: SamplingParams {
             temperature: args.temperature,
@@ -82,43 +87,52 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             frequency_penalty: args.frequency_penalty,
             seed: args.seed,
         },
-        stop_ids: if args.ignore_eos {
-            vec![]
-        } else {
-            tok.eog_ids().to_vec()
-        },
-        prefill_chunk: 0,
+        ignore_eos: args.ignore_eos,
+        ..GenerationRequest::greedy(vec![], 0)
     };
-    let pool = match args.threads {
-        Some(n) if n > 0 => ThreadPool::new(n),
-        Some(_) => anyhow::bail!("--threads must be at least 1"),
-        None => ThreadPool::with_all_cores(),
-    };
-    let mut decoder = IncrementalDecoder::new(tok, &prompt_ids);
+    let engine = start_single_stream(model, threads, prompt_ids.len() + args.max_tokens)?;
+    let stream = engine.submit(request)?;
     let mut stdout = std::io::stdout().lock();
     if !args.chat {
         write!(stdout, "{}", args.prompt)?;
     }
-    let stats = generate(&model.transformer, &pool, &prompt_ids, &opts, &mut |id| {
-        if let Some(text) = decoder.push(id) {
-            let _ = write!(stdout, "{text}");
-            let _ = stdout.flush();
-        }
-        true
-    })?;
-    if let Some(rest) = decoder.finish() {
-        write!(stdout, "{rest}")?;
-    }
+    let done = complete(stream, &mut |text| {
+        let _ = write!(stdout, "{text}");
+        let _ = stdout.flush();
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
     writeln!(stdout)?;
     stdout.flush()?;
     eprintln!(
-        "prompt: {} tokens at {:.1} tok/s | generated: {} tokens at {:.1} tok/s ({:?}, {} threads)",
-        stats.prompt_tokens,
-        stats.prefill_tps(),
-        stats.generated.len(),
-        stats.decode_tps(),
-        stats.stop,
-        pool.n_threads()
+        "prompt: {} tokens at {:.1} tok/s | generated: {} tokens at {:.1} tok/s ({}, {threads} threads)",
+        done.usage.prompt_tokens,
+        done.prompt_tps(),
+        done.tokens.len(),
+        done.decode_tps(),
+        done.finish.as_str(),
     );
     Ok(())
+}
+
+/// An engine sized for one sequence of up to `tokens` tokens (prompt + output), as `run` and
+/// `bench-local` use it.
+pub fn start_single_stream(model: LoadedModel, threads: usize, tokens: usize) -> anyhow::Result<EngineHandle> {
+    let context = model.transformer.config.max_position;
+    anyhow::ensure!(
+        tokens <= context,
+        "prompt + --max-tokens = {tokens} tokens exceeds the model's context of {context}; ask for fewer tokens"
+    );
+    let block = strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
+    let per_token = PagedKvCache::bytes_per_token(&model.transformer.config, KvCacheDtype::F32);
+    let config = EngineConfig {
+        threads,
+        max_num_seqs: 1,
+        // The whole prompt in one forward pass.
+        max_num_batched_tokens: tokens,
+        max_model_len: Some(tokens.max(2)),
+        kv_cache_memory: per_token * (tokens.div_ceil(block) + 1) * block,
+        enable_prefix_caching: false,
+        ..Default::default()
+    };
+    Ok(EngineHandle::start(model, config)?)
 }

@@ -65,7 +65,7 @@ fn chat_applies_the_template_and_stops_at_end_of_turn() {
     );
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(
-        stderr.contains("(Stop,"),
+        stderr.contains("(stop,"),
         "the answer should end at <|im_end|>: {stderr:?}"
     );
 }

@@ -2,15 +2,15 @@
 //! Owns the engine thread, scheduler, KV block manager, sequences and sampling; callers use `EngineHandle`.
 
 pub mod block_manager;
+pub mod completion;
 pub mod engine;
-pub mod generate;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 
+pub use completion::{complete, Completion};
 pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
-pub use generate::{generate, GenerateOptions, GenerateStats, StopReason};
 pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
 pub use strata_model::kv_cache::KvCacheDtype;

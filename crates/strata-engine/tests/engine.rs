@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use strata_engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype, RequestOutput, RequestStream,
-    SamplingParams, SubmitError,
+    complete, Completion, EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype, RequestOutput,
+    RequestStream, SamplingParams, SubmitError,
 };
 use strata_model::loader::{default_model_path, load_model};
 
@@ -26,39 +26,8 @@ fn small_config() -> EngineConfig {
     }
 }
 
-/// Everything one request produced.
-#[derive(Debug, Default, Clone, PartialEq)]
-struct Collected {
-    tokens: Vec<u32>,
-    text: String,
-    logprobs: Vec<strata_engine::TokenLogprob>,
-    finish: Option<FinishReason>,
-    stop_string: Option<String>,
-    usage: strata_engine::Usage,
-}
-
-fn collect(mut stream: RequestStream) -> Collected {
-    let mut c = Collected::default();
-    while let Some(out) = stream.blocking_next() {
-        match out {
-            RequestOutput::Delta { tokens, text, logprobs } => {
-                c.tokens.extend(tokens);
-                c.text.push_str(&text);
-                c.logprobs.extend(logprobs);
-            }
-            RequestOutput::Finished {
-                reason,
-                stop_string,
-                usage,
-            } => {
-                c.finish = Some(reason);
-                c.stop_string = stop_string;
-                c.usage = usage;
-            }
-            RequestOutput::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    c
+fn collect(stream: RequestStream) -> Completion {
+    complete(stream, &mut |_| {}).expect("request succeeds")
 }
 
 fn prompt(e: &EngineHandle, text: &str) -> Vec<u32> {
@@ -75,11 +44,11 @@ fn prompts(e: &EngineHandle, n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn run_alone(e: &EngineHandle, req: GenerationRequest) -> Collected {
+fn run_alone(e: &EngineHandle, req: GenerationRequest) -> Completion {
     collect(e.submit(req).expect("submit"))
 }
 
-fn run_together(e: &EngineHandle, reqs: Vec<GenerationRequest>) -> Vec<Collected> {
+fn run_together(e: &EngineHandle, reqs: Vec<GenerationRequest>) -> Vec<Completion> {
     let streams: Vec<RequestStream> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
     streams.into_iter().map(collect).collect()
 }
@@ -146,7 +115,7 @@ fn preempted_sequences_finish_with_the_same_output() {
         ignore_eos: true,
         ..GenerationRequest::greedy(p.clone(), 40)
     };
-    let alone: Vec<Collected> = ps.iter().take(3).map(|p| run_alone(&e, req(p))).collect();
+    let alone: Vec<Completion> = ps.iter().take(3).map(|p| run_alone(&e, req(p))).collect();
     let before = e.stats().preemptions_total;
     let together = run_together(&e, ps.iter().map(req).collect());
     assert!(
@@ -241,7 +210,7 @@ fn stop_strings_cut_the_text_also_across_token_boundaries() {
             ..base.clone()
         },
     );
-    assert_eq!(got.finish, Some(FinishReason::Stop));
+    assert_eq!(got.finish, FinishReason::Stop);
     assert_eq!(got.stop_string.as_deref(), Some(stop.as_str()));
     assert_eq!(
         got.text,
@@ -258,7 +227,7 @@ fn stop_strings_cut_the_text_also_across_token_boundaries() {
             ..base
         },
     );
-    assert_eq!(got.finish, Some(FinishReason::Stop));
+    assert_eq!(got.finish, FinishReason::Stop);
     assert_eq!(
         got.tokens,
         free.tokens[..free.tokens.iter().position(|&t| t == stop_id).unwrap()]
@@ -277,7 +246,7 @@ fn lengths_logprobs_and_usage() {
             ..GenerationRequest::greedy(p.clone(), 5)
         },
     );
-    assert_eq!(got.finish, Some(FinishReason::Length));
+    assert_eq!(got.finish, FinishReason::Length);
     assert_eq!(got.tokens.len(), 5);
     assert_eq!(got.usage.prompt_tokens, p.len());
     assert_eq!(got.usage.completion_tokens, 5);

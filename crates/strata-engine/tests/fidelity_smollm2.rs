@@ -1,7 +1,7 @@
 //! Fidelity of the CPU forward pass: SmolLM2 logits and greedy text against an independent
 //! float64 numpy reference (scripts/reference_smollm2.py over the `gguf` package's dequantization).
 
-use strata_engine::{generate, GenerateOptions, SamplingParams};
+use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest};
 use strata_model::chat_template::ChatMessage;
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
@@ -17,6 +17,14 @@ fn smollm2_matches_the_numpy_reference() {
     let model = load_model(&path, &|_, _| {}).expect("default model loads");
     let reference: serde_json::Value = serde_json::from_str(REFERENCE).expect("reference JSON parses");
     let pool = ThreadPool::new(2);
+    // Greedy continuations go through the engine, as every caller's do.
+    let engine_config = EngineConfig {
+        threads: 2,
+        kv_cache_memory: 64 << 20,
+        max_model_len: Some(1024),
+        ..Default::default()
+    };
+    let engine = EngineHandle::start(load_model(&path, &|_, _| {}).unwrap(), engine_config).unwrap();
     let prompts = reference["prompts"].as_array().expect("prompts");
     assert!(prompts.len() >= 4, "the reference covers at least 4 prompts");
     let (mut max_rel, mut max_abs, mut positions) = (0.0f64, 0.0f64, 0usize);
@@ -107,15 +115,11 @@ fn smollm2_matches_the_numpy_reference() {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let opts = GenerateOptions {
-            max_tokens: want.len(),
-            sampling: SamplingParams::default(),
-            stop_ids: vec![],
-            prefill_chunk: 0,
+        let req = GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(ids.clone(), want.len())
         };
-        let got = generate(&model.transformer, &pool, &ids, &opts, &mut |_| true)
-            .unwrap()
-            .generated;
+        let got = complete(engine.submit(req).unwrap(), &mut |_| {}).unwrap().tokens;
         assert_eq!(got, want, "{text:?}: greedy continuation differs from the reference");
     }
     println!(
