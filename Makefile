@@ -30,9 +30,10 @@ test: fetch lint
 	$(CARGO) test --locked --workspace
 	$(MAKE) --no-print-directory test-clients
 
-# The official openai SDK and a real nginx against the `strata serve` binary (debug build).
+# The official openai SDK and a real nginx against the `strata serve` binary, built with the
+# test profile so that it is the one `cargo test` already built (target/debug/strata).
 test-clients: fetch
-	$(CARGO) build --locked -p strata-cli
+	$(CARGO) build --locked --profile test -p strata-cli
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 
 bench: fetch build

@@ -46,7 +46,7 @@ for comp in rustfmt clippy; do
         fi
     fi
 done
-# The official openai SDK, pinned, for the real-client tests (scripts/client_tests.py).
+# The official openai SDK, pinned, for the real-client tests (tests/clients/real_clients.py).
 if ! "$clients_venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" >/dev/null 2>&1; then
     echo "setup: installing openai==$OPENAI_VERSION into $clients_venv"
     python3 -m venv "$clients_venv"

@@ -222,8 +222,8 @@ async def concurrent_streams(base_url, api_key, n):
 
     async def one(i):
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"Say a word about the number {i}."}],
-            max_tokens=8, stream=True, temperature=0.7, seed=i)
+            model=MODEL, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"{i}?"}],
+            max_tokens=4, stream=True, temperature=0.7, seed=i)
         finish = None
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].finish_reason:
