@@ -271,6 +271,17 @@ def main():
         plain = openai.OpenAI(base_url=open_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         with_key = openai.OpenAI(base_url=keyed.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
+        def startup_log_and_flag_errors():
+            log = open_server.log_tail()
+            assert re.search(r"KV cache: \d+ blocks x 16 tokens = \d+ tokens .*sequences of --max-model-len 2048 fit",
+                             log), log
+            for args, says in [(["--kv-cache-memory", "1MiB"], "raise --kv-cache-memory"),
+                               (["--kv-cache-memory", "lots"], "not a size"),
+                               (["--port", str(open_server.port)], "pass another --port")]:
+                done = subprocess.run([BIN, "serve", "--max-model-len", "2048"] + args, capture_output=True,
+                                      text=True, timeout=120)
+                assert done.returncode != 0 and says in done.stderr, (args, done.returncode, done.stderr)
+        run("strata serve: capacity in the start log, flag errors say the fix", startup_log_and_flag_errors)
         run("openai SDK: chat, completions, streams, errors (no API key)", lambda: check_sdk_calls(plain))
         run("openai SDK: chat, completions, streams, errors (--api-key)", lambda: check_sdk_calls(with_key))
 

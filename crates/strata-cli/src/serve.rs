@@ -19,6 +19,7 @@ pub struct ServeArgs {
     /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// Port to listen on (0: any free port; the log says which).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Require `Authorization: Bearer <key>` on the API (not on /health, /metrics, /openapi.json).
@@ -130,6 +131,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         max_queue: args.max_queue,
         threads,
+        activation_precision: Default::default(),
     };
     let model = crate::progress::load_with_progress(&path)?;
     let engine = EngineHandle::start(model, engine_config)?;
