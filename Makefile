@@ -26,12 +26,13 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
+# `cargo test` leaves the binary its CLI tests ran at target/debug/strata; the real-client
+# tests reuse it (a separate `cargo build` resolves features differently and recompiles).
 test: fetch lint
 	$(CARGO) test --locked --workspace
-	$(MAKE) --no-print-directory test-clients
+	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 
-# The official openai SDK and a real nginx against the `strata serve` binary, built with the
-# test profile so that it is the one `cargo test` already built (target/debug/strata).
+# The official openai SDK and a real nginx against the `strata serve` binary, alone.
 test-clients: fetch
 	$(CARGO) build --locked --profile test -p strata-cli
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
