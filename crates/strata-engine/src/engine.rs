@@ -161,14 +161,21 @@ struct HandleInner {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl Drop for HandleInner {
-    fn drop(&mut self) {
+impl HandleInner {
+    /// Asks the engine thread to abort everything and stop, and waits for it.
+    fn stop(&self) {
         if let Ok(tx) = self.commands.lock() {
             let _ = tx.send(Command::Shutdown);
         }
         if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -414,12 +421,7 @@ impl EngineHandle {
 
     /// Aborts every request and stops the engine thread (also done when the last handle drops).
     pub fn shutdown(&self) {
-        if let Ok(tx) = self.inner.commands.lock() {
-            let _ = tx.send(Command::Shutdown);
-        }
-        if let Some(t) = self.inner.thread.lock().ok().and_then(|mut t| t.take()) {
-            let _ = t.join();
-        }
+        self.inner.stop();
     }
 
     /// Waits until no request is running or queued, or `timeout` passes; true if idle.
@@ -528,10 +530,7 @@ impl EngineLoop {
             Command::Shutdown => {
                 let ids: Vec<SequenceId> = self.seqs.keys().copied().collect();
                 for id in ids {
-                    if let Some(seq) = self.seqs.get_mut(&id) {
-                        seq.finish(FinishReason::Abort, None);
-                    }
-                    self.release(id);
+                    self.abort(id);
                 }
                 return false;
             }
