@@ -28,8 +28,12 @@ lint: setup
 
 # `cargo test` leaves the binary its CLI tests ran at target/debug/strata; the real-client
 # tests reuse it (a separate `cargo build` resolves features differently and recompiles).
+# NVRTC from the fetched wheel compiles every CUDA kernel for sm_90 (no GPU needed); GPU tests
+# skip with a reason where there is no GPU.
+NVRTC_LIB = $${STRATA_CACHE:-$$HOME/.cache/strata}/nvrtc/nvidia/cu13/lib
+
 test: fetch lint
-	$(CARGO) test --locked --workspace
+	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 $(CARGO) test --locked --workspace
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 
 # The official openai SDK and a real nginx against the `strata serve` binary, alone.

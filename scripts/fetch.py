@@ -55,6 +55,18 @@ ARTIFACTS = {
             }.items()
         },
     ),
+    # NVRTC alone (no GPU needed): `make test` compiles every CUDA kernel with it.
+    "nvrtc": (
+        ["--no-deps", "--only-binary=:all:", "nvidia-cuda-nvrtc==13.0.88"],
+        "ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575",
+        {
+            "nvidia/cu13/lib/" + name: ("nvrtc/nvidia/cu13/lib/" + name, sha)
+            for name, sha in {
+                "libnvrtc.so.13": "a49e67e8e74590f1e98de55c39c6287efd3f59e3c3797464d7bbe0fe01349b11",
+                "libnvrtc-builtins.so.13.0": "91dcd944d01da9c0f08fff5d779db136a47f6d62bdb63bae900d2f481e92c3a2",
+            }.items()
+        },
+    ),
 }
 
 VOCAB_FILES = [

@@ -73,7 +73,12 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
         .map(|i| (100 + (i.wrapping_mul(2654435761) % (vocab - 200))) as u32)
         .collect();
     let weight_bytes = model.transformer.weights.matrix_bytes();
-    let engine = crate::run::start_single_stream(model, args.threads, args.prompt_tokens.max(1 + args.gen_tokens) + 1)?;
+    let cpu = crate::device::DeviceArgs {
+        device: crate::device::Device::Cpu,
+        ..Default::default()
+    };
+    let tokens = args.prompt_tokens.max(1 + args.gen_tokens) + 1;
+    let engine = crate::run::start_single_stream(model, args.threads, tokens, &cpu)?;
     let greedy = |prompt: &[u32], max_tokens: usize| -> anyhow::Result<strata_engine::Completion> {
         let req = GenerationRequest {
             ignore_eos: true,

@@ -1,7 +1,10 @@
 //! The `strata` command line: serve the OpenAI API, run a model, load-test a server, benchmark locally.
 //! Errors end the process with one line saying what went wrong and how to fix it.
 
+#[cfg(feature = "cuda")]
+mod bench_gpu;
 mod bench_local;
+mod device;
 mod progress;
 mod run;
 mod serve;
@@ -28,6 +31,10 @@ enum Command {
     Run(run::RunArgs),
     /// Measure prompt processing and single-stream decode speed on this machine's CPU.
     BenchLocal(bench_local::BenchLocalArgs),
+    /// Measure one GPU through the engine: TTFT, single-stream decode vs the memory roofline,
+    /// throughput at many concurrent requests, fp8 vs bf16 KV cache.
+    #[cfg(feature = "cuda")]
+    BenchGpu(bench_gpu::BenchGpuArgs),
     /// Print the token ids of texts as JSON (as `run` would feed them to the model).
     Tokenize(tokenize::TokenizeArgs),
     /// Load-test an OpenAI-compatible server (strata, vLLM, llama.cpp, ...) and report latency and throughput.
@@ -36,6 +43,14 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // Before any thread starts: may re-execute with the CUDA library path set.
+    match &cli.command {
+        Command::Serve(a) => device::prepare_libraries(a.device.device),
+        Command::Run(a) => device::prepare_libraries(a.device.device),
+        #[cfg(feature = "cuda")]
+        Command::BenchGpu(_) => device::prepare_libraries(device::Device::Cuda(0)),
+        _ => {}
+    }
     // A server says what it is doing (capacity, address, shutdown); one-shot commands stay quiet.
     let default_filter = if matches!(cli.command, Command::Serve(_)) {
         "info"
@@ -53,6 +68,8 @@ fn main() {
         Command::Bench(args) => strata_bench::run(args),
         Command::Run(args) => run::run(args),
         Command::BenchLocal(args) => bench_local::bench_local(args),
+        #[cfg(feature = "cuda")]
+        Command::BenchGpu(args) => bench_gpu::bench_gpu(args),
         Command::Tokenize(args) => tokenize::tokenize(args),
     };
     if let Err(e) = result {

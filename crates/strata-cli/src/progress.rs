@@ -1,5 +1,5 @@
 //! Progress display for long work: a bar on a terminal, silence in logs and pipes.
-//! Model loading reports bytes paged in through a `Fn(done, total)` callback.
+//! Model loading and GPU upload report progress through a `Fn(done, total)` callback.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -7,31 +7,47 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressStyle};
 use strata_model::loader::{load_model, LoadedModel};
 
-/// Loads a model, with a progress bar when stderr is a terminal.
-pub fn load_with_progress(path: &Path) -> anyhow::Result<LoadedModel> {
-    let bar = if std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_message(
-            path.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        );
-        Some(bar)
-    } else {
-        None
-    };
-    let model = load_model(path, &|done, total| {
-        if let Some(b) = &bar {
+/// A progress bar on stderr when it is a terminal; nothing otherwise.
+pub struct Progress(Option<ProgressBar>);
+
+/// A bar labelled `label`, counting bytes or steps.
+pub fn bar(label: &str) -> Progress {
+    if !std::io::stderr().is_terminal() {
+        return Progress(None);
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(label.to_string());
+    Progress(Some(bar))
+}
+
+impl Progress {
+    /// `done` of `total` are finished.
+    pub fn update(&self, done: u64, total: u64) {
+        if let Some(b) = &self.0 {
             b.set_length(total);
             b.set_position(done);
         }
-    });
-    if let Some(b) = bar {
-        b.finish_and_clear();
     }
+
+    /// Clears the bar.
+    pub fn finish(self) {
+        if let Some(b) = self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Loads a model, with a progress bar when stderr is a terminal.
+pub fn load_with_progress(path: &Path) -> anyhow::Result<LoadedModel> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let progress = bar(&format!("loading {name}"));
+    let model = load_model(path, &|done, total| progress.update(done, total));
+    progress.finish();
     Ok(model?)
 }

@@ -56,6 +56,8 @@ pub struct RunArgs {
     /// CPU threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -90,7 +92,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         ..GenerationRequest::greedy(vec![], 0)
     };
-    let engine = start_single_stream(model, threads, prompt_ids.len() + args.max_tokens)?;
+    let engine = start_single_stream(model, threads, prompt_ids.len() + args.max_tokens, &args.device)?;
     let stream = engine.submit(request)?;
     let mut stdout = std::io::stdout().lock();
     if !args.chat {
@@ -116,7 +118,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// An engine sized for one sequence of up to `tokens` tokens (prompt + output), as `run` and
 /// `bench-local` use it.
-pub fn start_single_stream(model: LoadedModel, threads: usize, tokens: usize) -> anyhow::Result<EngineHandle> {
+pub fn start_single_stream(
+    model: LoadedModel,
+    threads: usize,
+    tokens: usize,
+    device: &crate::device::DeviceArgs,
+) -> anyhow::Result<EngineHandle> {
     let context = model.transformer.config.max_position;
     anyhow::ensure!(
         tokens <= context,
@@ -126,13 +133,15 @@ pub fn start_single_stream(model: LoadedModel, threads: usize, tokens: usize) ->
     let per_token = PagedKvCache::bytes_per_token(&model.transformer.config, KvCacheDtype::F32);
     let config = EngineConfig {
         threads,
-        max_num_seqs: 1,
-        // The whole prompt in one forward pass.
-        max_num_batched_tokens: tokens,
         max_model_len: Some(tokens.max(2)),
         kv_cache_memory: per_token * (tokens.div_ceil(block) + 1) * block,
         enable_prefix_caching: false,
         ..Default::default()
     };
-    Ok(EngineHandle::start(model, config)?)
+    // The whole prompt in one forward pass.
+    let steps = crate::device::StepFlags {
+        max_num_seqs: Some(1),
+        max_num_batched_tokens: Some(tokens),
+    };
+    crate::device::start_engine(model, config, device, steps)
 }

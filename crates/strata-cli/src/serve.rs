@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use strata_engine::{ActPrecision, EngineConfig, EngineHandle, KvCacheDtype};
+use strata_engine::{ActPrecision, EngineConfig, KvCacheDtype};
 use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
 use strata_model::loader::default_model_path;
 use strata_server::ServerConfig;
@@ -31,16 +31,19 @@ pub struct ServeArgs {
     /// Longest prompt + output in tokens (default: the model's context).
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Sequences running at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
-    /// Tokens per engine step, prefill and decode together.
-    #[arg(long, default_value_t = 512)]
-    pub max_num_batched_tokens: usize,
+    /// Sequences running at once (default: 64 on the CPU, 256 on a GPU).
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Tokens per engine step, prefill and decode together (default: 512 on the CPU, 2048 on a GPU).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// Requests allowed to wait for admission; more get 429.
     #[arg(long, default_value_t = 1024)]
     pub max_queue: usize,
-    /// Memory for the KV cache: bytes or a size like 512MiB, 2GiB, 1G.
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
+    /// Memory for the KV cache on the CPU: bytes or a size like 512MiB, 2GiB, 1G (on a GPU,
+    /// --gpu-memory-utilization sizes it).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub kv_cache_memory: usize,
     /// KV cache element type: auto (full precision) or fp8 (E4M3 with scales, ~3.8x more tokens).
@@ -126,8 +129,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_timeout: seconds(args.shutdown_timeout, "--shutdown-timeout")?,
     };
     let engine_config = EngineConfig {
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         kv_cache_memory: args.kv_cache_memory,
         kv_cache_dtype: args.kv_cache_dtype,
@@ -136,9 +137,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_queue: args.max_queue,
         threads,
         activation_precision: args.activation_precision,
+        ..EngineConfig::default()
     };
     let model = crate::progress::load_with_progress(&path)?;
-    let engine = EngineHandle::start(model, engine_config)?;
+    let steps = crate::device::StepFlags {
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+    };
+    let engine = crate::device::start_engine(model, engine_config, &args.device, steps)?;
     let cap = engine.capacity();
     tracing::info!(
         "KV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB, {:?}); {:.1} sequences of --max-model-len {} fit at once",

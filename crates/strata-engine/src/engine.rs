@@ -13,8 +13,8 @@ use strata_model::chat_template::ChatTemplate;
 use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{ForwardScratch, LogitsWanted, PagedKvCache, SeqChunk, Transformer};
-use strata_runtime::cpu::{ActPrecision, ThreadPool};
+use strata_model::{CpuExecutor, Executor, LogitsWanted, PagedKvCache, SeqChunk};
+use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
@@ -103,6 +103,22 @@ pub enum EngineError {
     Config(String),
     #[error("could not start the engine thread: {0}")]
     Thread(std::io::Error),
+}
+
+/// `--max-model-len`, or the model's context; checked against the model's context.
+fn resolve_max_model_len(config: &EngineConfig, model_context: usize) -> Result<usize, EngineError> {
+    let max_model_len = config.max_model_len.unwrap_or(model_context);
+    if max_model_len == 0 || max_model_len > model_context {
+        return Err(EngineError::Config(format!(
+            "--max-model-len {max_model_len} is outside 1..={model_context} (the model's context); pass a smaller value"
+        )));
+    }
+    if config.max_num_batched_tokens == 0 || config.max_num_seqs == 0 {
+        return Err(EngineError::Config(
+            "--max-num-batched-tokens and --max-num-seqs must be at least 1".into(),
+        ));
+    }
+    Ok(max_model_len)
 }
 
 /// Counters and gauges of the engine, as of its last step.
@@ -226,7 +242,8 @@ impl Drop for RequestStream {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread for `model`.
+    /// Starts the engine thread for `model` on the CPU backend, with a KV cache of
+    /// `config.kv_cache_memory` bytes.
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
         let LoadedModel {
             mut transformer,
@@ -237,18 +254,7 @@ impl EngineHandle {
         transformer.act_precision = config.activation_precision;
         let mc = &transformer.config;
         let block_size = config.block_size.max(1);
-        let max_model_len = config.max_model_len.unwrap_or(mc.max_position);
-        if max_model_len == 0 || max_model_len > mc.max_position {
-            return Err(EngineError::Config(format!(
-                "--max-model-len {max_model_len} is outside 1..={} (the model's context); pass a smaller value",
-                mc.max_position
-            )));
-        }
-        if config.max_num_batched_tokens == 0 || config.max_num_seqs == 0 {
-            return Err(EngineError::Config(
-                "--max-num-batched-tokens and --max-num-seqs must be at least 1".into(),
-            ));
-        }
+        let max_model_len = resolve_max_model_len(&config, mc.max_position)?;
         let blocks = PagedKvCache::blocks_for_bytes(mc, config.kv_cache_dtype, block_size, config.kv_cache_memory);
         let need = max_model_len.div_ceil(block_size);
         if blocks < need {
@@ -258,14 +264,35 @@ impl EngineHandle {
                 have: blocks * block_size,
             });
         }
-        let kv = PagedKvCache::new(mc, config.kv_cache_dtype, block_size, blocks);
+        let executor = CpuExecutor::new(transformer, config.kv_cache_dtype, block_size, blocks, config.threads);
+        EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)
+    }
+
+    /// Starts the engine thread on any backend: `executor` holds the model and its KV cache.
+    pub fn start_with(
+        executor: Box<dyn Executor>,
+        tokenizer: Tokenizer,
+        chat_template: ChatTemplate,
+        config: EngineConfig,
+    ) -> Result<EngineHandle, EngineError> {
+        let max_model_len = resolve_max_model_len(&config, executor.config().max_position)?;
+        let kv = executor.kv_layout();
+        if kv.blocks * kv.block_size < max_model_len {
+            return Err(EngineError::KvCacheTooSmall {
+                max_model_len,
+                need: max_model_len.next_multiple_of(kv.block_size),
+                have: kv.blocks * kv.block_size,
+            });
+        }
+        let (blocks, block_size) = (kv.blocks, kv.block_size);
         let capacity = KvCapacity {
             blocks,
             block_size,
-            bytes: kv.memory_bytes(),
-            dtype: config.kv_cache_dtype,
+            bytes: kv.bytes,
+            dtype: kv.dtype,
             max_model_len,
         };
+        tracing::info!("engine on {}", executor.device());
         let shared = Arc::new(Shared {
             stats: Mutex::new(EngineStats {
                 kv_blocks_total: blocks,
@@ -277,10 +304,7 @@ impl EngineHandle {
         });
         let (tx, rx) = mpsc::channel();
         let worker = EngineLoop {
-            pool: ThreadPool::new(config.threads.max(1)),
-            transformer,
-            kv,
-            scratch: ForwardScratch::default(),
+            executor,
             blocks: BlockManager::new(blocks, block_size, config.enable_prefix_caching),
             scheduler: Scheduler::new(SchedulerConfig {
                 max_num_batched_tokens: config.max_num_batched_tokens,
@@ -442,10 +466,7 @@ impl EngineHandle {
 
 /// Everything the engine thread owns.
 struct EngineLoop {
-    pool: ThreadPool,
-    transformer: Transformer,
-    kv: PagedKvCache,
-    scratch: ForwardScratch,
+    executor: Box<dyn Executor>,
     blocks: BlockManager,
     scheduler: Scheduler,
     seqs: HashMap<SequenceId, Sequence>,
@@ -574,19 +595,18 @@ impl EngineLoop {
                     tokens: seq.tokens(seq.num_computed..end),
                     first_pos: seq.num_computed,
                     block_table: seq.table.blocks.clone(),
-                    logits: if end == seq.num_tokens() {
-                        LogitsWanted::Last
-                    } else {
+                    logits: if end < seq.num_tokens() {
                         LogitsWanted::None
+                    } else if seq.request.sampling.is_plain_greedy() && seq.request.logprobs.is_none() {
+                        LogitsWanted::LastArgmax
+                    } else {
+                        LogitsWanted::Last
                     },
                     prompt_len: seq.request.prompt.len(),
                 }
             })
             .collect();
-        let logits = match self
-            .transformer
-            .forward(&batch, &mut self.kv, &self.pool, &mut self.scratch)
-        {
+        let logits = match self.executor.forward(&batch) {
             Ok(l) => l,
             Err(e) => {
                 // A batch the model refuses is a bug of ours: fail its requests, keep serving.
@@ -607,9 +627,13 @@ impl EngineLoop {
             let prompt_done = seq.num_computed.min(seq.request.prompt.len());
             let prompt = &seq.request.prompt[..prompt_done];
             self.blocks.commit_full_blocks(&mut seq.table, prompt);
-            let Some(row) = logits.last_of(bi) else { continue };
-            let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output);
-            let lp = seq.request.logprobs.map(|k| logprobs(row, token, k));
+            let (token, lp) = if let Some(token) = logits.argmax_of(bi) {
+                (token, None)
+            } else {
+                let Some(row) = logits.last_of(bi) else { continue };
+                let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output);
+                (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
+            };
             self.stats.generation_tokens_total += 1;
             let mut progress = seq.push_token(token, lp);
             if progress == Progress::Running && seq.num_tokens() >= self.max_model_len {
@@ -619,7 +643,7 @@ impl EngineLoop {
                 finished.push(c.id);
             }
         }
-        self.scratch.recycle(logits);
+        self.executor.recycle(logits);
         for id in finished {
             self.release(id);
         }

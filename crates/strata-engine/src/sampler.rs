@@ -67,6 +67,11 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Greedy with nothing that needs the whole row: the argmax alone decides the token.
+    pub fn is_plain_greedy(&self) -> bool {
+        (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties()
+    }
+
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }

@@ -8,6 +8,9 @@ pub enum LogitsWanted {
     None,
     /// The last token only (decode, or the end of a prompt).
     Last,
+    /// Only the argmax of the last token (greedy sampling with no penalties and no logprobs):
+    /// an executor may return the id alone (in [`Logits::argmax`]) instead of the row.
+    LastArgmax,
     /// Every token of the chunk (scoring, tests).
     All,
 }
@@ -48,12 +51,20 @@ pub struct Logits {
     pub rows: Vec<(usize, usize)>,
     pub vocab: usize,
     pub data: Vec<f32>,
+    /// `(sequence index in the batch, token id)` for `LastArgmax` sequences whose row was not
+    /// returned (ties go to the lowest id).
+    pub argmax: Vec<(usize, u32)>,
 }
 
 impl Logits {
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    /// The greedy token of sequence `seq`, when only its argmax was returned.
+    pub fn argmax_of(&self, seq: usize) -> Option<u32> {
+        self.argmax.iter().find(|&&(s, _)| s == seq).map(|&(_, t)| t)
     }
 
     /// The last row of sequence `seq`, if it asked for logits.

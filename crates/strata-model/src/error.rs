@@ -24,6 +24,8 @@ pub enum ModelError {
     BadTensor { name: String, reason: String },
     #[error("invalid forward batch: {0}")]
     BadBatch(String),
+    #[error("GPU error: {0}")]
+    Device(String),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error(transparent)]

@@ -5,7 +5,10 @@ pub mod architectures;
 pub mod batch;
 pub mod chat_template;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
+pub mod executor;
 pub mod kv_cache;
 pub mod loader;
 pub mod tokenizer;
@@ -15,5 +18,6 @@ pub mod weights;
 pub use batch::{Logits, LogitsWanted, SeqChunk};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
+pub use executor::{CpuExecutor, Executor, KvLayout};
 pub use kv_cache::PagedKvCache;
 pub use transformer::{ForwardScratch, Transformer};

@@ -171,9 +171,8 @@ impl Transformer {
         let t = slots.len();
         if t == 0 {
             return Ok(Logits {
-                rows: vec![],
                 vocab: c.vocab_size,
-                data: vec![],
+                ..Default::default()
             });
         }
         for (buf, len) in [
@@ -267,7 +266,7 @@ impl Transformer {
         for (si, ch) in batch.iter().enumerate() {
             let positions = match ch.logits {
                 LogitsWanted::None => continue,
-                LogitsWanted::Last => ch.end_pos() - 1..ch.end_pos(),
+                LogitsWanted::Last | LogitsWanted::LastArgmax => ch.end_pos() - 1..ch.end_pos(),
                 LogitsWanted::All => ch.first_pos..ch.end_pos(),
             };
             rows.extend(positions.map(|p| (si, p, flat.index(batch, si, p))));
@@ -291,6 +290,7 @@ impl Transformer {
             rows: rows.iter().map(|&(si, p, _)| (si, p)).collect(),
             vocab: c.vocab_size,
             data,
+            argmax: vec![],
         })
     }
 

@@ -2,3 +2,5 @@
 //! Owns the CPU kernels today (quantized dot products); more backends and kernels join here.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,0 +1,252 @@
+//! `strata bench-gpu`: one model on one GPU through the engine: TTFT of a long prompt,
+//! single-stream decode against the memory roofline, and throughput at many concurrent requests.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype};
+use strata_model::loader::{default_model_path, LoadedModel};
+use strata_runtime::cuda::{libraries, Gpu};
+
+/// Dense bf16 GEMM rate measured on the H200 (DEVELOPERS.md): the compute roofline.
+const PEAK_BF16_FLOPS: f64 = 790e12;
+
+#[derive(Args, Debug)]
+pub struct BenchGpuArgs {
+    /// A GGUF file or a Hugging Face checkpoint directory (default: the SmolLM2 file).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// GPU index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Prompt tokens of every request.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Output tokens of every concurrent request.
+    #[arg(long, default_value_t = 256)]
+    pub output_tokens: usize,
+    /// Tokens generated for the single-stream decode figure.
+    #[arg(long, default_value_t = 256)]
+    pub decode_tokens: usize,
+    /// Concurrency levels of the throughput table.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+    pub levels: Vec<usize>,
+    /// KV cache types to compare at the highest level.
+    #[arg(long, value_delimiter = ',', default_value = "auto,fp8", value_parser = KvCacheDtype::parse)]
+    pub kv_cache_dtypes: Vec<KvCacheDtype>,
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    #[arg(long, default_value_t = 4096)]
+    pub max_num_batched_tokens: usize,
+    /// No CUDA graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "bench/results/gpu_bench.json")]
+    pub out: PathBuf,
+}
+
+#[derive(Serialize, Default)]
+struct Level {
+    kv_cache_dtype: String,
+    concurrency: usize,
+    output_tok_s: f64,
+    total_tok_s: f64,
+    wall_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p95_ms: f64,
+    /// Decode-step roofline: max(bytes / bandwidth, FLOPs / peak) at the mean context.
+    step_roofline_ms: f64,
+    decode_step_ms: f64,
+    roofline_fraction: f64,
+    kv_capacity_tokens: usize,
+}
+
+#[derive(Serialize, Default)]
+struct Report {
+    model: String,
+    gpu: String,
+    copy_bandwidth_gb_s: f64,
+    weight_bytes: u64,
+    decode_roofline_tok_s: f64,
+    single_stream_decode_tok_s: f64,
+    single_stream_roofline_fraction: f64,
+    ttft_512_ms: f64,
+    levels: Vec<Level>,
+    cuda_graphs: bool,
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let libs = libraries::search(&libraries::candidate_dirs());
+    let probe = Gpu::open(args.gpu, &libs)?;
+    let bandwidth = probe.copy_bandwidth_gb_s(2 << 30, 10)?;
+    let gpu_name = probe.info.name.clone();
+    drop(probe);
+    let max_level = args.levels.iter().copied().max().unwrap_or(1).max(1);
+    let mut report = Report {
+        model: path.display().to_string(),
+        gpu: gpu_name,
+        copy_bandwidth_gb_s: bandwidth,
+        cuda_graphs: !args.enforce_eager,
+        ..Default::default()
+    };
+    for (i, &dtype) in args.kv_cache_dtypes.iter().enumerate() {
+        let model = crate::progress::load_with_progress(&path)?;
+        let c = model.transformer.config.clone();
+        let vocab = c.vocab_size as u64;
+        let max_model_len = (args.prompt_tokens + args.output_tokens.max(args.decode_tokens) + 16).min(c.max_position);
+        let (engine, weight_bytes) = start(model, &args, dtype, max_level, max_model_len)?;
+        let kv_tokens = engine.capacity().tokens();
+        let prompt = |seed: u64| -> Vec<u32> {
+            (0..args.prompt_tokens as u64)
+                .map(|j| (100 + ((seed * 7919 + j).wrapping_mul(2654435761) % (vocab - 200))) as u32)
+                .collect()
+        };
+        let run = |prompt: Vec<u32>, max_tokens: usize| -> anyhow::Result<strata_engine::Completion> {
+            let req = GenerationRequest {
+                ignore_eos: true,
+                ..GenerationRequest::greedy(prompt, max_tokens)
+            };
+            complete(engine.submit(req)?, &mut |_| {}).map_err(|e| anyhow::anyhow!(e))
+        };
+        // Warm-up: kernels, graphs of every bucket up to the highest level, allocator.
+        run(prompt(1_000_000), 4)?;
+        if i == 0 {
+            report.weight_bytes = weight_bytes;
+            report.decode_roofline_tok_s = bandwidth * 1e9 / weight_bytes as f64;
+            let mut ttft: Vec<f64> = (0..5)
+                .map(|k| run(prompt(2_000_000 + k), 1).map(|c| c.time_to_first_token.as_secs_f64() * 1e3))
+                .collect::<anyhow::Result<_>>()?;
+            report.ttft_512_ms = percentile(&mut ttft, 0.5);
+            let d = run(prompt(3_000_000)[..16].to_vec(), args.decode_tokens)?;
+            report.single_stream_decode_tok_s = d.decode_tps();
+            report.single_stream_roofline_fraction = d.decode_tps() / report.decode_roofline_tok_s;
+        }
+        let levels: Vec<usize> = if i == 0 { args.levels.clone() } else { vec![max_level] };
+        for n in levels {
+            let t0 = Instant::now();
+            let results: Vec<anyhow::Result<strata_engine::Completion>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..n)
+                    .map(|k| {
+                        let p = prompt(10_000 * (n as u64) + k as u64);
+                        let run = &run;
+                        s.spawn(move || run(p, args.output_tokens))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+            });
+            let wall = t0.elapsed().as_secs_f64();
+            let done: Vec<_> = results.into_iter().collect::<anyhow::Result<_>>()?;
+            let out_tokens: usize = done.iter().map(|c| c.tokens.len()).sum();
+            let mut ttft: Vec<f64> = done.iter().map(|c| c.time_to_first_token.as_secs_f64() * 1e3).collect();
+            let decode: Vec<Duration> = done.iter().map(|c| c.decode_time).collect();
+            let step_ms = decode.iter().map(|d| d.as_secs_f64()).sum::<f64>() * 1e3
+                / done
+                    .iter()
+                    .map(|c| c.tokens.len().saturating_sub(1).max(1))
+                    .sum::<usize>() as f64;
+            // The roofline of one decode step of n sequences at the mean context.
+            let ctx = args.prompt_tokens as f64 + args.output_tokens as f64 / 2.0;
+            let kv_bytes = n as f64 * ctx * kv_bytes_per_token(&c, dtype) as f64;
+            let flops = 2.0 * n as f64 * weight_bytes as f64 / 2.0;
+            let roof_ms = ((weight_bytes as f64 + kv_bytes) / (bandwidth * 1e9)).max(flops / PEAK_BF16_FLOPS) * 1e3;
+            let level = Level {
+                kv_cache_dtype: dtype.as_str().to_string(),
+                concurrency: n,
+                output_tok_s: out_tokens as f64 / wall,
+                total_tok_s: (out_tokens + n * args.prompt_tokens) as f64 / wall,
+                wall_s: wall,
+                ttft_p50_ms: percentile(&mut ttft, 0.5),
+                ttft_p95_ms: percentile(&mut ttft, 0.95),
+                step_roofline_ms: roof_ms,
+                decode_step_ms: step_ms,
+                roofline_fraction: roof_ms / step_ms,
+                kv_capacity_tokens: kv_tokens,
+            };
+            eprintln!(
+                "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms",
+                dtype.as_str(),
+                level.output_tok_s,
+                step_ms,
+                roof_ms
+            );
+            report.levels.push(level);
+        }
+        engine.shutdown();
+    }
+    println!(
+        "model {} on {} | copy bandwidth {:.0} GB/s | weights {:.2} GB",
+        report.model,
+        report.gpu,
+        bandwidth,
+        report.weight_bytes as f64 / 1e9
+    );
+    println!(
+        "single stream: {:.1} tok/s = {:.1}% of the {:.1} tok/s roofline | TTFT {} tokens: {:.1} ms",
+        report.single_stream_decode_tok_s,
+        100.0 * report.single_stream_roofline_fraction,
+        report.decode_roofline_tok_s,
+        args.prompt_tokens,
+        report.ttft_512_ms
+    );
+    println!("| kv | concurrency | output tok/s | total tok/s | TTFT p50 ms | TTFT p95 ms | step ms | roofline ms | of roofline | KV tokens |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for l in &report.levels {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.0}% | {} |",
+            l.kv_cache_dtype,
+            l.concurrency,
+            l.output_tok_s,
+            l.total_tok_s,
+            l.ttft_p50_ms,
+            l.ttft_p95_ms,
+            l.decode_step_ms,
+            l.step_roofline_ms,
+            100.0 * l.roofline_fraction,
+            l.kv_capacity_tokens
+        );
+    }
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn kv_bytes_per_token(c: &strata_model::ModelConfig, dtype: KvCacheDtype) -> usize {
+    strata_model::cuda::kv_cache::bytes_per_token(c, dtype)
+}
+
+fn start(
+    model: LoadedModel,
+    args: &BenchGpuArgs,
+    dtype: KvCacheDtype,
+    max_seqs: usize,
+    max_model_len: usize,
+) -> anyhow::Result<(EngineHandle, u64)> {
+    let config = EngineConfig {
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: max_seqs,
+        max_model_len: Some(max_model_len),
+        kv_cache_dtype: dtype,
+        ..Default::default()
+    };
+    let dev = crate::device::DeviceArgs {
+        device: crate::device::Device::Cuda(args.gpu),
+        gpu_memory_utilization: args.gpu_memory_utilization,
+        enforce_eager: args.enforce_eager,
+    };
+    crate::device::start_gpu(model, config, args.gpu, &dev)
+}

@@ -1,0 +1,592 @@
+//! The forward pass of a llama-family decoder on one GPU over a flat batch of sequences:
+//! bf16 weights and activations, f32 residual stream, paged attention, f32 logits.
+
+use std::collections::HashMap;
+
+use strata_runtime::cuda::{CudaError, DeviceBuffer, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels};
+use strata_runtime::kernel_args;
+
+use crate::batch::{Logits, LogitsWanted, SeqChunk};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::KvCacheDtype;
+
+use super::kv_cache::GpuKvCache;
+use super::weights::GpuWeights;
+
+/// Context positions each part of a split attention covers.
+const PART_LEN: usize = 512;
+/// Batches of at most this many tokens split attention over the context (few blocks otherwise).
+const SPLIT_MAX_TOKENS: usize = 64;
+/// Threads of the row-wise kernels.
+const ROW_THREADS: u32 = 256;
+
+/// The largest step the buffers are sized for.
+#[derive(Debug, Clone, Copy)]
+pub struct StepLimits {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub max_model_len: usize,
+    /// Rows of logits computed at once (more are done in chunks).
+    pub logit_rows: usize,
+}
+
+impl StepLimits {
+    fn max_blocks(&self, block_size: usize) -> usize {
+        self.max_model_len.div_ceil(block_size)
+    }
+
+    fn max_parts(&self) -> usize {
+        self.max_model_len.div_ceil(PART_LEN).max(1)
+    }
+
+    /// Bytes of activation buffers for a model of shape `c`.
+    pub fn activation_bytes(&self, c: &ModelConfig, block_size: usize) -> usize {
+        let t = self.max_tokens;
+        let width = c.q_dim() + 2 * c.kv_dim();
+        let inputs = 4 * (5 * t + (self.max_seqs + 1) * self.max_blocks(block_size));
+        let split = SPLIT_MAX_TOKENS.min(t) * c.n_heads * self.max_parts() * (c.head_dim + 2) * 4;
+        inputs
+            + t * c.hidden * 4
+            + t * (2 * c.hidden + width + c.q_dim() + c.hidden + 3 * c.intermediate) * 2
+            + self.logit_rows * (c.hidden * 2 + c.vocab_size * 4 + 4)
+            + split
+    }
+}
+
+/// Offsets (in i32 elements) of each input array in the staging buffer.
+#[derive(Debug, Clone, Copy)]
+struct InputLayout {
+    tokens: usize,
+    positions: usize,
+    token_seq: usize,
+    slots: usize,
+    rows: usize,
+    tables: usize,
+    len: usize,
+}
+
+impl InputLayout {
+    fn new(l: &StepLimits, block_size: usize) -> InputLayout {
+        let t = l.max_tokens;
+        InputLayout {
+            tokens: 0,
+            positions: t,
+            token_seq: 2 * t,
+            slots: 3 * t,
+            rows: 4 * t,
+            tables: 5 * t,
+            len: 5 * t + (l.max_seqs + 1) * l.max_blocks(block_size),
+        }
+    }
+}
+
+struct StepBuffers {
+    inputs: DeviceBuffer,
+    x: DeviceBuffer,
+    xn: DeviceBuffer,
+    qkv: DeviceBuffer,
+    attn: DeviceBuffer,
+    proj: DeviceBuffer,
+    gate_up: DeviceBuffer,
+    act: DeviceBuffer,
+    normed: DeviceBuffer,
+    logits: DeviceBuffer,
+    ids: DeviceBuffer,
+    part_acc: DeviceBuffer,
+    part_ml: DeviceBuffer,
+}
+
+/// A model resident on one GPU with its KV cache.
+pub struct GpuTransformer {
+    pub config: ModelConfig,
+    pub gpu: Gpu,
+    pub weights: GpuWeights,
+    pub kv: GpuKvCache,
+    kernels: Kernels,
+    gemm: Gemm,
+    inv_freq: DeviceBuffer,
+    limits: StepLimits,
+    layout: InputLayout,
+    bufs: StepBuffers,
+    host_inputs: Vec<i32>,
+    /// Decode graphs by padded batch size.
+    graphs: HashMap<usize, Graph>,
+    /// Capture decode steps as CUDA graphs (off with `--enforce-eager`).
+    pub use_graphs: bool,
+}
+
+/// Host-side description of one step.
+struct StepPlan {
+    tokens: usize,
+    /// (sequence, position, flat token index, whole row wanted) of each logits row; rows not
+    /// wanted whole return their argmax only.
+    rows: Vec<(usize, usize, usize, bool)>,
+    max_ctx: usize,
+}
+
+impl GpuTransformer {
+    /// Builds the runtime state around uploaded weights and an allocated cache.
+    pub fn new(
+        config: ModelConfig,
+        gpu: Gpu,
+        weights: GpuWeights,
+        kv: GpuKvCache,
+        limits: StepLimits,
+    ) -> Result<GpuTransformer, CudaError> {
+        let spec = KernelSpec {
+            head_dim: config.head_dim,
+            group: config.n_heads / config.n_kv_heads.max(1),
+        };
+        let kernels = Kernels::load(&gpu, spec)?;
+        let gemm = Gemm::new(&gpu)?;
+        let inv_freq = gpu.upload(&config.rope.inv_freq(), "the RoPE frequencies")?;
+        let layout = InputLayout::new(&limits, kv.block_size);
+        let c = &config;
+        let t = limits.max_tokens;
+        let width = c.q_dim() + 2 * c.kv_dim();
+        let split_t = SPLIT_MAX_TOKENS.min(t);
+        let parts = limits.max_parts();
+        let bufs = StepBuffers {
+            inputs: gpu.alloc(layout.len * 4, "step inputs")?,
+            x: gpu.alloc(t * c.hidden * 4, "activations")?,
+            xn: gpu.alloc(t * c.hidden * 2, "activations")?,
+            qkv: gpu.alloc(t * width * 2, "activations")?,
+            attn: gpu.alloc(t * c.q_dim() * 2, "activations")?,
+            proj: gpu.alloc(t * c.hidden * 2, "activations")?,
+            gate_up: gpu.alloc(t * 2 * c.intermediate * 2, "activations")?,
+            act: gpu.alloc(t * c.intermediate * 2, "activations")?,
+            normed: gpu.alloc(limits.logit_rows * c.hidden * 2, "activations")?,
+            logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
+            ids: gpu.alloc(limits.logit_rows * 4, "greedy token ids")?,
+            part_acc: gpu.alloc(split_t * c.n_heads * parts * c.head_dim * 4, "attention partials")?,
+            part_ml: gpu.alloc(split_t * c.n_heads * parts * 2 * 4, "attention partials")?,
+        };
+        Ok(GpuTransformer {
+            config,
+            gpu,
+            weights,
+            kv,
+            kernels,
+            gemm,
+            inv_freq,
+            limits,
+            layout,
+            bufs,
+            host_inputs: vec![0; layout.len],
+            graphs: HashMap::new(),
+            use_graphs: true,
+        })
+    }
+
+    /// Checks a batch against the model, the cache and the buffers.
+    fn validate(&self, batch: &[SeqChunk]) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::BadBatch(m));
+        let tokens: usize = batch.iter().map(|c| c.tokens.len()).sum();
+        if tokens > self.limits.max_tokens {
+            return bad(format!(
+                "{tokens} tokens in one step, the GPU buffers hold {}",
+                self.limits.max_tokens
+            ));
+        }
+        if batch.len() > self.limits.max_seqs {
+            return bad(format!(
+                "{} sequences in one step, at most {}",
+                batch.len(),
+                self.limits.max_seqs
+            ));
+        }
+        let bs = self.kv.block_size;
+        for (i, ch) in batch.iter().enumerate() {
+            if ch.end_pos() > self.limits.max_model_len {
+                return bad(format!(
+                    "sequence {i} reaches {} positions, max {}",
+                    ch.end_pos(),
+                    self.limits.max_model_len
+                ));
+            }
+            if ch.block_table.len() * bs < ch.end_pos() {
+                return bad(format!(
+                    "sequence {i}: block table too short for {} positions",
+                    ch.end_pos()
+                ));
+            }
+            if let Some(b) = ch.block_table.iter().find(|&&b| b as usize >= self.kv.num_blocks) {
+                return bad(format!(
+                    "sequence {i}: block {b} outside the cache of {}",
+                    self.kv.num_blocks
+                ));
+            }
+            if let Some(t) = ch.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+                return bad(format!(
+                    "token id {t} outside the vocabulary of {}",
+                    self.config.vocab_size
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills the host staging array for `batch`, padded to `padded` tokens for a graph.
+    fn stage(&mut self, batch: &[SeqChunk], padded: usize) -> StepPlan {
+        let l = self.layout;
+        let bs = self.kv.block_size;
+        let max_blocks = self.limits.max_blocks(bs);
+        let pad_row = self.limits.max_seqs; // a table row that points at the padding block
+        let h = &mut self.host_inputs;
+        let mut t = 0;
+        let mut rows = Vec::new();
+        let mut max_ctx = 0;
+        for (si, ch) in batch.iter().enumerate() {
+            let table = &mut h[l.tables + si * max_blocks..l.tables + (si + 1) * max_blocks];
+            for (d, &b) in table.iter_mut().zip(&ch.block_table) {
+                *d = b as i32;
+            }
+            for (i, &tok) in ch.tokens.iter().enumerate() {
+                let pos = ch.first_pos + i;
+                h[l.tokens + t] = tok as i32;
+                h[l.positions + t] = pos as i32;
+                h[l.token_seq + t] = si as i32;
+                h[l.slots + t] = (ch.block_table[pos / bs] as usize * bs + pos % bs) as i32;
+                let last = i + 1 == ch.tokens.len();
+                match ch.logits {
+                    LogitsWanted::None => {}
+                    LogitsWanted::Last if last => rows.push((si, pos, t, true)),
+                    LogitsWanted::LastArgmax if last => rows.push((si, pos, t, false)),
+                    LogitsWanted::All => rows.push((si, pos, t, true)),
+                    _ => {}
+                }
+                t += 1;
+            }
+            max_ctx = max_ctx.max(ch.end_pos());
+        }
+        let real = t;
+        h[l.tables + pad_row * max_blocks] = self.kv.num_blocks as i32;
+        while t < padded {
+            h[l.tokens + t] = 0;
+            h[l.positions + t] = 0;
+            h[l.token_seq + t] = pad_row as i32;
+            h[l.slots + t] = (self.kv.num_blocks * bs) as i32;
+            t += 1;
+        }
+        for (j, &(_, _, ti, _)) in rows.iter().enumerate() {
+            h[l.rows + j] = ti as i32;
+        }
+        // A captured decode step computes logits for every padded token, row j = token j.
+        for j in rows.len()..padded {
+            h[l.rows + j] = j as i32;
+        }
+        StepPlan {
+            tokens: real,
+            rows,
+            max_ctx,
+        }
+    }
+
+    /// Runs the batch: appends every new token's K/V to the cache and returns the logits asked for.
+    pub fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.validate(batch)?;
+        let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
+        self.gpu.bind().map_err(gpu_err)?;
+        let decode = !batch.is_empty()
+            && batch
+                .iter()
+                .all(|c| c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::Last | LogitsWanted::LastArgmax));
+        // Decode steps run padded to a bucket size, captured as a graph or eagerly: the same
+        // shapes either way, so the same numbers.
+        let bucket = if decode {
+            graph_bucket(batch.len(), self.limits.max_seqs)
+        } else {
+            None
+        };
+        let padded = bucket.unwrap_or_else(|| batch.iter().map(|c| c.tokens.len()).sum());
+        let plan = self.stage(batch, padded);
+        if plan.tokens == 0 {
+            return Ok(Logits {
+                vocab: self.config.vocab_size,
+                ..Default::default()
+            });
+        }
+        let l = self.layout;
+        self.gpu
+            .write(&self.bufs.inputs, 0, &self.host_inputs[..l.len])
+            .map_err(gpu_err)?;
+        match bucket {
+            Some(b) => {
+                let parts = if b <= SPLIT_MAX_TOKENS {
+                    self.limits.max_parts()
+                } else {
+                    1
+                };
+                if !self.use_graphs {
+                    self.layers(b, parts)
+                        .and_then(|_| self.logits_chunk(0, b))
+                        .map_err(gpu_err)?;
+                } else {
+                    if !self.graphs.contains_key(&b) {
+                        self.gpu.begin_capture().map_err(gpu_err)?;
+                        let run = self.layers(b, parts).and_then(|_| self.logits_chunk(0, b));
+                        let graph = self.gpu.end_capture();
+                        run.map_err(gpu_err)?;
+                        self.graphs.insert(b, graph.map_err(gpu_err)?);
+                    }
+                    self.graphs[&b].launch().map_err(gpu_err)?;
+                }
+                self.collect_logits(&plan, true).map_err(gpu_err)
+            }
+            None => {
+                let parts = if plan.tokens <= SPLIT_MAX_TOKENS {
+                    plan.max_ctx.div_ceil(PART_LEN).max(1)
+                } else {
+                    1
+                };
+                self.layers(plan.tokens, parts).map_err(gpu_err)?;
+                self.collect_logits(&plan, false).map_err(gpu_err)
+            }
+        }
+    }
+
+    /// Embedding and every layer for the first `t` staged tokens; leaves the final residual in `x`.
+    fn layers(&mut self, t: usize, parts: usize) -> Result<(), CudaError> {
+        let c = self.config.clone();
+        let l = self.layout;
+        let inp = |off: usize| self.bufs.inputs.at(off * 4);
+        let (tokens, positions, token_seq, slots, tables) = (
+            inp(l.tokens),
+            inp(l.positions),
+            inp(l.token_seq),
+            inp(l.slots),
+            inp(l.tables),
+        );
+        let h = c.hidden as i32;
+        let eps = c.rms_eps;
+        let width = (c.q_dim() + 2 * c.kv_dim()) as i32;
+        let (x, xn, qkv, attn, proj, gate_up, act) = (
+            self.bufs.x.ptr(),
+            self.bufs.xn.ptr(),
+            self.bufs.qkv.ptr(),
+            self.bufs.attn.ptr(),
+            self.bufs.proj.ptr(),
+            self.bufs.gate_up.ptr(),
+            self.bufs.act.ptr(),
+        );
+        let grid_t = (t as u32, 1, 1);
+        let table = self.weights.token_embd.ptr();
+        self.launch(
+            "embedding_lookup",
+            grid_t,
+            ROW_THREADS,
+            0,
+            &mut kernel_args!(table, tokens, x, h),
+        )?;
+        let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let rot = c.rope.dim as i32;
+        let neox = matches!(c.rope.layout, strata_runtime::cpu::ops::RopeLayout::Neox) as i32;
+        let inv_freq = self.inv_freq.ptr();
+        let bs = self.kv.block_size as i32;
+        let max_blocks = self.limits.max_blocks(self.kv.block_size) as i32;
+        let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
+        let k_col = c.q_dim() as i32;
+        let scale = 1.0f32 / (c.head_dim as f32).sqrt();
+        let part_len = if parts > 1 { PART_LEN as i32 } else { i32::MAX };
+        let (part_acc, part_ml) = (self.bufs.part_acc.ptr(), self.bufs.part_ml.ptr());
+        let inter = c.intermediate as i64;
+        for li in 0..c.n_layers {
+            let lw = &self.weights.layers[li];
+            let (attn_norm, ffn_norm) = (lw.attn_norm.ptr(), lw.ffn_norm.ptr());
+            let (wqkv, wo, wgu, wdown) = (lw.wqkv.ptr(), lw.wo.ptr(), lw.w_gate_up.ptr(), lw.w_down.ptr());
+            let bias = lw.bqkv.as_ref().map(|b| b.ptr()).unwrap_or(0);
+            let qn = lw.q_norm.as_ref().map(|b| b.ptr()).unwrap_or(0);
+            let kn = lw.k_norm.as_ref().map(|b| b.ptr()).unwrap_or(0);
+            if li == 0 {
+                self.launch(
+                    "rms_norm",
+                    grid_t,
+                    ROW_THREADS,
+                    0,
+                    &mut kernel_args!(x, attn_norm, xn, h, eps),
+                )?;
+            } else {
+                self.launch(
+                    "add_rms_norm",
+                    grid_t,
+                    ROW_THREADS,
+                    0,
+                    &mut kernel_args!(x, proj, attn_norm, xn, h, eps),
+                )?;
+            }
+            self.matmul(wqkv, xn, qkv, (width as usize, c.hidden, t), GemmOut::Bf16)?;
+            let shared = ((c.n_heads + c.n_kv_heads) * c.head_dim * 4) as u32;
+            self.launch(
+                "qkv_rope",
+                grid_t,
+                ROW_THREADS,
+                shared,
+                &mut kernel_args!(qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps),
+            )?;
+            let (kc, vc, ks, vs) = self.kv.layer(li);
+            if fp8 {
+                self.launch(
+                    "kv_write_fp8",
+                    grid_t,
+                    ROW_THREADS,
+                    0,
+                    &mut kernel_args!(qkv, width, k_col, slots, kc, vc, ks, vs, n_kv, hd, bs),
+                )?;
+            } else {
+                self.launch(
+                    "kv_write_bf16",
+                    grid_t,
+                    ROW_THREADS,
+                    0,
+                    &mut kernel_args!(qkv, width, k_col, slots, kc, vc, n_kv, hd, bs),
+                )?;
+            }
+            let attn_kernel = if fp8 {
+                "paged_attention_fp8"
+            } else {
+                "paged_attention_bf16"
+            };
+            self.launch(
+                attn_kernel,
+                (t as u32, c.n_kv_heads as u32, parts as u32),
+                128,
+                0,
+                &mut kernel_args!(
+                    qkv, width, kc, vc, ks, vs, tables, max_blocks, token_seq, positions, attn, part_acc, part_ml,
+                    n_kv, bs, part_len, scale
+                ),
+            )?;
+            if parts > 1 {
+                let p = parts as i32;
+                self.launch(
+                    "attention_reduce",
+                    (t as u32, c.n_heads as u32, 1),
+                    c.head_dim as u32,
+                    0,
+                    &mut kernel_args!(part_acc, part_ml, attn, p),
+                )?;
+            }
+            self.matmul(wo, attn, proj, (c.hidden, c.q_dim(), t), GemmOut::Bf16)?;
+            self.launch(
+                "add_rms_norm",
+                grid_t,
+                ROW_THREADS,
+                0,
+                &mut kernel_args!(x, proj, ffn_norm, xn, h, eps),
+            )?;
+            self.matmul(wgu, xn, gate_up, (2 * c.intermediate, c.hidden, t), GemmOut::Bf16)?;
+            let total = t as i64 * inter;
+            let blocks = (total as u64).div_ceil(256).min(65535 * 8) as u32;
+            let inter32 = c.intermediate as i32;
+            self.launch(
+                "silu_mul",
+                (blocks, 1, 1),
+                256,
+                0,
+                &mut kernel_args!(gate_up, act, inter32, total),
+            )?;
+            self.matmul(wdown, act, proj, (c.hidden, c.intermediate, t), GemmOut::Bf16)?;
+        }
+        self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))
+    }
+
+    /// Final norm and LM head of logits rows `first..first + n` (at most `logit_rows`), into the
+    /// logits buffer, plus their argmax.
+    fn logits_chunk(&mut self, first: usize, n: usize) -> Result<(), CudaError> {
+        let c = &self.config;
+        let rows = self.bufs.inputs.at((self.layout.rows + first) * 4);
+        let (x, norm, normed, logits) = (
+            self.bufs.x.ptr(),
+            self.weights.output_norm.ptr(),
+            self.bufs.normed.ptr(),
+            self.bufs.logits.ptr(),
+        );
+        let (h, eps) = (c.hidden as i32, c.rms_eps);
+        let (vocab, hidden) = (c.vocab_size, c.hidden);
+        self.launch(
+            "rms_norm_rows",
+            (n as u32, 1, 1),
+            ROW_THREADS,
+            0,
+            &mut kernel_args!(x, rows, norm, normed, h, eps),
+        )?;
+        let lm = self.weights.lm_head().ptr();
+        self.matmul(lm, normed, logits, (vocab, hidden, n), GemmOut::F32)?;
+        let (ids, v) = (self.bufs.ids.ptr(), vocab as i32);
+        self.launch(
+            "argmax_rows",
+            (n as u32, 1, 1),
+            ROW_THREADS,
+            0,
+            &mut kernel_args!(logits, v, ids),
+        )
+    }
+
+    /// Copies the wanted results to the host: the argmax of argmax-only rows, whole rows of the
+    /// others (running the LM head in chunks unless a captured step already did).
+    fn collect_logits(&mut self, plan: &StepPlan, computed: bool) -> Result<Logits, CudaError> {
+        let vocab = self.config.vocab_size;
+        let r = plan.rows.len();
+        let mut ids = vec![0u32; r];
+        let mut out = Logits {
+            vocab,
+            ..Default::default()
+        };
+        // A captured decode step computed one row per (padded) token, row j = token j, with the
+        // real tokens first.
+        let chunk = if computed { r.max(1) } else { self.limits.logit_rows };
+        let mut first = 0;
+        while first < r {
+            let n = chunk.min(r - first);
+            if !computed {
+                self.logits_chunk(first, n)?;
+            }
+            self.gpu.read(&self.bufs.ids, 0, &mut ids[first..first + n])?;
+            for (j, &(seq, pos, _, whole)) in plan.rows.iter().enumerate().skip(first).take(n) {
+                if whole {
+                    let start = out.data.len();
+                    out.data.resize(start + vocab, 0.0);
+                    self.gpu
+                        .read(&self.bufs.logits, (j - first) * vocab * 4, &mut out.data[start..])?;
+                    out.rows.push((seq, pos));
+                } else {
+                    out.argmax.push((seq, ids[j]));
+                }
+            }
+            first += n;
+        }
+        Ok(out)
+    }
+
+    fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), CudaError> {
+        // SAFETY: each call site passes the arguments of the kernel's signature in its .cu file,
+        // with device pointers into buffers sized for the step limits that `validate` enforces.
+        unsafe { self.gpu.launch(self.kernels.get(name), grid, block, shared, args) }
+    }
+
+    fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
+        // SAFETY: the weight and activation buffers hold the shapes given (see `new`).
+        unsafe { self.gemm.matmul(&self.gpu, w, x, y, shape, out) }
+    }
+}
+
+/// The padded batch size a decode step of `n` sequences runs as a graph: powers of two up to 8,
+/// then multiples of 8 up to 64, then of 32; `None` past `max`.
+pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
+    let b = if n <= 8 {
+        n.next_power_of_two()
+    } else if n <= 64 {
+        n.next_multiple_of(8)
+    } else {
+        n.next_multiple_of(32)
+    };
+    (b <= max).then_some(b)
+}

@@ -1,0 +1,90 @@
+//! The device-independent face of a loaded model with its KV cache: what the engine calls each
+//! step. The CPU executor lives here; the CUDA one under `cuda/` (feature `cuda`).
+
+use strata_runtime::cpu::ThreadPool;
+
+use crate::batch::{Logits, SeqChunk};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::{KvCacheDtype, PagedKvCache};
+use crate::transformer::{ForwardScratch, Transformer};
+
+/// How much KV cache an executor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub blocks: usize,
+    pub block_size: usize,
+    pub bytes: usize,
+    pub dtype: KvCacheDtype,
+}
+
+/// Runs forward passes of one model over its own paged KV cache.
+pub trait Executor: Send {
+    /// The model's shape.
+    fn config(&self) -> &ModelConfig;
+    /// Runs one batch: appends every new token's K/V to the cache and returns the logits asked for.
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError>;
+    /// Hands a consumed logits buffer back for reuse.
+    fn recycle(&mut self, _logits: Logits) {}
+    /// The KV cache's size.
+    fn kv_layout(&self) -> KvLayout;
+    /// Where it runs, in words (for logs and `/health`).
+    fn device(&self) -> String;
+}
+
+/// The CPU backend: the transformer, its cache and a thread pool.
+pub struct CpuExecutor {
+    transformer: Transformer,
+    kv: PagedKvCache,
+    pool: ThreadPool,
+    scratch: ForwardScratch,
+    threads: usize,
+}
+
+impl CpuExecutor {
+    /// A cache of `blocks` blocks of `block_size` tokens in `dtype`, and `threads` threads.
+    pub fn new(
+        transformer: Transformer,
+        dtype: KvCacheDtype,
+        block_size: usize,
+        blocks: usize,
+        threads: usize,
+    ) -> CpuExecutor {
+        let kv = PagedKvCache::new(&transformer.config, dtype, block_size, blocks);
+        CpuExecutor {
+            transformer,
+            kv,
+            pool: ThreadPool::new(threads.max(1)),
+            scratch: ForwardScratch::default(),
+            threads: threads.max(1),
+        }
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn config(&self) -> &ModelConfig {
+        &self.transformer.config
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.transformer
+            .forward(batch, &mut self.kv, &self.pool, &mut self.scratch)
+    }
+
+    fn recycle(&mut self, logits: Logits) {
+        self.scratch.recycle(logits);
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            blocks: self.kv.num_blocks,
+            block_size: self.kv.block_size,
+            bytes: self.kv.memory_bytes(),
+            dtype: self.kv.dtype(),
+        }
+    }
+
+    fn device(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+}

@@ -1,0 +1,191 @@
+//! The CUDA backend: every kernel compiles with NVRTC for sm_90 (also without a GPU), and on a
+//! GPU the SmolLM2 logits match the CPU backend's, graphs and eager steps agree, and fp8 KV is measured.
+#![cfg(feature = "cuda")]
+
+use strata_model::cuda::{GpuExecutor, GpuOptions};
+use strata_model::kv_cache::KvCacheDtype;
+use strata_model::loader::{default_model_path, load_model};
+use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
+use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, FAMILIES};
+use strata_runtime::cuda::libraries;
+
+#[test]
+fn every_kernel_compiles_with_nvrtc_for_sm90() {
+    // `make test` puts the fetched NVRTC wheel's folder on LD_LIBRARY_PATH.
+    if !nvrtc_available() {
+        let why = "libnvrtc.so.13 is not loadable (run `make test`, which fetches it and sets LD_LIBRARY_PATH)";
+        assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // The shapes of the models strata is tested on: SmolLM2, Llama-3-8B, Qwen2.5-7B, MHA, head 256.
+    for (head_dim, group) in [(64, 3), (128, 4), (128, 7), (128, 1), (256, 8)] {
+        let spec = KernelSpec { head_dim, group };
+        let ptx = compile_all(spec, "compute_90").unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+        for ((family, text), (_, _, names)) in ptx.iter().zip(FAMILIES) {
+            for name in names {
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{family}.cu: kernel {name} missing from the PTX"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kernel_limits_are_checked_before_compiling() {
+    assert!(KernelSpec { head_dim: 80, group: 1 }.validate().is_err());
+    assert!(KernelSpec {
+        head_dim: 512,
+        group: 1
+    }
+    .validate()
+    .is_err());
+    assert!(KernelSpec {
+        head_dim: 128,
+        group: 9
+    }
+    .validate()
+    .is_err());
+    assert!(KernelSpec {
+        head_dim: 128,
+        group: 8
+    }
+    .validate()
+    .is_ok());
+}
+
+/// The GPU executor for the default model, or `None` (with the reason printed) without a GPU.
+fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool) -> Option<GpuExecutor> {
+    let libs = libraries::search(&libraries::candidate_dirs());
+    match strata_runtime::cuda::Gpu::count(&libs) {
+        Ok(n) if n > 0 => {}
+        Ok(_) => {
+            eprintln!("skipped: no CUDA GPU");
+            return None;
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return None;
+        }
+    }
+    let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads (make fetch)");
+    let opts = GpuOptions {
+        ordinal: 0,
+        gpu_memory_utilization: 0.2,
+        kv_cache_dtype: dtype,
+        block_size: 16,
+        max_num_batched_tokens: 512,
+        max_num_seqs: 16,
+        max_model_len: 1024,
+        enforce_eager,
+    };
+    Some(GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts"))
+}
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Photosynthesis converts light energy into",
+    "Once upon a time, in a village by the sea, there lived",
+];
+
+/// Runs the prompts as one prefill batch, then `steps` greedy decode steps of all of them
+/// together, feeding `drive`'s tokens to every executor. Returns each executor's logits rows.
+fn run_lockstep(execs: &mut [&mut dyn Executor], prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<Vec<f32>>> {
+    let mut out = vec![Vec::new(); execs.len()];
+    let tables: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| (i as u32 * 8..i as u32 * 8 + 8).collect())
+        .collect();
+    let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
+    let mut first = vec![0usize; prompts.len()];
+    for step in 0..=steps {
+        let batch: Vec<SeqChunk> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SeqChunk {
+                tokens: s[first[i]..].to_vec(),
+                first_pos: first[i],
+                block_table: tables[i].clone(),
+                logits: LogitsWanted::Last,
+                prompt_len: if step == 0 { usize::MAX } else { prompts[i].len() },
+            })
+            .collect();
+        let mut next = Vec::new();
+        for (e, exec) in execs.iter_mut().enumerate() {
+            let logits = exec.forward(&batch).expect("forward");
+            for i in 0..batch.len() {
+                let row = logits.last_of(i).unwrap().to_vec();
+                if e == 0 {
+                    next.push(argmax(&row));
+                }
+                out[e].push(row);
+            }
+        }
+        for (i, s) in seqs.iter_mut().enumerate() {
+            first[i] = s.len();
+            s.push(next[i]);
+        }
+    }
+    out
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// (max |a-b| / max |a|, mean |a-b|, top-1 agreements) over rows.
+fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64, usize) {
+    let (mut max_rel, mut sum, mut n, mut top1) = (0.0f64, 0.0f64, 0usize, 0usize);
+    for (ra, rb) in a.iter().zip(b) {
+        let scale = ra.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+        let diff = ra.iter().zip(rb).fold(0.0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+        max_rel = max_rel.max(diff / scale.max(1e-6));
+        sum += ra.iter().zip(rb).map(|(x, y)| (x - y).abs() as f64).sum::<f64>();
+        n += ra.len();
+        top1 += (argmax(ra) == argmax(rb)) as usize;
+    }
+    (max_rel, sum / n as f64, top1)
+}
+
+#[test]
+fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
+    let Some(mut graphs) = gpu_executor(KvCacheDtype::F32, false) else {
+        return;
+    };
+    let mut eager = gpu_executor(KvCacheDtype::F32, true).unwrap();
+    let mut fp8 = gpu_executor(KvCacheDtype::Fp8E4m3, false).unwrap();
+    let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 2);
+    let steps = 24;
+    let rows = run_lockstep(&mut [&mut cpu, &mut graphs, &mut eager, &mut fp8], &prompts, steps);
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    let n = rows[0].len();
+    eprintln!("GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
+    assert!(
+        rel < 0.05,
+        "GPU logits differ from the CPU's by {rel} of the row's scale"
+    );
+    assert!(top1 * 100 >= n * 95, "top-1 agrees on only {top1} of {n} rows");
+    assert_eq!(
+        rows[1], rows[2],
+        "CUDA-graph steps and eager steps give different logits"
+    );
+    let (rel8, mean8, top8) = compare(&rows[1], &rows[3]);
+    eprintln!("fp8 KV vs bf16 KV on the GPU: max rel {rel8:.5}, mean abs {mean8:.5}, top-1 equal {top8}/{n}");
+    assert!(
+        top8 * 100 >= n * 90,
+        "fp8 KV changes top-1 on too many rows: {top8}/{n}"
+    );
+}

@@ -1,0 +1,75 @@
+// Shared by every kernel family: bf16 and fp8 e4m3 conversions by bit manipulation (so NVRTC
+// needs no CUDA headers), warp reductions. Prepended to each .cu source before compiling.
+typedef unsigned short bf16;
+typedef unsigned char fp8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf2f(bf16 x) { return __uint_as_float(((u32)x) << 16); }
+
+// Round to nearest even; NaN stays NaN.
+__device__ __forceinline__ bf16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+// FP8 E4M3 (OCP "fn": no infinities, max 448), ties to even, saturating: the CPU cache's rule.
+__device__ __forceinline__ fp8 f2e4m3(float x) {
+    u32 sign = (__float_as_uint(x) >> 24) & 0x80u;
+    float a = fabsf(x);
+    if (isnan(a)) return (fp8)(sign | 0x7fu);
+    if (a >= 448.0f) return (fp8)(sign | 0x7eu);
+    if (a < 1.0f / 64.0f) return (fp8)(sign | (u32)rintf(a * 512.0f));
+    u32 bits = __float_as_uint(a);
+    u32 exp = (bits >> 23) + 7u - 127u;
+    u32 mant = bits & 0x7fffffu;
+    u32 m3 = mant >> 20;
+    u32 rem = mant & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (m3 & 1u))) {
+        m3 += 1u;
+        if (m3 == 8u) { m3 = 0u; exp += 1u; }
+    }
+    return (fp8)(sign | (exp << 3) | m3);
+}
+
+__device__ __forceinline__ float e4m32f(fp8 b) {
+    u32 e = (b >> 3) & 0xfu, m = b & 7u;
+    float v = e == 0u ? (float)m * (1.0f / 512.0f) : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -v : v;
+}

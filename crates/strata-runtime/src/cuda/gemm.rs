@@ -1,0 +1,170 @@
+//! Dense bf16 GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation, bf16 or f32 output.
+//! The descriptors and the chosen algorithm are built once per shape and reused (and captured).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use cudarc::driver::sys::CUdeviceptr;
+
+use super::device::{DeviceBuffer, Gpu};
+use super::CudaError;
+
+/// cuBLASLt's scratch space.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Element type of a GEMM's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmOut {
+    Bf16,
+    F32,
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// A cuBLASLt handle with its workspace and plans.
+pub struct Gemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: DeviceBuffer,
+    plans: HashMap<(usize, usize, usize, GemmOut), Plan>,
+}
+
+// SAFETY: the handle is used from one thread at a time (the owner's).
+unsafe impl Send for Gemm {}
+
+fn blas(op: &'static str) -> impl FnOnce(cudarc::cublaslt::result::CublasError) -> CudaError {
+    move |e| CudaError::Blas {
+        op,
+        err: format!("{e:?}"),
+    }
+}
+
+impl Gemm {
+    /// A handle and workspace on `gpu`.
+    pub fn new(gpu: &Gpu) -> Result<Gemm, CudaError> {
+        gpu.bind()?;
+        let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
+        let workspace = gpu.alloc(WORKSPACE_BYTES, "the cuBLASLt workspace")?;
+        Ok(Gemm {
+            handle,
+            workspace,
+            plans: HashMap::new(),
+        })
+    }
+
+    fn plan(&mut self, n: usize, k: usize, t: usize, out: GemmOut) -> Result<&Plan, CudaError> {
+        let key = (n, k, t, out);
+        if !self.plans.contains_key(&key) {
+            let plan = self.make_plan(n, k, t, out)?;
+            self.plans.insert(key, plan);
+        }
+        Ok(&self.plans[&key])
+    }
+
+    fn make_plan(&self, n: usize, k: usize, t: usize, out: GemmOut) -> Result<Plan, CudaError> {
+        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+        let out_type = match out {
+            GemmOut::Bf16 => bf16,
+            GemmOut::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        };
+        // Column-major view: y(n x t) = op(w)(n x k) * x(k x t), with w stored k x n (transposed).
+        let a = lt::create_matrix_layout(bf16, k as u64, n as u64, k as i64).map_err(blas("layout A"))?;
+        let b = lt::create_matrix_layout(bf16, k as u64, t as u64, k as i64).map_err(blas("layout B"))?;
+        let c = lt::create_matrix_layout(out_type, n as u64, t as u64, n as i64).map_err(blas("layout C"))?;
+        let desc = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(blas("cublasLtMatmulDescCreate"))?;
+        let transpose: i32 = 1;
+        let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
+        let ws = WORKSPACE_BYTES as u64;
+        // SAFETY: the descriptors were just created; attribute buffers outlive the calls.
+        let heuristic = unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &transpose as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+            .map_err(blas("set TRANSA"))?;
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                std::mem::size_of::<u64>(),
+            )
+            .map_err(blas("set workspace"))?;
+            let h = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref)
+                .map_err(blas("cublasLtMatmulAlgoGetHeuristic"));
+            let _ = lt::destroy_matmul_pref(pref);
+            h?
+        };
+        Ok(Plan {
+            desc,
+            layouts: [a, b, c],
+            algo: heuristic.algo,
+        })
+    }
+
+    /// `y[t, n] = x[t, k] · w[n, k]ᵀ` on `gpu`'s stream (row-major, bf16 `w` and `x`).
+    ///
+    /// # Safety
+    /// `w`, `x` and `y` must point to device buffers of at least `n*k`, `t*k` and `t*n`
+    /// elements of their types.
+    pub unsafe fn matmul(
+        &mut self,
+        gpu: &Gpu,
+        w: CUdeviceptr,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+    ) -> Result<(), CudaError> {
+        if t == 0 {
+            return Ok(());
+        }
+        let (handle, ws, ws_bytes) = (self.handle, self.workspace.ptr(), WORKSPACE_BYTES);
+        let plan = self.plan(n, k, t, out)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        lt::matmul(
+            handle,
+            plan.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            w as *const c_void,
+            plan.layouts[0],
+            x as *const c_void,
+            plan.layouts[1],
+            y as *const c_void,
+            plan.layouts[2],
+            y as *mut c_void,
+            plan.layouts[2],
+            &plan.algo,
+            ws as *mut c_void,
+            ws_bytes,
+            gpu.stream.cu_stream() as sys::cudaStream_t,
+        )
+        .map_err(blas("cublasLtMatmul"))
+    }
+}
+
+impl Drop for Gemm {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created once by this object.
+        unsafe {
+            for (_, p) in self.plans.drain() {
+                let _ = lt::destroy_matmul_desc(p.desc);
+                for l in p.layouts {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}

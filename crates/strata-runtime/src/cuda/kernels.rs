@@ -1,0 +1,203 @@
+//! strata's own CUDA kernels: the `.cu` sources under `kernels/` (one per family), compiled by
+//! NVRTC for the GPU's architecture with the model's shape baked in, and cached on disk.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use cudarc::driver::CudaFunction;
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+
+use super::device::Gpu;
+use super::{driver, CudaError};
+
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// Every kernel family: (name, source, kernels it defines).
+pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
+    (
+        "embedding",
+        include_str!("../../kernels/embedding.cu"),
+        &["embedding_lookup"],
+    ),
+    (
+        "norm",
+        include_str!("../../kernels/norm.cu"),
+        &["rms_norm", "add_rms_norm", "add_residual", "rms_norm_rows"],
+    ),
+    ("rope", include_str!("../../kernels/rope.cu"), &["qkv_rope"]),
+    ("activation", include_str!("../../kernels/activation.cu"), &["silu_mul"]),
+    (
+        "kv_cache",
+        include_str!("../../kernels/kv_cache.cu"),
+        &["kv_write_bf16", "kv_write_fp8"],
+    ),
+    (
+        "attention",
+        include_str!("../../kernels/attention.cu"),
+        &["paged_attention_bf16", "paged_attention_fp8", "attention_reduce"],
+    ),
+    ("sampling", include_str!("../../kernels/sampling.cu"), &["argmax_rows"]),
+];
+
+/// The model constants compiled into the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelSpec {
+    /// Per-head width (a multiple of 32, at most 256).
+    pub head_dim: usize,
+    /// Query heads per KV head (at most 8).
+    pub group: usize,
+}
+
+impl KernelSpec {
+    /// Checks the limits the attention kernel is written for.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(32) || self.head_dim > 256 {
+            return Err(format!(
+                "head_dim {} is not supported by the CUDA attention kernel (multiples of 32 up to 256)",
+                self.head_dim
+            ));
+        }
+        if self.group == 0 || self.group > 8 {
+            return Err(format!(
+                "{} query heads per KV head is not supported by the CUDA attention kernel (1 to 8)",
+                self.group
+            ));
+        }
+        Ok(())
+    }
+
+    fn defines(&self) -> Vec<String> {
+        vec![
+            format!("-DHEAD_DIM={}", self.head_dim),
+            format!("-DGROUP={}", self.group),
+        ]
+    }
+}
+
+/// Compiles one family to PTX for `arch` (e.g. `compute_90`).
+pub fn compile(family: &str, source: &str, spec: KernelSpec, arch: &'static str) -> Result<String, CudaError> {
+    let src = format!("{COMMON}\n{source}");
+    let mut options = spec.defines();
+    options.push("--std=c++17".into());
+    let opts = CompileOptions {
+        arch: Some(arch),
+        use_fast_math: Some(false),
+        options,
+        name: Some(format!("{family}.cu")),
+        ..Default::default()
+    };
+    let key = cache_key(&src, &opts);
+    if let Some(ptx) = read_cache(&key) {
+        return Ok(ptx);
+    }
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| CudaError::Compile {
+        family: family.to_string(),
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => other.to_string(),
+        },
+    })?;
+    let text = ptx.to_src();
+    write_cache(&key, &text);
+    Ok(text)
+}
+
+/// Whether NVRTC can be loaded (it compiles the kernels; no GPU needed).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles every family; the first failure is returned with its NVRTC log.
+pub fn compile_all(spec: KernelSpec, arch: &'static str) -> Result<Vec<(&'static str, String)>, CudaError> {
+    FAMILIES
+        .iter()
+        .map(|(name, src, _)| compile(name, src, spec, arch).map(|p| (*name, p)))
+        .collect()
+}
+
+/// NVRTC's virtual architecture for a compute capability.
+pub fn arch_for(cc: (i32, i32)) -> &'static str {
+    match cc {
+        (9, _) => "compute_90",
+        (10, _) => "compute_100",
+        (12, _) => "compute_120",
+        (8, 9) => "compute_89",
+        (8, 6) => "compute_86",
+        (8, _) => "compute_80",
+        _ => "compute_75",
+    }
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("STRATA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata")))?;
+    Some(base.join("kernels"))
+}
+
+fn cache_key(src: &str, opts: &CompileOptions) -> String {
+    // FNV-1a over the source and options: stable across runs (unlike the std hasher's seeds).
+    let mut h: u64 = 0xcbf29ce484222325;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    };
+    feed(src.as_bytes());
+    feed(format!("{opts:?}").as_bytes());
+    format!("{h:016x}")
+}
+
+fn read_cache(key: &str) -> Option<String> {
+    std::fs::read_to_string(cache_dir()?.join(format!("{key}.ptx"))).ok()
+}
+
+fn write_cache(key: &str, ptx: &str) {
+    // Best effort: a read-only cache only costs a recompile next time.
+    if let Some(dir) = cache_dir() {
+        if std::fs::create_dir_all(&dir).is_ok() {
+            let tmp = dir.join(format!("{key}.ptx.{}", std::process::id()));
+            if std::fs::write(&tmp, ptx).is_ok() {
+                let _ = std::fs::rename(&tmp, dir.join(format!("{key}.ptx")));
+            }
+        }
+    }
+}
+
+/// Every kernel, loaded on one GPU.
+pub struct Kernels {
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl Kernels {
+    /// Compiles (or takes from the cache) and loads every family for `gpu`.
+    pub fn load(gpu: &Gpu, spec: KernelSpec) -> Result<Kernels, CudaError> {
+        spec.validate().map_err(|log| CudaError::Compile {
+            family: "attention".into(),
+            log,
+        })?;
+        let arch = arch_for(gpu.info.compute_capability);
+        let mut functions = HashMap::new();
+        for (family, src, names) in FAMILIES {
+            let ptx = compile(family, src, spec, arch)?;
+            let module = gpu
+                .ctx
+                .load_module(Ptx::from_src(ptx))
+                .map_err(driver("cuModuleLoadData"))?;
+            for name in names {
+                let f = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+                functions.insert(*name, f);
+            }
+        }
+        Ok(Kernels { functions })
+    }
+
+    /// The kernel called `name` (one of [`FAMILIES`]' lists).
+    pub fn get(&self, name: &str) -> &CudaFunction {
+        self.functions
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in any family"))
+    }
+}
