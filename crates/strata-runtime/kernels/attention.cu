@@ -2,7 +2,9 @@
 // mixed): causal, grouped-query, optionally split over the context with a second reduce kernel.
 //
 // Compiled per model with HEAD_DIM (a multiple of 32, at most 256) and GROUP (query heads per KV
-// head, at most 8) defined. One block of ATTN_WARPS warps per (token, kv head, context part);
+// head, at most 8) defined. One block of ATTN_WARPS warps per (token, kv head, context part); a
+// token's context is cut into gridDim.z equal parts at run time, so a captured graph splits
+// every context evenly whatever its length;
 // each warp walks every ATTN_WARPS-th key with an online softmax for all GROUP query heads
 // at once (a key is read once for its whole group), then the warps merge in shared memory.
 
@@ -39,11 +41,12 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
                                 const float* __restrict__ v_scale, const int* __restrict__ block_tables,
                                 int max_blocks, const int* __restrict__ token_seq,
                                 const int* __restrict__ positions, bf16* __restrict__ out, float* __restrict__ part_acc,
-                                float* __restrict__ part_ml, int n_kv, int block_size, int part_len, float scale) {
+                                float* __restrict__ part_ml, int n_kv, int block_size, float scale) {
     const int t = blockIdx.x, kvh = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_heads = n_kv * GROUP;
     const int ctx = positions[t] + 1;
+    const int part_len = (ctx + parts - 1) / parts;
     const int start = part * part_len;
     const int end = min(ctx, start + part_len);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
@@ -122,10 +125,10 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
 #define ATTENTION_ARGS                                                                                        \
     const bf16 *q, int q_stride, const void *k_cache, const void *v_cache, const float *k_scale,             \
         const float *v_scale, const int *block_tables, int max_blocks, const int *token_seq, const int *positions, \
-        bf16 *out, float *part_acc, float *part_ml, int n_kv, int block_size, int part_len, float scale
+        bf16 *out, float *part_acc, float *part_ml, int n_kv, int block_size, float scale
 #define ATTENTION_CALL                                                                                     \
     q, q_stride, k_cache, v_cache, k_scale, v_scale, block_tables, max_blocks, token_seq, positions, out, \
-        part_acc, part_ml, n_kv, block_size, part_len, scale
+        part_acc, part_ml, n_kv, block_size, scale
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_bf16(ATTENTION_ARGS) {
     paged_attention<false>(ATTENTION_CALL);

@@ -14,9 +14,9 @@ use crate::kv_cache::KvCacheDtype;
 use super::kv_cache::GpuKvCache;
 use super::weights::GpuWeights;
 
-/// Context positions each part of a split attention covers.
-const PART_LEN: usize = 512;
-/// Batches of at most this many tokens split attention over the context (few blocks otherwise).
+/// Most parts one token's attention context is split into (flash-decoding style).
+const MAX_PARTS: usize = 16;
+/// Batches of at most this many tokens may split attention over the context (few blocks otherwise).
 const SPLIT_MAX_TOKENS: usize = 64;
 /// Threads of the row-wise kernels.
 const ROW_THREADS: u32 = 256;
@@ -36,16 +36,12 @@ impl StepLimits {
         self.max_model_len.div_ceil(block_size)
     }
 
-    fn max_parts(&self) -> usize {
-        self.max_model_len.div_ceil(PART_LEN).max(1)
-    }
-
     /// Bytes of activation buffers for a model of shape `c`.
     pub fn activation_bytes(&self, c: &ModelConfig, block_size: usize) -> usize {
         let t = self.max_tokens;
         let width = c.q_dim() + 2 * c.kv_dim();
         let inputs = 4 * (5 * t + (self.max_seqs + 1) * self.max_blocks(block_size));
-        let split = SPLIT_MAX_TOKENS.min(t) * c.n_heads * self.max_parts() * (c.head_dim + 2) * 4;
+        let split = SPLIT_MAX_TOKENS.min(t) * c.n_heads * MAX_PARTS * (c.head_dim + 2) * 4;
         inputs
             + t * c.hidden * 4
             + t * (2 * c.hidden + width + c.q_dim() + c.hidden + 3 * c.intermediate) * 2
@@ -146,7 +142,6 @@ impl GpuTransformer {
         let t = limits.max_tokens;
         let width = c.q_dim() + 2 * c.kv_dim();
         let split_t = SPLIT_MAX_TOKENS.min(t);
-        let parts = limits.max_parts();
         let bufs = StepBuffers {
             inputs: gpu.alloc(layout.len * 4, "step inputs")?,
             x: gpu.alloc(t * c.hidden * 4, "activations")?,
@@ -159,8 +154,8 @@ impl GpuTransformer {
             normed: gpu.alloc(limits.logit_rows * c.hidden * 2, "activations")?,
             logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
             ids: gpu.alloc(limits.logit_rows * 4, "greedy token ids")?,
-            part_acc: gpu.alloc(split_t * c.n_heads * parts * c.head_dim * 4, "attention partials")?,
-            part_ml: gpu.alloc(split_t * c.n_heads * parts * 2 * 4, "attention partials")?,
+            part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
+            part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
         };
         Ok(GpuTransformer {
             config,
@@ -313,11 +308,7 @@ impl GpuTransformer {
             .map_err(gpu_err)?;
         match bucket {
             Some(b) => {
-                let parts = if b <= SPLIT_MAX_TOKENS {
-                    self.limits.max_parts()
-                } else {
-                    1
-                };
+                let parts = self.attention_parts(b);
                 if !self.use_graphs {
                     self.layers(b, parts)
                         .and_then(|_| self.logits_chunk(0, b))
@@ -335,15 +326,24 @@ impl GpuTransformer {
                 self.collect_logits(&plan, true).map_err(gpu_err)
             }
             None => {
-                let parts = if plan.tokens <= SPLIT_MAX_TOKENS {
-                    plan.max_ctx.div_ceil(PART_LEN).max(1)
-                } else {
-                    1
-                };
+                // Parts of fewer than 32 keys only cost their merge.
+                let parts = self.attention_parts(plan.tokens).min(plan.max_ctx.div_ceil(32));
                 self.layers(plan.tokens, parts).map_err(gpu_err)?;
                 self.collect_logits(&plan, false).map_err(gpu_err)
             }
         }
+    }
+
+    /// Context parts per token for a step of `t` tokens: enough attention blocks to fill the
+    /// GPU about four times over when the batch alone does not.
+    fn attention_parts(&self, t: usize) -> usize {
+        if t > SPLIT_MAX_TOKENS {
+            return 1;
+        }
+        let blocks = t * self.config.n_kv_heads;
+        (4 * self.gpu.info.multiprocessors)
+            .div_ceil(blocks.max(1))
+            .clamp(1, MAX_PARTS)
     }
 
     /// Embedding and every layer for the first `t` staged tokens; leaves the final residual in `x`.
@@ -388,7 +388,6 @@ impl GpuTransformer {
         let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
         let k_col = c.q_dim() as i32;
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
-        let part_len = if parts > 1 { PART_LEN as i32 } else { i32::MAX };
         let (part_acc, part_ml) = (self.bufs.part_acc.ptr(), self.bufs.part_ml.ptr());
         let inter = c.intermediate as i64;
         for li in 0..c.n_layers {
@@ -454,7 +453,7 @@ impl GpuTransformer {
                 0,
                 &mut kernel_args!(
                     qkv, width, kc, vc, ks, vs, tables, max_blocks, token_seq, positions, attn, part_acc, part_ml,
-                    n_kv, bs, part_len, scale
+                    n_kv, bs, scale
                 ),
             )?;
             if parts > 1 {

@@ -18,6 +18,8 @@ pub struct GpuInfo {
     pub compute_capability: (i32, i32),
     pub memory_total: usize,
     pub memory_free: usize,
+    /// Streaming multiprocessors.
+    pub multiprocessors: usize,
 }
 
 /// A GPU with its context and one stream.
@@ -77,6 +79,10 @@ impl Gpu {
             compute_capability: ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?,
             memory_total,
             memory_free,
+            multiprocessors: ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(driver("cuDeviceGetAttribute"))?
+                .max(1) as usize,
         };
         Ok(Gpu { ctx, stream, info })
     }
