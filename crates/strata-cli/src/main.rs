@@ -1,11 +1,13 @@
-//! The `strata` command line: serve the OpenAI API, run a model, load-test a server, benchmark locally.
+//! The `strata` command line: serve the OpenAI API, run a model, load-test, benchmark, show GPUs, plan layouts.
 //! Errors end the process with one line saying what went wrong and how to fix it.
 
 mod bench_local;
+mod plan;
 mod progress;
 mod run;
 mod serve;
 mod tokenize;
+mod topo;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +34,10 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Load-test an OpenAI-compatible server (strata, vLLM, llama.cpp, ...) and report latency and throughput.
     Bench(strata_bench::BenchArgs),
+    /// Show the GPUs and the links between them (NVLink, P2P, PCIe, NUMA).
+    Topo(topo::TopoArgs),
+    /// Choose how to spread a model over the GPUs (tensor / pipeline parallel, layer ranges) and say why.
+    Plan(plan::PlanArgs),
 }
 
 fn main() {
@@ -54,6 +60,8 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::BenchLocal(args) => bench_local::bench_local(args),
         Command::Tokenize(args) => tokenize::tokenize(args),
+        Command::Topo(args) => topo::topo(args),
+        Command::Plan(args) => plan::plan(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
