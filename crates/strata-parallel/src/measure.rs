@@ -139,7 +139,8 @@ fn copy_bandwidth(a: &Arc<CudaContext>, b: &Arc<CudaContext>) -> Result<f64, Mea
     Ok((COPY_BYTES * COPY_REPEATS) as f64 / (ms / 1e3) / 1e9)
 }
 
-/// Mean microseconds of one in-place bf16-sized sum all-reduce over `group`, at each message size.
+/// Mean microseconds of one in-place sum all-reduce over `group`, at each message size (f32 elements;
+/// NCCL has no bf16 type in cudarc without its f16 feature, and the cost is set by the bytes).
 fn all_reduce_latency(
     contexts: &[Arc<CudaContext>],
     group: &[usize],
@@ -151,9 +152,9 @@ fn all_reduce_latency(
     let comms = Comm::from_devices(streams.clone()).map_err(nccl_err(format!("init over GPUs {group:?}")))?;
     let mut results = Vec::new();
     for bytes in ALL_REDUCE_BYTES {
-        let mut buffers: Vec<CudaSlice<u16>> = streams
+        let mut buffers: Vec<CudaSlice<f32>> = streams
             .iter()
-            .map(|s| s.alloc_zeros::<u16>(bytes / 2).map_err(cuda_err("all-reduce buffer")))
+            .map(|s| s.alloc_zeros::<f32>(bytes / 4).map_err(cuda_err("all-reduce buffer")))
             .collect::<Result<_, _>>()?;
         let mut run = |repeats: usize| -> Result<std::time::Duration, MeasureError> {
             let started = std::time::Instant::now();
