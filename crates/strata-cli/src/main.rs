@@ -1,14 +1,16 @@
-//! The `strata` command line: serve the OpenAI API, run a model, load-test a server, benchmark locally.
+//! The `strata` command line: serve the OpenAI API, run a model, load-test, benchmark, show GPUs, plan layouts.
 //! Errors end the process with one line saying what went wrong and how to fix it.
 
 #[cfg(feature = "cuda")]
 mod bench_gpu;
 mod bench_local;
 mod device;
+mod plan;
 mod progress;
 mod run;
 mod serve;
 mod tokenize;
+mod topo;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +41,10 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Load-test an OpenAI-compatible server (strata, vLLM, llama.cpp, ...) and report latency and throughput.
     Bench(strata_bench::BenchArgs),
+    /// Show the GPUs and the links between them (NVLink, P2P, PCIe, NUMA).
+    Topo(topo::TopoArgs),
+    /// Choose how to spread a model over the GPUs (tensor / pipeline parallel, layer ranges) and say why.
+    Plan(plan::PlanArgs),
 }
 
 fn main() {
@@ -47,6 +53,7 @@ fn main() {
     match &cli.command {
         Command::Serve(a) => device::prepare_libraries(a.device.device),
         Command::Run(a) => device::prepare_libraries(a.device.device),
+        Command::Topo(a) if a.measure => device::prepare_libraries(device::Device::Cuda(0)),
         #[cfg(feature = "cuda")]
         Command::BenchGpu(_) => device::prepare_libraries(device::Device::Cuda(0)),
         _ => {}
@@ -71,6 +78,8 @@ fn main() {
         #[cfg(feature = "cuda")]
         Command::BenchGpu(args) => bench_gpu::bench_gpu(args),
         Command::Tokenize(args) => tokenize::tokenize(args),
+        Command::Topo(args) => topo::topo(args),
+        Command::Plan(args) => plan::plan(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,0 +1,103 @@
+//! `strata plan`: how a model would be spread over this machine's GPUs (TP, PP, layer ranges) and why.
+//! Takes vLLM's and llama.cpp's layout flags as overrides; prints a table with reasons, or JSON.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use strata_parallel::{KvCacheDtype, ModelShape, OverrideFlags, SplitMode, Targets};
+
+use crate::topo::load_topology;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// A GGUF file, a Hugging Face folder or its config.json, or a preset: llama-3-8b, llama-3-70b, qwen2.5-7b, qwen2.5-32b.
+    #[arg(long, short = 'm')]
+    pub model: String,
+    /// Plan for the machine saved in FILE (`strata topo --save FILE`) instead of this one.
+    #[arg(long, value_name = "FILE")]
+    pub topology: Option<PathBuf>,
+    /// Longest prompt + output each sequence must hold.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_model_len: u32,
+    /// Sequences that must fit in the KV cache at once at --max-model-len.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_num_seqs: u32,
+    /// Fraction of each GPU's free memory strata may take.
+    #[arg(long, default_value_t = 0.9, value_parser = parse_fraction)]
+    pub gpu_memory_utilization: f64,
+    /// KV cache element type: auto (bf16) or fp8 (e4m3, half the memory).
+    #[arg(long, value_enum, default_value_t = KvDtypeArg::Auto)]
+    pub kv_cache_dtype: KvDtypeArg,
+    /// Force the tensor parallel size (vLLM).
+    #[arg(long, visible_alias = "tp")]
+    pub tensor_parallel_size: Option<usize>,
+    /// Force the pipeline parallel size (vLLM).
+    #[arg(long, visible_alias = "pp")]
+    pub pipeline_parallel_size: Option<usize>,
+    /// Force llama.cpp's split: layer (pipeline), row (tensor parallel) or none (one GPU).
+    #[arg(long, value_enum)]
+    pub split_mode: Option<SplitModeArg>,
+    /// llama.cpp's per-GPU shares of the layers, e.g. 3,1 (0 leaves a GPU out).
+    #[arg(long, value_delimiter = ',', value_name = "SHARES")]
+    pub tensor_split: Option<Vec<f64>>,
+    /// The GPU for --split-mode none (llama.cpp).
+    #[arg(long)]
+    pub main_gpu: Option<usize>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum KvDtypeArg {
+    Auto,
+    Fp8,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SplitModeArg {
+    None,
+    Layer,
+    Row,
+}
+
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("{text:?} is not a fraction in (0, 1], e.g. 0.9")),
+    }
+}
+
+pub fn plan(args: PlanArgs) -> anyhow::Result<()> {
+    let model = ModelShape::resolve(&args.model).with_context(|| format!("--model {}", args.model))?;
+    let topology = load_topology(args.topology.as_ref())?;
+    let flags = OverrideFlags {
+        tensor_parallel_size: args.tensor_parallel_size,
+        pipeline_parallel_size: args.pipeline_parallel_size,
+        split_mode: args.split_mode.map(|m| match m {
+            SplitModeArg::None => SplitMode::None,
+            SplitModeArg::Layer => SplitMode::Layer,
+            SplitModeArg::Row => SplitMode::Row,
+        }),
+        tensor_split: args.tensor_split.clone(),
+        main_gpu: args.main_gpu,
+    };
+    let forced = flags.layout(topology.gpus.len())?;
+    let targets = Targets {
+        max_model_len: args.max_model_len as usize,
+        max_num_seqs: args.max_num_seqs as usize,
+        gpu_memory_utilization: args.gpu_memory_utilization,
+        kv_cache_dtype: match args.kv_cache_dtype {
+            KvDtypeArg::Auto => KvCacheDtype::Auto,
+            KvDtypeArg::Fp8 => KvCacheDtype::Fp8,
+        },
+    };
+    let plan = strata_parallel::plan(&model, &topology, &targets, forced.as_ref())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", strata_parallel::plan_report::render(&plan, &topology));
+    }
+    Ok(())
+}
