@@ -18,6 +18,8 @@ pub enum ModelError {
     UnsupportedFormat { path: PathBuf },
     #[error("architecture '{arch}' is not supported (supported: {supported})")]
     UnsupportedArch { arch: String, supported: String },
+    #[error("{path}: {message}")]
+    BadCheckpoint { path: PathBuf, message: String },
     #[error("bad model metadata: {0}")]
     BadMetadata(String),
     #[error("tensor {name}: {reason}")]

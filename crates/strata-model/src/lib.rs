@@ -6,6 +6,7 @@ pub mod batch;
 pub mod chat_template;
 pub mod config;
 pub mod error;
+pub mod hf_checkpoint;
 pub mod kv_cache;
 pub mod loader;
 pub mod tokenizer;
