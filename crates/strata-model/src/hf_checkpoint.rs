@@ -4,13 +4,27 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+use strata_formats::safetensors::SafetensorsSet;
 use strata_runtime::cpu::ops::RopeLayout;
 
+use crate::chat_template::ChatTemplate;
 use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::tokenizer::{SpecialIds, Tokenizer};
+use crate::transformer::Transformer;
+use crate::weights::ModelWeights;
 
 /// The file that makes a directory an HF checkpoint.
 pub const CONFIG_FILE: &str = "config.json";
+/// The fast tokenizer.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// BOS/EOS strings and the chat template.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// The EOS ids generation stops at.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// The chat template, where newer checkpoints keep it instead of in `tokenizer_config.json`.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
 /// The checkpoint directory `path` names: the directory itself, or the folder of a `config.json`.
 pub fn checkpoint_dir(path: &Path) -> Result<PathBuf, ModelError> {
     if path.is_dir() {
@@ -74,6 +88,76 @@ pub fn read_hf_config(dir_or_file: &Path) -> Result<ModelConfig, ModelError> {
     config_from_json(&json).map_err(|message| ModelError::BadCheckpoint { path, message })
 }
 
+/// Loads the transformer of the checkpoint at `path` (directory or `config.json`): shape from
+/// `config.json`, weights from its safetensors files; `progress(done, total)` reports bytes copied.
+pub fn load_hf_transformer(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<Transformer, ModelError> {
+    let dir = checkpoint_dir(path)?;
+    let config = read_hf_config(&dir)?;
+    let set = SafetensorsSet::open_dir(&dir)?;
+    let weights = ModelWeights::from_safetensors(&set, &config, progress)?;
+    Ok(Transformer::new(config, weights))
+}
+
+/// The tokenizer (`tokenizer.json`, BOS/EOS from `tokenizer_config.json`, `generation_config.json`
+/// and `config.json`) and chat template (`chat_template.jinja` or `tokenizer_config.json`) of a checkpoint.
+pub fn load_hf_text(path: &Path) -> Result<(Tokenizer, ChatTemplate), ModelError> {
+    let dir = checkpoint_dir(path)?;
+    let tokenizer_json = dir.join(TOKENIZER_FILE);
+    if !tokenizer_json.is_file() {
+        return Err(ModelError::BadCheckpoint {
+            path: dir,
+            message: format!("has no {TOKENIZER_FILE}; strata needs the checkpoint's fast tokenizer file"),
+        });
+    }
+    let tokenizer_config = dir.join(TOKENIZER_CONFIG_FILE);
+    let tokenizer_config = tokenizer_config.is_file().then_some(tokenizer_config);
+    let tokenizer = Tokenizer::from_hf_files(&tokenizer_json, tokenizer_config.as_deref(), &special_ids(&dir)?)?;
+    let text_of = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default().to_string();
+    let (bos, eos) = (text_of(tokenizer.bos_id()), text_of(tokenizer.eos_id()));
+    let jinja = dir.join(CHAT_TEMPLATE_FILE);
+    let template = if jinja.is_file() {
+        let source = std::fs::read_to_string(&jinja).map_err(|e| ModelError::BadCheckpoint {
+            path: jinja.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
+        ChatTemplate::new(source, bos, eos)?
+    } else if let Some(config) = &tokenizer_config {
+        ChatTemplate::from_tokenizer_config(config)?
+    } else {
+        tracing::warn!(
+            "checkpoint has no chat template; falling back to ChatML, which may not be the format it was trained on"
+        );
+        ChatTemplate::chatml(bos, eos)
+    };
+    Ok((tokenizer, template))
+}
+
+/// BOS and EOS ids of `generation_config.json` (first: generation stops where it says) and `config.json`.
+fn special_ids(dir: &Path) -> Result<SpecialIds, ModelError> {
+    let mut ids = SpecialIds::default();
+    for file in [GENERATION_CONFIG_FILE, CONFIG_FILE] {
+        let path = dir.join(file);
+        if !path.is_file() {
+            continue;
+        }
+        let json = read_json_object(&path)?;
+        let k = Keys(&json);
+        let bad = |message: String| ModelError::BadCheckpoint {
+            path: path.clone(),
+            message,
+        };
+        if ids.bos.is_none() {
+            ids.bos = k.opt_token_ids("bos_token_id").map_err(bad)?.first().copied();
+        }
+        for id in k.opt_token_ids("eos_token_id").map_err(bad)? {
+            if !ids.eos.contains(&id) {
+                ids.eos.push(id);
+            }
+        }
+    }
+    Ok(ids)
+}
+
 /// Typed access to the keys of `config.json`; errors are messages naming the key.
 struct Keys<'a>(&'a Map<String, Value>);
 
@@ -110,6 +194,20 @@ impl Keys<'_> {
 
     fn opt_bool(&self, key: &str) -> Result<Option<bool>, String> {
         self.opt(key, "true or false", Value::as_bool)
+    }
+
+    /// A token id or a list of them (as `eos_token_id` may be); empty when absent.
+    fn opt_token_ids(&self, key: &str) -> Result<Vec<u32>, String> {
+        let one = |v: &Value| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| format!("{key} = {v} is not a token id or a list of them"))
+        };
+        match self.get(key) {
+            None => Ok(vec![]),
+            Some(Value::Array(items)) => items.iter().map(one).collect(),
+            Some(v) => one(v).map(|id| vec![id]),
+        }
     }
 
     fn opt_str(&self, key: &str) -> Option<&str> {
