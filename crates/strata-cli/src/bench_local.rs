@@ -11,7 +11,7 @@ use strata_runtime::cpu::ThreadPool;
 
 #[derive(Args, Debug)]
 pub struct BenchLocalArgs {
-    /// Path of a GGUF model (default: the SmolLM2 file `make fetch` installs).
+    /// Path of a GGUF model or an HF checkpoint directory (default: the SmolLM2 file `make fetch` installs).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// CPU threads.

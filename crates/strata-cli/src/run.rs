@@ -11,7 +11,7 @@ use strata_model::PagedKvCache;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Path of a GGUF model (default: the SmolLM2-135M-Instruct file `make fetch` installs).
+    /// Path of a GGUF model or an HF checkpoint directory (default: the SmolLM2-135M-Instruct file `make fetch` installs).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// The prompt text.

@@ -13,7 +13,7 @@ use strata_server::ServerConfig;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Path of a GGUF model (default: the SmolLM2-135M-Instruct file `make fetch` installs).
+    /// Path of a GGUF model or an HF checkpoint directory (default: the SmolLM2-135M-Instruct file `make fetch` installs).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Address to listen on (0.0.0.0 for every interface).
@@ -111,11 +111,10 @@ fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let served_model_name = args.served_model_name.clone().unwrap_or_else(|| {
-        path.file_name()
-            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
-            .unwrap_or_else(|| "model".into())
-    });
+    let served_model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| strata_model::loader::model_name(&path));
     let threads = match args.threads {
         Some(0) => anyhow::bail!("--threads must be at least 1"),
         Some(n) => n,

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use clap::Args;
 use strata_model::chat_template::ChatMessage;
 use strata_model::chat_template::ChatTemplate;
-use strata_model::loader::{default_model_path, open_gguf};
+use strata_model::loader::{default_model_path, load_text};
 use strata_model::tokenizer::Tokenizer;
 use strata_server::prompt::{chat_prompt_ids, text_prompt_ids};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
-    /// Path of a GGUF model (default: the SmolLM2 file `make fetch` installs).
+    /// Path of a GGUF model or an HF checkpoint directory (default: the SmolLM2 file `make fetch` installs).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Treat the text as a user message and apply the model's chat template.
@@ -46,9 +46,7 @@ pub fn prompt_ids(
 
 pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let file = open_gguf(&path)?;
-    let tok = Tokenizer::from_gguf(&file)?;
-    let template = ChatTemplate::from_gguf(&file)?;
+    let (tok, template) = load_text(&path)?;
     let mut out = Vec::new();
     for text in &args.texts {
         let ids = prompt_ids(&tok, &template, text, args.chat, None)?;

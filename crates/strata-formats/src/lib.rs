@@ -3,5 +3,6 @@
 
 pub mod gguf;
 pub mod quant;
+pub mod safetensors;
 
 pub use quant::GgmlType;

@@ -23,6 +23,16 @@ impl Arch {
         }
     }
 
+    /// The model class an HF `config.json` names in `architectures` (its `model_type` is [`Arch::gguf_name`]).
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
     /// All architectures strata runs.
     pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
 }

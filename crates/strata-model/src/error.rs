@@ -6,7 +6,7 @@ use std::path::PathBuf;
 /// Why a model could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("model file {path} not found; pass --model with the path of a .gguf file (or run `make fetch` for the default model)")]
+    #[error("model file {path} not found; pass --model with the path of a .gguf file or an HF checkpoint directory (or run `make fetch` for the default model)")]
     NotFound { path: PathBuf },
     #[error("cannot read model file {path}: {source}")]
     Gguf {
@@ -14,10 +14,12 @@ pub enum ModelError {
         #[source]
         source: strata_formats::gguf::GgufError,
     },
-    #[error("{path}: unsupported model format; strata loads GGUF files (.gguf)")]
+    #[error("{path}: unsupported model format; strata loads GGUF files (.gguf) and HF checkpoint directories (config.json + *.safetensors)")]
     UnsupportedFormat { path: PathBuf },
     #[error("architecture '{arch}' is not supported (supported: {supported})")]
     UnsupportedArch { arch: String, supported: String },
+    #[error("{path}: {message}")]
+    BadCheckpoint { path: PathBuf, message: String },
     #[error("bad model metadata: {0}")]
     BadMetadata(String),
     #[error("tensor {name}: {reason}")]
@@ -26,6 +28,8 @@ pub enum ModelError {
     BadBatch(String),
     #[error("GPU error: {0}")]
     Device(String),
+    #[error(transparent)]
+    Safetensors(#[from] strata_formats::safetensors::SafetensorsError),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error(transparent)]

@@ -9,6 +9,7 @@ pub mod config;
 pub mod cuda;
 pub mod error;
 pub mod executor;
+pub mod hf_checkpoint;
 pub mod kv_cache;
 pub mod loader;
 pub mod tokenizer;

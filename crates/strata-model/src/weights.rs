@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use strata_formats::gguf::{GgufFile, TensorInfo};
 use strata_formats::quant::dequantize;
+use strata_formats::safetensors::SafetensorsSet;
 use strata_formats::GgmlType;
 use strata_runtime::cpu::WeightMatrix;
 
@@ -81,47 +82,186 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
 }
 
+/// A tensor of the model, whatever a file format calls it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    TokenEmbd,
+    Output,
+    OutputNorm,
+    AttnNorm,
+    Q,
+    K,
+    V,
+    O,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    FfnNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 17] = [
+        Role::TokenEmbd,
+        Role::Output,
+        Role::OutputNorm,
+        Role::AttnNorm,
+        Role::Q,
+        Role::K,
+        Role::V,
+        Role::O,
+        Role::QBias,
+        Role::KBias,
+        Role::VBias,
+        Role::QNorm,
+        Role::KNorm,
+        Role::FfnNorm,
+        Role::Gate,
+        Role::Up,
+        Role::Down,
+    ];
+
+    /// Its names in GGUF and in HF checkpoints, and whether it is one per layer.
+    fn names(self) -> (&'static str, &'static str, bool) {
+        match self {
+            Role::TokenEmbd => ("token_embd.weight", "model.embed_tokens.weight", false),
+            Role::Output => ("output.weight", "lm_head.weight", false),
+            Role::OutputNorm => ("output_norm.weight", "model.norm.weight", false),
+            Role::AttnNorm => ("attn_norm.weight", "input_layernorm.weight", true),
+            Role::Q => ("attn_q.weight", "self_attn.q_proj.weight", true),
+            Role::K => ("attn_k.weight", "self_attn.k_proj.weight", true),
+            Role::V => ("attn_v.weight", "self_attn.v_proj.weight", true),
+            Role::O => ("attn_output.weight", "self_attn.o_proj.weight", true),
+            Role::QBias => ("attn_q.bias", "self_attn.q_proj.bias", true),
+            Role::KBias => ("attn_k.bias", "self_attn.k_proj.bias", true),
+            Role::VBias => ("attn_v.bias", "self_attn.v_proj.bias", true),
+            Role::QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight", true),
+            Role::KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight", true),
+            Role::FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight", true),
+            Role::Gate => ("ffn_gate.weight", "mlp.gate_proj.weight", true),
+            Role::Up => ("ffn_up.weight", "mlp.up_proj.weight", true),
+            Role::Down => ("ffn_down.weight", "mlp.down_proj.weight", true),
+        }
+    }
+
+    /// Its name in a GGUF file (`layer` counts for per-layer tensors only).
+    pub fn gguf_name(self, layer: usize) -> String {
+        self.name_in(false, layer)
+    }
+
+    /// Its name in an HF checkpoint of the llama family (`layer` counts for per-layer tensors only).
+    pub fn hf_name(self, layer: usize) -> String {
+        self.name_in(true, layer)
+    }
+
+    fn name_in(self, hf: bool, layer: usize) -> String {
+        let (gguf_name, hf_name, per_layer) = self.names();
+        match (hf, per_layer) {
+            (false, false) => gguf_name.to_string(),
+            (true, false) => hf_name.to_string(),
+            (false, true) => format!("blk.{layer}.{gguf_name}"),
+            (true, true) => format!("model.layers.{layer}.{hf_name}"),
+        }
+    }
+}
+
+/// Where weights come from: a file format's tensor names and the bytes behind them.
+pub trait TensorSource {
+    /// The name of `role` (of layer `layer`, for per-layer tensors) in this format.
+    fn name(&self, role: Role, layer: usize) -> String;
+    /// The descriptor and bytes of the tensor `name`; `Ok(None)` when there is none, an error
+    /// when it exists in a form strata cannot use.
+    fn tensor(&self, name: &str) -> Result<Option<(TensorInfo, &[u8])>, ModelError>;
+}
+
+/// A GGUF file's tensors.
+struct GgufSource<'a>(&'a GgufFile);
+
+impl TensorSource for GgufSource<'_> {
+    fn name(&self, role: Role, layer: usize) -> String {
+        role.gguf_name(layer)
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<(TensorInfo, &[u8])>, ModelError> {
+        Ok(self.0.tensor(name).map(|t| (t.clone(), self.0.tensor_data(t))))
+    }
+}
+
+/// The safetensors files of an HF checkpoint.
+struct SafetensorsSource<'a>(&'a SafetensorsSet);
+
+impl TensorSource for SafetensorsSource<'_> {
+    fn name(&self, role: Role, layer: usize) -> String {
+        role.hf_name(layer)
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<(TensorInfo, &[u8])>, ModelError> {
+        match self.0.get(name) {
+            None => Ok(None),
+            Some((file, t)) => Ok(Some((t.tensor_info()?, file.data(t)))),
+        }
+    }
+}
+
 impl ModelWeights {
-    /// Finds and checks every tensor the architecture needs and copies the matrices into the
-    /// arena; `progress(done, total)` reports bytes copied.
+    /// Finds and checks every tensor the architecture needs in a GGUF file and copies the
+    /// matrices into the arena; `progress(done, total)` reports bytes copied.
     pub fn from_gguf(
         file: Arc<GgufFile>,
         c: &ModelConfig,
         progress: &dyn Fn(u64, u64),
     ) -> Result<ModelWeights, ModelError> {
-        let f = &*file;
-        let token_embd = linear(f, "token_embd.weight", c.vocab_size, c.hidden)?;
+        Self::from_source(&GgufSource(&file), c, progress)
+    }
+
+    /// Like [`Self::from_gguf`] for the safetensors files of an HF checkpoint. Matrices keep
+    /// their dtype (BF16, F16 or F32) in the arena.
+    pub fn from_safetensors(
+        set: &SafetensorsSet,
+        c: &ModelConfig,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<ModelWeights, ModelError> {
+        Self::from_source(&SafetensorsSource(set), c, progress)
+    }
+
+    /// The one list of the tensors a llama-family model is made of.
+    pub fn from_source(
+        src: &dyn TensorSource,
+        c: &ModelConfig,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<ModelWeights, ModelError> {
+        let token_embd = linear(src, &src.name(Role::TokenEmbd, 0), c.vocab_size, c.hidden)?;
         let lm_head = if c.tied_embeddings {
             token_embd.clone()
         } else {
-            linear(f, "output.weight", c.vocab_size, c.hidden)?
+            linear(src, &src.name(Role::Output, 0), c.vocab_size, c.hidden)?
         };
-        let output_norm = vector(f, "output_norm.weight", c.hidden)?;
+        let output_norm = vector(src, &src.name(Role::OutputNorm, 0), c.hidden)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let opt_vec = |name: String, len: usize, present: bool| -> Result<Option<Vec<f32>>, ModelError> {
-                if present {
-                    vector(f, &name, len).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
+            let mat = |role: Role, rows: usize, cols: usize| linear(src, &src.name(role, i), rows, cols);
+            let vec = |role: Role, len: usize| vector(src, &src.name(role, i), len);
+            let opt_vec = |role: Role, len: usize, present: bool| present.then(|| vec(role, len)).transpose();
             layers.push(LayerWeights {
-                attn_norm: vector(f, &n("attn_norm.weight"), c.hidden)?,
-                wq: linear(f, &n("attn_q.weight"), c.q_dim(), c.hidden)?,
-                wk: linear(f, &n("attn_k.weight"), c.kv_dim(), c.hidden)?,
-                wv: linear(f, &n("attn_v.weight"), c.kv_dim(), c.hidden)?,
-                wo: linear(f, &n("attn_output.weight"), c.hidden, c.q_dim())?,
-                bq: opt_vec(n("attn_q.bias"), c.q_dim(), c.qkv_bias)?,
-                bk: opt_vec(n("attn_k.bias"), c.kv_dim(), c.qkv_bias)?,
-                bv: opt_vec(n("attn_v.bias"), c.kv_dim(), c.qkv_bias)?,
-                q_norm: opt_vec(n("attn_q_norm.weight"), c.head_dim, c.qk_norm)?,
-                k_norm: opt_vec(n("attn_k_norm.weight"), c.head_dim, c.qk_norm)?,
-                ffn_norm: vector(f, &n("ffn_norm.weight"), c.hidden)?,
-                w_gate: linear(f, &n("ffn_gate.weight"), c.intermediate, c.hidden)?,
-                w_up: linear(f, &n("ffn_up.weight"), c.intermediate, c.hidden)?,
-                w_down: linear(f, &n("ffn_down.weight"), c.hidden, c.intermediate)?,
+                attn_norm: vec(Role::AttnNorm, c.hidden)?,
+                wq: mat(Role::Q, c.q_dim(), c.hidden)?,
+                wk: mat(Role::K, c.kv_dim(), c.hidden)?,
+                wv: mat(Role::V, c.kv_dim(), c.hidden)?,
+                wo: mat(Role::O, c.hidden, c.q_dim())?,
+                bq: opt_vec(Role::QBias, c.q_dim(), c.qkv_bias)?,
+                bk: opt_vec(Role::KBias, c.kv_dim(), c.qkv_bias)?,
+                bv: opt_vec(Role::VBias, c.kv_dim(), c.qkv_bias)?,
+                q_norm: opt_vec(Role::QNorm, c.head_dim, c.qk_norm)?,
+                k_norm: opt_vec(Role::KNorm, c.head_dim, c.qk_norm)?,
+                ffn_norm: vec(Role::FfnNorm, c.hidden)?,
+                w_gate: mat(Role::Gate, c.intermediate, c.hidden)?,
+                w_up: mat(Role::Up, c.intermediate, c.hidden)?,
+                w_down: mat(Role::Down, c.hidden, c.intermediate)?,
             });
         }
         let mut weights = ModelWeights {
@@ -131,7 +271,7 @@ impl ModelWeights {
             lm_head,
             layers,
         };
-        weights.fill_arena(f, progress)?;
+        weights.fill_arena(src, progress)?;
         Ok(weights)
     }
 
@@ -152,7 +292,7 @@ impl ModelWeights {
     }
 
     /// Lays the matrices out in a new arena and copies their bytes from the file.
-    fn fill_arena(&mut self, f: &GgufFile, progress: &dyn Fn(u64, u64)) -> Result<(), ModelError> {
+    fn fill_arena(&mut self, src: &dyn TensorSource, progress: &dyn Fn(u64, u64)) -> Result<(), ModelError> {
         let tied = self.lm_head.info.name == self.token_embd.info.name;
         let mut len = 0usize;
         let mut layout: Vec<usize> = Vec::new();
@@ -172,9 +312,9 @@ impl ModelWeights {
             if i == 1 && tied {
                 continue;
             }
-            let src = f.tensor_data(&m.info);
-            arena.map[off..off + src.len()].copy_from_slice(src);
-            done += src.len() as u64;
+            let bytes = find(src, &m.info.name)?.1;
+            arena.map[off..off + bytes.len()].copy_from_slice(bytes);
+            done += bytes.len() as u64;
             progress(done, total);
         }
         self.arena = arena;
@@ -207,36 +347,39 @@ impl ModelWeights {
     }
 }
 
-fn find<'a>(f: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, ModelError> {
-    f.tensor(name).ok_or_else(|| ModelError::BadTensor {
+fn find<'a>(src: &'a dyn TensorSource, name: &str) -> Result<(TensorInfo, &'a [u8]), ModelError> {
+    src.tensor(name)?.ok_or_else(|| ModelError::BadTensor {
         name: name.into(),
-        reason: "missing from the file".into(),
+        reason: "missing from the model's files".into(),
     })
 }
 
-fn linear(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
-    let t = find(f, name)?;
+fn linear(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+    let (t, data) = find(src, name)?;
     let bad = |reason: String| ModelError::BadTensor {
         name: name.into(),
         reason,
     };
     if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
-        return Err(bad(format!("shape {:?}, expected [{cols}, {rows}]", t.dims)));
+        let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+        return Err(bad(format!(
+            "shape {shape:?} (rows x columns), expected [{rows}, {cols}]"
+        )));
     }
-    WeightMatrix::new(t.ty, rows, cols, f.tensor_data(t)).map_err(|e| bad(e.to_string()))?;
+    WeightMatrix::new(t.ty, rows, cols, data).map_err(|e| bad(e.to_string()))?;
     if !t.ty.can_dequantize() {
         return Err(bad(format!("type {} cannot be dequantized", t.ty)));
     }
     Ok(Linear {
-        info: t.clone(),
+        info: t,
         rows,
         cols,
         arena_offset: 0,
     })
 }
 
-fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let t = find(f, name)?;
+fn vector(src: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let (t, data) = find(src, name)?;
     let bad = |reason: String| ModelError::BadTensor {
         name: name.into(),
         reason,
@@ -251,6 +394,6 @@ fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> 
         )));
     }
     let mut out = vec![0.0; len];
-    dequantize(t.ty, f.tensor_data(t), &mut out).map_err(|e| bad(e.to_string()))?;
+    dequantize(t.ty, data, &mut out).map_err(|e| bad(e.to_string()))?;
     Ok(out)
 }

@@ -2,37 +2,23 @@
 //! F32 models (GQA, Qwen2 biases, Qwen3 Q/K norms, Llama-3 RoPE factors, tied and untied heads)
 //! run as a batch of two sequences over scattered cache blocks, prefill then decode.
 
+#[allow(dead_code)]
+mod common;
+
 use std::sync::Arc;
 
-use strata_formats::gguf::{GgufWriter, MetaValue};
+use common::tiny_hf::{add_gguf_hparams, Rng, FFN, HEADS, HIDDEN, KV_HEADS, LAYERS};
+use strata_formats::gguf::GgufWriter;
 use strata_formats::GgmlType;
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{load_transformer, open_gguf};
 use strata_model::{LogitsWanted, PagedKvCache, SeqChunk, Transformer};
 use strata_runtime::cpu::ThreadPool;
 
-const HIDDEN: usize = 64;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 16;
-const FFN: usize = 96;
 const VOCAB: usize = 50;
-const LAYERS: usize = 2;
 const EPS: f64 = 1e-5;
 const THETA: f64 = 10000.0;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
 
 /// A random model: tensors by GGUF name, values as f32 (row-major, rows = outputs).
 struct TinyModel {
@@ -108,24 +94,7 @@ impl TinyModel {
 
     fn write(&self, path: &std::path::Path) {
         let mut w = GgufWriter::new();
-        let a = self.arch;
-        let u32m = |v: usize| MetaValue::U32(v as u32);
-        w.add_metadata("general.architecture", MetaValue::String(a.into()))
-            .unwrap();
-        for (k, v) in [
-            ("block_count", u32m(LAYERS)),
-            ("embedding_length", u32m(HIDDEN)),
-            ("feed_forward_length", u32m(FFN)),
-            ("attention.head_count", u32m(HEADS)),
-            ("attention.head_count_kv", u32m(KV_HEADS)),
-            ("attention.key_length", u32m(HEAD_DIM)),
-            ("vocab_size", u32m(VOCAB)),
-            ("context_length", u32m(256)),
-            ("rope.freq_base", MetaValue::F32(THETA as f32)),
-            ("attention.layer_norm_rms_epsilon", MetaValue::F32(EPS as f32)),
-        ] {
-            w.add_metadata(format!("{a}.{k}"), v).unwrap();
-        }
+        add_gguf_hparams(&mut w, self.arch, HEAD_DIM, VOCAB, THETA as f32, EPS as f32);
         for (name, dims, data) in &self.tensors {
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
             w.add_tensor(name.clone(), dims, GgmlType::F32, bytes).unwrap();

@@ -50,6 +50,14 @@ pub enum TokenizerError {
     Backend(String),
 }
 
+/// Special token ids given by number (HF `config.json` / `generation_config.json`), not by text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialIds {
+    pub bos: Option<u32>,
+    /// End-of-sequence ids; all of them end a generation, the first is the EOS.
+    pub eos: Vec<u32>,
+}
+
 /// What kind of vocabulary entry a token is (GGUF `tokenizer.ggml.token_type` numbering).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenKind {
@@ -174,6 +182,17 @@ impl Tokenizer {
         tokenizer_json: impl AsRef<Path>,
         tokenizer_config_json: Option<&Path>,
     ) -> Result<Self, TokenizerError> {
+        Self::from_hf_files(tokenizer_json, tokenizer_config_json, &SpecialIds::default())
+    }
+
+    /// Like [`Self::from_hf_file`], with the ids a checkpoint's `config.json` and
+    /// `generation_config.json` give: BOS and EOS when `tokenizer_config.json` names none, and
+    /// every listed EOS id ends a generation.
+    pub fn from_hf_files(
+        tokenizer_json: impl AsRef<Path>,
+        tokenizer_config_json: Option<&Path>,
+        ids: &SpecialIds,
+    ) -> Result<Self, TokenizerError> {
         let path = tokenizer_json.as_ref();
         let hf = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::BadFile {
             path: path.to_path_buf(),
@@ -221,9 +240,15 @@ impl Tokenizer {
             })
             .collect();
 
-        let bos = token_string("bos_token").and_then(|t| hf.token_to_id(&t));
-        let eos = token_string("eos_token").and_then(|t| hf.token_to_id(&t));
-        let eog = eog_set(&texts, &kinds, eos, &[]);
+        let in_vocab = |id: &u32| (*id as usize) < n;
+        let bos = token_string("bos_token")
+            .and_then(|t| hf.token_to_id(&t))
+            .or(ids.bos.filter(in_vocab));
+        let eos = token_string("eos_token")
+            .and_then(|t| hf.token_to_id(&t))
+            .or(ids.eos.iter().copied().find(in_vocab));
+        let extra: Vec<u32> = ids.eos.iter().copied().filter(in_vocab).collect();
+        let eog = eog_set(&texts, &kinds, eos, &extra);
         Ok(Self::assemble(Parts {
             hf,
             texts,

@@ -1,0 +1,4 @@
+//! Helpers shared by the integration tests of this crate (and, by path, the CLI tests).
+//! Each test binary includes what it needs.
+
+pub mod tiny_hf;
