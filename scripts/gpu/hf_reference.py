@@ -2,7 +2,7 @@
 """On the GPU machine: make a random-weight checkpoint of a real architecture with transformers
 (bf16, safetensors) beside a real tokenizer, and the reference strata is compared with:
 greedy 64-token continuations and last-position logits of 3 prompts, from transformers' own
-forward pass on the same weights.
+forward pass on the same weights, in bf16 and again in float32.
 
 usage: hf_reference.py ARCH OUT_DIR TOKENIZER_DIR      (ARCH: llama3-8b | qwen2.5-7b)
 """
@@ -59,6 +59,14 @@ def main():
             gen = model.generate(x, max_new_tokens=64, do_sample=False, min_new_tokens=64,
                                  eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
             ref["prompts"].append({"ids": ids, "greedy": gen, "last_logits": logits.tolist()})
+    # The same weights in float32 end to end: the reference without bf16 rounding of activations.
+    model.float()
+    with torch.no_grad():
+        for r in ref["prompts"]:
+            x = torch.tensor([r["ids"]], device="cuda")
+            r["last_logits_f32"] = model(x).logits[0, -1].float().cpu().tolist()
+            r["greedy_f32"] = model.generate(x, max_new_tokens=64, do_sample=False, min_new_tokens=64,
+                                             eos_token_id=None, pad_token_id=0)[0, len(r["ids"]):].tolist()
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(ref, f)
     print(f"{arch}: reference written in {time.time() - t0:.1f}s", flush=True)

@@ -243,7 +243,8 @@ fn arch_of(k: &Keys) -> Result<Arch, String> {
 
 /// `rope_scaling` of `config.json`: absent, `linear` or `llama3` (`type` or `rope_type`).
 fn rope_scaling(k: &Keys) -> Result<RopeScaling, String> {
-    let Some(v) = k.get("rope_scaling") else {
+    // transformers 5 writes `rope_parameters` (with `rope_theta` inside) instead of `rope_scaling`.
+    let Some(v) = k.get("rope_scaling").or_else(|| k.get("rope_parameters")) else {
         return Ok(RopeScaling::None);
     };
     let Some(obj) = v.as_object() else {
@@ -276,6 +277,17 @@ fn rope_scaling(k: &Keys) -> Result<RopeScaling, String> {
         other => Err(format!(
             "rope_scaling type '{other}' is not supported (supported: linear, llama3)"
         )),
+    }
+}
+
+/// `rope_theta`, top level (transformers 4) or inside `rope_parameters` (transformers 5).
+fn rope_theta(k: &Keys) -> Result<f32, String> {
+    if let Some(t) = k.opt_f32("rope_theta")? {
+        return Ok(t);
+    }
+    match k.get("rope_parameters").and_then(Value::as_object) {
+        Some(obj) => Ok(Keys(obj).opt_f32("rope_theta")?.unwrap_or(10000.0)),
+        None => Ok(10000.0),
     }
 }
 
@@ -321,7 +333,7 @@ fn config_from_json(json: &Map<String, Value>) -> Result<ModelConfig, String> {
         vocab_size: k.usize("vocab_size")?,
         rms_eps: k.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
         rope: RopeConfig {
-            theta: k.opt_f32("rope_theta")?.unwrap_or(10000.0),
+            theta: rope_theta(&k)?,
             dim: head_dim,
             // HF keeps Q/K rows in their original order and rotates halves ("rotate_half") in
             // every one of these architectures; only GGUF llama files permute rows for pairs.
@@ -340,6 +352,29 @@ fn config_from_json(json: &Map<String, Value>) -> Result<ModelConfig, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transformers_5_rope_parameters_give_theta_and_llama3_scaling() {
+        let c = parse(
+            r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "vocab_size": 100,
+                "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                  "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rope.theta, 500000.0);
+        assert!(matches!(c.rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        let plain = parse(
+            r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "vocab_size": 100,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}"#,
+        )
+        .unwrap();
+        assert_eq!(plain.rope.theta, 1000000.0);
+        assert_eq!(plain.rope.scaling, RopeScaling::None);
+    }
 
     fn parse(text: &str) -> Result<ModelConfig, String> {
         config_from_json_value(&serde_json::from_str(text).unwrap())

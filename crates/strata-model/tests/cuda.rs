@@ -202,6 +202,48 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
     for dir in std::env::split_paths(&dirs) {
         let reference: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let prompts = reference["prompts"].as_array().unwrap();
+        let ids_of = |p: &serde_json::Value, key: &str| -> Vec<u32> {
+            p[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let floats_of = |p: &serde_json::Value, key: &str| -> Vec<f32> {
+            p[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect()
+        };
+        // The CPU backend (f32 activations) against transformers in float32: the loader and the
+        // architecture, without bf16 rounding in the way.
+        let model = load_model(&dir, &|_, _| {}).expect("checkpoint loads");
+        let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 16);
+        for (pi, p) in prompts.iter().enumerate() {
+            let ids = ids_of(p, "ids");
+            let chunk = SeqChunk {
+                tokens: ids.clone(),
+                first_pos: 0,
+                block_table: (pi as u32 * 16..pi as u32 * 16 + 16).collect(),
+                logits: LogitsWanted::Last,
+                prompt_len: ids.len(),
+            };
+            let l = cpu.forward(std::slice::from_ref(&chunk)).unwrap();
+            let (rel, _, t1) = compare(&[floats_of(p, "last_logits_f32")], &[l.last_of(0).unwrap().to_vec()]);
+            eprintln!(
+                "{} CPU vs transformers f32: prompt {pi}: logits max rel {rel:.5}",
+                dir.display()
+            );
+            assert!(
+                rel < 0.01 && t1 == 1,
+                "the CPU backend differs from transformers f32 by {rel}"
+            );
+        }
+        drop(cpu);
         for dtype in [KvCacheDtype::F32, KvCacheDtype::Fp8E4m3] {
             let model = load_model(&dir, &|_, _| {}).expect("checkpoint loads");
             let libs = libraries::search(&libraries::candidate_dirs());
@@ -216,69 +258,50 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 enforce_eager: false,
             };
             let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
-            let (mut worst_rel, mut top1, mut equal_runs) = (0.0f64, 0, 0);
-            let prompts = reference["prompts"].as_array().unwrap();
             for (pi, p) in prompts.iter().enumerate() {
-                let ids: Vec<u32> = p["ids"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap() as u32)
-                    .collect();
-                let want: Vec<u32> = p["greedy"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap() as u32)
-                    .collect();
-                let ref_logits: Vec<f32> = p["last_logits"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-                    .collect();
-                let table: Vec<u32> = (pi as u32 * 16..pi as u32 * 16 + 16).collect();
+                let ids = ids_of(p, "ids");
                 let mut chunk = SeqChunk {
                     tokens: ids.clone(),
                     first_pos: 0,
-                    block_table: table,
+                    block_table: (pi as u32 * 16..pi as u32 * 16 + 16).collect(),
                     logits: LogitsWanted::Last,
                     prompt_len: ids.len(),
                 };
                 let logits = gpu.forward(std::slice::from_ref(&chunk)).unwrap();
-                let row = logits.last_of(0).unwrap();
-                let (rel, _, t1) = compare(&[ref_logits], &[row.to_vec()]);
-                worst_rel = worst_rel.max(rel);
-                top1 += t1;
-                let mut got = vec![argmax(row)];
-                while got.len() < want.len() {
+                let row = logits.last_of(0).unwrap().to_vec();
+                let (rel16, _, t16) = compare(&[floats_of(p, "last_logits")], std::slice::from_ref(&row));
+                let (rel32, _, t32) = compare(&[floats_of(p, "last_logits_f32")], std::slice::from_ref(&row));
+                let mut got = vec![argmax(&row)];
+                while got.len() < 64 {
                     chunk.first_pos += chunk.tokens.len();
                     chunk.tokens = vec![*got.last().unwrap()];
                     chunk.logits = LogitsWanted::LastArgmax;
                     let l = gpu.forward(std::slice::from_ref(&chunk)).unwrap();
                     got.push(l.argmax_of(0).unwrap());
                 }
-                let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-                equal_runs += (same == want.len()) as usize;
+                let same = |key: &str| got.iter().zip(ids_of(p, key)).take_while(|(a, b)| **a == *b).count();
                 eprintln!(
-                    "{} kv {}: prompt {pi} ({} tokens): logits max rel {rel:.4}, greedy equal for {same}/{} tokens",
+                    "{} GPU kv {}: prompt {pi} ({} tokens): logits max rel {rel16:.4} vs transformers bf16, {rel32:.4} vs f32; greedy equal for {}/64 (bf16) {}/64 (f32)",
                     dir.display(),
                     dtype.as_str(),
                     ids.len(),
-                    want.len()
+                    same("greedy"),
+                    same("greedy_f32"),
                 );
-            }
-            if dtype == KvCacheDtype::F32 {
-                assert!(
-                    worst_rel < 0.05,
-                    "logits differ from transformers by {worst_rel} of the row's scale"
+                // bf16 tolerance, measured: transformers' own bf16 forward pass against its f32 one
+                // on the same weights. strata's bf16 GPU path must be no further from f32 (with a
+                // 25% margin). Greedy runs of random-weight models part at near-ties either way
+                // (transformers bf16 vs f32 agree for 0-20 of 64 tokens), so they are reported.
+                let (bf16_err, _, _) = compare(&[floats_of(p, "last_logits_f32")], &[floats_of(p, "last_logits")]);
+                eprintln!(
+                    "  (transformers bf16 vs f32: logits max rel {bf16_err:.4}; top-1 vs bf16 {t16}, vs f32 {t32})"
                 );
-                assert_eq!(top1, prompts.len(), "top-1 differs from transformers");
-                assert_eq!(
-                    equal_runs,
-                    prompts.len(),
-                    "greedy continuations differ from transformers"
-                );
+                if dtype == KvCacheDtype::F32 {
+                    assert!(
+                        rel32 <= 1.25 * bf16_err,
+                        "GPU logits differ from transformers f32 by {rel32}, bf16 itself by {bf16_err}"
+                    );
+                }
             }
         }
     }

@@ -110,6 +110,32 @@ pub struct GpuTransformer {
     graphs: HashMap<usize, Graph>,
     /// Capture decode steps as CUDA graphs (off with `--enforce-eager`).
     pub use_graphs: bool,
+    /// `STRATA_GPU_PROFILE=1`: time every kernel of eager steps (synchronising around each) and
+    /// print the totals when the model is dropped.
+    profile: Option<std::cell::RefCell<HashMap<String, (std::time::Duration, u64)>>>,
+    capturing: bool,
+}
+
+impl Drop for GpuTransformer {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let mut rows: Vec<_> = p.borrow().iter().map(|(k, v)| (k.clone(), *v)).collect();
+            rows.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
+            let total: f64 = rows.iter().map(|r| r.1 .0.as_secs_f64()).sum();
+            eprintln!(
+                "GPU profile (eager steps, synchronised per kernel): {:.1} ms in all",
+                total * 1e3
+            );
+            for (name, (d, n)) in rows {
+                eprintln!(
+                    "  {name:<28} {:>9.2} ms {:>5.1}% {n:>7} calls {:>8.1} us/call",
+                    d.as_secs_f64() * 1e3,
+                    100.0 * d.as_secs_f64() / total.max(1e-12),
+                    d.as_secs_f64() * 1e6 / n.max(1) as f64
+                );
+            }
+        }
+    }
 }
 
 /// Host-side description of one step.
@@ -171,6 +197,8 @@ impl GpuTransformer {
             host_inputs: vec![0; layout.len],
             graphs: HashMap::new(),
             use_graphs: true,
+            profile: std::env::var_os("STRATA_GPU_PROFILE").map(|_| Default::default()),
+            capturing: false,
         })
     }
 
@@ -316,7 +344,9 @@ impl GpuTransformer {
                 } else {
                     if !self.graphs.contains_key(&b) {
                         self.gpu.begin_capture().map_err(gpu_err)?;
+                        self.capturing = true;
                         let run = self.layers(b, parts).and_then(|_| self.logits_chunk(0, b));
+                        self.capturing = false;
                         let graph = self.gpu.end_capture();
                         run.map_err(gpu_err)?;
                         self.graphs.insert(b, graph.map_err(gpu_err)?);
@@ -566,14 +596,44 @@ impl GpuTransformer {
         shared: u32,
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<(), CudaError> {
+        let t = self.profile_start()?;
         // SAFETY: each call site passes the arguments of the kernel's signature in its .cu file,
         // with device pointers into buffers sized for the step limits that `validate` enforces.
-        unsafe { self.gpu.launch(self.kernels.get(name), grid, block, shared, args) }
+        unsafe { self.gpu.launch(self.kernels.get(name), grid, block, shared, args) }?;
+        self.profile_end(t, || name.to_string())
+    }
+
+    fn profile_start(&self) -> Result<Option<std::time::Instant>, CudaError> {
+        if self.profile.is_none() || self.capturing {
+            return Ok(None);
+        }
+        self.gpu.sync()?;
+        Ok(Some(std::time::Instant::now()))
+    }
+
+    fn profile_end(&self, t: Option<std::time::Instant>, name: impl FnOnce() -> String) -> Result<(), CudaError> {
+        if let (Some(t), Some(p)) = (t, &self.profile) {
+            self.gpu.sync()?;
+            let mut p = p.borrow_mut();
+            let e = p.entry(name()).or_default();
+            e.0 += t.elapsed();
+            e.1 += 1;
+        }
+        Ok(())
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
+        let t = self.profile_start()?;
         // SAFETY: the weight and activation buffers hold the shapes given (see `new`).
-        unsafe { self.gemm.matmul(&self.gpu, w, x, y, shape, out) }
+        unsafe { self.gemm.matmul(&self.gpu, w, x, y, shape, out) }?;
+        let bucket = if shape.2 <= 8 {
+            "t<=8"
+        } else if shape.2 <= 256 {
+            "t<=256"
+        } else {
+            "t>256"
+        };
+        self.profile_end(t, || format!("gemm {}x{} {bucket}", shape.0, shape.1))
     }
 }
 
