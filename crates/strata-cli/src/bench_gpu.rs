@@ -158,7 +158,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                     .sum::<usize>() as f64;
             // The roofline of one decode step of n sequences at the mean context.
             let ctx = args.prompt_tokens as f64 + args.output_tokens as f64 / 2.0;
-            let kv_bytes = n as f64 * ctx * kv_bytes_per_token(&c, dtype) as f64;
+            let kv_bytes = n as f64 * ctx * strata_model::cuda::kv_cache::bytes_per_token(&c, dtype) as f64;
             let flops = 2.0 * n as f64 * weight_bytes as f64 / 2.0;
             let roof_ms = ((weight_bytes as f64 + kv_bytes) / (bandwidth * 1e9)).max(flops / PEAK_BF16_FLOPS) * 1e3;
             let level = Level {
@@ -223,10 +223,6 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")?;
     eprintln!("wrote {}", args.out.display());
     Ok(())
-}
-
-fn kv_bytes_per_token(c: &strata_model::ModelConfig, dtype: KvCacheDtype) -> usize {
-    strata_model::cuda::kv_cache::bytes_per_token(c, dtype)
 }
 
 fn start(

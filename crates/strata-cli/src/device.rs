@@ -85,23 +85,26 @@ impl StepFlags {
 /// Starts the engine for `model` on the chosen device.
 pub fn start_engine(
     model: LoadedModel,
-    mut config: EngineConfig,
+    config: EngineConfig,
     dev: &DeviceArgs,
     steps: StepFlags,
 ) -> anyhow::Result<EngineHandle> {
     match dev.device {
-        Device::Cpu => {
-            steps.apply(&mut config, false);
-            Ok(EngineHandle::start(model, config)?)
-        }
+        Device::Cpu => start_cpu(model, config, steps),
         Device::Auto | Device::Cuda(_) => start_gpu_or_cpu(model, config, dev, steps),
     }
+}
+
+/// The CPU engine with the CPU's step defaults.
+fn start_cpu(model: LoadedModel, mut config: EngineConfig, steps: StepFlags) -> anyhow::Result<EngineHandle> {
+    steps.apply(&mut config, false);
+    Ok(EngineHandle::start(model, config)?)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn start_gpu_or_cpu(
     model: LoadedModel,
-    mut config: EngineConfig,
+    config: EngineConfig,
     dev: &DeviceArgs,
     steps: StepFlags,
 ) -> anyhow::Result<EngineHandle> {
@@ -110,8 +113,7 @@ fn start_gpu_or_cpu(
             "this strata was built without the `cuda` feature; rebuild with --features cuda or pass --device cpu"
         );
     }
-    steps.apply(&mut config, false);
-    Ok(EngineHandle::start(model, config)?)
+    start_cpu(model, config, steps)
 }
 
 #[cfg(feature = "cuda")]
@@ -141,8 +143,7 @@ fn start_gpu_or_cpu(
         };
         if let Some(why) = why {
             tracing::info!("running on the CPU: {why}");
-            steps.apply(&mut config, false);
-            return Ok(EngineHandle::start(model, config)?);
+            return start_cpu(model, config, steps);
         }
     }
     steps.apply(&mut config, true);

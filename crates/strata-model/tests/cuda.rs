@@ -190,6 +190,18 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     );
 }
 
+/// A whole prompt as one chunk of sequence `slot`, which owns cache blocks `16 * slot..16 * slot + 16`.
+fn prompt_chunk(ids: Vec<u32>, slot: usize) -> SeqChunk {
+    let first = slot as u32 * 16;
+    SeqChunk {
+        prompt_len: ids.len(),
+        tokens: ids,
+        first_pos: 0,
+        block_table: (first..first + 16).collect(),
+        logits: LogitsWanted::Last,
+    }
+}
+
 /// Random-weight HF checkpoints made on the GPU machine by scripts/gpu/hf_reference.py, each with
 /// transformers' greedy continuations and last-position logits in `reference.json`. Directories
 /// come from `STRATA_HF_CHECKPOINTS` (colon-separated); without it the test says so and passes.
@@ -224,14 +236,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
         let model = load_model(&dir, &|_, _| {}).expect("checkpoint loads");
         let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 16);
         for (pi, p) in prompts.iter().enumerate() {
-            let ids = ids_of(p, "ids");
-            let chunk = SeqChunk {
-                tokens: ids.clone(),
-                first_pos: 0,
-                block_table: (pi as u32 * 16..pi as u32 * 16 + 16).collect(),
-                logits: LogitsWanted::Last,
-                prompt_len: ids.len(),
-            };
+            let chunk = prompt_chunk(ids_of(p, "ids"), pi);
             let l = cpu.forward(std::slice::from_ref(&chunk)).unwrap();
             let (rel, _, t1) = compare(&[floats_of(p, "last_logits_f32")], &[l.last_of(0).unwrap().to_vec()]);
             eprintln!(
@@ -260,13 +265,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
             let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
             for (pi, p) in prompts.iter().enumerate() {
                 let ids = ids_of(p, "ids");
-                let mut chunk = SeqChunk {
-                    tokens: ids.clone(),
-                    first_pos: 0,
-                    block_table: (pi as u32 * 16..pi as u32 * 16 + 16).collect(),
-                    logits: LogitsWanted::Last,
-                    prompt_len: ids.len(),
-                };
+                let mut chunk = prompt_chunk(ids.clone(), pi);
                 let logits = gpu.forward(std::slice::from_ref(&chunk)).unwrap();
                 let row = logits.last_of(0).unwrap().to_vec();
                 let (rel16, _, t16) = compare(&[floats_of(p, "last_logits")], std::slice::from_ref(&row));

@@ -35,19 +35,6 @@ impl StepLimits {
     fn max_blocks(&self, block_size: usize) -> usize {
         self.max_model_len.div_ceil(block_size)
     }
-
-    /// Bytes of activation buffers for a model of shape `c`.
-    pub fn activation_bytes(&self, c: &ModelConfig, block_size: usize) -> usize {
-        let t = self.max_tokens;
-        let width = c.q_dim() + 2 * c.kv_dim();
-        let inputs = 4 * (5 * t + (self.max_seqs + 1) * self.max_blocks(block_size));
-        let split = SPLIT_MAX_TOKENS.min(t) * c.n_heads * MAX_PARTS * (c.head_dim + 2) * 4;
-        inputs
-            + t * c.hidden * 4
-            + t * (2 * c.hidden + width + c.q_dim() + c.hidden + 3 * c.intermediate) * 2
-            + self.logit_rows * (c.hidden * 2 + c.vocab_size * 4 + 4)
-            + split
-    }
 }
 
 /// Offsets (in i32 elements) of each input array in the staging buffer.

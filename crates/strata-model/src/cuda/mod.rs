@@ -35,7 +35,6 @@ pub struct GpuOptions {
 /// The model on a GPU, ready for the engine.
 pub struct GpuExecutor {
     model: GpuTransformer,
-    kv_bytes: usize,
 }
 
 impl GpuExecutor {
@@ -130,7 +129,7 @@ impl GpuExecutor {
             (blocks * opts.block_size) as f64 / opts.max_model_len as f64,
             opts.max_model_len
         );
-        Ok(GpuExecutor { model, kv_bytes })
+        Ok(GpuExecutor { model })
     }
 
     /// Bytes of all weight matrices (what one decode step reads).
@@ -159,7 +158,7 @@ impl Executor for GpuExecutor {
         KvLayout {
             blocks: self.model.kv.num_blocks,
             block_size: self.model.kv.block_size,
-            bytes: self.kv_bytes,
+            bytes: self.model.kv.memory_bytes(),
             dtype: self.model.kv.dtype,
         }
     }
