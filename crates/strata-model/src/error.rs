@@ -28,6 +28,10 @@ pub enum ModelError {
     BadBatch(String),
     #[error("GPU error: {0}")]
     Device(String),
+    /// The devices can no longer run the model (a collective or stage hand-off timed out and was
+    /// aborted, a GPU was lost). Fatal: the executor refuses every later call.
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Safetensors(#[from] strata_formats::safetensors::SafetensorsError),
     #[error(transparent)]

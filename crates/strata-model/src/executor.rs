@@ -30,6 +30,23 @@ pub trait Executor: Send {
     fn kv_layout(&self) -> KvLayout;
     /// Where it runs, in words (for logs and `/health`).
     fn device(&self) -> String;
+    /// Batches this executor can hold in flight at once (pipeline stages); 1 = `forward` only.
+    fn pipeline_depth(&self) -> usize {
+        1
+    }
+    /// Starts `batch` without waiting for its logits (executors with `pipeline_depth() > 1`);
+    /// `collect` returns results in submission order.
+    fn submit(&mut self, _batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+        Err(ModelError::BadBatch(
+            "this executor runs one batch at a time; call forward".into(),
+        ))
+    }
+    /// The logits of the oldest submitted batch, waiting for them.
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        Err(ModelError::BadBatch(
+            "this executor runs one batch at a time and holds no submitted batch; call forward".into(),
+        ))
+    }
 }
 
 /// The CPU backend: the transformer, its cache and a thread pool.
