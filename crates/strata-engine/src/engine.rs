@@ -1,7 +1,7 @@
-//! The engine: one OS thread that owns the model, the KV cache and every sequence, and runs
-//! schedule -> forward -> sample steps; callers talk to it through an [`EngineHandle`] over channels.
+//! The engine: one OS thread that owns the model, the KV cache and every sequence, and runs schedule ->
+//! forward -> sample steps (batches overlap on a pipelined executor); callers use an [`EngineHandle`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -13,14 +13,14 @@ use strata_model::chat_template::ChatTemplate;
 use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{CpuExecutor, Executor, LogitsWanted, PagedKvCache, SeqChunk};
+use strata_model::{CpuExecutor, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer};
 use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
 use crate::sampler::logprobs;
-use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::{Progress, Sequence, SequenceId};
 
 /// How the engine runs; flags of `strata serve` map onto these.
@@ -121,6 +121,31 @@ fn resolve_max_model_len(config: &EngineConfig, model_context: usize) -> Result<
     Ok(max_model_len)
 }
 
+/// The CPU executor [`EngineHandle::start`] runs `transformer` on: `config`'s activation
+/// precision and threads, and a KV cache of `config.kv_cache_memory` bytes.
+pub fn cpu_executor(mut transformer: Transformer, config: &EngineConfig) -> Result<CpuExecutor, EngineError> {
+    transformer.act_precision = config.activation_precision;
+    let mc = &transformer.config;
+    let block_size = config.block_size.max(1);
+    let max_model_len = resolve_max_model_len(config, mc.max_position)?;
+    let blocks = PagedKvCache::blocks_for_bytes(mc, config.kv_cache_dtype, block_size, config.kv_cache_memory);
+    let need = max_model_len.div_ceil(block_size);
+    if blocks < need {
+        return Err(EngineError::KvCacheTooSmall {
+            max_model_len,
+            need: need * block_size,
+            have: blocks * block_size,
+        });
+    }
+    Ok(CpuExecutor::new(
+        transformer,
+        config.kv_cache_dtype,
+        block_size,
+        blocks,
+        config.threads,
+    ))
+}
+
 /// Counters and gauges of the engine, as of its last step.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
@@ -133,7 +158,8 @@ pub struct EngineStats {
     pub generation_tokens_total: u64,
     pub preemptions_total: u64,
     pub steps_total: u64,
-    /// Seconds of the last step.
+    /// Seconds from scheduling the last batch to having its results (batches kept in flight by a
+    /// pipelined executor overlap).
     pub last_step_seconds: f64,
 }
 
@@ -246,25 +272,12 @@ impl EngineHandle {
     /// `config.kv_cache_memory` bytes.
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
         let LoadedModel {
-            mut transformer,
+            transformer,
             tokenizer,
             chat_template,
             ..
         } = model;
-        transformer.act_precision = config.activation_precision;
-        let mc = &transformer.config;
-        let block_size = config.block_size.max(1);
-        let max_model_len = resolve_max_model_len(&config, mc.max_position)?;
-        let blocks = PagedKvCache::blocks_for_bytes(mc, config.kv_cache_dtype, block_size, config.kv_cache_memory);
-        let need = max_model_len.div_ceil(block_size);
-        if blocks < need {
-            return Err(EngineError::KvCacheTooSmall {
-                max_model_len,
-                need: need * block_size,
-                have: blocks * block_size,
-            });
-        }
-        let executor = CpuExecutor::new(transformer, config.kv_cache_dtype, block_size, blocks, config.threads);
+        let executor = cpu_executor(transformer, &config)?;
         EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)
     }
 
@@ -292,7 +305,12 @@ impl EngineHandle {
             dtype: kv.dtype,
             max_model_len,
         };
-        tracing::info!("engine on {}", executor.device());
+        let depth = executor.pipeline_depth().max(1);
+        if depth > 1 {
+            tracing::info!("engine on {}, {depth} batches in flight", executor.device());
+        } else {
+            tracing::info!("engine on {}", executor.device());
+        }
         let shared = Arc::new(Shared {
             stats: Mutex::new(EngineStats {
                 kv_blocks_total: blocks,
@@ -305,6 +323,8 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let worker = EngineLoop {
             executor,
+            depth,
+            in_flight: VecDeque::new(),
             blocks: BlockManager::new(blocks, block_size, config.enable_prefix_caching),
             scheduler: Scheduler::new(SchedulerConfig {
                 max_num_batched_tokens: config.max_num_batched_tokens,
@@ -464,9 +484,20 @@ impl EngineHandle {
     }
 }
 
+/// A batch handed to a pipelined executor whose logits have not been collected yet.
+struct InFlightBatch {
+    chunks: Vec<ScheduledChunk>,
+    /// When it was scheduled (for `last_step_seconds`).
+    started: Instant,
+}
+
 /// Everything the engine thread owns.
 struct EngineLoop {
     executor: Box<dyn Executor>,
+    /// Batches the executor can hold in flight (its pipeline depth); 1 = one `forward` per step.
+    depth: usize,
+    /// Submitted batches, oldest first (only when `depth > 1`).
+    in_flight: VecDeque<InFlightBatch>,
     blocks: BlockManager,
     scheduler: Scheduler,
     seqs: HashMap<SequenceId, Sequence>,
@@ -508,7 +539,7 @@ impl EngineLoop {
 
     fn serve(&mut self) {
         loop {
-            if self.seqs.is_empty() {
+            if self.seqs.is_empty() && self.in_flight.is_empty() {
                 match self.commands.recv() {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
@@ -532,7 +563,7 @@ impl EngineLoop {
             for id in gone {
                 self.abort(id);
             }
-            if !self.seqs.is_empty() {
+            if !self.seqs.is_empty() || !self.in_flight.is_empty() {
                 self.step();
             }
             self.publish();
@@ -577,13 +608,50 @@ impl EngineLoop {
         }
     }
 
-    /// One schedule -> forward -> sample iteration.
+    /// One step. At depth 1: schedule -> forward -> sample. Deeper: submit batches of sequences
+    /// that are not in flight until `depth` batches are (or nothing more can run), then take the
+    /// results of the oldest.
     fn step(&mut self) {
-        let t0 = Instant::now();
-        let plan = self.scheduler.schedule_step(&mut self.seqs, &mut self.blocks);
+        if self.depth == 1 {
+            let started = Instant::now();
+            let Some((chunks, batch)) = self.schedule() else {
+                return;
+            };
+            let result = self.executor.forward(&batch);
+            return self.take_results(&chunks, started, result);
+        }
+        while self.in_flight.len() < self.depth {
+            let started = Instant::now();
+            let Some((chunks, batch)) = self.schedule() else {
+                break;
+            };
+            match self.executor.submit(batch) {
+                Ok(()) => self.in_flight.push_back(InFlightBatch { chunks, started }),
+                Err(e) => self.fail_batch(&chunks, e),
+            }
+        }
+        let Some(oldest) = self.in_flight.pop_front() else {
+            return;
+        };
+        let result = self.executor.collect();
+        self.take_results(&oldest.chunks, oldest.started, result)
+    }
+
+    /// Plans the next batch from the sequences not in flight, at most an even share of them when
+    /// batches are kept in flight; `None` when nothing can run.
+    fn schedule(&mut self) -> Option<(Vec<ScheduledChunk>, Vec<SeqChunk>)> {
+        let busy: HashSet<SequenceId> = self
+            .in_flight
+            .iter()
+            .flat_map(|b| b.chunks.iter().map(|c| c.id))
+            .collect();
+        let max_seqs = self.scheduler.batch_share(self.depth);
+        let plan = self
+            .scheduler
+            .schedule_step(&mut self.seqs, &mut self.blocks, &busy, max_seqs);
         self.account(&plan);
         if plan.chunks.is_empty() {
-            return;
+            return None;
         }
         let batch: Vec<SeqChunk> = plan
             .chunks
@@ -606,23 +674,22 @@ impl EngineLoop {
                 }
             })
             .collect();
-        let logits = match self.executor.forward(&batch) {
+        Some((plan.chunks, batch))
+    }
+
+    /// Applies the executor's answer for a batch: advances each sequence, commits its full prompt
+    /// blocks, samples its next token and releases the sequences that are done. A sequence
+    /// aborted while its batch was in flight is already released and is skipped.
+    fn take_results(&mut self, chunks: &[ScheduledChunk], started: Instant, result: Result<Logits, ModelError>) {
+        let logits = match result {
             Ok(l) => l,
-            Err(e) => {
-                // A batch the model refuses is a bug of ours: fail its requests, keep serving.
-                tracing::error!("forward pass failed: {e}");
-                for c in &plan.chunks {
-                    if let Some(seq) = self.seqs.get(&c.id) {
-                        seq.fail(&format!("internal error: {e}"));
-                    }
-                    self.release(c.id);
-                }
-                return;
-            }
+            Err(e) => return self.fail_batch(chunks, e),
         };
         let mut finished = Vec::new();
-        for (bi, c) in plan.chunks.iter().enumerate() {
-            let seq = self.seqs.get_mut(&c.id).expect("scheduled sequence exists");
+        for (bi, c) in chunks.iter().enumerate() {
+            let Some(seq) = self.seqs.get_mut(&c.id) else {
+                continue;
+            };
             seq.num_computed += c.num_tokens;
             let prompt_done = seq.num_computed.min(seq.request.prompt.len());
             let prompt = &seq.request.prompt[..prompt_done];
@@ -648,7 +715,19 @@ impl EngineLoop {
             self.release(id);
         }
         self.stats.steps_total += 1;
-        self.stats.last_step_seconds = t0.elapsed().as_secs_f64();
+        self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+    }
+
+    /// A batch the executor did not run: a bug of ours in that batch, so its requests fail and
+    /// the engine keeps serving.
+    fn fail_batch(&mut self, chunks: &[ScheduledChunk], e: ModelError) {
+        tracing::error!("forward pass failed: {e}");
+        for c in chunks {
+            if let Some(seq) = self.seqs.get(&c.id) {
+                seq.fail(&format!("internal error: {e}"));
+            }
+            self.release(c.id);
+        }
     }
 
     /// Bookkeeping of admissions and preemptions.

@@ -10,7 +10,7 @@ pub mod scheduler;
 pub mod sequence;
 
 pub use completion::{complete, Completion};
-pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
+pub use engine::{cpu_executor, EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
 pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
 pub use strata_model::kv_cache::KvCacheDtype;

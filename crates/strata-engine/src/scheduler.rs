@@ -1,7 +1,7 @@
 //! Iteration-level scheduling: which sequences run in the next forward pass and how many of
 //! their tokens, under a token budget, with chunked prefill, FCFS admission and preemption.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::block_manager::BlockManager;
 use crate::sequence::{Sequence, SequenceId};
@@ -79,17 +79,40 @@ impl Scheduler {
         self.running.len()
     }
 
-    /// Plans one step. Running sequences come first (decodes cost one token each, unfinished
-    /// prefills take the next chunk), then waiting ones are admitted in arrival order while the
-    /// budget, `max_num_seqs` and free blocks allow. When a running sequence needs a block and
-    /// none is left, the most recently admitted sequence is preempted: its blocks are freed and
-    /// it goes back to the front of the queue, to be recomputed.
-    pub fn schedule_step(&mut self, seqs: &mut HashMap<SequenceId, Sequence>, bm: &mut BlockManager) -> StepPlan {
+    /// Most sequences in one batch when `depth` batches are kept in flight: no limit at depth 1;
+    /// otherwise an even share of the sequences that run or could be admitted, so that `depth`
+    /// batches of different sequences alternate.
+    pub fn batch_share(&self, depth: usize) -> usize {
+        if depth <= 1 {
+            return usize::MAX;
+        }
+        let total = (self.running.len() + self.waiting.len()).min(self.config.max_num_seqs);
+        total.div_ceil(depth).max(1)
+    }
+
+    /// Plans one step of at most `max_seqs` sequences, none of them in `busy` (sequences whose
+    /// batch is still in flight: they neither run nor are preempted until its results are in).
+    /// Running sequences come first (decodes cost one token each, unfinished prefills take the
+    /// next chunk), then waiting ones are admitted in arrival order while the budget,
+    /// `max_num_seqs`, `max_seqs` and free blocks allow. When a running sequence needs a block and
+    /// none is left, the most recently admitted sequence that is not busy is preempted: its blocks
+    /// are freed and it goes back to the front of the queue, to be recomputed.
+    pub fn schedule_step(
+        &mut self,
+        seqs: &mut HashMap<SequenceId, Sequence>,
+        bm: &mut BlockManager,
+        busy: &HashSet<SequenceId>,
+        max_seqs: usize,
+    ) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_num_batched_tokens;
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && budget > 0 && plan.chunks.len() < max_seqs {
             let id = self.running[i];
+            if busy.contains(&id) {
+                i += 1;
+                continue;
+            }
             let seq = seqs.get_mut(&id).expect("running sequence exists");
             let n = seq.to_compute().min(budget);
             let need = (seq.num_computed + n).saturating_sub(seq.table.num_tokens);
@@ -99,8 +122,11 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            // Out of blocks: preempt from the back until this sequence fits (or is itself preempted).
-            let victim = *self.running.last().expect("running is not empty");
+            // Out of blocks: preempt from the back until this sequence fits (or is itself
+            // preempted). This sequence is not busy, so there is always a victim at or after it.
+            let Some(&victim) = self.running.iter().rev().find(|r| !busy.contains(r)) else {
+                break;
+            };
             self.preempt(victim, seqs, bm, &mut plan);
             if victim == id {
                 break;
@@ -109,7 +135,7 @@ impl Scheduler {
         if !plan.preempted.is_empty() {
             return plan;
         }
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+        while budget > 0 && self.running.len() < self.config.max_num_seqs && plan.chunks.len() < max_seqs {
             let Some(&id) = self.waiting.front() else { break };
             let seq = seqs.get_mut(&id).expect("waiting sequence exists");
             let tokens = seq.tokens(0..seq.num_tokens());

@@ -1,19 +1,32 @@
-//! The engine on the real default model: continuous batching, chunked prefill, preemption,
-//! aborts, sampling options and stop strings, checked against each request run on its own.
+//! The engine on the real default model: continuous batching, chunked prefill, preemption, aborts,
+//! sampling, stop strings and pipelined executors, checked against requests run alone.
 
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_engine::{
-    complete, Completion, EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype, RequestOutput,
-    RequestStream, SamplingParams, SubmitError,
+    complete, cpu_executor, Completion, EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype,
+    RequestOutput, RequestStream, SamplingParams, SubmitError,
 };
-use strata_model::loader::{default_model_path, load_model};
+use strata_model::loader::{default_model_path, load_model, LoadedModel};
+use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
 
-fn engine(config: EngineConfig) -> EngineHandle {
+fn default_model() -> LoadedModel {
     let path = default_model_path();
     assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
-    let model = load_model(&path, &|_, _| {}).expect("default model loads");
-    EngineHandle::start(model, config).expect("engine starts")
+    load_model(&path, &|_, _| {}).expect("default model loads")
+}
+
+fn engine(config: EngineConfig) -> EngineHandle {
+    EngineHandle::start(default_model(), config).expect("engine starts")
+}
+
+/// An engine on the CPU executor that `wrap` puts behind another interface.
+fn engine_on(config: EngineConfig, wrap: impl FnOnce(CpuExecutor) -> Box<dyn Executor>) -> EngineHandle {
+    let model = default_model();
+    let cpu = cpu_executor(model.transformer, &config).expect("the cache fits");
+    EngineHandle::start_with(wrap(cpu), model.tokenizer, model.chat_template, config).expect("engine starts")
 }
 
 /// One compute thread: the test harness already runs tests side by side on the two cores.
@@ -309,4 +322,230 @@ fn bad_requests_are_refused_with_a_reason() {
         e.submit(GenerationRequest::greedy(vec![1], 1)),
         Err(SubmitError::EngineDead(_))
     ));
+}
+
+/// What a [`PipelinedCpu`] saw: each submitted batch's sequences (named by their first KV block,
+/// unique with prefix caching off) and every broken rule of pipelining.
+#[derive(Default)]
+struct PipelineLog {
+    batches: Vec<Vec<u32>>,
+    violations: Vec<String>,
+}
+
+/// The CPU executor behind the pipelined interface, as a multi-GPU pipeline presents itself:
+/// `submit` queues a batch, `collect` runs the oldest one.
+struct PipelinedCpu {
+    cpu: CpuExecutor,
+    depth: usize,
+    queued: VecDeque<Vec<SeqChunk>>,
+    log: Arc<Mutex<PipelineLog>>,
+}
+
+impl PipelinedCpu {
+    fn new(cpu: CpuExecutor, depth: usize) -> (PipelinedCpu, Arc<Mutex<PipelineLog>>) {
+        let log = Arc::new(Mutex::new(PipelineLog::default()));
+        let exec = PipelinedCpu {
+            cpu,
+            depth,
+            queued: VecDeque::new(),
+            log: Arc::clone(&log),
+        };
+        (exec, log)
+    }
+
+    /// The KV blocks a batch writes.
+    fn written_blocks(&self, batch: &[SeqChunk]) -> HashSet<u32> {
+        let block_size = self.cpu.kv_layout().block_size;
+        batch
+            .iter()
+            .flat_map(|c| (c.first_pos / block_size..c.end_pos().div_ceil(block_size)).map(|b| c.block_table[b]))
+            .collect()
+    }
+}
+
+impl Executor for PipelinedCpu {
+    fn config(&self) -> &ModelConfig {
+        self.cpu.config()
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.cpu.forward(batch)
+    }
+
+    fn recycle(&mut self, logits: Logits) {
+        self.cpu.recycle(logits);
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.cpu.kv_layout()
+    }
+
+    fn device(&self) -> String {
+        format!("{} as a {}-stage pipeline", self.cpu.device(), self.depth)
+    }
+
+    fn pipeline_depth(&self) -> usize {
+        self.depth
+    }
+
+    fn submit(&mut self, batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+        let mut log = self.log.lock().unwrap();
+        if self.queued.len() >= self.depth {
+            log.violations.push(format!(
+                "a batch submitted with {} already in flight",
+                self.queued.len()
+            ));
+        }
+        let seqs: Vec<u32> = batch.iter().map(|c| c.block_table[0]).collect();
+        let writes = self.written_blocks(&batch);
+        for earlier in &self.queued {
+            if earlier.iter().any(|c| seqs.contains(&c.block_table[0])) {
+                log.violations.push(format!("sequences {seqs:?} are already in flight"));
+            }
+            if !self.written_blocks(earlier).is_disjoint(&writes) {
+                log.violations
+                    .push("two batches in flight write the same KV block".to_string());
+            }
+        }
+        log.batches.push(seqs);
+        self.queued.push_back(batch);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        let Some(batch) = self.queued.pop_front() else {
+            return Err(ModelError::BadBatch("collect without a submitted batch".into()));
+        };
+        self.cpu.forward(&batch)
+    }
+}
+
+#[test]
+fn a_two_stage_pipeline_alternates_two_batches_of_different_sequences_with_the_same_output() {
+    let config = EngineConfig {
+        enable_prefix_caching: false,
+        ..small_config()
+    };
+    let mut log = None;
+    let pipelined = engine_on(config.clone(), |cpu| {
+        let (exec, l) = PipelinedCpu::new(cpu, 2);
+        log = Some(l);
+        Box::new(exec)
+    });
+    let log = log.expect("the executor was built");
+    let plain = engine(config);
+    let reqs: Vec<GenerationRequest> = (0..8)
+        .map(|i| GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(
+                prompt(&plain, &format!("Story {i}: once upon a time, in town number {i},")),
+                10,
+            )
+        })
+        .collect();
+    let want = run_together(&plain, reqs.clone());
+    let got = run_together(&pipelined, reqs);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.tokens, g.tokens, "request {i} differs on the pipeline");
+        assert_eq!(w.text, g.text);
+    }
+
+    let log = log.lock().unwrap();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    assert!(
+        log.batches.iter().all(|b| b.len() <= 4),
+        "8 sequences on 2 stages make batches of at most 4: {:?}",
+        log.batches
+    );
+    let alternating = log.batches.windows(3).any(|w| {
+        let (a, b) = (HashSet::<&u32>::from_iter(&w[0]), HashSet::<&u32>::from_iter(&w[1]));
+        a.len() == 4 && b.len() == 4 && a.is_disjoint(&b) && w[0] == w[2]
+    });
+    assert!(alternating, "two halves of 4 take turns: {:?}", log.batches);
+    assert!(pipelined.wait_idle(Duration::from_secs(10)));
+    let stats = pipelined.stats();
+    assert_eq!(stats.kv_blocks_used, 0, "every block is back");
+    assert_eq!(stats.generation_tokens_total, 80);
+    assert!(stats.last_step_seconds > 0.0);
+}
+
+#[test]
+fn streams_dropped_while_their_batch_is_in_flight_are_skipped_when_it_returns() {
+    let config = small_config();
+    let e = engine_on(config, |cpu| Box::new(PipelinedCpu::new(cpu, 2).0));
+    let req = |text: &str| GenerationRequest {
+        ignore_eos: true,
+        ..GenerationRequest::greedy(prompt(&e, text), 500)
+    };
+    let mut a = e.submit(req("Count with me: one, two, three,")).unwrap();
+    let mut b = e.submit(req("The alphabet goes a, b, c,")).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(a.blocking_next(), Some(RequestOutput::Delta { .. })));
+        assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
+    }
+    // Each runs in its own batch and one of the two is always in flight between steps.
+    drop(a);
+    drop(b);
+    assert!(
+        e.wait_idle(Duration::from_secs(10)),
+        "the aborted requests left the engine"
+    );
+    assert!(e.is_alive(), "{:?}", e.death());
+    assert_eq!(e.stats().kv_blocks_used, 0);
+    let alone = engine(small_config());
+    let next = GenerationRequest::greedy(prompt(&e, "My favourite colour is"), 6);
+    assert_eq!(
+        run_alone(&e, next.clone()).tokens,
+        run_alone(&alone, next).tokens,
+        "the engine serves on"
+    );
+}
+
+#[test]
+fn preemption_on_a_pipeline_never_takes_the_blocks_of_a_batch_in_flight() {
+    // Room for 18 blocks of 16 tokens: 8 sequences of ~20 + 40 tokens (4 blocks each) cannot all
+    // fit, and the first half runs out of blocks while the second half, admitted last, is in flight.
+    let per_token = strata_model::PagedKvCache::bytes_per_token(&default_model().transformer.config, KvCacheDtype::F32);
+    let config = EngineConfig {
+        kv_cache_memory: per_token * 16 * 18,
+        max_model_len: Some(256),
+        enable_prefix_caching: false,
+        ..small_config()
+    };
+    let mut log = None;
+    let pipelined = engine_on(config.clone(), |cpu| {
+        let (exec, l) = PipelinedCpu::new(cpu, 2);
+        log = Some(l);
+        Box::new(exec)
+    });
+    let log = log.expect("the executor was built");
+    let plain = engine(config);
+    let reqs: Vec<GenerationRequest> = (0..8)
+        .map(|i| GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(
+                prompt(
+                    &plain,
+                    &format!("{i} little pigs went to the market and bought {i} apples, then"),
+                ),
+                40,
+            )
+        })
+        .collect();
+    let got = run_together(&pipelined, reqs.clone());
+    assert!(
+        pipelined.stats().preemptions_total > 0,
+        "the cache was too small, so something was preempted"
+    );
+    let log = log.lock().unwrap();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    for i in 0..3 {
+        assert_eq!(
+            run_alone(&plain, reqs[i].clone()).tokens,
+            got[i].tokens,
+            "sequence {i} changed after preemption on the pipeline"
+        );
+    }
+    assert!(pipelined.wait_idle(Duration::from_secs(10)));
+    assert_eq!(pipelined.stats().kv_blocks_used, 0);
 }
