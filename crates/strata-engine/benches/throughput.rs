@@ -121,7 +121,9 @@ fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize) -> Level {
                             last = Some(now);
                             n += tokens.len();
                         }
-                        RequestOutput::Failed(e) => panic!("bench request failed: {e}"),
+                        RequestOutput::Failed(e) | RequestOutput::Unavailable(e) => {
+                            panic!("bench request failed: {e}")
+                        }
                         _ => {}
                     }
                 }

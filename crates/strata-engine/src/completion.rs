@@ -34,7 +34,7 @@ impl Completion {
 }
 
 /// Reads `stream` to its end, handing each piece of text to `on_text` as it arrives. Fails with
-/// the engine's message if the request failed.
+/// the engine's message if the request failed or the devices became unavailable.
 pub fn complete(mut stream: RequestStream, on_text: &mut dyn FnMut(&str)) -> Result<Completion, String> {
     let start = Instant::now();
     let (mut first, mut last) = (None, start);
@@ -76,7 +76,7 @@ pub fn complete(mut stream: RequestStream, on_text: &mut dyn FnMut(&str)) -> Res
                     decode_time: last - first,
                 });
             }
-            RequestOutput::Failed(e) => return Err(e),
+            RequestOutput::Failed(e) | RequestOutput::Unavailable(e) => return Err(e),
         }
     }
     Err("the engine stopped before the request finished".into())

@@ -252,7 +252,9 @@ impl RequestStream {
     fn note(&mut self, out: &Option<RequestOutput>) {
         if matches!(
             out,
-            None | Some(RequestOutput::Finished { .. }) | Some(RequestOutput::Failed(_))
+            None | Some(RequestOutput::Finished { .. })
+                | Some(RequestOutput::Failed(_))
+                | Some(RequestOutput::Unavailable(_))
         ) {
             self.done = true;
         }
@@ -491,6 +493,9 @@ struct InFlightBatch {
     started: Instant,
 }
 
+/// The devices can no longer run the model; holds the executor's reason.
+struct DevicesLost(String);
+
 /// Everything the engine thread owns.
 struct EngineLoop {
     executor: Box<dyn Executor>,
@@ -522,10 +527,7 @@ impl EngineLoop {
                 format!("the engine failed: {msg}")
             }
         };
-        if let Ok(mut d) = self.shared.dead.lock() {
-            *d = Some(why.clone());
-        }
-        self.shared.alive.store(false, Ordering::SeqCst);
+        self.mark_dead(&why);
         for (_, seq) in self.seqs.drain() {
             seq.fail(&why);
         }
@@ -535,6 +537,14 @@ impl EngineLoop {
                 seq.fail(&why);
             }
         }
+    }
+
+    /// Records why the engine stopped (the first reason stays) and refuses new requests from now on.
+    fn mark_dead(&self, why: &str) {
+        if let Ok(mut d) = self.shared.dead.lock() {
+            d.get_or_insert_with(|| why.to_string());
+        }
+        self.shared.alive.store(false, Ordering::SeqCst);
     }
 
     fn serve(&mut self) {
@@ -564,9 +574,43 @@ impl EngineLoop {
                 self.abort(id);
             }
             if !self.seqs.is_empty() || !self.in_flight.is_empty() {
-                self.step();
+                if let Err(DevicesLost(why)) = self.step() {
+                    self.lose_devices(&why);
+                    self.refuse_until_shutdown(&why);
+                    return;
+                }
             }
             self.publish();
+        }
+    }
+
+    /// The devices are gone: every request, in flight, running or waiting, ends `Unavailable`
+    /// with the executor's reason, and the engine is marked dead so that submissions are refused.
+    fn lose_devices(&mut self, why: &str) {
+        tracing::error!("the engine stops serving, its devices can no longer run the model: {why}");
+        self.mark_dead(why);
+        self.in_flight.clear();
+        let ids: Vec<SequenceId> = self.seqs.keys().copied().collect();
+        let lost: Vec<Sequence> = ids.into_iter().filter_map(|id| self.release(id)).collect();
+        // The stats say the engine is empty before any caller hears why.
+        self.publish();
+        for seq in lost {
+            seq.unavailable(why);
+        }
+    }
+
+    /// After the devices were lost: answers every request that still reaches the engine with
+    /// `Unavailable`, without touching the executor again, until shutdown.
+    fn refuse_until_shutdown(&mut self, why: &str) {
+        while let Ok(cmd) = self.commands.recv() {
+            match cmd {
+                Command::Add(seq) => {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    seq.unavailable(why);
+                }
+                Command::Abort(_) => {}
+                Command::Shutdown => return,
+            }
         }
     }
 
@@ -597,25 +641,25 @@ impl EngineLoop {
         }
     }
 
-    /// Frees a sequence's blocks and forgets it.
-    fn release(&mut self, id: SequenceId) {
-        if let Some(mut seq) = self.seqs.remove(&id) {
-            if !seq.admitted {
-                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            }
-            self.blocks.free_table(&mut seq.table);
-            self.scheduler.remove(id);
+    /// Frees a sequence's blocks and forgets it; returns it (its stream still open).
+    fn release(&mut self, id: SequenceId) -> Option<Sequence> {
+        let mut seq = self.seqs.remove(&id)?;
+        if !seq.admitted {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
         }
+        self.blocks.free_table(&mut seq.table);
+        self.scheduler.remove(id);
+        Some(seq)
     }
 
     /// One step. At depth 1: schedule -> forward -> sample. Deeper: submit batches of sequences
     /// that are not in flight until `depth` batches are (or nothing more can run), then take the
-    /// results of the oldest.
-    fn step(&mut self) {
+    /// results of the oldest. `Err` when the devices are lost.
+    fn step(&mut self) -> Result<(), DevicesLost> {
         if self.depth == 1 {
             let started = Instant::now();
             let Some((chunks, batch)) = self.schedule() else {
-                return;
+                return Ok(());
             };
             let result = self.executor.forward(&batch);
             return self.take_results(&chunks, started, result);
@@ -627,11 +671,11 @@ impl EngineLoop {
             };
             match self.executor.submit(batch) {
                 Ok(()) => self.in_flight.push_back(InFlightBatch { chunks, started }),
-                Err(e) => self.fail_batch(&chunks, e),
+                Err(e) => self.fail_batch(&chunks, e)?,
             }
         }
         let Some(oldest) = self.in_flight.pop_front() else {
-            return;
+            return Ok(());
         };
         let result = self.executor.collect();
         self.take_results(&oldest.chunks, oldest.started, result)
@@ -680,7 +724,12 @@ impl EngineLoop {
     /// Applies the executor's answer for a batch: advances each sequence, commits its full prompt
     /// blocks, samples its next token and releases the sequences that are done. A sequence
     /// aborted while its batch was in flight is already released and is skipped.
-    fn take_results(&mut self, chunks: &[ScheduledChunk], started: Instant, result: Result<Logits, ModelError>) {
+    fn take_results(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        started: Instant,
+        result: Result<Logits, ModelError>,
+    ) -> Result<(), DevicesLost> {
         let logits = match result {
             Ok(l) => l,
             Err(e) => return self.fail_batch(chunks, e),
@@ -716,11 +765,15 @@ impl EngineLoop {
         }
         self.stats.steps_total += 1;
         self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+        Ok(())
     }
 
-    /// A batch the executor did not run: a bug of ours in that batch, so its requests fail and
-    /// the engine keeps serving.
-    fn fail_batch(&mut self, chunks: &[ScheduledChunk], e: ModelError) {
+    /// A batch the executor did not run. Lost devices end serving (`Err`); any other error is a
+    /// bug of ours in that batch: its requests fail and the engine keeps serving.
+    fn fail_batch(&mut self, chunks: &[ScheduledChunk], e: ModelError) -> Result<(), DevicesLost> {
+        if let ModelError::Unavailable(why) = e {
+            return Err(DevicesLost(why));
+        }
         tracing::error!("forward pass failed: {e}");
         for c in chunks {
             if let Some(seq) = self.seqs.get(&c.id) {
@@ -728,6 +781,7 @@ impl EngineLoop {
             }
             self.release(c.id);
         }
+        Ok(())
     }
 
     /// Bookkeeping of admissions and preemptions.

@@ -98,6 +98,9 @@ pub enum RequestOutput {
     },
     /// The engine failed while running this request; the stream ends here.
     Failed(String),
+    /// The devices can no longer run the model (a GPU was lost or a collective hung); the
+    /// stream ends here and the engine refuses every later request. Holds the executor's reason.
+    Unavailable(String),
 }
 
 /// Why the engine refused a request.

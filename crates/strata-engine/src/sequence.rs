@@ -157,6 +157,11 @@ impl Sequence {
     pub fn fail(&self, message: &str) {
         let _ = self.tx.send(RequestOutput::Failed(message.to_string()));
     }
+
+    /// Ends the stream because the devices can no longer run the model.
+    pub fn unavailable(&self, why: &str) {
+        let _ = self.tx.send(RequestOutput::Unavailable(why.to_string()));
+    }
 }
 
 /// Output text of one sequence: incremental decoding, and stop strings found across token

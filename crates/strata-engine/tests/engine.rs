@@ -1,5 +1,5 @@
 //! The engine on the real default model: continuous batching, chunked prefill, preemption, aborts,
-//! sampling, stop strings and pipelined executors, checked against requests run alone.
+//! sampling, stop strings, pipelined executors and lost devices, checked against requests run alone.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -548,4 +548,124 @@ fn preemption_on_a_pipeline_never_takes_the_blocks_of_a_batch_in_flight() {
     }
     assert!(pipelined.wait_idle(Duration::from_secs(10)));
     assert_eq!(pipelined.stats().kv_blocks_used, 0);
+}
+
+/// Which executor call loses the devices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Call {
+    Forward,
+    Submit,
+    Collect,
+}
+
+const LOST_GPU: &str = "tensor-parallel all-reduce over GPUs 0,1 did not finish within 30 s (step 17): \
+                        GPU 1 stopped responding; communicators aborted";
+
+/// An executor whose devices are lost at the `fail_at`-th call of `call` (counting from 1); from
+/// then on every call is refused, as a real one refuses after a fatal error.
+struct LosesDevices {
+    inner: Box<dyn Executor>,
+    call: Call,
+    fail_at: usize,
+    calls: usize,
+    lost: bool,
+}
+
+impl LosesDevices {
+    fn check(&mut self, call: Call) -> Result<(), ModelError> {
+        if call == self.call {
+            self.calls += 1;
+            self.lost |= self.calls >= self.fail_at;
+        }
+        if self.lost {
+            return Err(ModelError::Unavailable(LOST_GPU.into()));
+        }
+        Ok(())
+    }
+}
+
+impl Executor for LosesDevices {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.check(Call::Forward)?;
+        self.inner.forward(batch)
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.inner.kv_layout()
+    }
+
+    fn device(&self) -> String {
+        self.inner.device()
+    }
+
+    fn pipeline_depth(&self) -> usize {
+        self.inner.pipeline_depth()
+    }
+
+    fn submit(&mut self, batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+        self.check(Call::Submit)?;
+        self.inner.submit(batch)
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        self.check(Call::Collect)?;
+        self.inner.collect()
+    }
+}
+
+#[test]
+fn lost_devices_end_every_request_as_unavailable_and_the_engine_refuses_new_ones() {
+    for (depth, call) in [(1, Call::Forward), (2, Call::Submit), (2, Call::Collect)] {
+        // Two run at a time, so some requests are still waiting when the devices go.
+        let config = EngineConfig {
+            max_num_seqs: 2,
+            ..small_config()
+        };
+        let e = engine_on(config, |cpu| {
+            let inner: Box<dyn Executor> = match depth {
+                1 => Box::new(cpu),
+                _ => Box::new(PipelinedCpu::new(cpu, depth).0),
+            };
+            Box::new(LosesDevices {
+                inner,
+                call,
+                fail_at: 4,
+                calls: 0,
+                lost: false,
+            })
+        });
+        let streams: Vec<RequestStream> = (0..5)
+            .map(|i| {
+                let req = GenerationRequest {
+                    ignore_eos: true,
+                    ..GenerationRequest::greedy(prompt(&e, &format!("Request {i} says")), 50)
+                };
+                e.submit(req).expect("submit")
+            })
+            .collect();
+        for (i, mut s) in streams.into_iter().enumerate() {
+            let mut last = None;
+            while let Some(out) = s.blocking_next() {
+                last = Some(out);
+            }
+            assert!(
+                matches!(&last, Some(RequestOutput::Unavailable(why)) if why == LOST_GPU),
+                "depth {depth}, {call:?}: request {i} ended with {last:?}"
+            );
+        }
+        assert_eq!(e.death().as_deref(), Some(LOST_GPU), "depth {depth}, {call:?}");
+        assert!(!e.is_alive());
+        assert!(matches!(
+            e.submit(GenerationRequest::greedy(prompt(&e, "Anyone there?"), 4)),
+            Err(SubmitError::EngineDead(why)) if why.contains("GPU 1 stopped responding")
+        ));
+        let stats = e.stats();
+        assert_eq!((stats.running, stats.waiting, stats.kv_blocks_used), (0, 0, 0));
+        e.shutdown();
+        assert_eq!(e.death().as_deref(), Some(LOST_GPU), "shutting down keeps the reason");
+    }
 }

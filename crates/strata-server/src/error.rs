@@ -55,7 +55,8 @@ pub enum GenerationErrors {
     /// The engine failed while generating.
     #[response(status = 500)]
     EngineFailed(ErrorResponse),
-    /// The engine is not running, or the server is shutting down.
+    /// The engine is not running (its devices can no longer run the model, or it stopped), or
+    /// the server is shutting down.
     #[response(status = 503)]
     Unavailable(ErrorResponse),
 }
@@ -150,7 +151,7 @@ impl ApiError {
         }
     }
 
-    /// 503 while the engine is not running.
+    /// 503 while the engine is not running (also once its devices were lost: `why` says how).
     pub fn engine_unavailable(why: &str) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -97,6 +97,7 @@ async fn collect_one(state: Arc<AppState>, mut s: Submitted, arrival: Instant) -
                 });
             }
             RequestOutput::Failed(why) => return Err(ApiError::engine_failed(&why)),
+            RequestOutput::Unavailable(why) => return Err(ApiError::engine_unavailable(&why)),
         }
     }
     Err(ApiError::engine_failed(
@@ -335,16 +336,20 @@ impl<F: ChunkFormat> ChunkStream<F> {
                 self.usages.push((index, usage));
                 self.pending.push_back(self.format.finish(index, reason, stop_string));
             }
-            RequestOutput::Failed(why) => {
-                let body = ApiError::engine_failed(&why).body();
-                self.pending
-                    .push_back(serde_json::to_string(&body).unwrap_or_else(|_| "{}".into()));
-                self.pending.push_back("[DONE]".into());
-                // Dropping the other choices' streams aborts them.
-                self.merged = SelectAll::new();
-                self.done = true;
-            }
+            RequestOutput::Failed(why) => self.end_with(ApiError::engine_failed(&why)),
+            RequestOutput::Unavailable(why) => self.end_with(ApiError::engine_unavailable(&why)),
         }
+    }
+
+    /// Ends the whole stream with an error event and `[DONE]`.
+    fn end_with(&mut self, error: ApiError) {
+        let body = error.body();
+        self.pending
+            .push_back(serde_json::to_string(&body).unwrap_or_else(|_| "{}".into()));
+        self.pending.push_back("[DONE]".into());
+        // Dropping the other choices' streams aborts them.
+        self.merged = SelectAll::new();
+        self.done = true;
     }
 }
 

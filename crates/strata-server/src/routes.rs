@@ -52,7 +52,8 @@ pub async fn get_model(
     Ok(Json(model_card(&state)))
 }
 
-/// 200 while the engine runs, 503 once it has stopped. Needs no API key.
+/// 200 while the engine runs, 503 with the reason once it has stopped (e.g. its GPUs were lost).
+/// Needs no API key.
 #[utoipa::path(get, path = "/health", tag = "operations",
     responses((status = 200, body = HealthResponse), (status = 503, body = ErrorResponse)))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Result<Json<HealthResponse>, ApiError> {
