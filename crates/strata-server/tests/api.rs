@@ -5,8 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_error, server_config, TestServer, MODEL};
+use common::{assert_error, default_model, engine_config, server_config, stream, TestServer, MODEL};
 use serde_json::{json, Value};
+use strata_engine::{cpu_executor, EngineHandle};
+use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
 use strata_server::ServerConfig;
 
 fn chat(content: &str, extra: Value) -> Value {
@@ -599,4 +601,96 @@ async fn a_dead_engine_gives_503_and_unhealthy() {
     assert_eq!(r.status().as_u16(), 503);
     let (_, metrics) = s.get("/metrics").await;
     assert!(metrics.contains("strata_engine_alive 0"));
+}
+
+const LOST_GPU: &str = "tensor-parallel all-reduce over GPUs 0,1 did not finish within 30 s (step 17): \
+                        GPU 1 stopped responding; communicators aborted";
+
+/// The CPU executor with GPUs that are lost at its third forward pass: from then on it refuses
+/// every call, as a real one does after a fatal error.
+struct LosesDevices {
+    cpu: CpuExecutor,
+    forwards: usize,
+}
+
+impl Executor for LosesDevices {
+    fn config(&self) -> &ModelConfig {
+        self.cpu.config()
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.forwards += 1;
+        if self.forwards >= 3 {
+            return Err(ModelError::Unavailable(LOST_GPU.into()));
+        }
+        self.cpu.forward(batch)
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.cpu.kv_layout()
+    }
+
+    fn device(&self) -> String {
+        "2 GPUs (a CPU that loses them)".into()
+    }
+}
+
+/// A server whose engine loses its GPUs at the third step.
+async fn server_losing_gpus() -> TestServer {
+    let model = default_model().await;
+    let config = engine_config();
+    let cpu = cpu_executor(model.transformer, &config).expect("the cache fits");
+    let executor = Box::new(LosesDevices { cpu, forwards: 0 });
+    let engine =
+        EngineHandle::start_with(executor, model.tokenizer, model.chat_template, config).expect("engine starts");
+    TestServer::serve(engine, server_config()).await
+}
+
+/// A 503 `service_unavailable` error that gives the executor's reason.
+fn assert_unavailable(status: u16, body: &Value) {
+    assert_error(status, body, 503, None);
+    assert_eq!(body["error"]["type"], "service_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(LOST_GPU), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_gpu_gives_503_with_the_reason_and_unhealthy() {
+    let s = server_losing_gpus().await;
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            &completion(json!("Once upon a time"), json!({"max_tokens": 8, "ignore_eos": true})),
+        )
+        .await;
+    assert_unavailable(status, &body);
+    let (status, body) = s.get("/health").await;
+    assert_unavailable(status, &serde_json::from_str(&body).unwrap());
+    // Later requests are refused at once, with the same reason.
+    let (status, body) = s
+        .post("/v1/chat/completions", &chat("hi", json!({"max_tokens": 2})))
+        .await;
+    assert_unavailable(status, &body);
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(metrics.contains("strata_engine_alive 0"));
+
+    // A stream that is running when the GPUs go ends with the error event, then [DONE].
+    let s = server_losing_gpus().await;
+    let events = stream(
+        &s,
+        "/v1/chat/completions",
+        &chat(
+            "Tell me a story",
+            json!({"max_tokens": 8, "ignore_eos": true, "stream": true}),
+        ),
+    )
+    .await
+    .all()
+    .await;
+    let data: Vec<&str> = events.iter().filter_map(|e| e.data.as_deref()).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{data:?}");
+    let error: Value = serde_json::from_str(data[data.len() - 2]).expect("the error event is JSON");
+    assert_unavailable(503, &error);
+    let (status, body) = s.get("/health").await;
+    assert_unavailable(status, &serde_json::from_str(&body).unwrap());
 }

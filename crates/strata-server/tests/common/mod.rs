@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use strata_engine::{EngineConfig, EngineHandle};
-use strata_model::loader::{default_model_path, load_model};
+use strata_model::loader::{default_model_path, load_model, LoadedModel};
 use strata_server::{ServerConfig, ServerError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -32,6 +32,15 @@ pub fn server_config() -> ServerConfig {
     }
 }
 
+/// The default model, loaded off the async threads.
+pub async fn default_model() -> LoadedModel {
+    let path = default_model_path();
+    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
+    tokio::task::spawn_blocking(move || load_model(&path, &|_, _| {}).expect("default model loads"))
+        .await
+        .expect("load task")
+}
+
 /// A running server.
 pub struct TestServer {
     pub base: String,
@@ -43,12 +52,13 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(engine_config: EngineConfig, config: ServerConfig) -> TestServer {
-        let path = default_model_path();
-        assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
-        let model = tokio::task::spawn_blocking(move || load_model(&path, &|_, _| {}).expect("default model loads"))
-            .await
-            .expect("load task");
+        let model = default_model().await;
         let engine = EngineHandle::start(model, engine_config).expect("engine starts");
+        Self::serve(engine, config).await
+    }
+
+    /// Serves a running engine.
+    pub async fn serve(engine: EngineHandle, config: ServerConfig) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("address"));
         let (stop, stopped) = oneshot::channel::<()>();
