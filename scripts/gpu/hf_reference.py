@@ -4,7 +4,9 @@
 greedy 64-token continuations and last-position logits of 3 prompts, from transformers' own
 forward pass on the same weights, in bf16 and again in float32.
 
-usage: hf_reference.py ARCH OUT_DIR TOKENIZER_DIR      (ARCH: llama3-8b | qwen2.5-7b)
+usage: hf_reference.py ARCH OUT_DIR TOKENIZER_DIR [--prompts-only]
+       (ARCH: llama3-8b | qwen2.5-7b | qwen2.5-32b; --prompts-only writes the prompts without
+       transformers' outputs, for speed runs of large models)
 """
 import json
 import os
@@ -30,6 +32,12 @@ ARCHS = {
         rope_theta=1000000.0, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
         bos_token_id=151643, eos_token_id=151645,
     ),
+    "qwen2.5-32b": dict(
+        model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=5120, intermediate_size=27648,
+        num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+        rope_theta=1000000.0, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        bos_token_id=151643, eos_token_id=151645,
+    ),
 }
 
 PROMPT_LENGTHS = [7, 23, 61]
@@ -52,6 +60,11 @@ def main():
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1000, 100000, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
     ref = {"arch": arch, "prompts": [], "note": "transformers " + __import__("transformers").__version__}
+    if "--prompts-only" in sys.argv:
+        ref["prompts"] = [{"ids": ids} for ids in prompts]
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump(ref, f)
+        return
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids], device="cuda")

@@ -1,5 +1,5 @@
-//! `strata bench-gpu`: one model on one GPU through the engine: TTFT of a long prompt,
-//! single-stream decode against the memory roofline, and throughput at many concurrent requests.
+//! `strata bench-gpu`: one model through the engine on one GPU or a TP/PP layout: TTFT of a long
+//! prompt, single-stream decode against the memory roofline, and throughput at many concurrent requests.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,9 +18,18 @@ pub struct BenchGpuArgs {
     /// A GGUF file or a Hugging Face checkpoint directory (default: the SmolLM2 file).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// GPU index.
+    /// GPU index (one GPU, unless a layout flag below is given).
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Run over every visible GPU as the planner lays them out.
+    #[arg(long)]
+    pub plan: bool,
+    /// Force this many GPUs per pipeline stage (tensor parallel).
+    #[arg(long, visible_alias = "tp")]
+    pub tensor_parallel_size: Option<usize>,
+    /// Force this many pipeline stages.
+    #[arg(long, visible_alias = "pp")]
+    pub pipeline_parallel_size: Option<usize>,
     /// Prompt tokens of every request.
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -68,6 +77,8 @@ struct Level {
 struct Report {
     model: String,
     gpu: String,
+    /// "one GPU", "planned", or the forced TP/PP sizes.
+    layout: String,
     copy_bandwidth_gb_s: f64,
     weight_bytes: u64,
     decode_roofline_tok_s: f64,
@@ -97,6 +108,11 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
     let mut report = Report {
         model: path.display().to_string(),
         gpu: gpu_name,
+        layout: match (args.plan, args.tensor_parallel_size, args.pipeline_parallel_size) {
+            (_, None, None) if !args.plan => format!("one GPU ({})", args.gpu),
+            (_, None, None) => "planned over every GPU".into(),
+            (_, tp, pp) => format!("forced TP {} x PP {}", tp.unwrap_or(1), pp.unwrap_or(1)),
+        },
         copy_bandwidth_gb_s: bandwidth,
         cuda_graphs: !args.enforce_eager,
         ..Default::default()
@@ -186,9 +202,10 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
         engine.shutdown();
     }
     println!(
-        "model {} on {} | copy bandwidth {:.0} GB/s | weights {:.2} GB",
+        "model {} on {} ({}) | copy bandwidth {:.0} GB/s per GPU | weights {:.2} GB",
         report.model,
         report.gpu,
+        report.layout,
         bandwidth,
         report.weight_bytes as f64 / 1e9
     );
@@ -239,10 +256,22 @@ fn start(
         kv_cache_dtype: dtype,
         ..Default::default()
     };
+    let multi = args.plan || args.tensor_parallel_size.is_some() || args.pipeline_parallel_size.is_some();
     let dev = crate::device::DeviceArgs {
-        device: crate::device::Device::Cuda(args.gpu),
+        device: if multi {
+            crate::device::Device::Gpus
+        } else {
+            crate::device::Device::Cuda(args.gpu)
+        },
+        tensor_parallel_size: args.tensor_parallel_size,
+        pipeline_parallel_size: args.pipeline_parallel_size,
         gpu_memory_utilization: args.gpu_memory_utilization,
         enforce_eager: args.enforce_eager,
+        ..Default::default()
     };
-    crate::device::start_gpu(model, config, args.gpu, &dev)
+    if multi {
+        crate::device::start_planned(model, config, &dev)
+    } else {
+        crate::device::start_gpu(model, config, args.gpu, &dev)
+    }
 }

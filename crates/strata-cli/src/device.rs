@@ -1,5 +1,5 @@
-//! Where the model runs: `--device auto|cpu|cuda[:N]` and the GPU flags, and starting the engine
-//! on that device. `auto` takes GPU 0 when one is usable and says why when it falls back to the CPU.
+//! Where the model runs: `--device auto|cpu|cuda[:N]`, the GPU and multi-GPU flags, and starting
+//! the engine there. `auto` and `cuda` plan over every visible GPU; `auto` says why it falls back to the CPU.
 
 use clap::Args;
 use strata_engine::{EngineConfig, EngineHandle};
@@ -10,6 +10,9 @@ use strata_model::loader::LoadedModel;
 pub enum Device {
     Auto,
     Cpu,
+    /// Every visible GPU, laid out by the planner (one GPU when it says so).
+    Gpus,
+    /// This one GPU.
     Cuda(usize),
 }
 
@@ -18,7 +21,7 @@ pub fn parse_device(s: &str) -> Result<Device, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "auto" => Ok(Device::Auto),
         "cpu" => Ok(Device::Cpu),
-        "cuda" | "gpu" => Ok(Device::Cuda(0)),
+        "cuda" | "gpu" => Ok(Device::Gpus),
         other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => Ok(Device::Cuda(n)),
             _ => Err(format!("unknown device {s:?}; use auto, cpu, cuda or cuda:N")),
@@ -29,9 +32,25 @@ pub fn parse_device(s: &str) -> Result<Device, String> {
 /// Device flags shared by `serve` and `run`.
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
-    /// Where to run: auto (GPU 0 when usable, else the CPU), cpu, cuda or cuda:N.
+    /// Where to run: auto (the GPUs when usable, else the CPU), cpu, cuda (every visible GPU, as
+    /// the planner lays them out) or cuda:N (that GPU only).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: Device,
+    /// GPUs per pipeline stage, each holding a slice of every layer's heads and MLP (vLLM's
+    /// flag); default: the planner's choice.
+    #[arg(long, visible_alias = "tp")]
+    pub tensor_parallel_size: Option<usize>,
+    /// Pipeline stages, each holding a range of layers (vLLM's flag); default: the planner's choice.
+    #[arg(long, visible_alias = "pp")]
+    pub pipeline_parallel_size: Option<usize>,
+    /// Seconds a multi-GPU step may take before strata aborts the NCCL communicators and fails
+    /// its requests with 503 instead of hanging (the first step gets 4x).
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    pub collective_timeout: f64,
+    /// Plan with the machine saved in FILE (`strata topo --measure --save FILE`) instead of
+    /// measuring the links at start.
+    #[arg(long, value_name = "FILE")]
+    pub topology: Option<std::path::PathBuf>,
     /// Fraction of GPU memory for weights, activations and KV cache together (GPU only).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
@@ -40,13 +59,31 @@ pub struct DeviceArgs {
     pub enforce_eager: bool,
 }
 
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds, e.g. 30")),
+    }
+}
+
 impl Default for DeviceArgs {
     fn default() -> Self {
         DeviceArgs {
             device: Device::Auto,
+            tensor_parallel_size: None,
+            pipeline_parallel_size: None,
+            collective_timeout: 30.0,
+            topology: None,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
         }
+    }
+}
+
+impl DeviceArgs {
+    /// GPUs asked for by --tensor-parallel-size x --pipeline-parallel-size (1 when not given).
+    fn forced_gpus(&self) -> usize {
+        self.tensor_parallel_size.unwrap_or(1) * self.pipeline_parallel_size.unwrap_or(1)
     }
 }
 
@@ -91,7 +128,7 @@ pub fn start_engine(
 ) -> anyhow::Result<EngineHandle> {
     match dev.device {
         Device::Cpu => start_cpu(model, config, steps),
-        Device::Auto | Device::Cuda(_) => start_gpu_or_cpu(model, config, dev, steps),
+        Device::Auto | Device::Gpus | Device::Cuda(_) => start_gpu_or_cpu(model, config, dev, steps),
     }
 }
 
@@ -108,7 +145,7 @@ fn start_gpu_or_cpu(
     dev: &DeviceArgs,
     steps: StepFlags,
 ) -> anyhow::Result<EngineHandle> {
-    if let Device::Cuda(_) = dev.device {
+    if matches!(dev.device, Device::Cuda(_) | Device::Gpus) {
         anyhow::bail!(
             "this strata was built without the `cuda` feature; rebuild with --features cuda or pass --device cpu"
         );
@@ -126,16 +163,13 @@ fn start_gpu_or_cpu(
     use strata_runtime::cuda::{libraries, CudaError, Gpu};
 
     let libs = libraries::search(&libraries::candidate_dirs());
-    let ordinal = match dev.device {
-        Device::Cuda(n) => n,
-        _ => 0,
-    };
+    let count = Gpu::count(&libs);
     // `auto` uses the GPU only when one answers; `cuda` insists.
     if dev.device == Device::Auto {
-        let why = match Gpu::count(&libs) {
+        let why = match &count {
             Ok(0) => Some("no CUDA GPU found".to_string()),
             Ok(_) => None,
-            Err(CudaError::NoDevice(why)) => Some(why),
+            Err(CudaError::NoDevice(why)) => Some(why.clone()),
             Err(e) => {
                 tracing::warn!("{e}");
                 Some(e.to_string())
@@ -147,7 +181,73 @@ fn start_gpu_or_cpu(
         }
     }
     steps.apply(&mut config, true);
-    Ok(start_gpu(model, config, ordinal, dev)?.0)
+    match dev.device {
+        Device::Cuda(ordinal) => {
+            if dev.forced_gpus() > 1 {
+                anyhow::bail!(
+                    "--device cuda:{ordinal} runs on that one GPU; use --device cuda with --tensor-parallel-size / --pipeline-parallel-size"
+                );
+            }
+            Ok(start_gpu(model, config, ordinal, dev)?.0)
+        }
+        _ if count.unwrap_or(0) > 1 || dev.forced_gpus() > 1 => Ok(start_planned(model, config, dev)?.0),
+        _ => Ok(start_gpu(model, config, 0, dev)?.0),
+    }
+}
+
+/// The GPU options of `config` and `dev` for GPU `ordinal`.
+#[cfg(feature = "cuda")]
+fn gpu_options(
+    model: &LoadedModel,
+    config: &EngineConfig,
+    ordinal: usize,
+    dev: &DeviceArgs,
+) -> strata_model::cuda::GpuOptions {
+    strata_model::cuda::GpuOptions {
+        ordinal,
+        gpu_memory_utilization: dev.gpu_memory_utilization,
+        kv_cache_dtype: config.kv_cache_dtype,
+        block_size: config.block_size,
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        max_num_seqs: config.max_num_seqs,
+        max_model_len: config.max_model_len.unwrap_or(model.transformer.config.max_position),
+        enforce_eager: dev.enforce_eager,
+    }
+}
+
+/// Plans the model over the visible GPUs (printing the plan and why), and starts the engine on
+/// the chosen layout: one GPU, or TP/PP workers. Also returns the bytes of the weight matrices.
+#[cfg(feature = "cuda")]
+pub fn start_planned(
+    model: LoadedModel,
+    config: EngineConfig,
+    dev: &DeviceArgs,
+) -> anyhow::Result<(EngineHandle, u64)> {
+    use strata_model::cuda::ParallelExecutor;
+    use strata_runtime::cuda::libraries;
+
+    let max_model_len = config.max_model_len.unwrap_or(model.transformer.config.max_position);
+    let layout = crate::plan::serving_layout(&model, max_model_len, config.max_num_seqs, config.kv_cache_dtype, dev)?;
+    if layout.gpus.len() == 1 {
+        return start_gpu(model, config, layout.gpus[0], dev);
+    }
+    let libs = libraries::search(&libraries::candidate_dirs());
+    let opts = gpu_options(&model, &config, 0, dev);
+    let LoadedModel {
+        transformer,
+        tokenizer,
+        chat_template,
+        ..
+    } = model;
+    let progress = crate::progress::bar("uploading to the GPUs");
+    let timeout = std::time::Duration::from_secs_f64(dev.collective_timeout);
+    let executor = ParallelExecutor::new(transformer, layout, &opts, timeout, &libs, &|d, t| {
+        progress.update(d, t)
+    })?;
+    progress.finish();
+    let weight_bytes = executor.weight_bytes();
+    let engine = EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)?;
+    Ok((engine, weight_bytes))
 }
 
 /// Starts the engine for `model` on GPU `ordinal` with `config`'s step sizes; also returns the
@@ -159,21 +259,11 @@ pub fn start_gpu(
     ordinal: usize,
     dev: &DeviceArgs,
 ) -> anyhow::Result<(EngineHandle, u64)> {
-    use strata_model::cuda::{GpuExecutor, GpuOptions};
+    use strata_model::cuda::GpuExecutor;
     use strata_runtime::cuda::libraries;
 
     let libs = libraries::search(&libraries::candidate_dirs());
-    let max_model_len = config.max_model_len.unwrap_or(model.transformer.config.max_position);
-    let opts = GpuOptions {
-        ordinal,
-        gpu_memory_utilization: dev.gpu_memory_utilization,
-        kv_cache_dtype: config.kv_cache_dtype,
-        block_size: config.block_size,
-        max_num_batched_tokens: config.max_num_batched_tokens,
-        max_num_seqs: config.max_num_seqs,
-        max_model_len,
-        enforce_eager: dev.enforce_eager,
-    };
+    let opts = gpu_options(&model, &config, ordinal, dev);
     let LoadedModel {
         transformer,
         tokenizer,
@@ -186,4 +276,31 @@ pub fn start_gpu(
     let weight_bytes = executor.weight_bytes();
     let engine = EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)?;
     Ok((engine, weight_bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_to_one_gpu_or_the_planned_set() {
+        assert_eq!(parse_device("cuda"), Ok(Device::Gpus));
+        assert_eq!(parse_device("GPU"), Ok(Device::Gpus));
+        assert_eq!(parse_device("cuda:1"), Ok(Device::Cuda(1)));
+        assert_eq!(parse_device("auto"), Ok(Device::Auto));
+        assert!(parse_device("cuda:x").unwrap_err().contains("cuda:N"));
+        assert_eq!(parse_seconds("2.5"), Ok(2.5));
+        assert!(parse_seconds("-1").is_err() && parse_seconds("inf").is_err());
+    }
+
+    #[test]
+    fn forced_layouts_count_their_gpus() {
+        let dev = DeviceArgs {
+            tensor_parallel_size: Some(2),
+            pipeline_parallel_size: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(dev.forced_gpus(), 4);
+        assert_eq!(DeviceArgs::default().forced_gpus(), 1);
+    }
 }

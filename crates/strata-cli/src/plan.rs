@@ -1,5 +1,5 @@
-//! `strata plan`: how a model would be spread over this machine's GPUs (TP, PP, layer ranges) and why.
-//! Takes vLLM's and llama.cpp's layout flags as overrides; prints a table with reasons, or JSON.
+//! `strata plan`: how a model would be spread over this machine's GPUs (TP, PP, layer ranges) and
+//! why, with vLLM's and llama.cpp's layout flags as overrides; and the plan `serve` starts with.
 
 use std::path::PathBuf;
 
@@ -100,4 +100,70 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<()> {
         print!("{}", strata_parallel::plan_report::render(&plan, &topology));
     }
     Ok(())
+}
+
+/// The layout `serve` runs `model` with on this machine's GPUs: the planner's choice (or the
+/// forced --tensor-parallel-size / --pipeline-parallel-size), printed with its reasons. The links
+/// are measured first unless --topology names a saved machine. Sets the NCCL environment the plan
+/// lists, where the user has not set it.
+#[cfg(feature = "cuda")]
+pub fn serving_layout(
+    model: &strata_model::loader::LoadedModel,
+    max_model_len: usize,
+    max_num_seqs: usize,
+    kv_dtype: strata_model::kv_cache::KvCacheDtype,
+    dev: &crate::device::DeviceArgs,
+) -> anyhow::Result<strata_model::cuda::ParallelLayout> {
+    let c = &model.transformer.config;
+    let mut topology = load_topology(dev.topology.as_ref())?;
+    if dev.topology.is_none() && topology.gpus.len() > 1 {
+        crate::topo::measure(&mut topology)?;
+    }
+    let dims = strata_parallel::model_shape::ModelDims {
+        n_layers: c.n_layers,
+        hidden: c.hidden,
+        intermediate: c.intermediate,
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+        vocab_size: c.vocab_size,
+        tied_embeddings: c.tied_embeddings,
+        qkv_bias: c.qkv_bias,
+    };
+    // The GPU backend holds every matrix in bf16.
+    let name = strata_model::loader::model_name(&model.path);
+    let shape = ModelShape::dense(&name, "bf16", dims, 16.0);
+    let flags = OverrideFlags {
+        tensor_parallel_size: dev.tensor_parallel_size,
+        pipeline_parallel_size: dev.pipeline_parallel_size,
+        ..Default::default()
+    };
+    let forced = flags.layout(topology.gpus.len())?;
+    let targets = Targets {
+        max_model_len,
+        // Enough KV for a few full-length sequences; the executor gives the KV cache all the rest.
+        max_num_seqs: max_num_seqs.min(4),
+        gpu_memory_utilization: dev.gpu_memory_utilization,
+        kv_cache_dtype: match kv_dtype {
+            strata_model::kv_cache::KvCacheDtype::Fp8E4m3 => KvCacheDtype::Fp8,
+            strata_model::kv_cache::KvCacheDtype::F32 => KvCacheDtype::Auto,
+        },
+    };
+    let plan = strata_parallel::plan(&shape, &topology, &targets, forced.as_ref())?;
+    eprint!("{}", strata_parallel::plan_report::render(&plan, &topology));
+    for s in &plan.nccl_env {
+        if std::env::var_os(&s.name).is_none() {
+            std::env::set_var(&s.name, &s.value);
+        }
+    }
+    let chosen = &plan.chosen;
+    Ok(strata_model::cuda::ParallelLayout {
+        tp: chosen.tp,
+        stages: chosen
+            .stages
+            .iter()
+            .map(|s| s.first_layer..s.first_layer + s.n_layers)
+            .collect(),
+        gpus: chosen.stages.iter().flat_map(|s| s.gpus.iter().copied()).collect(),
+    })
 }

@@ -51,12 +51,12 @@ pub fn topo(args: TopoArgs) -> anyhow::Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-fn measure(topology: &mut Topology) -> anyhow::Result<()> {
+pub fn measure(topology: &mut Topology) -> anyhow::Result<()> {
     strata_parallel::measure::measure(topology).context("measuring the links")
 }
 
 #[cfg(not(feature = "cuda"))]
-fn measure(_topology: &mut Topology) -> anyhow::Result<()> {
+pub fn measure(_topology: &mut Topology) -> anyhow::Result<()> {
     Err(anyhow::anyhow!("this strata was built without CUDA"))
         .context("--measure needs GPUs: rebuild with `cargo build --release --features cuda`")
 }

@@ -133,3 +133,42 @@ fn bad_arguments_get_an_error_not_a_panic() {
     let msg = one_line_error(&["run", "--model", m, "--prompt", "hi", "--max-tokens", "100000"]);
     assert!(msg.contains("exceeds the model's context"), "{msg}");
 }
+
+#[test]
+fn multi_gpu_flags_are_checked_with_a_way_out() {
+    let model = default_model();
+    let m = model.to_str().unwrap();
+    let msg = one_line_error(&[
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "hi",
+        "--device",
+        "cuda:0",
+        "--tensor-parallel-size",
+        "2",
+    ]);
+    assert!(
+        msg.contains("runs on that one GPU") && msg.contains("--device cuda with --tensor-parallel-size"),
+        "{msg}"
+    );
+    let out = strata()
+        .args(["run", "--model", m, "--prompt", "hi", "--collective-timeout", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success() && stderr.contains("positive number of seconds"),
+        "{stderr}"
+    );
+    let out = strata()
+        .args(["run", "--model", m, "--prompt", "hi", "--device", "gpu7"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success() && stderr.contains("use auto, cpu, cuda or cuda:N"),
+        "{stderr}"
+    );
+}

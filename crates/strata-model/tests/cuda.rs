@@ -2,6 +2,10 @@
 //! GPU the SmolLM2 logits match the CPU backend's, graphs and eager steps agree, and fp8 KV is measured.
 #![cfg(feature = "cuda")]
 
+mod gpu_common;
+
+use gpu_common::argmax;
+
 use strata_model::cuda::{GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
@@ -129,16 +133,6 @@ fn run_lockstep(execs: &mut [&mut dyn Executor], prompts: &[Vec<u32>], steps: us
         }
     }
     out
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// (max |a-b| / max |a|, mean |a-b|, top-1 agreements) over rows.

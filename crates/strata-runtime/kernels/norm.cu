@@ -1,5 +1,5 @@
 // RMSNorm over rows of the f32 residual stream into bf16 GEMM inputs, alone or fused with the
-// residual add of a bf16 projection output. One block per row.
+// residual add of an f32 projection output (f32 so tensor-parallel partial sums add exactly). One block per row.
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ weight,
                                     bf16* __restrict__ out, int n, float eps) {
@@ -12,15 +12,15 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 }
 
 // x += delta; out = rms_norm(x) * weight.
-extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __restrict__ delta,
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ delta,
                                         const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                         float eps) {
     const size_t r = blockIdx.x;
     float* xr = x + r * n;
-    const bf16* dr = delta + r * n;
+    const float* dr = delta + r * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xr[i] + bf2f(dr[i]);
+        float v = xr[i] + dr[i];
         xr[i] = v;
         ss += v * v;
     }
@@ -29,9 +29,9 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __res
 }
 
 // x += delta (the last layer's MLP output, before the final norm of only the rows with logits).
-extern "C" __global__ void add_residual(float* __restrict__ x, const bf16* __restrict__ delta, int n) {
+extern "C" __global__ void add_residual(float* __restrict__ x, const float* __restrict__ delta, int n) {
     const size_t r = blockIdx.x;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) x[r * n + i] += bf2f(delta[r * n + i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[r * n + i] += delta[r * n + i];
 }
 
 // out[i] = rms_norm(x[rows[i]]) * weight: the final norm of the rows whose logits are wanted.

@@ -2,7 +2,8 @@
 // samples itself, so only token ids, or only the rows that need them, cross the bus.
 
 // One block per row of bf16/f32 logits; ties go to the lowest id, as on the CPU.
-extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, u32* __restrict__ ids) {
+extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, u32* __restrict__ ids,
+                                       float* __restrict__ vals) {
     const float* row = logits + (size_t)blockIdx.x * vocab;
     float best = NEG_INF;
     int best_i = 0x7fffffff;
@@ -25,5 +26,6 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int voc
         for (int w = 1; w < (int)(blockDim.x >> 5); w++)
             if (sv[w] > best || (sv[w] == best && si[w] < best_i)) { best = sv[w]; best_i = si[w]; }
         ids[blockIdx.x] = best_i == 0x7fffffff ? 0u : (u32)best_i;
+        vals[blockIdx.x] = best;
     }
 }

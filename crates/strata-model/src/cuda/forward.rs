@@ -1,9 +1,9 @@
-//! The forward pass of a llama-family decoder on one GPU over a flat batch of sequences:
-//! bf16 weights and activations, f32 residual stream, paged attention, f32 logits.
+//! The forward pass of a llama-family decoder on one GPU (or its shard under TP/PP) over a flat
+//! batch of sequences: bf16 weights and activations, f32 residual stream, paged attention, f32 logits.
 
 use std::collections::HashMap;
 
-use strata_runtime::cuda::{CudaError, DeviceBuffer, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels};
+use strata_runtime::cuda::{Communicator, CudaError, DeviceBuffer, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels};
 use strata_runtime::kernel_args;
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
@@ -12,6 +12,7 @@ use crate::error::ModelError;
 use crate::kv_cache::KvCacheDtype;
 
 use super::kv_cache::GpuKvCache;
+use super::shard::Shard;
 use super::weights::GpuWeights;
 
 /// Most parts one token's attention context is split into (flash-decoding style).
@@ -76,13 +77,34 @@ struct StepBuffers {
     normed: DeviceBuffer,
     logits: DeviceBuffer,
     ids: DeviceBuffer,
+    /// The logit of each argmax (to merge the vocabulary slices of TP ranks).
+    vals: DeviceBuffer,
     part_acc: DeviceBuffer,
     part_ml: DeviceBuffer,
 }
 
-/// A model resident on one GPU with its KV cache.
+/// The communicators of a shard: its TP group's and its pipeline column's (rank = stage).
+#[derive(Default)]
+pub struct ShardComms {
+    pub tp: Option<Communicator>,
+    pub pp: Option<Communicator>,
+}
+
+/// The logits of one step on one GPU: whole rows cover this shard's vocabulary slice, and each
+/// argmax comes with its logit so the slices of TP ranks can be merged.
+pub struct ShardLogits {
+    pub logits: Logits,
+    pub argmax_values: Vec<f32>,
+}
+
+/// A model (or one GPU's shard of it) resident on one GPU with its KV cache.
 pub struct GpuTransformer {
+    /// The whole model's shape.
     pub config: ModelConfig,
+    /// The shapes this GPU computes with (see [`Shard::local_config`]).
+    pub local: ModelConfig,
+    pub shard: Shard,
+    pub comms: ShardComms,
     pub gpu: Gpu,
     pub weights: GpuWeights,
     pub kv: GpuKvCache,
@@ -105,6 +127,9 @@ pub struct GpuTransformer {
 
 impl Drop for GpuTransformer {
     fn drop(&mut self) {
+        // Graphs that captured NCCL operations hold references on their communicators, which
+        // destroy (and abort) wait for: the graphs go first.
+        self.graphs.clear();
         if let Some(p) = &self.profile {
             let mut rows: Vec<_> = p.borrow().iter().map(|(k, v)| (k.clone(), *v)).collect();
             rows.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
@@ -138,20 +163,23 @@ impl GpuTransformer {
     /// Builds the runtime state around uploaded weights and an allocated cache.
     pub fn new(
         config: ModelConfig,
+        shard: Shard,
+        comms: ShardComms,
         gpu: Gpu,
         weights: GpuWeights,
         kv: GpuKvCache,
         limits: StepLimits,
     ) -> Result<GpuTransformer, CudaError> {
+        let local = shard.local_config(&config);
         let spec = KernelSpec {
-            head_dim: config.head_dim,
-            group: config.n_heads / config.n_kv_heads.max(1),
+            head_dim: local.head_dim,
+            group: local.n_heads / local.n_kv_heads.max(1),
         };
         let kernels = Kernels::load(&gpu, spec)?;
         let gemm = Gemm::new(&gpu)?;
         let inv_freq = gpu.upload(&config.rope.inv_freq(), "the RoPE frequencies")?;
         let layout = InputLayout::new(&limits, kv.block_size);
-        let c = &config;
+        let c = &local;
         let t = limits.max_tokens;
         let width = c.q_dim() + 2 * c.kv_dim();
         let split_t = SPLIT_MAX_TOKENS.min(t);
@@ -161,17 +189,21 @@ impl GpuTransformer {
             xn: gpu.alloc(t * c.hidden * 2, "activations")?,
             qkv: gpu.alloc(t * width * 2, "activations")?,
             attn: gpu.alloc(t * c.q_dim() * 2, "activations")?,
-            proj: gpu.alloc(t * c.hidden * 2, "activations")?,
+            proj: gpu.alloc(t * c.hidden * 4, "activations")?,
             gate_up: gpu.alloc(t * 2 * c.intermediate * 2, "activations")?,
             act: gpu.alloc(t * c.intermediate * 2, "activations")?,
             normed: gpu.alloc(limits.logit_rows * c.hidden * 2, "activations")?,
             logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
             ids: gpu.alloc(limits.logit_rows * 4, "greedy token ids")?,
+            vals: gpu.alloc(limits.logit_rows * 4, "greedy token logits")?,
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
         };
         Ok(GpuTransformer {
             config,
+            local,
+            shard,
+            comms,
             gpu,
             weights,
             kv,
@@ -295,6 +327,12 @@ impl GpuTransformer {
 
     /// Runs the batch: appends every new token's K/V to the cache and returns the logits asked for.
     pub fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.forward_shard(batch).map(|l| l.logits)
+    }
+
+    /// [`Self::forward`] on this GPU's shard: only the last stage returns logits, over its
+    /// vocabulary slice (argmax ids are of the whole vocabulary).
+    pub fn forward_shard(&mut self, batch: &[SeqChunk]) -> Result<ShardLogits, ModelError> {
         self.validate(batch)?;
         let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.gpu.bind().map_err(gpu_err)?;
@@ -312,11 +350,9 @@ impl GpuTransformer {
         let padded = bucket.unwrap_or_else(|| batch.iter().map(|c| c.tokens.len()).sum());
         let plan = self.stage(batch, padded);
         if plan.tokens == 0 {
-            return Ok(Logits {
-                vocab: self.config.vocab_size,
-                ..Default::default()
-            });
+            return Ok(self.no_logits());
         }
+        let last = self.shard.is_last_stage();
         let l = self.layout;
         self.gpu
             .write(&self.bufs.inputs, 0, &self.host_inputs[..l.len])
@@ -324,15 +360,20 @@ impl GpuTransformer {
         match bucket {
             Some(b) => {
                 let parts = self.attention_parts(b);
+                let step = |m: &mut Self| {
+                    m.layers(b, parts)?;
+                    if last {
+                        m.logits_chunk(0, b)?;
+                    }
+                    Ok(())
+                };
                 if !self.use_graphs {
-                    self.layers(b, parts)
-                        .and_then(|_| self.logits_chunk(0, b))
-                        .map_err(gpu_err)?;
+                    step(self).map_err(gpu_err)?;
                 } else {
                     if !self.graphs.contains_key(&b) {
                         self.gpu.begin_capture().map_err(gpu_err)?;
                         self.capturing = true;
-                        let run = self.layers(b, parts).and_then(|_| self.logits_chunk(0, b));
+                        let run = step(self);
                         self.capturing = false;
                         let graph = self.gpu.end_capture();
                         run.map_err(gpu_err)?;
@@ -357,15 +398,16 @@ impl GpuTransformer {
         if t > SPLIT_MAX_TOKENS {
             return 1;
         }
-        let blocks = t * self.config.n_kv_heads;
+        let blocks = t * self.local.n_kv_heads;
         (4 * self.gpu.info.multiprocessors)
             .div_ceil(blocks.max(1))
             .clamp(1, MAX_PARTS)
     }
 
-    /// Embedding and every layer for the first `t` staged tokens; leaves the final residual in `x`.
+    /// Embedding (first stage) or the previous stage's residual, then this shard's layers for the
+    /// first `t` staged tokens; leaves the residual in `x` and hands it to the next stage.
     fn layers(&mut self, t: usize, parts: usize) -> Result<(), CudaError> {
-        let c = self.config.clone();
+        let c = self.local.clone();
         let l = self.layout;
         let inp = |off: usize| self.bufs.inputs.at(off * 4);
         let (tokens, positions, token_seq, slots, tables) = (
@@ -388,14 +430,25 @@ impl GpuTransformer {
             self.bufs.act.ptr(),
         );
         let grid_t = (t as u32, 1, 1);
-        let table = self.weights.token_embd.ptr();
-        self.launch(
-            "embedding_lookup",
-            grid_t,
-            ROW_THREADS,
-            0,
-            &mut kernel_args!(table, tokens, x, h),
-        )?;
+        let stage = self.shard_stage();
+        match (&self.weights.token_embd, self.shard.is_first_stage()) {
+            (Some(embd), true) => {
+                let table = embd.ptr();
+                let vocab = self.shard.vocab(&self.config);
+                let (v0, vn) = (vocab.start as i32, vocab.len() as i32);
+                self.launch(
+                    "embedding_lookup",
+                    grid_t,
+                    ROW_THREADS,
+                    0,
+                    &mut kernel_args!(table, tokens, x, h, v0, vn),
+                )?;
+                self.all_reduce(&self.bufs.x, t * c.hidden)?;
+            }
+            _ => self
+                .pp_comm()?
+                .recv_f32(&self.gpu, &self.bufs.x, t * c.hidden, stage - 1)?,
+        }
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let rot = c.rope.dim as i32;
         let neox = matches!(c.rope.layout, strata_runtime::cpu::ops::RopeLayout::Neox) as i32;
@@ -483,7 +536,8 @@ impl GpuTransformer {
                     &mut kernel_args!(part_acc, part_ml, attn, p),
                 )?;
             }
-            self.matmul(wo, attn, proj, (c.hidden, c.q_dim(), t), GemmOut::Bf16)?;
+            self.matmul(wo, attn, proj, (c.hidden, c.q_dim(), t), GemmOut::F32)?;
+            self.all_reduce(&self.bufs.proj, t * c.hidden)?;
             self.launch(
                 "add_rms_norm",
                 grid_t,
@@ -502,15 +556,45 @@ impl GpuTransformer {
                 0,
                 &mut kernel_args!(gate_up, act, inter32, total),
             )?;
-            self.matmul(wdown, act, proj, (c.hidden, c.intermediate, t), GemmOut::Bf16)?;
+            self.matmul(wdown, act, proj, (c.hidden, c.intermediate, t), GemmOut::F32)?;
+            self.all_reduce(&self.bufs.proj, t * c.hidden)?;
         }
-        self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))
+        self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))?;
+        if !self.shard.is_last_stage() {
+            self.pp_comm()?
+                .send_f32(&self.gpu, &self.bufs.x, t * c.hidden, stage + 1)?;
+        }
+        Ok(())
+    }
+
+    /// This shard's pipeline stage (its rank in the pipeline communicator).
+    fn shard_stage(&self) -> usize {
+        self.comms.pp.as_ref().map(|c| c.rank).unwrap_or(0)
+    }
+
+    fn pp_comm(&self) -> Result<&Communicator, CudaError> {
+        self.comms
+            .pp
+            .as_ref()
+            .ok_or_else(|| CudaError::NoDevice("a pipeline stage without its communicator".into()))
+    }
+
+    /// Sums `count` f32 values of `buf` over the TP group (nothing on one GPU).
+    fn all_reduce(&self, buf: &DeviceBuffer, count: usize) -> Result<(), CudaError> {
+        match &self.comms.tp {
+            Some(comm) => {
+                let t = self.profile_start()?;
+                comm.all_reduce_sum_f32(&self.gpu, buf, count)?;
+                self.profile_end(t, || "nccl all-reduce".to_string())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Final norm and LM head of logits rows `first..first + n` (at most `logit_rows`), into the
     /// logits buffer, plus their argmax.
     fn logits_chunk(&mut self, first: usize, n: usize) -> Result<(), CudaError> {
-        let c = &self.config;
+        let c = &self.local;
         let rows = self.bufs.inputs.at((self.layout.rows + first) * 4);
         let (x, norm, normed, logits) = (
             self.bufs.x.ptr(),
@@ -527,28 +611,50 @@ impl GpuTransformer {
             0,
             &mut kernel_args!(x, rows, norm, normed, h, eps),
         )?;
-        let lm = self.weights.lm_head().ptr();
+        let lm = match self.weights.lm_head() {
+            Some(b) => b.ptr(),
+            None => {
+                return Err(CudaError::NoDevice(
+                    "logits asked of a stage without the LM head".into(),
+                ))
+            }
+        };
         self.matmul(lm, normed, logits, (vocab, hidden, n), GemmOut::F32)?;
-        let (ids, v) = (self.bufs.ids.ptr(), vocab as i32);
+        let (ids, vals, v) = (self.bufs.ids.ptr(), self.bufs.vals.ptr(), vocab as i32);
         self.launch(
             "argmax_rows",
             (n as u32, 1, 1),
             ROW_THREADS,
             0,
-            &mut kernel_args!(logits, v, ids),
+            &mut kernel_args!(logits, v, ids, vals),
         )
     }
 
+    /// Empty logits of this shard's vocabulary width.
+    fn no_logits(&self) -> ShardLogits {
+        ShardLogits {
+            logits: Logits {
+                vocab: self.local.vocab_size,
+                ..Default::default()
+            },
+            argmax_values: Vec::new(),
+        }
+    }
+
     /// Copies the wanted results to the host: the argmax of argmax-only rows, whole rows of the
-    /// others (running the LM head in chunks unless a captured step already did).
-    fn collect_logits(&mut self, plan: &StepPlan, computed: bool) -> Result<Logits, CudaError> {
-        let vocab = self.config.vocab_size;
+    /// others (running the LM head in chunks unless a captured step already did). Stages other
+    /// than the last only wait for their work.
+    fn collect_logits(&mut self, plan: &StepPlan, computed: bool) -> Result<ShardLogits, CudaError> {
+        let mut out = self.no_logits();
+        if !self.shard.is_last_stage() {
+            self.gpu.sync()?;
+            return Ok(out);
+        }
+        let vocab = self.local.vocab_size;
+        let vocab_start = self.shard.vocab(&self.config).start as u32;
         let r = plan.rows.len();
         let mut ids = vec![0u32; r];
-        let mut out = Logits {
-            vocab,
-            ..Default::default()
-        };
+        let mut vals = vec![0f32; r];
         // A captured decode step computed one row per (padded) token, row j = token j, with the
         // real tokens first.
         let chunk = if computed { r.max(1) } else { self.limits.logit_rows };
@@ -559,15 +665,20 @@ impl GpuTransformer {
                 self.logits_chunk(first, n)?;
             }
             self.gpu.read(&self.bufs.ids, 0, &mut ids[first..first + n])?;
+            self.gpu.read(&self.bufs.vals, 0, &mut vals[first..first + n])?;
             for (j, &(seq, pos, _, whole)) in plan.rows.iter().enumerate().skip(first).take(n) {
                 if whole {
-                    let start = out.data.len();
-                    out.data.resize(start + vocab, 0.0);
-                    self.gpu
-                        .read(&self.bufs.logits, (j - first) * vocab * 4, &mut out.data[start..])?;
-                    out.rows.push((seq, pos));
+                    let start = out.logits.data.len();
+                    out.logits.data.resize(start + vocab, 0.0);
+                    self.gpu.read(
+                        &self.bufs.logits,
+                        (j - first) * vocab * 4,
+                        &mut out.logits.data[start..],
+                    )?;
+                    out.logits.rows.push((seq, pos));
                 } else {
-                    out.argmax.push((seq, ids[j]));
+                    out.logits.argmax.push((seq, vocab_start + ids[j]));
+                    out.argmax_values.push(vals[j]);
                 }
             }
             first += n;

@@ -3,6 +3,8 @@
 
 pub mod forward;
 pub mod kv_cache;
+pub mod parallel;
+pub mod shard;
 pub mod weights;
 
 use strata_runtime::cuda::libraries::LibrarySearch;
@@ -15,7 +17,9 @@ use crate::executor::{Executor, KvLayout};
 use crate::kv_cache::KvCacheDtype;
 use crate::transformer::Transformer;
 
-pub use forward::{GpuTransformer, StepLimits};
+pub use forward::{GpuTransformer, ShardComms, ShardLogits, StepLimits};
+pub use parallel::{ParallelExecutor, ParallelLayout};
+pub use shard::Shard;
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]
@@ -37,45 +41,56 @@ pub struct GpuExecutor {
     model: GpuTransformer,
 }
 
-impl GpuExecutor {
-    /// Uploads `transformer`'s weights to GPU `opts.ordinal`, measures the activation peak with a
-    /// full-budget forward pass, and gives the rest of the allowed memory to the KV cache.
-    pub fn new(
-        transformer: Transformer,
+/// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows.
+pub(crate) struct ProbedShard {
+    model: GpuTransformer,
+    /// KV blocks that fit in what is left.
+    pub blocks: usize,
+    budget: usize,
+    /// Weights, activations and workspaces.
+    used: usize,
+}
+
+impl ProbedShard {
+    /// Uploads `shard` of `transformer` to `gpu`, measures the activation peak with a full-budget
+    /// forward pass (every shard of a TP/PP group runs it together: it includes their
+    /// collectives), and works out how many KV blocks the rest of the allowed memory holds.
+    pub(crate) fn load(
+        gpu: Gpu,
+        transformer: &Transformer,
+        shard: Shard,
+        comms: ShardComms,
         opts: &GpuOptions,
-        libs: &LibrarySearch,
         progress: &dyn Fn(u64, u64),
-    ) -> Result<GpuExecutor, ModelError> {
-        let err = |e: CudaError| ModelError::Device(e.to_string());
+    ) -> Result<ProbedShard, ModelError> {
         let util = opts.gpu_memory_utilization;
         if !(util > 0.0 && util <= 1.0) {
             return Err(ModelError::Device(format!(
                 "--gpu-memory-utilization {util} must be in (0, 1]"
             )));
         }
-        let gpu = Gpu::open(opts.ordinal, libs).map_err(err)?;
         let c = transformer.config.clone();
-        let (free0, total) = gpu.memory().map_err(err)?;
+        let local = shard.local_config(&c);
+        let (free0, total) = gpu.memory().map_err(cuda)?;
         let budget = (total as f64 * util) as usize;
-        let weights = weights::GpuWeights::upload(&gpu, &c, &transformer.weights, progress).map_err(err)?;
-        drop(transformer);
+        let weights = weights::GpuWeights::upload(&gpu, &c, &shard, &transformer.weights, progress).map_err(cuda)?;
         let limits = StepLimits {
             max_tokens: opts.max_num_batched_tokens.max(opts.max_num_seqs),
             max_seqs: opts.max_num_seqs,
             max_model_len: opts.max_model_len,
             logit_rows: opts.max_num_seqs.max(64),
         };
-        // A one-block cache to profile the activation peak with; replaced below.
+        // A cache of one sequence to profile the activation peak with; replaced by `allocate`.
         let probe_kv = kv_cache::GpuKvCache::new(
             &gpu,
-            &c,
+            &local,
             opts.kv_cache_dtype,
             opts.block_size,
             limits.max_model_len.div_ceil(opts.block_size),
         )
-        .map_err(err)?;
+        .map_err(cuda)?;
         let probe_kv_bytes = probe_kv.memory_bytes();
-        let mut model = GpuTransformer::new(c.clone(), gpu, weights, probe_kv, limits).map_err(err)?;
+        let mut model = GpuTransformer::new(c, shard, comms, gpu, weights, probe_kv, limits).map_err(cuda)?;
         model.use_graphs = false;
         let probe_tokens = limits.max_tokens.min(limits.max_model_len);
         let probe = SeqChunk {
@@ -86,13 +101,10 @@ impl GpuExecutor {
             prompt_len: usize::MAX,
         };
         model.forward(std::slice::from_ref(&probe))?;
-        model.gpu.sync().map_err(err)?;
-        let (free1, _) = model.gpu.memory().map_err(err)?;
-        // What this executor holds besides the probe cache: weights, activations, workspaces.
+        model.gpu.sync().map_err(cuda)?;
+        let (free1, _) = model.gpu.memory().map_err(cuda)?;
         let used = (free0 - free1).saturating_sub(probe_kv_bytes);
-        let weight_bytes = model.weights.matrix_bytes as usize;
-        let per_token = kv_cache::bytes_per_token(&c, opts.kv_cache_dtype);
-        let per_block = per_token * opts.block_size;
+        let per_block = kv_cache::bytes_per_token(&local, opts.kv_cache_dtype) * opts.block_size;
         // Headroom for CUDA graphs and allocator slack.
         let reserve = 256 << 20;
         // This executor may use `budget` in all, and never more than is free (other processes
@@ -101,35 +113,83 @@ impl GpuExecutor {
         let avail = budget
             .saturating_sub(used + reserve)
             .min(free_now.saturating_sub(reserve));
-        let blocks = avail / per_block.max(1);
+        Ok(ProbedShard {
+            model,
+            blocks: avail / per_block.max(1),
+            budget,
+            used,
+        })
+    }
+
+    /// The error when `blocks` (this shard's, or the least of a group's) cannot hold one sequence.
+    pub(crate) fn check_fits(&self, blocks: usize, opts: &GpuOptions) -> Result<(), ModelError> {
         let need = opts.max_model_len.div_ceil(opts.block_size);
-        if blocks < need {
-            return Err(ModelError::Device(format!(
-                "not enough GPU memory for the KV cache: {:.1} GiB allowed (--gpu-memory-utilization {util}), weights {:.1} GiB, activations at --max-num-batched-tokens {} {:.1} GiB, leaving room for {} tokens but one --max-model-len {} sequence needs {}; lower --max-model-len or --max-num-batched-tokens, use --kv-cache-dtype fp8, or raise --gpu-memory-utilization",
-                budget as f64 / GIB,
-                weight_bytes as f64 / GIB,
-                opts.max_num_batched_tokens,
-                used.saturating_sub(weight_bytes) as f64 / GIB,
-                blocks * opts.block_size,
-                opts.max_model_len,
-                need * opts.block_size
-            )));
+        if blocks >= need {
+            return Ok(());
         }
-        model.kv =
-            kv_cache::GpuKvCache::new(&model.gpu, &c, opts.kv_cache_dtype, opts.block_size, blocks).map_err(err)?;
-        model.use_graphs = !opts.enforce_eager;
-        let kv_bytes = model.kv.memory_bytes();
-        tracing::info!(
-            "{}: weights {:.2} GiB, activations {:.2} GiB, KV cache {:.2} GiB = {} tokens ({:.1} sequences of {})",
-            model.gpu.info.name,
+        let weight_bytes = self.model.weights.matrix_bytes as usize;
+        Err(ModelError::Device(format!(
+            "not enough GPU memory for the KV cache on {}: {:.1} GiB allowed (--gpu-memory-utilization {}), weights {:.1} GiB, activations at --max-num-batched-tokens {} {:.1} GiB, leaving room for {} tokens but one --max-model-len {} sequence needs {}; lower --max-model-len or --max-num-batched-tokens, use --kv-cache-dtype fp8, spread the model over more GPUs, or raise --gpu-memory-utilization",
+            self.model.gpu.info.name,
+            self.budget as f64 / GIB,
+            opts.gpu_memory_utilization,
             weight_bytes as f64 / GIB,
-            used.saturating_sub(weight_bytes) as f64 / GIB,
-            kv_bytes as f64 / GIB,
+            opts.max_num_batched_tokens,
+            self.used.saturating_sub(weight_bytes) as f64 / GIB,
+            blocks * opts.block_size,
+            opts.max_model_len,
+            need * opts.block_size
+        )))
+    }
+
+    /// Replaces the probe cache with one of `blocks` blocks and turns CUDA graphs on (unless
+    /// `--enforce-eager`).
+    pub(crate) fn allocate(self, blocks: usize, opts: &GpuOptions) -> Result<GpuTransformer, ModelError> {
+        self.check_fits(blocks, opts)?;
+        let mut model = self.model;
+        // Free the probe cache first.
+        model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, opts.kv_cache_dtype, opts.block_size, 0)
+            .map_err(cuda)?;
+        model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, opts.kv_cache_dtype, opts.block_size, blocks)
+            .map_err(cuda)?;
+        model.use_graphs = !opts.enforce_eager;
+        let weight_bytes = model.weights.matrix_bytes as usize;
+        tracing::info!(
+            "{} (GPU {}): weights {:.2} GiB, activations {:.2} GiB, KV cache {:.2} GiB = {} tokens ({:.1} sequences of {})",
+            model.gpu.info.name,
+            model.gpu.info.ordinal,
+            weight_bytes as f64 / GIB,
+            self.used.saturating_sub(weight_bytes) as f64 / GIB,
+            model.kv.memory_bytes() as f64 / GIB,
             blocks * opts.block_size,
             (blocks * opts.block_size) as f64 / opts.max_model_len as f64,
             opts.max_model_len
         );
-        Ok(GpuExecutor { model })
+        Ok(model)
+    }
+}
+
+fn cuda(e: CudaError) -> ModelError {
+    ModelError::Device(e.to_string())
+}
+
+impl GpuExecutor {
+    /// Uploads `transformer`'s weights to GPU `opts.ordinal`, measures the activation peak with a
+    /// full-budget forward pass, and gives the rest of the allowed memory to the KV cache.
+    pub fn new(
+        transformer: Transformer,
+        opts: &GpuOptions,
+        libs: &LibrarySearch,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<GpuExecutor, ModelError> {
+        let gpu = Gpu::open(opts.ordinal, libs).map_err(cuda)?;
+        let shard = Shard::whole(&transformer.config);
+        let probed = ProbedShard::load(gpu, &transformer, shard, ShardComms::default(), opts, progress)?;
+        drop(transformer);
+        let blocks = probed.blocks;
+        Ok(GpuExecutor {
+            model: probed.allocate(blocks, opts)?,
+        })
     }
 
     /// Bytes of all weight matrices (what one decode step reads).

@@ -1,5 +1,7 @@
-//! A model's weights on one GPU in bf16: fused QKV and gate/up matrices, f32 norms and biases.
-//! Quantized GGUF matrices are dequantized to bf16 at load (native quantized kernels come later).
+//! A model's weights on one GPU in bf16 (its shard under TP/PP): fused QKV and gate/up matrices,
+//! f32 norms and biases. Quantized GGUF matrices are dequantized to bf16 at load.
+
+use std::ops::Range;
 
 use half::bf16;
 use strata_formats::GgmlType;
@@ -7,6 +9,8 @@ use strata_runtime::cuda::{CudaError, DeviceBuffer, Gpu};
 
 use crate::config::ModelConfig;
 use crate::weights::{Linear, ModelWeights};
+
+use super::shard::Shard;
 
 /// One transformer block on the GPU.
 pub struct GpuLayer {
@@ -24,45 +28,92 @@ pub struct GpuLayer {
     pub w_down: DeviceBuffer,
 }
 
-/// All weights on the GPU.
+/// The weights one GPU holds (its [`Shard`]).
 pub struct GpuWeights {
-    pub token_embd: DeviceBuffer,
+    /// This rank's vocabulary rows of the embedding (first stage only).
+    pub token_embd: Option<DeviceBuffer>,
     pub output_norm: DeviceBuffer,
-    /// Shares the embedding's buffer when tied (then `None`).
+    /// This rank's vocabulary rows of the LM head (last stage only; `None` when tied to an
+    /// embedding held here).
     pub lm_head: Option<DeviceBuffer>,
+    /// This stage's layers.
     pub layers: Vec<GpuLayer>,
     /// Bytes of all matrices, what one decode step reads.
     pub matrix_bytes: u64,
 }
 
-impl GpuWeights {
-    /// The LM head matrix.
-    pub fn lm_head(&self) -> &DeviceBuffer {
-        self.lm_head.as_ref().unwrap_or(&self.token_embd)
+/// Rows `rows` and columns `cols` of one matrix.
+struct Part<'a> {
+    m: &'a Linear,
+    rows: Range<usize>,
+    cols: Range<usize>,
+}
+
+impl<'a> Part<'a> {
+    fn rows(m: &'a Linear, rows: Range<usize>) -> Self {
+        Part {
+            m,
+            rows,
+            cols: 0..m.cols,
+        }
     }
 
-    /// Uploads `w`; `progress(done, total)` reports matrices uploaded.
+    fn cols(m: &'a Linear, cols: Range<usize>) -> Self {
+        Part {
+            m,
+            rows: 0..m.rows,
+            cols,
+        }
+    }
+}
+
+impl GpuWeights {
+    /// The LM head matrix (last stage only).
+    pub fn lm_head(&self) -> Option<&DeviceBuffer> {
+        self.lm_head.as_ref().or(self.token_embd.as_ref())
+    }
+
+    /// Uploads this shard's part of `w`: query/KV heads and MLP columns of its TP rank, its
+    /// stage's layers, its vocabulary rows. `progress(done, total)` reports layers uploaded.
     pub fn upload(
         gpu: &Gpu,
         c: &ModelConfig,
+        shard: &Shard,
         w: &ModelWeights,
         progress: &dyn Fn(u64, u64),
     ) -> Result<GpuWeights, CudaError> {
-        let total = (w.layers.len() + 2) as u64;
-        let token_embd = upload_matrices(gpu, w, &[&w.token_embd], "the token embeddings")?;
+        let total = (shard.layers.len() + 2) as u64;
+        let vocab = shard.vocab(c);
         let tied = w.lm_head.info.name == w.token_embd.info.name;
-        let lm_head = if tied {
-            None
+        let token_embd = if shard.is_first_stage() || (tied && shard.is_last_stage()) {
+            let part = Part::rows(&w.token_embd, vocab.clone());
+            Some(upload_matrices(gpu, w, &[part], "the token embeddings")?)
         } else {
-            Some(upload_matrices(gpu, w, &[&w.lm_head], "the LM head")?)
+            None
+        };
+        let lm_head = if shard.is_last_stage() && !tied {
+            let part = Part::rows(&w.lm_head, vocab.clone());
+            Some(upload_matrices(gpu, w, &[part], "the LM head")?)
+        } else {
+            None
         };
         progress(1, total);
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for (i, l) in w.layers.iter().enumerate() {
+        let hd = c.head_dim;
+        let (q, kv, mlp) = (shard.q_heads(c), shard.kv_heads(c), shard.mlp(c));
+        let q_rows = q.start * hd..q.end * hd;
+        let kv_rows = kv.start * hd..kv.end * hd;
+        let mut layers = Vec::with_capacity(shard.layers.len());
+        for (n, i) in shard.layers.clone().enumerate() {
+            let l = &w.layers[i];
             let what = |s: &str| format!("layer {i} {s}");
             let bqkv = match (&l.bq, &l.bk, &l.bv) {
-                (Some(q), Some(k), Some(v)) => {
-                    let all: Vec<f32> = q.iter().chain(k).chain(v).copied().collect();
+                (Some(bq), Some(bk), Some(bv)) => {
+                    let all: Vec<f32> = bq[q_rows.clone()]
+                        .iter()
+                        .chain(&bk[kv_rows.clone()])
+                        .chain(&bv[kv_rows.clone()])
+                        .copied()
+                        .collect();
                     Some(gpu.upload(&all, &what("qkv bias"))?)
                 }
                 _ => None,
@@ -70,23 +121,36 @@ impl GpuWeights {
             let opt = |v: &Option<Vec<f32>>, s: &str| -> Result<Option<DeviceBuffer>, CudaError> {
                 v.as_ref().map(|v| gpu.upload(v, &what(s))).transpose()
             };
+            let qkv = [
+                Part::rows(&l.wq, q_rows.clone()),
+                Part::rows(&l.wk, kv_rows.clone()),
+                Part::rows(&l.wv, kv_rows.clone()),
+            ];
+            let gate_up = [Part::rows(&l.w_gate, mlp.clone()), Part::rows(&l.w_up, mlp.clone())];
             layers.push(GpuLayer {
                 attn_norm: gpu.upload(&l.attn_norm, &what("attention norm"))?,
-                wqkv: upload_matrices(gpu, w, &[&l.wq, &l.wk, &l.wv], &what("qkv"))?,
+                wqkv: upload_matrices(gpu, w, &qkv, &what("qkv"))?,
                 bqkv,
                 q_norm: opt(&l.q_norm, "q norm")?,
                 k_norm: opt(&l.k_norm, "k norm")?,
-                wo: upload_matrices(gpu, w, &[&l.wo], &what("attention output"))?,
+                wo: upload_matrices(gpu, w, &[Part::cols(&l.wo, q_rows.clone())], &what("attention output"))?,
                 ffn_norm: gpu.upload(&l.ffn_norm, &what("MLP norm"))?,
-                w_gate_up: upload_matrices(gpu, w, &[&l.w_gate, &l.w_up], &what("gate/up"))?,
-                w_down: upload_matrices(gpu, w, &[&l.w_down], &what("down"))?,
+                w_gate_up: upload_matrices(gpu, w, &gate_up, &what("gate/up"))?,
+                w_down: upload_matrices(gpu, w, &[Part::cols(&l.w_down, mlp.clone())], &what("down"))?,
             });
-            progress(i as u64 + 2, total);
+            progress(n as u64 + 2, total);
         }
+        let local = shard.local_config(c);
         let h = c.hidden as u64;
-        let per_layer =
-            (c.q_dim() as u64 + 2 * c.kv_dim() as u64) * h + c.q_dim() as u64 * h + 3 * c.intermediate as u64 * h;
-        let matrix_bytes = 2 * (per_layer * c.n_layers as u64 + c.vocab_size as u64 * h);
+        let per_layer = (local.q_dim() as u64 + 2 * local.kv_dim() as u64) * h
+            + local.q_dim() as u64 * h
+            + 3 * local.intermediate as u64 * h;
+        let vocab_bytes = if shard.is_last_stage() {
+            local.vocab_size as u64 * h
+        } else {
+            0
+        };
+        let matrix_bytes = 2 * (per_layer * local.n_layers as u64 + vocab_bytes);
         let out = GpuWeights {
             token_embd,
             output_norm: gpu.upload(&w.output_norm, "the output norm")?,
@@ -99,36 +163,42 @@ impl GpuWeights {
     }
 }
 
-/// Stacks the rows of `mats` (same column count) into one bf16 device matrix.
-fn upload_matrices(gpu: &Gpu, w: &ModelWeights, mats: &[&Linear], what: &str) -> Result<DeviceBuffer, CudaError> {
-    let cols = mats[0].cols;
-    let rows: usize = mats.iter().map(|m| m.rows).sum();
+/// Stacks the parts (same column count) into one bf16 device matrix.
+fn upload_matrices(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> Result<DeviceBuffer, CudaError> {
+    let cols = parts[0].cols.len();
+    let rows: usize = parts.iter().map(|p| p.rows.len()).sum();
     let buf = gpu.alloc(rows * cols * 2, what)?;
+    // Converted in slabs of rows to bound host memory.
+    let slab_rows = ((4 << 20) / cols.max(1)).max(1);
+    let mut slab = vec![bf16::ZERO; slab_rows * cols];
     let mut offset = 0usize;
-    for m in mats {
+    for p in parts {
+        let m = p.m;
         let bytes = w.arena.bytes(m);
-        if m.info.ty == GgmlType::BF16 {
-            gpu.write(&buf, offset, bytes)?;
-        } else {
-            // Dequantize in slabs of rows to bound host memory.
-            let slab_rows = (4 << 20) / cols.max(1);
-            let slab_rows = slab_rows.clamp(1, m.rows);
-            let mut f = vec![0.0f32; slab_rows * cols];
-            let mut h = vec![bf16::ZERO; slab_rows * cols];
-            let mut r = 0;
-            while r < m.rows {
-                let n = slab_rows.min(m.rows - r);
-                for i in 0..n {
-                    w.row_f32(m, r + i, &mut f[i * cols..(i + 1) * cols]);
+        let row_bytes = bytes.len() / m.rows.max(1);
+        let mut full = vec![0.0f32; m.cols];
+        let mut r = p.rows.start;
+        while r < p.rows.end {
+            let n = slab_rows.min(p.rows.end - r);
+            for i in 0..n {
+                let out = &mut slab[i * cols..(i + 1) * cols];
+                if m.info.ty == GgmlType::BF16 {
+                    let row = &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes];
+                    let src = &row[p.cols.start * 2..p.cols.end * 2];
+                    for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
+                        *d = bf16::from_le_bytes([s[0], s[1]]);
+                    }
+                } else {
+                    w.row_f32(m, r + i, &mut full);
+                    for (d, s) in out.iter_mut().zip(&full[p.cols.clone()]) {
+                        *d = bf16::from_f32(*s);
+                    }
                 }
-                for (d, s) in h[..n * cols].iter_mut().zip(&f[..n * cols]) {
-                    *d = bf16::from_f32(*s);
-                }
-                gpu.write(&buf, offset + r * cols * 2, &h[..n * cols])?;
-                r += n;
             }
+            gpu.write(&buf, offset, &slab[..n * cols])?;
+            offset += n * cols * 2;
+            r += n;
         }
-        offset += m.rows * cols * 2;
     }
     Ok(buf)
 }

@@ -5,10 +5,12 @@ pub mod device;
 pub mod gemm;
 pub mod kernels;
 pub mod libraries;
+pub mod nccl;
 
 pub use device::{DeviceBuffer, Gpu, GpuInfo, Graph};
 pub use gemm::{Gemm, GemmOut};
 pub use kernels::{KernelSpec, Kernels};
+pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 
 /// Why the CUDA backend cannot do something.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,9 @@ pub enum CudaError {
     /// A cuBLASLt call failed.
     #[error("cuBLASLt error in {op}: {err}")]
     Blas { op: &'static str, err: String },
+    /// An NCCL call failed.
+    #[error("NCCL error in {op}: {err}")]
+    Nccl { op: &'static str, err: String },
     /// Device memory ran out.
     #[error("out of GPU memory allocating {bytes} bytes for {what}: {err}")]
     OutOfMemory { what: String, bytes: usize, err: String },

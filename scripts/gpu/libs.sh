@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sourced by the GPU scripts: makes the CUDA and NCCL libraries loadable for strata's binaries and
+# test binaries (set $shim to a scratch folder first).
+# cudarc dlopens bare names (libcuda.so.1, libnccl.so): put every likely folder on the path,
+# including Python's site-packages/nvidia/*/lib, and give libnccl.so.2 the bare name it wants.
+libdirs=(/usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu)
+for d in /usr/local/lib/python3*/dist-packages/nvidia/*/lib /usr/lib/python3*/dist-packages/nvidia/*/lib \
+         /usr/local/lib/python3*/site-packages/nvidia/*/lib "$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib; do
+    [ -d "$d" ] && libdirs+=("$d")
+done
+if command -v python3 >/dev/null; then
+    for d in $(python3 -c 'import site,glob; [print(p) for s in site.getsitepackages() for p in glob.glob(s+"/nvidia/*/lib")]' 2>/dev/null); do
+        libdirs+=("$d")
+    done
+fi
+mkdir -p "$shim"
+for d in "${libdirs[@]}"; do
+    if [ ! -e "$shim/libnccl.so" ] && [ -e "$d/libnccl.so.2" ] && [ ! -e "$d/libnccl.so" ]; then
+        ln -s "$d/libnccl.so.2" "$shim/libnccl.so"
+    fi
+done
+LD_LIBRARY_PATH="$shim:$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Multi-GPU execution on the 2-GPU machine, one phase per device call (outputs in $OUT):
+#   correct  random Llama-3-8B (transformers): TP 2 and PP 2 against one GPU (greedy 64 tokens, logits),
+#            a stalled rank failing within the deadline, and a server whose rank stalls answering 503
+#   fast     topo --measure, plan, and bench-gpu of forced TP 2 (the plan here), PP 2 and one GPU (NVLink)
+#   slow     topo --measure, plan, and bench-gpu of the auto plan and forced TP 2 with NCCL over sockets
+#            (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
+#   seeds    Qwen2.5-32B-shaped random weights served under the auto plan; strata bench, 20 users, 512 in / 1024 out
+# Carries gpu-bin/ (strata.gz, multi-gpu-test.gz, tokenizers.tgz); no Rust toolchain, no network.
+set -u
+PHASE=${1:?phase: correct | fast | slow | seeds}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+shim=/tmp/strata-libshim
+source "$(dirname "$0")/libs.sh"
+for f in gpu-bin/*.gz; do gunzip -kf "$f"; done
+chmod +x gpu-bin/strata gpu-bin/multi-gpu-test
+[ -d gpu-bin/tokenizers ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin
+S=gpu-bin/strata
+CK=/root/ckpt
+L8=$CK/llama3-8b
+make_ckpt() { # ARCH DIR TOKENIZER
+    [ -f "$2/reference.json" ] || python3 scripts/gpu/hf_reference.py "$1" "$2" "gpu-bin/tokenizers/$3" --prompts-only 2>&1 | grep -v -i warn
+}
+# wait_up PORT: until /health answers 200 (or 240 s).
+wait_up() {
+    for _ in $(seq 480); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+        sleep 0.5
+    done
+    return 1
+}
+make_ckpt llama3-8b "$L8" llama3
+
+case $PHASE in
+correct)
+    echo "== TP 2 and PP 2 against one GPU; a stalled rank"
+    STRATA_HF_CHECKPOINTS=$L8 timeout 420 gpu-bin/multi-gpu-test --nocapture --test-threads=1 2>&1 |
+        tee "$OUT/multi_gpu_test.log" | grep -E "vs one GPU|after|test result|panicked|skipped|not applicable|assert"
+    echo "== server: rank 1 stops responding at step 40 (--collective-timeout 5)"
+    STRATA_FAULT_STALL=1:40 $S serve --model "$L8" --device cuda --tensor-parallel-size 2 --collective-timeout 5 \
+        --port 8031 --max-model-len 4096 > "$OUT/stall_serve.log" 2>&1 &
+    pid=$!
+    if wait_up 8031; then
+        t0=$(date +%s%N)
+        curl -s -o "$OUT/stall_completion.json" -w "%{http_code}\n" http://127.0.0.1:8031/v1/completions \
+            -H 'content-type: application/json' \
+            -d '{"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true}' > "$OUT/stall_status.txt"
+        t1=$(date +%s%N)
+        echo "completion: HTTP $(cat "$OUT/stall_status.txt") after $(( (t1 - t0) / 1000000 )) ms" | tee "$OUT/stall_summary.txt"
+        cat "$OUT/stall_completion.json"; echo
+        echo "health: HTTP $(curl -s -o "$OUT/stall_health.json" -w '%{http_code}' http://127.0.0.1:8031/health)" | tee -a "$OUT/stall_summary.txt"
+        cat "$OUT/stall_health.json"; echo
+        t0=$(date +%s%N)
+        echo "a later request: HTTP $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8031/v1/completions \
+            -H 'content-type: application/json' -d '{"prompt": "Hi", "max_tokens": 4}') after $(( ($(date +%s%N) - t0) / 1000000 )) ms" |
+            tee -a "$OUT/stall_summary.txt"
+    else
+        echo "server did not come up"; tail -20 "$OUT/stall_serve.log"
+    fi
+    kill $pid 2>/dev/null; sleep 3; kill -9 $pid 2>/dev/null
+    grep -E "ERROR|WARN|TP 2" "$OUT/stall_serve.log" | cut -c1-600 | head -8
+    ;;
+fast | slow)
+    [ "$PHASE" = slow ] && export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+    echo "== $PHASE link: topo --measure and the plan for the 8B"
+    $S topo --measure --save "$OUT/topology_$PHASE.json" > "$OUT/topo_$PHASE.txt" 2>&1
+    grep -E "all-reduce|GPU0|GPU1" "$OUT/topo_$PHASE.txt" | head -8
+    $S plan --model "$L8" --topology "$OUT/topology_$PHASE.json" > "$OUT/plan_$PHASE.txt" 2>&1
+    grep -iE "chosen|choice|->|TP|PP" "$OUT/plan_$PHASE.txt" | head -6
+    # On NVLink the plan is TP 2 (run as forced TP 2); over sockets it is run as --plan beside forced
+    # TP 2. One GPU uses no NCCL, so it runs once, with the fast link.
+    if [ -n "${LAYOUTS:-}" ]; then
+        read -r -a names <<< "$LAYOUTS"; layouts=()
+        for n in "${names[@]}"; do
+            case $n in tp2) layouts+=("tp2:--tensor-parallel-size 2");; pp2) layouts+=("pp2:--pipeline-parallel-size 2");;
+                       one) layouts+=("one:--gpu 0");; plan) layouts+=("plan:--plan");; esac
+        done
+    elif [ "$PHASE" = fast ]; then
+        layouts=("tp2:--tensor-parallel-size 2" "pp2:--pipeline-parallel-size 2" "one:--gpu 0")
+    else
+        layouts=("plan:--plan" "tp2:--tensor-parallel-size 2")
+    fi
+    for l in "${layouts[@]}"; do
+        name=${l%%:*}
+        echo "== bench-gpu $name ($PHASE link)"
+        # shellcheck disable=SC2086
+        timeout 170 $S bench-gpu --model "$L8" ${l#*:} --levels 1,16,20,64 --prompt-tokens 512 --output-tokens 1024 \
+            --decode-tokens 128 --kv-cache-dtypes auto --out "$OUT/bench_${PHASE}_$name.json" > "$OUT/bench_${PHASE}_$name.log" 2>&1
+        echo "exit $?"
+        grep -E "^model|single stream|^\| auto|GPU error|Error|error" "$OUT/bench_${PHASE}_$name.log" | cut -c1-400 | head -8
+    done
+    ;;
+seeds)
+    Q32=$CK/qwen2.5-32b
+    make_ckpt qwen2.5-32b "$Q32" qwen2.5
+    echo "== serve the 32B under the auto plan"
+    $S serve --model "$Q32" --device cuda --port 8032 --max-model-len 4096 > "$OUT/seeds_serve.log" 2>&1 &
+    pid=$!
+    if wait_up 8032; then
+        grep -iE "chosen|TP .* x PP|KV blocks" "$OUT/seeds_serve.log" | cut -c1-300 | head -6
+        timeout 300 $S bench --base-url http://127.0.0.1:8032 --endpoint completions --concurrency 20 --num-requests 40 \
+            --input-len 512 --output-len 1024 --ignore-eos --output "$OUT/seeds_bench.json" > "$OUT/seeds_bench.txt" 2>&1
+        echo "exit $?"
+        cat "$OUT/seeds_bench.txt" | tail -30
+    else
+        echo "server did not come up"; tail -30 "$OUT/seeds_serve.log"
+    fi
+    kill $pid 2>/dev/null; sleep 3; kill -9 $pid 2>/dev/null
+    ;;
+esac
