@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use crate::cost::{self, DECODE_BANDWIDTH_EFFICIENCY};
-use crate::planner::{Candidate, KvCacheDtype, Plan, Verdict, CONCURRENT_STREAMS, RUNTIME_OVERHEAD_BYTES};
+use crate::planner::{
+    Candidate, KvCacheDtype, Plan, Verdict, CONCURRENT_STREAMS, PER_STREAM_STEP_FRACTION, RUNTIME_OVERHEAD_BYTES,
+};
 use crate::topology::Topology;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -193,14 +195,16 @@ fn explanation(plan: &Plan, topology: &Topology) -> String {
     let measured = topology.links.iter().any(|l| l.measured_gbps.is_some()) || !topology.all_reduce.is_empty();
     format!(
         "how the estimate is made: decode is memory-bound, so each GPU streams its weights and the KV of its layers once per \
-         step at {:.0}% of its memory bandwidth ({}). TP splits that by the TP size and adds 2 all-reduces per layer \
+         step at {:.0}% of its memory bandwidth ({}), and each stream adds {:.1}% of a weight pass (attention and \
+         small GEMMs, measured on an H200). TP splits that by the TP size and adds 2 all-reduces per layer \
          (ring: 2(t-1) steps, each the slowest link's latency plus bytes/t over its bandwidth: NVLink 25 GB/s per link \
          and ~1.5 us, PCIe P2P ~25 GB/s (gen4 x16) and ~4 us, no P2P through host memory ~10 GB/s and 15-25 us). \
          PP adds one activation ({} bytes per token) per stage boundary; with many streams it runs one micro-batch per \
-         stage, so a step takes PP x the slowest stage. Layers are split in proportion to each stage's free memory. {}\
+         stage, so a step takes PP x the slowest stage at 1/PP of the streams. Layers are split in proportion to each stage's free memory. {}\
          The choice is the fastest layout with {CONCURRENT_STREAMS} streams that fits; layouts within 2% of it lose to fewer GPUs.",
         DECODE_BANDWIDTH_EFFICIENCY * 100.0,
         bandwidths.join(", "),
+        PER_STREAM_STEP_FRACTION * 100.0,
         plan.model.dims.hidden * 2,
         if measured {
             "Measured link bandwidths and all-reduce latencies from `strata topo --measure` replace the table values. "

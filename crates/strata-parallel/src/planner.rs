@@ -12,6 +12,11 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub const RUNTIME_OVERHEAD_BYTES: u64 = 1 << 30;
 /// The concurrency of the many-users estimate.
 pub const CONCURRENT_STREAMS: usize = 64;
+/// Work per decoding stream, as a fraction of one pass over the stage's weights: on an H200 a
+/// Llama-3-8B step costs 6.3 ms for 1 stream and 15.6 ms for 64 (0.148 ms a stream, 4.2% of the
+/// 3.55 ms weight pass). It is why pipeline stages, each running half the streams, raise
+/// throughput even when decode is memory-bound.
+pub const PER_STREAM_STEP_FRACTION: f64 = 0.042;
 /// Bytes of one activation element on the wire (bf16).
 const ACTIVATION_BYTES: u64 = 2;
 /// Layouts within this fraction of the fastest count as equal; then fewer GPUs win.
@@ -739,7 +744,10 @@ impl Timing<'_> {
             .map(|&g| cost::memory_bandwidth_gbps(&self.topology.gpus[g]).0)
             .fold(f64::INFINITY, f64::min)
             * DECODE_BANDWIDTH_EFFICIENCY;
-        let memory_us = (weights as f64 + kv) / (bandwidth_gbps * 1e3);
+        // Every stream adds work a pure weight stream does not count (attention, skinny GEMMs
+        // below their roofline): measured as ~4% of a weight pass per stream (bench/NOTES.md).
+        let memory_us =
+            (weights as f64 * (1.0 + PER_STREAM_STEP_FRACTION * streams as f64) + kv) / (bandwidth_gbps * 1e3);
         let message = self.model.dims.hidden as u64 * ACTIVATION_BYTES * streams as u64;
         let all_reduces = 2.0 * stage.n_layers as f64 * cost::all_reduce_us(self.topology, &stage.gpus, message);
         memory_us + all_reduces

@@ -193,3 +193,24 @@ fn the_refusal_names_the_changes_that_actually_fit() {
     // fp8 KV halves 128 GiB of KV: still too much, so it must not be offered.
     assert!(!message.contains("--kv-cache-dtype fp8"), "{message}");
 }
+
+/// The 2x H200 machine as `strata topo --measure` saw it, with NCCL's fast paths and with NCCL over
+/// sockets; on it one GPU, PP 2 and TP 2 were measured at 3,907 / 6,120 / 6,601 tokens/s with 64
+/// streams on NVLink and forced TP 2 at 1,399 over sockets (bench/results/multi_gpu_h200x2/).
+#[test]
+fn measured_h200s_rank_the_layouts_as_the_benchmark_did() {
+    let model = preset("llama-3-8b").unwrap();
+    let ms = |p: &Plan, tp: usize, pp: usize| {
+        p.candidates
+            .iter()
+            .find(|c| c.tp == tp && c.pp == pp)
+            .map(|c| c.concurrent_ms)
+            .unwrap()
+    };
+    let fast = auto(&model, &fixture("h200x2_nvlink_measured.json"));
+    assert_eq!((fast.chosen.tp, fast.chosen.pp), (2, 1), "{}", fast.chosen.describe());
+    assert!(ms(&fast, 2, 1) < ms(&fast, 1, 2) && ms(&fast, 1, 2) < ms(&fast, 1, 1));
+    let slow = auto(&model, &fixture("h200x2_sockets_measured.json"));
+    assert_eq!((slow.chosen.tp, slow.chosen.pp), (1, 2), "{}", slow.chosen.describe());
+    assert!(ms(&slow, 1, 2) < ms(&slow, 2, 1));
+}
