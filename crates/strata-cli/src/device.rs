@@ -233,20 +233,36 @@ pub fn start_planned(
     }
     let libs = libraries::search(&libraries::candidate_dirs());
     let opts = gpu_options(&model, &config, 0, dev);
+    let timeout = std::time::Duration::from_secs_f64(dev.collective_timeout);
+    start_uploaded(model, config, "uploading to the GPUs", |transformer, progress| {
+        let executor = ParallelExecutor::new(transformer, layout, &opts, timeout, &libs, progress)?;
+        let weight_bytes = executor.weight_bytes();
+        Ok((Box::new(executor), weight_bytes))
+    })
+}
+
+/// Uploads `model`'s weights with `upload` (under a progress bar titled `what`) and starts the
+/// engine on the executor it makes; also returns the bytes of the weight matrices.
+#[cfg(feature = "cuda")]
+fn start_uploaded(
+    model: LoadedModel,
+    config: EngineConfig,
+    what: &str,
+    upload: impl FnOnce(
+        strata_model::Transformer,
+        &dyn Fn(u64, u64),
+    ) -> Result<(Box<dyn strata_model::Executor>, u64), strata_model::ModelError>,
+) -> anyhow::Result<(EngineHandle, u64)> {
     let LoadedModel {
         transformer,
         tokenizer,
         chat_template,
         ..
     } = model;
-    let progress = crate::progress::bar("uploading to the GPUs");
-    let timeout = std::time::Duration::from_secs_f64(dev.collective_timeout);
-    let executor = ParallelExecutor::new(transformer, layout, &opts, timeout, &libs, &|d, t| {
-        progress.update(d, t)
-    })?;
+    let progress = crate::progress::bar(what);
+    let (executor, weight_bytes) = upload(transformer, &|d, t| progress.update(d, t))?;
     progress.finish();
-    let weight_bytes = executor.weight_bytes();
-    let engine = EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)?;
+    let engine = EngineHandle::start_with(executor, tokenizer, chat_template, config)?;
     Ok((engine, weight_bytes))
 }
 
@@ -264,18 +280,11 @@ pub fn start_gpu(
 
     let libs = libraries::search(&libraries::candidate_dirs());
     let opts = gpu_options(&model, &config, ordinal, dev);
-    let LoadedModel {
-        transformer,
-        tokenizer,
-        chat_template,
-        ..
-    } = model;
-    let progress = crate::progress::bar("uploading to the GPU");
-    let executor = GpuExecutor::new(transformer, &opts, &libs, &|d, t| progress.update(d, t))?;
-    progress.finish();
-    let weight_bytes = executor.weight_bytes();
-    let engine = EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)?;
-    Ok((engine, weight_bytes))
+    start_uploaded(model, config, "uploading to the GPU", |transformer, progress| {
+        let executor = GpuExecutor::new(transformer, &opts, &libs, progress)?;
+        let weight_bytes = executor.weight_bytes();
+        Ok((Box::new(executor), weight_bytes))
+    })
 }
 
 #[cfg(test)]

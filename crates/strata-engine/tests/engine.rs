@@ -420,19 +420,24 @@ impl Executor for PipelinedCpu {
     }
 }
 
+/// An engine on the CPU executor posing as a two-stage pipeline, and the log of its batches.
+fn two_stage_engine(config: EngineConfig) -> (EngineHandle, Arc<Mutex<PipelineLog>>) {
+    let mut log = None;
+    let engine = engine_on(config, |cpu| {
+        let (exec, l) = PipelinedCpu::new(cpu, 2);
+        log = Some(l);
+        Box::new(exec)
+    });
+    (engine, log.expect("the executor was built"))
+}
+
 #[test]
 fn a_two_stage_pipeline_alternates_two_batches_of_different_sequences_with_the_same_output() {
     let config = EngineConfig {
         enable_prefix_caching: false,
         ..small_config()
     };
-    let mut log = None;
-    let pipelined = engine_on(config.clone(), |cpu| {
-        let (exec, l) = PipelinedCpu::new(cpu, 2);
-        log = Some(l);
-        Box::new(exec)
-    });
-    let log = log.expect("the executor was built");
+    let (pipelined, log) = two_stage_engine(config.clone());
     let plain = engine(config);
     let reqs: Vec<GenerationRequest> = (0..8)
         .map(|i| GenerationRequest {
@@ -472,7 +477,7 @@ fn a_two_stage_pipeline_alternates_two_batches_of_different_sequences_with_the_s
 #[test]
 fn streams_dropped_while_their_batch_is_in_flight_are_skipped_when_it_returns() {
     let config = small_config();
-    let e = engine_on(config, |cpu| Box::new(PipelinedCpu::new(cpu, 2).0));
+    let (e, _) = two_stage_engine(config);
     let req = |text: &str| GenerationRequest {
         ignore_eos: true,
         ..GenerationRequest::greedy(prompt(&e, text), 500)
@@ -512,13 +517,7 @@ fn preemption_on_a_pipeline_never_takes_the_blocks_of_a_batch_in_flight() {
         enable_prefix_caching: false,
         ..small_config()
     };
-    let mut log = None;
-    let pipelined = engine_on(config.clone(), |cpu| {
-        let (exec, l) = PipelinedCpu::new(cpu, 2);
-        log = Some(l);
-        Box::new(exec)
-    });
-    let log = log.expect("the executor was built");
+    let (pipelined, log) = two_stage_engine(config.clone());
     let plain = engine(config);
     let reqs: Vec<GenerationRequest> = (0..8)
         .map(|i| GenerationRequest {

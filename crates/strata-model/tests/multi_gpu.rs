@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use strata_model::cuda::{GpuExecutor, GpuOptions, ParallelExecutor, ParallelLayout, Shard};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
-use strata_model::{Executor, LogitsWanted, ModelError, SeqChunk};
+use strata_model::{Executor, LogitsWanted, ModelConfig, ModelError, SeqChunk};
 use strata_runtime::cuda::libraries;
 
 const GREEDY_TOKENS: usize = 64;
@@ -146,9 +146,15 @@ fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn parallel(path: &Path, layout: ParallelLayout, timeout: Duration) -> Result<ParallelExecutor, ModelError> {
+/// The model at `path` spread as `layout` says for its shape.
+fn parallel(
+    path: &Path,
+    layout: impl FnOnce(&ModelConfig) -> ParallelLayout,
+    timeout: Duration,
+) -> Result<ParallelExecutor, ModelError> {
     let libs = libraries::search(&libraries::candidate_dirs());
     let model = load_model(path, &|_, _| {}).expect("model loads");
+    let layout = layout(&model.transformer.config);
     ParallelExecutor::new(model.transformer, layout, &options(), timeout, &libs, &|_, _| {})
 }
 
@@ -159,12 +165,12 @@ fn tensor_and_pipeline_parallel_match_one_gpu() {
     }
     let (path, prompts) = model_and_prompts();
     let libs = libraries::search(&libraries::candidate_dirs());
+    let model = load_model(&path, &|_, _| {}).expect("model loads");
+    let config = model.transformer.config.clone();
     let (want, want_logits) = {
-        let model = load_model(&path, &|_, _| {}).expect("model loads");
         let mut one = GpuExecutor::new(model.transformer, &options(), &libs, &|_, _| {}).expect("one GPU");
         greedy(&mut one, &prompts)
     };
-    let config = load_model(&path, &|_, _| {}).unwrap().transformer.config;
     let mut layouts = vec![("PP 2", ParallelLayout::even(config.n_layers, 1, 2))];
     match Shard::check_tp(&config, 2) {
         Ok(()) => layouts.push(("TP 2", ParallelLayout::even(config.n_layers, 2, 1))),
@@ -172,7 +178,7 @@ fn tensor_and_pipeline_parallel_match_one_gpu() {
         Err(msg) => eprintln!("TP 2 not applicable to this model: {msg}"),
     }
     for (name, layout) in layouts {
-        let mut exec = parallel(&path, layout, Duration::from_secs(30)).expect(name);
+        let mut exec = parallel(&path, |_| layout, Duration::from_secs(30)).expect(name);
         let (got, got_logits) = greedy(&mut exec, &prompts);
         let rel = max_rel(&want_logits, &got_logits);
         let same: Vec<usize> = want
@@ -208,8 +214,8 @@ fn a_stalled_rank_fails_the_step_within_the_deadline() {
     }
     let (path, prompts) = model_and_prompts();
     let deadline = Duration::from_secs(3);
-    let n_layers = load_model(&path, &|_, _| {}).unwrap().transformer.config.n_layers;
-    let mut exec = parallel(&path, ParallelLayout::even(n_layers, 1, 2), deadline).expect("PP 2 starts");
+    let pp2 = |c: &ModelConfig| ParallelLayout::even(c.n_layers, 1, 2);
+    let mut exec = parallel(&path, pp2, deadline).expect("PP 2 starts");
     let prompts = vec![prompts[0][..4].to_vec()];
     greedy(&mut exec, &prompts);
     exec.stall_worker(1, 0);

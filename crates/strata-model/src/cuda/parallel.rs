@@ -144,8 +144,12 @@ enum InitMsg {
     Comms(Vec<CommAbort>),
     /// Weights loaded and the activation peak measured: this many KV blocks fit.
     Probed(usize),
-    /// KV cache allocated: its bytes, and the weight matrices' bytes.
-    Ready { kv_bytes: usize, weight_bytes: u64 },
+    /// KV cache allocated: its bytes, the weight matrices' bytes, and the GPU's name.
+    Ready {
+        kv_bytes: usize,
+        weight_bytes: u64,
+        gpu_name: String,
+    },
 }
 
 /// A worker's result of one step: the last stage's logits, `None` from other stages.
@@ -297,7 +301,7 @@ impl ParallelExecutor {
             timeout: collective_timeout,
             failed: None,
         };
-        let show = |_: &()| {
+        let show = || {
             let (done, total) = upload.iter().fold((0, 0), |a, (d, t)| {
                 (a.0 + d.load(Ordering::Relaxed), a.1 + t.load(Ordering::Relaxed))
             });
@@ -306,19 +310,14 @@ impl ParallelExecutor {
         // Phase 1: communicators, weights and the activation probe on every worker.
         let since = Instant::now();
         let mut blocks = vec![None; n];
-        let mut comms_seen = 0;
         while blocks.iter().any(Option::is_none) {
-            show(&());
+            show();
             match exec.init_message(&init_rx, since)? {
-                Some((_, InitMsg::Comms(a))) => {
-                    exec.aborts.extend(a);
-                    comms_seen += 1;
-                }
+                Some((_, InitMsg::Comms(a))) => exec.aborts.extend(a),
                 Some((w, InitMsg::Probed(b))) => blocks[w] = Some(b),
                 Some((_, InitMsg::Ready { .. })) | None => {}
             }
         }
-        debug_assert!(comms_seen <= n);
         let least = blocks.iter().flatten().copied().min().unwrap_or(0);
         for tx in &allocs {
             let _ = tx.send(least);
@@ -326,17 +325,25 @@ impl ParallelExecutor {
         // Phase 2: every shard allocates the same number of KV blocks.
         let mut ready = 0;
         while ready < n {
-            if let Some((_, InitMsg::Ready { kv_bytes, weight_bytes })) = exec.init_message(&init_rx, since)? {
+            if let Some((
+                w,
+                InitMsg::Ready {
+                    kv_bytes,
+                    weight_bytes,
+                    gpu_name,
+                },
+            )) = exec.init_message(&init_rx, since)?
+            {
                 exec.kv.bytes += kv_bytes;
                 exec.weight_bytes += weight_bytes;
+                if w == 0 {
+                    exec.gpu_name = gpu_name;
+                }
                 ready += 1;
             }
         }
         progress(1, 1);
         exec.kv.blocks = least;
-        exec.gpu_name = Gpu::open(exec.layout.gpus[0], libs)
-            .map(|g| g.info.name.clone())
-            .unwrap_or_else(|_| "GPU".into());
         tracing::info!(
             "{}: {} KV blocks of {} tokens on every GPU; collective timeout {:.0} s",
             exec.layout.describe(),
@@ -720,6 +727,7 @@ impl WorkerContext {
             Ok(InitMsg::Ready {
                 kv_bytes: model.kv.memory_bytes(),
                 weight_bytes: model.weights.matrix_bytes,
+                gpu_name: model.gpu.info.name.clone(),
             }),
         ));
         Ok(Some(model))
