@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Multi-GPU execution on the 2-GPU machine, one phase per device call (outputs in $OUT):
 #   correct  random Llama-3-8B (transformers): TP 2 and PP 2 against one GPU (greedy 64 tokens, logits),
-#            a stalled rank failing within the deadline, and a server whose rank stalls answering 503
+#            with and without --deterministic (tests, then `strata run` on each layout), a stalled
+#            rank failing within the deadline, and then `stall`
+#   stall    a server whose rank stalls answering 503, and exiting cleanly on SIGTERM afterwards
 #   fast     topo --measure, plan, and bench-gpu of forced TP 2 (the plan here), PP 2 and one GPU (NVLink)
 #   slow     topo --measure, plan, and bench-gpu of the auto plan and forced TP 2 with NCCL over sockets
 #            (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
-#   seeds    Qwen2.5-32B-shaped random weights served under the auto plan; strata bench, 20 users, 512 in / 1024 out
+#   seeds    Qwen2.5-32B-shaped random weights served under the auto plan; strata bench, 20 users, 512 in / 1024 out:
+#            all 20 arriving at once (closed loop), and arriving as a Poisson stream capped at 20 in flight
 # Carries gpu-bin/ (strata.gz, multi-gpu-test.gz, tokenizers.tgz); no Rust toolchain, no network.
 set -u
-PHASE=${1:?phase: correct | fast | slow | seeds}
+PHASE=${1:?phase: correct | stall | fast | slow | seeds}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -37,7 +40,17 @@ case $PHASE in
 correct)
     echo "== TP 2 and PP 2 against one GPU; a stalled rank"
     STRATA_HF_CHECKPOINTS=$L8 timeout 420 gpu-bin/multi-gpu-test --nocapture --test-threads=1 2>&1 |
-        tee "$OUT/multi_gpu_test.log" | grep -E "vs one GPU|after|test result|panicked|skipped|not applicable|assert"
+        tee "$OUT/multi_gpu_test.log" | grep -E "vs one GPU|vs cuBLAS|after|test result|panicked|skipped|not applicable|assert"
+    echo "== strata run --deterministic on one GPU, TP 2 and PP 2: 64 greedy tokens each"
+    for l in "one:--device cuda:0" "tp2:--device cuda --tensor-parallel-size 2" "pp2:--device cuda --pipeline-parallel-size 2"; do
+        # shellcheck disable=SC2086
+        $S run --model "$L8" ${l#*:} --deterministic --prompt "The capital of France is" \
+            --max-tokens 64 --ignore-eos > "$OUT/deterministic_${l%%:*}.txt" 2> "$OUT/deterministic_${l%%:*}.err"
+        echo "${l%%:*}: exit $? $(md5sum < "$OUT/deterministic_${l%%:*}.txt" | cut -c1-12) $(grep -o '[0-9.]* tok/s' "$OUT/deterministic_${l%%:*}.err" | tail -1)"
+    done
+    bash "$0" stall
+    ;;
+stall)
     echo "== server: rank 1 stops responding at step 40 (--collective-timeout 5)"
     STRATA_FAULT_STALL=1:40 $S serve --model "$L8" --device cuda --tensor-parallel-size 2 --collective-timeout 5 \
         --port 8031 --max-model-len 4096 > "$OUT/stall_serve.log" 2>&1 &
@@ -59,8 +72,12 @@ correct)
     else
         echo "server did not come up"; tail -20 "$OUT/stall_serve.log"
     fi
-    kill $pid 2>/dev/null; sleep 3; kill -9 $pid 2>/dev/null
-    grep -E "ERROR|WARN|TP 2" "$OUT/stall_serve.log" | cut -c1-600 | head -8
+    kill $pid 2>/dev/null
+    for _ in $(seq 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+    kill -9 $pid 2>/dev/null
+    wait $pid
+    echo "server exit status after SIGTERM: $? (137: killed after 30 s)" | tee -a "$OUT/stall_summary.txt"
+    grep -E "ERROR|WARN|TP 2|stopped|SIGTERM" "$OUT/stall_serve.log" | cut -c1-300 | head -12
     ;;
 fast | slow)
     [ "$PHASE" = slow ] && export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
@@ -100,10 +117,18 @@ seeds)
     pid=$!
     if wait_up 8032; then
         grep -iE "chosen|TP .* x PP|KV blocks" "$OUT/seeds_serve.log" | cut -c1-300 | head -6
-        timeout 300 $S bench --base-url http://127.0.0.1:8032 --endpoint completions --concurrency 20 --num-requests 40 \
+        echo "== 20 users arriving together (closed loop, 40 requests)"
+        timeout 200 $S bench --base-url http://127.0.0.1:8032 --endpoint completions --concurrency 20 --num-requests 40 \
             --input-len 512 --output-len 1024 --ignore-eos --output "$OUT/seeds_bench.json" > "$OUT/seeds_bench.txt" 2>&1
         echo "exit $?"
-        cat "$OUT/seeds_bench.txt" | tail -30
+        tail -30 "$OUT/seeds_bench.txt"
+        # Requests last ~1024 steps (~12 s): 1.5 arrivals a second keep up to ~20 in flight (capped at 20).
+        echo "== 20 users arriving as a Poisson stream (${SEEDS_RATE:-1.5} req/s, at most 20 in flight)"
+        timeout 240 $S bench --base-url http://127.0.0.1:8032 --endpoint completions --concurrency 20 \
+            --request-rate "${SEEDS_RATE:-1.5}" --num-requests "${SEEDS_REQUESTS:-150}" --input-len 512 --output-len 1024 \
+            --ignore-eos --output "$OUT/seeds_poisson.json" > "$OUT/seeds_poisson.txt" 2>&1
+        echo "exit $?"
+        tail -30 "$OUT/seeds_poisson.txt"
     else
         echo "server did not come up"; tail -30 "$OUT/seeds_serve.log"
     fi

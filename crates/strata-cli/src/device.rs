@@ -57,6 +57,11 @@ pub struct DeviceArgs {
     /// Run every step eagerly: no CUDA graphs (GPU only; outputs are the same either way).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Sum every GPU matrix product in one fixed order, so greedy output is the same token for
+    /// token on one GPU, under tensor parallel and under pipeline parallel (slower; the CPU
+    /// backend always sums in a fixed order).
+    #[arg(long)]
+    pub deterministic: bool,
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -76,6 +81,7 @@ impl Default for DeviceArgs {
             topology: None,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
+            deterministic: false,
         }
     }
 }
@@ -212,6 +218,7 @@ fn gpu_options(
         max_num_seqs: config.max_num_seqs,
         max_model_len: config.max_model_len.unwrap_or(model.transformer.config.max_position),
         enforce_eager: dev.enforce_eager,
+        deterministic: dev.deterministic,
     }
 }
 

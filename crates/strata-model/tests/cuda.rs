@@ -61,7 +61,7 @@ fn kernel_limits_are_checked_before_compiling() {
 }
 
 /// The GPU executor for the default model, or `None` (with the reason printed) without a GPU.
-fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool) -> Option<GpuExecutor> {
+fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool, deterministic: bool) -> Option<GpuExecutor> {
     let libs = libraries::search(&libraries::candidate_dirs());
     match strata_runtime::cuda::Gpu::count(&libs) {
         Ok(n) if n > 0 => {}
@@ -84,6 +84,7 @@ fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool) -> Option<GpuExecutor>
         max_num_seqs: 16,
         max_model_len: 1024,
         enforce_eager,
+        deterministic,
     };
     Some(GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts"))
 }
@@ -151,11 +152,12 @@ fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64, usize) {
 
 #[test]
 fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
-    let Some(mut graphs) = gpu_executor(KvCacheDtype::F32, false) else {
+    let Some(mut graphs) = gpu_executor(KvCacheDtype::F32, false, false) else {
         return;
     };
-    let mut eager = gpu_executor(KvCacheDtype::F32, true).unwrap();
-    let mut fp8 = gpu_executor(KvCacheDtype::Fp8E4m3, false).unwrap();
+    let mut eager = gpu_executor(KvCacheDtype::F32, true, false).unwrap();
+    let mut fp8 = gpu_executor(KvCacheDtype::Fp8E4m3, false, false).unwrap();
+    let mut fixed_order = gpu_executor(KvCacheDtype::F32, false, true).unwrap();
     let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
@@ -163,7 +165,11 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         .collect();
     let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 2);
     let steps = 24;
-    let rows = run_lockstep(&mut [&mut cpu, &mut graphs, &mut eager, &mut fp8], &prompts, steps);
+    let rows = run_lockstep(
+        &mut [&mut cpu, &mut graphs, &mut eager, &mut fp8, &mut fixed_order],
+        &prompts,
+        steps,
+    );
     let (rel, mean, top1) = compare(&rows[0], &rows[1]);
     let n = rows[0].len();
     eprintln!("GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
@@ -181,6 +187,14 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     assert!(
         top8 * 100 >= n * 90,
         "fp8 KV changes top-1 on too many rows: {top8}/{n}"
+    );
+    // --deterministic's own GEMM kernel computes the same products as cuBLAS.
+    let (reld, meand, topd) = compare(&rows[0], &rows[4]);
+    eprintln!("deterministic GPU vs CPU: max rel {reld:.5}, mean abs {meand:.5}, top-1 equal {topd}/{n}");
+    assert!(reld < 0.05, "deterministic GPU logits differ from the CPU's by {reld}");
+    assert!(
+        topd * 100 >= n * 95,
+        "deterministic top-1 agrees on only {topd} of {n} rows"
     );
 }
 
@@ -255,6 +269,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 max_num_seqs: 4,
                 max_model_len: 256,
                 enforce_eager: false,
+                deterministic: false,
             };
             let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
             for (pi, p) in prompts.iter().enumerate() {

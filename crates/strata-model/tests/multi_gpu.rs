@@ -1,5 +1,5 @@
 //! Tensor and pipeline parallelism on real GPUs: PP=2 equals one GPU bit for bit, TP=2 within bf16
-//! noise, and a rank that stops responding fails the step within the deadline.
+//! noise (bit for bit with `--deterministic`), and a stalled rank fails the step within the deadline.
 #![cfg(feature = "cuda")]
 
 mod gpu_common;
@@ -41,7 +41,7 @@ fn two_gpus() -> bool {
     }
 }
 
-fn options() -> GpuOptions {
+fn options(deterministic: bool) -> GpuOptions {
     GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.45,
@@ -51,6 +51,7 @@ fn options() -> GpuOptions {
         max_num_seqs: 16,
         max_model_len: BLOCK * BLOCKS_PER_SEQ,
         enforce_eager: false,
+        deterministic,
     }
 }
 
@@ -150,12 +151,13 @@ fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 fn parallel(
     path: &Path,
     layout: impl FnOnce(&ModelConfig) -> ParallelLayout,
+    opts: &GpuOptions,
     timeout: Duration,
 ) -> Result<ParallelExecutor, ModelError> {
     let libs = libraries::search(&libraries::candidate_dirs());
     let model = load_model(path, &|_, _| {}).expect("model loads");
     let layout = layout(&model.transformer.config);
-    ParallelExecutor::new(model.transformer, layout, &options(), timeout, &libs, &|_, _| {})
+    ParallelExecutor::new(model.transformer, layout, opts, timeout, &libs, &|_, _| {})
 }
 
 #[test]
@@ -168,17 +170,11 @@ fn tensor_and_pipeline_parallel_match_one_gpu() {
     let model = load_model(&path, &|_, _| {}).expect("model loads");
     let config = model.transformer.config.clone();
     let (want, want_logits) = {
-        let mut one = GpuExecutor::new(model.transformer, &options(), &libs, &|_, _| {}).expect("one GPU");
+        let mut one = GpuExecutor::new(model.transformer, &options(false), &libs, &|_, _| {}).expect("one GPU");
         greedy(&mut one, &prompts)
     };
-    let mut layouts = vec![("PP 2", ParallelLayout::even(config.n_layers, 1, 2))];
-    match Shard::check_tp(&config, 2) {
-        Ok(()) => layouts.push(("TP 2", ParallelLayout::even(config.n_layers, 2, 1))),
-        // SmolLM2's 9 heads do not split in two: said clearly, and PP still runs.
-        Err(msg) => eprintln!("TP 2 not applicable to this model: {msg}"),
-    }
-    for (name, layout) in layouts {
-        let mut exec = parallel(&path, |_| layout, Duration::from_secs(30)).expect(name);
+    for (name, layout) in two_gpu_layouts(&config) {
+        let mut exec = parallel(&path, |_| layout, &options(false), Duration::from_secs(30)).expect(name);
         let (got, got_logits) = greedy(&mut exec, &prompts);
         let rel = max_rel(&want_logits, &got_logits);
         let same: Vec<usize> = want
@@ -207,6 +203,53 @@ fn tensor_and_pipeline_parallel_match_one_gpu() {
     }
 }
 
+/// The layouts a two-GPU machine can run for `config`, by name.
+fn two_gpu_layouts(config: &ModelConfig) -> Vec<(&'static str, ParallelLayout)> {
+    let mut layouts = vec![("PP 2", ParallelLayout::even(config.n_layers, 1, 2))];
+    match Shard::check_tp(config, 2) {
+        Ok(()) => layouts.push(("TP 2", ParallelLayout::even(config.n_layers, 2, 1))),
+        // SmolLM2's 9 heads do not split in two: said clearly, and PP still runs.
+        Err(msg) => eprintln!("TP 2 not applicable to this model: {msg}"),
+    }
+    layouts
+}
+
+#[test]
+fn deterministic_mode_gives_one_gpus_answers_under_every_layout() {
+    if !two_gpus() {
+        return;
+    }
+    let (path, prompts) = model_and_prompts();
+    let libs = libraries::search(&libraries::candidate_dirs());
+    let model = load_model(&path, &|_, _| {}).expect("model loads");
+    let config = model.transformer.config.clone();
+    let (want, want_logits) = {
+        let mut one = GpuExecutor::new(model.transformer, &options(true), &libs, &|_, _| {}).expect("one GPU");
+        greedy(&mut one, &prompts)
+    };
+    // The fixed-order kernel computes the same products as cuBLAS: within bf16 noise of it.
+    let (_, cublas_logits) = {
+        let model = load_model(&path, &|_, _| {}).expect("model loads");
+        let mut one = GpuExecutor::new(model.transformer, &options(false), &libs, &|_, _| {}).expect("one GPU");
+        greedy(&mut one, &prompts)
+    };
+    let rel = max_rel(&cublas_logits, &want_logits);
+    eprintln!("deterministic vs cuBLAS on one GPU: first-step logits max rel {rel:.2e}");
+    assert!(rel < 0.06, "fixed-order GEMMs differ from cuBLAS by {rel} relative");
+    for (name, layout) in two_gpu_layouts(&config) {
+        let mut exec = parallel(&path, |_| layout, &options(true), Duration::from_secs(30)).expect(name);
+        let (got, got_logits) = greedy(&mut exec, &prompts);
+        let rel = max_rel(&want_logits, &got_logits);
+        let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+        eprintln!(
+            "deterministic {name} vs one GPU: first-step logits max rel {rel:.2e}; {same} of {} prompts' {GREEDY_TOKENS} greedy tokens identical",
+            prompts.len()
+        );
+        assert_eq!(rel, 0.0, "{name}: logits differ by {rel} relative");
+        assert_eq!(got, want, "{name}: greedy outputs differ from one GPU's");
+    }
+}
+
 #[test]
 fn a_stalled_rank_fails_the_step_within_the_deadline() {
     if !two_gpus() {
@@ -215,7 +258,7 @@ fn a_stalled_rank_fails_the_step_within_the_deadline() {
     let (path, prompts) = model_and_prompts();
     let deadline = Duration::from_secs(3);
     let pp2 = |c: &ModelConfig| ParallelLayout::even(c.n_layers, 1, 2);
-    let mut exec = parallel(&path, pp2, deadline).expect("PP 2 starts");
+    let mut exec = parallel(&path, pp2, &options(false), deadline).expect("PP 2 starts");
     let prompts = vec![prompts[0][..4].to_vec()];
     greedy(&mut exec, &prompts);
     exec.stall_worker(1, 0);

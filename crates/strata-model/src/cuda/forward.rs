@@ -21,6 +21,12 @@ const MAX_PARTS: usize = 16;
 const SPLIT_MAX_TOKENS: usize = 64;
 /// Threads of the row-wise kernels.
 const ROW_THREADS: u32 = 256;
+/// Parts the reduction of every GEMM is cut into under `--deterministic` (gemm.cu's
+/// FO_MAX_CHUNKS): the largest TP size whose results equal one GPU's bit for bit.
+pub const DETERMINISTIC_CHUNKS: usize = 8;
+/// Rows per block and tokens per warp of `gemm_fixed_order`.
+const FO_WARPS: usize = 8;
+const FO_TOKENS: usize = 8;
 
 /// The largest step the buffers are sized for.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +87,8 @@ struct StepBuffers {
     vals: DeviceBuffer,
     part_acc: DeviceBuffer,
     part_ml: DeviceBuffer,
+    /// Every TP rank's row-parallel partial sums, under `--deterministic`.
+    gathered: Option<DeviceBuffer>,
 }
 
 /// The communicators of a shard: its TP group's and its pipeline column's (rank = stage).
@@ -119,6 +127,8 @@ pub struct GpuTransformer {
     graphs: HashMap<usize, Graph>,
     /// Capture decode steps as CUDA graphs (off with `--enforce-eager`).
     pub use_graphs: bool,
+    /// Fixed-order GEMMs and reductions (see [`GpuTransformer::set_deterministic`]).
+    deterministic: bool,
     /// `STRATA_GPU_PROFILE=1`: time every kernel of eager steps (synchronising around each) and
     /// print the totals when the model is dropped.
     profile: Option<std::cell::RefCell<HashMap<String, (std::time::Duration, u64)>>>,
@@ -198,6 +208,7 @@ impl GpuTransformer {
             vals: gpu.alloc(limits.logit_rows * 4, "greedy token logits")?,
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
+            gathered: None,
         };
         Ok(GpuTransformer {
             config,
@@ -216,9 +227,45 @@ impl GpuTransformer {
             host_inputs: vec![0; layout.len],
             graphs: HashMap::new(),
             use_graphs: true,
+            deterministic: false,
             profile: std::env::var_os("STRATA_GPU_PROFILE").map(|_| Default::default()),
             capturing: false,
         })
+    }
+
+    /// `--deterministic`: every GEMM sums in one fixed order whatever its shape (gemm.cu), TP
+    /// ranks gather their row-parallel partial sums and add them in that order's tree instead of
+    /// NCCL's, and attention splits contexts by the whole model's KV heads. Greedy output is then
+    /// the same bit for bit on one GPU, under TP (up to 8 ranks) and under PP; slower than cuBLAS.
+    pub fn set_deterministic(&mut self, on: bool) -> Result<(), CudaError> {
+        if on {
+            let c = &self.config;
+            let tp = self.shard.tp_size;
+            let step = 8 * DETERMINISTIC_CHUNKS;
+            for (what, k) in [
+                ("hidden size", c.hidden),
+                ("attention width", c.q_dim()),
+                ("intermediate size", c.intermediate),
+            ] {
+                if !k.is_multiple_of(step) {
+                    return Err(CudaError::NoDevice(format!(
+                        "--deterministic needs the {what} to be a multiple of {step} (this model's is {k}); run without --deterministic"
+                    )));
+                }
+            }
+            if !tp.is_power_of_two() || tp > DETERMINISTIC_CHUNKS {
+                return Err(CudaError::NoDevice(format!(
+                    "--deterministic works with a tensor-parallel size of 1, 2, 4 or 8, not {tp}"
+                )));
+            }
+            if tp > 1 && self.bufs.gathered.is_none() {
+                let bytes = tp * self.limits.max_tokens * self.local.hidden * 4;
+                self.bufs.gathered = Some(self.gpu.alloc(bytes, "gathered partial sums")?);
+            }
+        }
+        self.graphs.clear();
+        self.deterministic = on;
+        Ok(())
     }
 
     /// Checks a batch against the model, the cache and the buffers.
@@ -398,7 +445,13 @@ impl GpuTransformer {
         if t > SPLIT_MAX_TOKENS {
             return 1;
         }
-        let blocks = t * self.local.n_kv_heads;
+        // Deterministic: the same split whatever share of the heads this GPU holds.
+        let kv_heads = if self.deterministic {
+            self.config.n_kv_heads
+        } else {
+            self.local.n_kv_heads
+        };
+        let blocks = t * kv_heads;
         (4 * self.gpu.info.multiprocessors)
             .div_ceil(blocks.max(1))
             .clamp(1, MAX_PARTS)
@@ -536,8 +589,7 @@ impl GpuTransformer {
                     &mut kernel_args!(part_acc, part_ml, attn, p),
                 )?;
             }
-            self.matmul(wo, attn, proj, (c.hidden, c.q_dim(), t), GemmOut::F32)?;
-            self.all_reduce(&self.bufs.proj, t * c.hidden)?;
+            self.row_parallel(wo, attn, (c.hidden, c.q_dim(), t))?;
             self.launch(
                 "add_rms_norm",
                 grid_t,
@@ -556,8 +608,7 @@ impl GpuTransformer {
                 0,
                 &mut kernel_args!(gate_up, act, inter32, total),
             )?;
-            self.matmul(wdown, act, proj, (c.hidden, c.intermediate, t), GemmOut::F32)?;
-            self.all_reduce(&self.bufs.proj, t * c.hidden)?;
+            self.row_parallel(wdown, act, (c.hidden, c.intermediate, t))?;
         }
         self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))?;
         if !self.shard.is_last_stage() {
@@ -589,6 +640,63 @@ impl GpuTransformer {
             }
             None => Ok(()),
         }
+    }
+
+    /// `proj = x · wᵀ` of a row-parallel weight (attention output, MLP down), summed over the TP
+    /// group: NCCL's all-reduce, or under `--deterministic` a gather and the fixed-order tree.
+    fn row_parallel(&mut self, w: u64, x: u64, (n, k, t): (usize, usize, usize)) -> Result<(), CudaError> {
+        let proj = self.bufs.proj.ptr();
+        let tp = self.shard.tp_size;
+        if !self.deterministic {
+            self.matmul(w, x, proj, (n, k, t), GemmOut::F32)?;
+            return self.all_reduce(&self.bufs.proj, t * n);
+        }
+        self.gemm_fixed_order(w, x, proj, (n, k, t), DETERMINISTIC_CHUNKS / tp, GemmOut::F32)?;
+        let (Some(comm), Some(gathered)) = (&self.comms.tp, &self.bufs.gathered) else {
+            return Ok(());
+        };
+        let timer = self.profile_start()?;
+        comm.all_gather_f32(&self.gpu, &self.bufs.proj, gathered, t * n)?;
+        self.profile_end(timer, || "nccl all-gather".to_string())?;
+        let (parts, count, ranks) = (gathered.ptr(), (t * n) as i64, tp as i32);
+        let blocks = ((t * n) as u64).div_ceil(256).min(65535) as u32;
+        self.launch(
+            "sum_ranks",
+            (blocks, 1, 1),
+            256,
+            0,
+            &mut kernel_args!(parts, proj, count, ranks),
+        )
+    }
+
+    /// `y = x · wᵀ` by `gemm_fixed_order`, its reduction cut into `chunks` parts.
+    fn gemm_fixed_order(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        chunks: usize,
+        out: GemmOut,
+    ) -> Result<(), CudaError> {
+        if t == 0 {
+            return Ok(());
+        }
+        let grid = (n.div_ceil(FO_WARPS) as u32, t.div_ceil(FO_TOKENS) as u32, 1);
+        let (n, k, t, chunks, f32_out) = (
+            n as i32,
+            k as i32,
+            t as i32,
+            chunks as i32,
+            (out == GemmOut::F32) as i32,
+        );
+        self.launch(
+            "gemm_fixed_order",
+            grid,
+            (FO_WARPS * 32) as u32,
+            0,
+            &mut kernel_args!(w, x, y, n, k, t, chunks, f32_out),
+        )
     }
 
     /// Final norm and LM head of logits rows `first..first + n` (at most `logit_rows`), into the
@@ -721,6 +829,9 @@ impl GpuTransformer {
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
+        if self.deterministic {
+            return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
+        }
         let t = self.profile_start()?;
         // SAFETY: the weight and activation buffers hold the shapes given (see `new`).
         unsafe { self.gemm.matmul(&self.gpu, w, x, y, shape, out) }?;

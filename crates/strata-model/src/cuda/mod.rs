@@ -34,6 +34,9 @@ pub struct GpuOptions {
     pub max_model_len: usize,
     /// Never capture CUDA graphs.
     pub enforce_eager: bool,
+    /// Fixed-order GEMMs: the same greedy output on one GPU, under TP and under PP (slower; see
+    /// [`GpuTransformer::set_deterministic`]).
+    pub deterministic: bool,
 }
 
 /// The model on a GPU, ready for the engine.
@@ -92,6 +95,7 @@ impl ProbedShard {
         let probe_kv_bytes = probe_kv.memory_bytes();
         let mut model = GpuTransformer::new(c, shard, comms, gpu, weights, probe_kv, limits).map_err(cuda)?;
         model.use_graphs = false;
+        model.set_deterministic(opts.deterministic).map_err(cuda)?;
         let probe_tokens = limits.max_tokens.min(limits.max_model_len);
         let probe = SeqChunk {
             tokens: vec![0; probe_tokens],

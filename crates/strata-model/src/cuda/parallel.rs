@@ -180,6 +180,8 @@ pub struct ParallelExecutor {
     pending: HashMap<u64, Vec<Option<Option<ShardLogits>>>>,
     progress: Arc<Vec<WorkerProgress>>,
     aborts: Vec<CommAbort>,
+    /// Threads running `ncclCommAbort` after a hang.
+    aborting: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     in_flight: VecDeque<u64>,
     next_step: u64,
@@ -287,6 +289,7 @@ impl ParallelExecutor {
             pending: HashMap::new(),
             progress: workers_progress,
             aborts: Vec::new(),
+            aborting: Vec::new(),
             stop,
             in_flight: VecDeque::new(),
             next_step: 0,
@@ -407,9 +410,12 @@ impl ParallelExecutor {
         // and those belong to workers that may be stuck: abort from threads of their own (the
         // abort flag is raised at once) and never wait for them here.
         for a in self.aborts.drain(..) {
-            let _ = std::thread::Builder::new()
+            if let Ok(t) = std::thread::Builder::new()
                 .name("strata-nccl-abort".into())
-                .spawn(move || a.abort());
+                .spawn(move || a.abort())
+            {
+                self.aborting.push(t);
+            }
         }
         for tx in &self.jobs {
             let _ = tx.send(Job::Stop);
@@ -609,6 +615,9 @@ impl Executor for ParallelExecutor {
     }
 }
 
+/// How long dropping a hung executor waits for its threads to leave the GPU libraries.
+const HUNG_EXIT_GRACE: Duration = Duration::from_secs(3);
+
 impl Drop for ParallelExecutor {
     fn drop(&mut self) {
         let hung = self.failed.is_some();
@@ -616,11 +625,28 @@ impl Drop for ParallelExecutor {
         for tx in &self.jobs {
             let _ = tx.send(Job::Stop);
         }
-        // Workers of an aborted group may stay blocked in the driver; leave them.
+        let threads = self.threads.iter_mut().filter_map(Option::take);
         if !hung {
-            for t in self.threads.iter_mut().filter_map(Option::take) {
+            for t in threads {
                 let _ = t.join();
             }
+            return;
+        }
+        // Workers and aborts of a hung group may stay blocked in the driver: give them a while
+        // to release their GPUs (a process that exits while they are inside CUDA or NCCL can
+        // crash in the libraries' teardown), then leave the rest.
+        let mut left: Vec<JoinHandle<()>> = threads.chain(self.aborting.drain(..)).collect();
+        let deadline = Instant::now() + HUNG_EXIT_GRACE;
+        while !left.is_empty() && Instant::now() < deadline {
+            left.retain(|t| !t.is_finished());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !left.is_empty() {
+            tracing::warn!(
+                "{} GPU thread(s) still blocked in the driver after {} s; leaving them",
+                left.len(),
+                HUNG_EXIT_GRACE.as_secs()
+            );
         }
     }
 }

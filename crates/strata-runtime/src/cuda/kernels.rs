@@ -13,7 +13,7 @@ use super::{driver, CudaError};
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// Every kernel family: (name, source, kernels it defines).
-pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
+pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
     (
         "embedding",
         include_str!("../../kernels/embedding.cu"),
@@ -37,6 +37,11 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
         &["paged_attention_bf16", "paged_attention_fp8", "attention_reduce"],
     ),
     ("sampling", include_str!("../../kernels/sampling.cu"), &["argmax_rows"]),
+    (
+        "gemm",
+        include_str!("../../kernels/gemm.cu"),
+        &["gemm_fixed_order", "sum_ranks"],
+    ),
 ];
 
 /// The model constants compiled into the kernels.

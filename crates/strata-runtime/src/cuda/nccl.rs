@@ -125,6 +125,36 @@ impl Communicator {
         .map_err(nccl("ncclAllReduce"))
     }
 
+    /// Gathers `count` f32 values from `send` on every rank into `recv`, rank by rank
+    /// (`recv[r * count..]` is rank r's), on `gpu`'s stream.
+    pub fn all_gather_f32(
+        &self,
+        gpu: &Gpu,
+        send: &DeviceBuffer,
+        recv: &DeviceBuffer,
+        count: usize,
+    ) -> Result<(), CudaError> {
+        self.live("ncclAllGather")?;
+        assert!(
+            count * 4 <= send.bytes() && count * 4 * self.size <= recv.bytes(),
+            "all-gather past the end of a device buffer"
+        );
+        // SAFETY: the buffers hold `count` and `size * count` f32 values (checked); the stream
+        // belongs to this GPU.
+        unsafe {
+            result::all_gather(
+                send.ptr() as *const std::ffi::c_void,
+                recv.ptr() as *mut std::ffi::c_void,
+                count,
+                sys::ncclDataType_t::ncclFloat32,
+                self.comm,
+                gpu.stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map(|_| ())
+        .map_err(nccl("ncclAllGather"))
+    }
+
     /// Sends `count` f32 values from `buf` to rank `peer`, queued on `gpu`'s stream.
     pub fn send_f32(&self, gpu: &Gpu, buf: &DeviceBuffer, count: usize, peer: usize) -> Result<(), CudaError> {
         self.point_to_point(gpu, buf, count, peer, true)
