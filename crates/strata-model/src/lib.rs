@@ -12,6 +12,7 @@ pub mod executor;
 pub mod hf_checkpoint;
 pub mod kv_cache;
 pub mod loader;
+mod prompt_attention;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

@@ -8,6 +8,7 @@ use crate::batch::{Logits, LogitsWanted, SeqChunk};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::PagedKvCache;
+use crate::prompt_attention::{PromptTile, TILE_SCRATCH, TILE_TOKENS};
 use crate::weights::ModelWeights;
 
 /// A loaded model ready to run.
@@ -241,7 +242,7 @@ impl Transformer {
                 let block = table[slot.pos / kv.block_size] as usize;
                 kv.write(li, block, slot.pos % kv.block_size, k, v);
             }
-            self.attention(pool, li, batch, slots, kv, &s.q, &mut s.attn);
+            self.attention(pool, li, batch, &flat, kv, &s.q, &mut s.attn);
             matmul(pool, &w.matrix(&lw.wo), &s.attn, paths, &mut s.proj, &mut s.matmul);
             ops::add_inplace(&mut s.x, &s.proj);
 
@@ -294,15 +295,16 @@ impl Transformer {
         })
     }
 
-    /// Causal attention of every new token over its sequence's cached context, one task per
-    /// (token, KV head).
+    /// Causal attention of every new token over its sequence's cached context: prompt tokens
+    /// in tiles of consecutive tokens of one sequence ([`PromptTile`]), generated tokens one by
+    /// one ([`DecodeAttention`]); one task per (tile or token, KV head).
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         pool: &ThreadPool,
         layer: usize,
         batch: &[SeqChunk],
-        slots: &[TokenSlot],
+        flat: &FlatBatch,
         kv: &PagedKvCache,
         q: &[f32],
         out: &mut [f32],
@@ -312,18 +314,53 @@ impl Transformer {
         let group = c.n_heads / c.n_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let out = DisjointMut::new(out);
-        // Every token, prompt or generated, is computed by the same loop over its own context,
-        // so its result never depends on how the prompt was chunked or what else is batched.
+        let slots = &flat.slots;
+        // A token's result depends only on its kind (prompt or generated) and its own context,
+        // never on how the prompt was chunked or what else is batched.
         let max_ctx = slots.iter().map(|s| s.pos + 1).max().unwrap_or(0);
         let n_kv = c.n_kv_heads;
-        // One task per (token, KV head): the `group` query heads that share it read each key
-        // and value once.
+        // Prompt tiles (first flat index, tokens), longest context first so the dynamic
+        // schedule ends on short ones.
+        let mut tiles: Vec<(usize, usize)> = Vec::new();
+        for (seq, ch) in batch.iter().enumerate() {
+            let (start, n) = (flat.starts[seq].0, ch.prompt_tokens());
+            tiles.extend((0..n).step_by(TILE_TOKENS).map(|t| (start + t, TILE_TOKENS.min(n - t))));
+        }
+        tiles.sort_by_key(|&(first, _)| std::cmp::Reverse(slots[first].pos));
+        let tile_tasks = tiles.len() * n_kv;
+        let dense = flat.paths.dense;
         let avx2 = simd_available();
-        pool.parallel_for(slots.len() * n_kv, 1, &|range| {
-            let mut scores = vec![0.0f32; group * max_ctx];
+        pool.parallel_for(tile_tasks + (slots.len() - dense) * n_kv, 1, &|range| {
+            let mut scores = Vec::new();
             let mut block_buf = vec![0.0f32; kv.block_size * hd];
             for task in range {
-                let (ti, kvh) = (task / n_kv, task % n_kv);
+                if task < tile_tasks {
+                    let ((first, tokens), kvh) = (tiles[task / n_kv], task % n_kv);
+                    let slot = &slots[first];
+                    let tile = PromptTile {
+                        kv,
+                        layer,
+                        kvh,
+                        table: &batch[slot.seq].block_table,
+                        first_pos: slot.pos,
+                        tokens,
+                        group,
+                        scale,
+                    };
+                    let head = |t: usize, g: usize| ((first + t) * nh + kvh * group + g) * hd;
+                    TILE_SCRATCH.with_borrow_mut(|scratch| {
+                        tile.run(
+                            |t, g| &q[head(t, g)..head(t, g) + hd],
+                            // SAFETY: the heads of one (token, KV head) pair are disjoint between tasks.
+                            |t, g, o| unsafe { out.range_mut(head(t, g)..head(t, g) + hd) }.copy_from_slice(o),
+                            scratch,
+                        )
+                    });
+                    continue;
+                }
+                let task = task - tile_tasks;
+                let (ti, kvh) = (dense + task / n_kv, task % n_kv);
+                scores.resize(group * max_ctx, 0.0);
                 let slot = &slots[ti];
                 let heads = kvh * group..(kvh + 1) * group;
                 let qs = &q[(ti * nh + heads.start) * hd..(ti * nh + heads.end) * hd];

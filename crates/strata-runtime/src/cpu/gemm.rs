@@ -1,29 +1,83 @@
-//! Dense f32 matrix products `A * B^T` for compute-bound work (prompt chunks), single-threaded
-//! per call. Every output element is summed in one fixed order, so a row's result never depends
-//! on how many other rows are in the product: the engine's batch invariance rests on this.
+//! Dense f32 products of activation rows with packed weight panels, for compute-bound prompt
+//! rows: each output element is one FMA chain over k in order, whatever the number of rows.
 
-/// Lanes of one accumulator: each output element is the fixed-order sum of 8 interleaved partial
-/// sums over `k` (then the `k % 8` tail in order).
-const LANES: usize = 8;
-/// Rows of `A` per register block.
-const MR: usize = 4;
-/// Rows of `B` per register block.
-const NR: usize = 3;
+/// Weight rows per packed panel: the 16 output columns of one register block (two 8-lane
+/// registers).
+pub const PANEL: usize = 16;
+/// Activation rows per register block (6 x 2 accumulators, 2 panel loads and 1 broadcast fit
+/// the 16 AVX2 registers).
+const MR: usize = 6;
+/// Depth of one pass over a panel: 256 x 16 floats (16 KiB) stay in L1 while every block of
+/// activation rows runs over them.
+const KC: usize = 256;
 
-/// `dst[i*ldd + j] = sum_k a[i*lda + k] * b[j*ldb + k]` for i < m, j < n: `A * B^T`.
+/// Floats that [`pack_panels`] writes for `rows` weight rows of `k` values.
+pub fn packed_len(rows: usize, k: usize) -> usize {
+    rows.div_ceil(PANEL) * PANEL * k
+}
+
+/// Packs the `rows x k` matrix W, whose element `(r, kk)` is `src[r * row_stride + kk *
+/// depth_stride]`, into panels of [`PANEL`] rows: panel `p` holds rows `p*PANEL..` as `k`
+/// consecutive groups of `PANEL` values (one per row, zero past the last row), the order
+/// [`gemm_packed`] reads them in. Row-major W is `(k, 1)`; W given transposed is `(1, rows)`.
+pub fn pack_panels(src: &[f32], rows: usize, k: usize, row_stride: usize, depth_stride: usize, dst: &mut [f32]) {
+    if rows == 0 || k == 0 {
+        return;
+    }
+    assert!(
+        src.len() > (rows - 1) * row_stride + (k - 1) * depth_stride,
+        "pack_panels: source too short for {rows} x {k}"
+    );
+    assert!(dst.len() >= packed_len(rows, k), "pack_panels: destination too short");
+    for (p, panel) in dst[..packed_len(rows, k)].chunks_exact_mut(PANEL * k).enumerate() {
+        let r0 = p * PANEL;
+        let live = PANEL.min(rows - r0);
+        if depth_stride == 1 {
+            // Row-major: walk each source row once.
+            for c in 0..PANEL {
+                if c < live {
+                    let row = &src[(r0 + c) * row_stride..(r0 + c) * row_stride + k];
+                    for (group, &v) in panel.chunks_exact_mut(PANEL).zip(row) {
+                        group[c] = v;
+                    }
+                } else {
+                    panel.chunks_exact_mut(PANEL).for_each(|group| group[c] = 0.0);
+                }
+            }
+        } else if row_stride == 1 {
+            // Transposed: each depth's values for the panel's rows are contiguous.
+            for (kk, group) in panel.chunks_exact_mut(PANEL).enumerate() {
+                let base = r0 + kk * depth_stride;
+                group[..live].copy_from_slice(&src[base..base + live]);
+                group[live..].fill(0.0);
+            }
+        } else {
+            for (kk, group) in panel.chunks_exact_mut(PANEL).enumerate() {
+                let base = r0 * row_stride + kk * depth_stride;
+                for (c, v) in group[..live].iter_mut().enumerate() {
+                    *v = src[base + c * row_stride];
+                }
+                group[live..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// `dst[i*ldd + j] = sum_kk a[i*lda + kk] * W[j][kk]` for i < m, j < n, where `panels` holds
+/// the n rows of W packed by [`pack_panels`]. Every element is computed as
+/// `s = 0; for kk in 0..k { s = fma(a, w, s) }`, so it depends only on its own row and column.
 ///
 /// # Safety
-/// `dst` must be valid for writes at every `i*ldd + j` (i < m, j < n) and no other thread may
-/// access those elements during the call.
+/// `dst` must be valid for reads and writes at every `i*ldd + j` (i < m, j < n) and no other
+/// thread may access those elements during the call.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_nt(
+pub unsafe fn gemm_packed(
     m: usize,
     n: usize,
     k: usize,
     a: &[f32],
     lda: usize,
-    b: &[f32],
-    ldb: usize,
+    panels: &[f32],
     dst: *mut f32,
     ldd: usize,
 ) {
@@ -31,59 +85,53 @@ pub unsafe fn gemm_nt(
         return;
     }
     assert!(
-        a.len() >= (m - 1) * lda + k && b.len() >= (n - 1) * ldb + k,
+        a.len() >= (m - 1) * lda + k && panels.len() >= packed_len(n, k),
         "gemm: operand too short"
     );
     let p = Operands {
+        m,
+        n,
         k,
         a,
         lda,
-        b,
-        ldb,
+        panels,
         dst,
         ldd,
     };
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA; operand bounds were checked above.
-        unsafe { avx2::gemm_nt(&p, m, n) };
+        unsafe { avx2::gemm_packed(&p) };
         return;
     }
     // SAFETY: operand bounds were checked above; dst is the caller's contract.
-    unsafe { scalar_gemm_nt(&p, m, n) };
+    unsafe { scalar_gemm_packed(&p) };
 }
 
 /// The operands of one product, shared by the kernels.
 struct Operands<'a> {
+    m: usize,
+    n: usize,
     k: usize,
     a: &'a [f32],
     lda: usize,
-    b: &'a [f32],
-    ldb: usize,
+    panels: &'a [f32],
     dst: *mut f32,
     ldd: usize,
 }
 
-/// Portable kernel with the same per-element summation structure as the AVX2 one.
+/// Portable kernel: the same FMA chain per element as the AVX2 one, so the same bits.
 ///
 /// # Safety
-/// As [`gemm_nt`].
-unsafe fn scalar_gemm_nt(p: &Operands, m: usize, n: usize) {
-    let k8 = p.k - p.k % LANES;
-    for i in 0..m {
+/// As [`gemm_packed`].
+unsafe fn scalar_gemm_packed(p: &Operands) {
+    for i in 0..p.m {
         let ar = &p.a[i * p.lda..i * p.lda + p.k];
-        for j in 0..n {
-            let br = &p.b[j * p.ldb..j * p.ldb + p.k];
-            let mut lanes = [0.0f32; LANES];
-            for kk in (0..k8).step_by(LANES) {
-                for l in 0..LANES {
-                    lanes[l] = ar[kk + l].mul_add(br[kk + l], lanes[l]);
-                }
-            }
-            let mut s =
-                ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-            for kk in k8..p.k {
-                s = ar[kk].mul_add(br[kk], s);
+        for j in 0..p.n {
+            let panel = &p.panels[(j / PANEL) * PANEL * p.k..];
+            let mut s = 0.0f32;
+            for (kk, &av) in ar.iter().enumerate() {
+                s = av.mul_add(panel[kk * PANEL + j % PANEL], s);
             }
             // SAFETY: (i, j) is inside the caller's m x n output.
             unsafe { *p.dst.add(i * p.ldd + j) = s };
@@ -93,80 +141,74 @@ unsafe fn scalar_gemm_nt(p: &Operands, m: usize, n: usize) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Operands, LANES, MR, NR};
+    use super::{Operands, KC, MR, PANEL};
     use std::arch::x86_64::*;
 
-    /// Sum of the 8 lanes in the order of the scalar kernel.
+    /// One register block: `R` activation rows from `i0` against the panel of columns
+    /// `j0..j0 + cols`, over depths `k0..k1`, continuing the chains stored in `dst` unless
+    /// `k0 == 0`.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // (l0+l4, l1+l5, l2+l6, l3+l7) -> (l0+l4 + l2+l6, l1+l5 + l3+l7) -> total
-        let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let y = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        let z = _mm_add_ss(y, _mm_shuffle_ps(y, y, 1));
-        _mm_cvtss_f32(z)
-    }
-
-    /// One register block: `R` rows of A against `C` rows of B, over all of k.
-    #[inline(always)]
-    unsafe fn block<const R: usize, const C: usize>(p: &Operands, i0: usize, j0: usize) {
-        let k8 = p.k - p.k % LANES;
-        let a = p.a.as_ptr();
-        let b = p.b.as_ptr();
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let mut kk = 0;
-        while kk < k8 {
-            let mut bv = [_mm256_setzero_ps(); C];
-            for (c, v) in bv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(b.add((j0 + c) * p.ldb + kk));
-            }
+    unsafe fn block<const R: usize>(p: &Operands, i0: usize, j0: usize, cols: usize, k0: usize, k1: usize) {
+        let a = p.a.as_ptr().add(i0 * p.lda);
+        let b = p.panels.as_ptr().add(j0 * p.k);
+        let d = p.dst.add(i0 * p.ldd + j0);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if k0 > 0 {
             for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_loadu_ps(a.add((i0 + r) * p.lda + kk));
-                for (c, v) in row.iter_mut().enumerate() {
-                    *v = _mm256_fmadd_ps(av, bv[c], *v);
-                }
+                let mut buf = [0.0f32; PANEL];
+                std::ptr::copy_nonoverlapping(d.add(r * p.ldd), buf.as_mut_ptr(), cols);
+                row[0] = _mm256_loadu_ps(buf.as_ptr());
+                row[1] = _mm256_loadu_ps(buf.as_ptr().add(8));
             }
-            kk += LANES;
+        }
+        for kk in k0..k1 {
+            let b0 = _mm256_loadu_ps(b.add(kk * PANEL));
+            let b1 = _mm256_loadu_ps(b.add(kk * PANEL + 8));
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*a.add(r * p.lda + kk));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
         }
         for (r, row) in acc.iter().enumerate() {
-            for (c, v) in row.iter().enumerate() {
-                let mut s = hsum(*v);
-                for t in k8..p.k {
-                    s = (*a.add((i0 + r) * p.lda + t)).mul_add(*b.add((j0 + c) * p.ldb + t), s);
-                }
-                *p.dst.add((i0 + r) * p.ldd + j0 + c) = s;
+            if cols == PANEL {
+                _mm256_storeu_ps(d.add(r * p.ldd), row[0]);
+                _mm256_storeu_ps(d.add(r * p.ldd + 8), row[1]);
+            } else {
+                let mut buf = [0.0f32; PANEL];
+                _mm256_storeu_ps(buf.as_mut_ptr(), row[0]);
+                _mm256_storeu_ps(buf.as_mut_ptr().add(8), row[1]);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), d.add(r * p.ldd), cols);
             }
         }
-    }
-
-    macro_rules! dispatch_cols {
-        ($r:literal, $cols:expr, $p:expr, $i:expr, $j:expr) => {
-            match $cols {
-                3 => block::<$r, 3>($p, $i, $j),
-                2 => block::<$r, 2>($p, $i, $j),
-                _ => block::<$r, 1>($p, $i, $j),
-            }
-        };
     }
 
     /// # Safety
-    /// AVX2 and FMA must be available; operands as [`super::gemm_nt`].
+    /// AVX2 and FMA must be available; operands as [`super::gemm_packed`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn gemm_nt(p: &Operands, m: usize, n: usize) {
-        let mut i = 0;
-        while i < m {
-            let rows = MR.min(m - i);
-            let mut j = 0;
-            while j < n {
-                let cols = NR.min(n - j);
-                match rows {
-                    4 => dispatch_cols!(4, cols, p, i, j),
-                    3 => dispatch_cols!(3, cols, p, i, j),
-                    2 => dispatch_cols!(2, cols, p, i, j),
-                    _ => dispatch_cols!(1, cols, p, i, j),
+    pub(super) unsafe fn gemm_packed(p: &Operands) {
+        let mut k0 = 0;
+        while k0 < p.k {
+            let k1 = (k0 + KC).min(p.k);
+            let mut i = 0;
+            while i < p.m {
+                let rows = MR.min(p.m - i);
+                let mut j = 0;
+                while j < p.n {
+                    let cols = PANEL.min(p.n - j);
+                    match rows {
+                        6 => block::<6>(p, i, j, cols, k0, k1),
+                        5 => block::<5>(p, i, j, cols, k0, k1),
+                        4 => block::<4>(p, i, j, cols, k0, k1),
+                        3 => block::<3>(p, i, j, cols, k0, k1),
+                        2 => block::<2>(p, i, j, cols, k0, k1),
+                        _ => block::<1>(p, i, j, cols, k0, k1),
+                    }
+                    j += PANEL;
                 }
-                j += cols;
+                i += rows;
             }
-            i += rows;
+            k0 = k1;
         }
     }
 }
@@ -185,13 +227,49 @@ mod tests {
         d
     }
 
+    /// `A * B^T` through packing and the dispatched kernel.
+    fn product(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut panels = vec![f32::NAN; packed_len(n, k)];
+        pack_panels(b, n, k, k, 1, &mut panels);
+        let mut d = vec![0.0; m * n];
+        unsafe { gemm_packed(m, n, k, a, k, &panels, d.as_mut_ptr(), n) };
+        d
+    }
+
+    #[test]
+    fn packing_puts_each_row_in_its_panel_column() {
+        let (rows, k) = (19, 5);
+        let w: Vec<f32> = (0..rows * k).map(|i| i as f32).collect();
+        let mut dst = vec![f32::NAN; packed_len(rows, k)];
+        pack_panels(&w, rows, k, k, 1, &mut dst);
+        assert_eq!(dst.len(), 2 * PANEL * k);
+        for r in 0..2 * PANEL {
+            for kk in 0..k {
+                let got = dst[(r / PANEL) * PANEL * k + kk * PANEL + r % PANEL];
+                let want = if r < rows { w[r * k + kk] } else { 0.0 };
+                assert_eq!(got, want, "row {r} depth {kk}");
+            }
+        }
+        // The same matrix given transposed packs to the same panels.
+        let wt: Vec<f32> = (0..k * rows).map(|i| w[(i % rows) * k + i / rows]).collect();
+        let mut dst_t = vec![f32::NAN; packed_len(rows, k)];
+        pack_panels(&wt, rows, k, 1, rows, &mut dst_t);
+        assert_eq!(dst, dst_t);
+    }
+
     #[test]
     fn matches_a_naive_product_on_odd_shapes() {
-        for &(m, n, k) in &[(1, 1, 1), (5, 7, 9), (4, 3, 8), (9, 10, 67), (13, 64, 576)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (5, 7, 9),
+            (6, 16, 8),
+            (9, 10, 67),
+            (13, 64, 576),
+            (7, 33, 600),
+        ] {
             let a: Vec<f32> = (0..m * k).map(|i| (i % 11) as f32 / 11.0 - 0.5).collect();
             let b: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 / 7.0 - 0.5).collect();
-            let mut d = vec![0.0; m * n];
-            unsafe { gemm_nt(m, n, k, &a, k, &b, k, d.as_mut_ptr(), n) };
+            let d = product(m, n, k, &a, &b);
             for (got, want) in d.iter().zip(naive(m, n, k, &a, &b)) {
                 assert!(
                     (*got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
@@ -202,7 +280,8 @@ mod tests {
     }
 
     /// A row's result must not depend on how many other rows are in the product, nor on where
-    /// the product starts: prompt rows go through these GEMMs whatever the batch.
+    /// the product starts, nor on the columns beside it: prompt rows go through these GEMMs
+    /// whatever the batch.
     #[test]
     fn a_row_is_computed_the_same_whatever_m() {
         for &(n, k) in &[(64usize, 576usize), (64, 1536), (16, 64), (7, 20)] {
@@ -211,12 +290,14 @@ mod tests {
             let a: Vec<f32> = (0..max_m * k)
                 .map(|i| ((i * 104729) % 2039) as f32 / 2039.0 - 0.5)
                 .collect();
+            let mut panels = vec![0.0; packed_len(n, k)];
+            pack_panels(&b, n, k, k, 1, &mut panels);
             let mut full = vec![0.0; max_m * n];
-            unsafe { gemm_nt(max_m, n, k, &a, k, &b, k, full.as_mut_ptr(), n) };
+            unsafe { gemm_packed(max_m, n, k, &a, k, &panels, full.as_mut_ptr(), n) };
             for m in (1..=9).chain([31, 97, 255]) {
                 for first in [0usize, 3, 17] {
                     let mut part = vec![0.0; m * n];
-                    unsafe { gemm_nt(m, n, k, &a[first * k..], k, &b, k, part.as_mut_ptr(), n) };
+                    unsafe { gemm_packed(m, n, k, &a[first * k..], k, &panels, part.as_mut_ptr(), n) };
                     assert_eq!(
                         &part[..],
                         &full[first * n..(first + m) * n],
@@ -224,9 +305,11 @@ mod tests {
                     );
                 }
             }
-            // Fewer columns at a time must not change a value either.
+            // One column alone (another panel layout) must not change a value either.
+            let mut one = vec![0.0; packed_len(1, k)];
+            pack_panels(&b[(n - 1) * k..], 1, k, k, 1, &mut one);
             let mut cols = vec![0.0; max_m];
-            unsafe { gemm_nt(max_m, 1, k, &a, k, &b[(n - 1) * k..], k, cols.as_mut_ptr(), 1) };
+            unsafe { gemm_packed(max_m, 1, k, &a, k, &one, cols.as_mut_ptr(), 1) };
             for i in 0..max_m {
                 assert_eq!(cols[i], full[i * n + n - 1]);
             }
@@ -235,21 +318,24 @@ mod tests {
 
     #[test]
     fn the_scalar_kernel_agrees_with_the_dispatched_one() {
-        let (m, n, k) = (6, 5, 70);
+        let (m, n, k) = (8, 21, 300);
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
         let b: Vec<f32> = (0..n * k).map(|i| ((i * 13) % 19) as f32 / 19.0 - 0.5).collect();
-        let (mut d1, mut d2) = (vec![0.0; m * n], vec![0.0; m * n]);
-        unsafe { gemm_nt(m, n, k, &a, k, &b, k, d1.as_mut_ptr(), n) };
+        let mut panels = vec![0.0; packed_len(n, k)];
+        pack_panels(&b, n, k, k, 1, &mut panels);
+        let d1 = product(m, n, k, &a, &b);
+        let mut d2 = vec![0.0; m * n];
         let p = Operands {
+            m,
+            n,
             k,
             a: &a,
             lda: k,
-            b: &b,
-            ldb: k,
+            panels: &panels,
             dst: d2.as_mut_ptr(),
             ldd: n,
         };
-        unsafe { scalar_gemm_nt(&p, m, n) };
+        unsafe { scalar_gemm_packed(&p) };
         assert_eq!(d1, d2);
     }
 }

@@ -5,7 +5,7 @@ use strata_formats::quant::dequantize;
 use strata_formats::GgmlType;
 
 use super::disjoint::DisjointMut;
-use super::gemm::gemm_nt;
+use super::gemm::{gemm_packed, pack_panels, packed_len, PANEL};
 use super::quant_dot::{act_residual, act_row_bytes, kernel_for, quantize_act_row, ActFormat, DotKernel};
 use super::threadpool::ThreadPool;
 
@@ -153,27 +153,64 @@ impl RowPaths {
     }
 }
 
-/// Weight rows dequantized at a time on the GEMM path (stays in L2 with its activations).
-const GEMM_TILE_ROWS: usize = 64;
+/// Weight rows dequantized at a time on the GEMM path: two packed panels, small enough that
+/// the tiles of Q/K/V (or gate/up) split evenly over the threads.
+const GEMM_TILE_ROWS: usize = 2 * PANEL;
 
-/// The prompt path of [`matmul`]: f32 GEMM over dequantized weight tiles, threads over tiles.
-fn matmul_dequant_gemm(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32]) {
-    let (k, n) = (w.cols, w.rows);
-    let rb = w.row_bytes();
-    let ty = w.kernel.weight_type();
-    let outp = DisjointMut::new(out);
-    pool.parallel_for(n.div_ceil(GEMM_TILE_ROWS), 1, &|tiles| {
-        let mut wt = vec![0.0f32; GEMM_TILE_ROWS * k];
+/// The prompt path of [`matmul_many`]: f32 GEMM of the `m` rows of `x` with weight tiles
+/// dequantized and packed on the fly; threads take tiles of all matrices from one list.
+fn matmul_dequant_gemm(pool: &ThreadPool, ws: &[WeightMatrix], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
+    // Tiles of all matrices, end to end.
+    let mut first_tile = Vec::with_capacity(ws.len() + 1);
+    let mut total = 0;
+    for w in ws {
+        first_tile.push(total);
+        total += w.rows.div_ceil(GEMM_TILE_ROWS);
+    }
+    first_tile.push(total);
+    let outps: Vec<DisjointMut<f32>> = outs.iter_mut().map(|o| DisjointMut::new(&mut o[..])).collect();
+    pool.parallel_for(total, 1, &|tiles| {
+        TILE_BUFFERS
+            .with_borrow_mut(|(wt, panels)| dequant_gemm_tiles(ws, x, m, &first_tile, &outps, tiles, wt, panels))
+    });
+}
+
+thread_local! {
+    /// Each thread's dequantized tile and its packed panels, kept across calls: buffers this
+    /// large come from fresh pages (faults and zeroing) when allocated per call.
+    static TILE_BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The tiles `tiles` of [`matmul_dequant_gemm`]'s list, on one thread.
+#[allow(clippy::too_many_arguments)]
+fn dequant_gemm_tiles(
+    ws: &[WeightMatrix],
+    x: &[f32],
+    m: usize,
+    first_tile: &[usize],
+    outps: &[DisjointMut<f32>],
+    tiles: std::ops::Range<usize>,
+    wt: &mut Vec<f32>,
+    panels: &mut Vec<f32>,
+) {
+    let k = ws[0].cols;
+    wt.resize(GEMM_TILE_ROWS * k, 0.0);
+    panels.resize(packed_len(GEMM_TILE_ROWS, k), 0.0);
+    {
         for tile in tiles {
-            let r0 = tile * GEMM_TILE_ROWS;
+            let wi = first_tile.partition_point(|&f| f <= tile) - 1;
+            let w = &ws[wi];
+            let (n, rb) = (w.rows, w.row_bytes());
+            let r0 = (tile - first_tile[wi]) * GEMM_TILE_ROWS;
             let rows = GEMM_TILE_ROWS.min(n - r0);
             let wt = &mut wt[..rows * k];
-            dequantize(ty, &w.data[r0 * rb..(r0 + rows) * rb], wt)
+            dequantize(w.kernel.weight_type(), &w.data[r0 * rb..(r0 + rows) * rb], wt)
                 .expect("weight size and type were checked by WeightMatrix::new");
+            pack_panels(wt, rows, k, k, 1, panels);
             // SAFETY: this thread alone writes columns r0..r0+rows of the m output rows (stride n).
-            unsafe { gemm_nt(m, rows, k, x, k, wt, k, outp.as_mut_ptr().add(r0), n) };
+            unsafe { gemm_packed(m, rows, k, x, k, panels, outps[wi].as_mut_ptr().add(r0), n) };
         }
-    });
+    }
 }
 
 /// `out[j * w.rows + r] = dot(w row r, x row j)` for the `m` rows of `x` (`m * w.cols` values).
@@ -231,10 +268,9 @@ pub fn matmul_many(
         return;
     }
     let d = rows.dense;
-    for (w, out) in ws.iter().zip(outs.iter_mut()) {
-        if d > 0 {
-            matmul_dequant_gemm(pool, w, &x[..d * k], d, &mut out[..d * w.rows]);
-        }
+    if d > 0 {
+        let mut dense_outs: Vec<&mut [f32]> = outs.iter_mut().zip(ws).map(|(o, w)| &mut o[..d * w.rows]).collect();
+        matmul_dequant_gemm(pool, ws, &x[..d * k], d, &mut dense_outs);
     }
     if rows.quantized == 0 {
         return;
