@@ -160,19 +160,23 @@ fn parallel(
     ParallelExecutor::new(model.transformer, layout, opts, timeout, &libs, &|_, _| {})
 }
 
+/// Greedy decoding of `prompts` on one GPU (see [`greedy`]), with the model's shape.
+fn one_gpu(path: &Path, deterministic: bool, prompts: &[Vec<u32>]) -> (ModelConfig, Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    let libs = libraries::search(&libraries::candidate_dirs());
+    let model = load_model(path, &|_, _| {}).expect("model loads");
+    let config = model.transformer.config.clone();
+    let mut one = GpuExecutor::new(model.transformer, &options(deterministic), &libs, &|_, _| {}).expect("one GPU");
+    let (tokens, logits) = greedy(&mut one, prompts);
+    (config, tokens, logits)
+}
+
 #[test]
 fn tensor_and_pipeline_parallel_match_one_gpu() {
     if !two_gpus() {
         return;
     }
     let (path, prompts) = model_and_prompts();
-    let libs = libraries::search(&libraries::candidate_dirs());
-    let model = load_model(&path, &|_, _| {}).expect("model loads");
-    let config = model.transformer.config.clone();
-    let (want, want_logits) = {
-        let mut one = GpuExecutor::new(model.transformer, &options(false), &libs, &|_, _| {}).expect("one GPU");
-        greedy(&mut one, &prompts)
-    };
+    let (config, want, want_logits) = one_gpu(&path, false, &prompts);
     for (name, layout) in two_gpu_layouts(&config) {
         let mut exec = parallel(&path, |_| layout, &options(false), Duration::from_secs(30)).expect(name);
         let (got, got_logits) = greedy(&mut exec, &prompts);
@@ -220,19 +224,9 @@ fn deterministic_mode_gives_one_gpus_answers_under_every_layout() {
         return;
     }
     let (path, prompts) = model_and_prompts();
-    let libs = libraries::search(&libraries::candidate_dirs());
-    let model = load_model(&path, &|_, _| {}).expect("model loads");
-    let config = model.transformer.config.clone();
-    let (want, want_logits) = {
-        let mut one = GpuExecutor::new(model.transformer, &options(true), &libs, &|_, _| {}).expect("one GPU");
-        greedy(&mut one, &prompts)
-    };
+    let (config, want, want_logits) = one_gpu(&path, true, &prompts);
     // The fixed-order kernel computes the same products as cuBLAS: within bf16 noise of it.
-    let (_, cublas_logits) = {
-        let model = load_model(&path, &|_, _| {}).expect("model loads");
-        let mut one = GpuExecutor::new(model.transformer, &options(false), &libs, &|_, _| {}).expect("one GPU");
-        greedy(&mut one, &prompts)
-    };
+    let (_, _, cublas_logits) = one_gpu(&path, false, &prompts);
     let rel = max_rel(&cublas_logits, &want_logits);
     eprintln!("deterministic vs cuBLAS on one GPU: first-step logits max rel {rel:.2e}");
     assert!(rel < 0.06, "fixed-order GEMMs differ from cuBLAS by {rel} relative");

@@ -196,20 +196,18 @@ fn dequant_gemm_tiles(
     let k = ws[0].cols;
     wt.resize(GEMM_TILE_ROWS * k, 0.0);
     panels.resize(packed_len(GEMM_TILE_ROWS, k), 0.0);
-    {
-        for tile in tiles {
-            let wi = first_tile.partition_point(|&f| f <= tile) - 1;
-            let w = &ws[wi];
-            let (n, rb) = (w.rows, w.row_bytes());
-            let r0 = (tile - first_tile[wi]) * GEMM_TILE_ROWS;
-            let rows = GEMM_TILE_ROWS.min(n - r0);
-            let wt = &mut wt[..rows * k];
-            dequantize(w.kernel.weight_type(), &w.data[r0 * rb..(r0 + rows) * rb], wt)
-                .expect("weight size and type were checked by WeightMatrix::new");
-            pack_panels(wt, rows, k, k, 1, panels);
-            // SAFETY: this thread alone writes columns r0..r0+rows of the m output rows (stride n).
-            unsafe { gemm_packed(m, rows, k, x, k, panels, outps[wi].as_mut_ptr().add(r0), n) };
-        }
+    for tile in tiles {
+        let wi = first_tile.partition_point(|&f| f <= tile) - 1;
+        let w = &ws[wi];
+        let (n, rb) = (w.rows, w.row_bytes());
+        let r0 = (tile - first_tile[wi]) * GEMM_TILE_ROWS;
+        let rows = GEMM_TILE_ROWS.min(n - r0);
+        let wt = &mut wt[..rows * k];
+        dequantize(w.kernel.weight_type(), &w.data[r0 * rb..(r0 + rows) * rb], wt)
+            .expect("weight size and type were checked by WeightMatrix::new");
+        pack_panels(wt, rows, k, k, 1, panels);
+        // SAFETY: this thread alone writes columns r0..r0+rows of the m output rows (stride n).
+        unsafe { gemm_packed(m, rows, k, x, k, panels, outps[wi].as_mut_ptr().add(r0), n) };
     }
 }
 
