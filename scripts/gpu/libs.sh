@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sourced by the GPU scripts: makes the CUDA and NCCL libraries loadable for strata's binaries and
-# test binaries (set $shim to a scratch folder first).
+# test binaries (set $shim to a scratch folder first), and unpacks what gpu-bin/ carries.
 # cudarc dlopens bare names (libcuda.so.1, libnccl.so): put every likely folder on the path,
 # including Python's site-packages/nvidia/*/lib, and give libnccl.so.2 the bare name it wants.
 libdirs=(/usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu)
@@ -21,3 +21,8 @@ for d in "${libdirs[@]}"; do
 done
 LD_LIBRARY_PATH="$shim:$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
+
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+mkdir -p "${OUT:=/tmp/out}"
+for f in gpu-bin/*.gz; do [ -e "$f" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
+[ -d gpu-bin/tokenizers ] || [ ! -f gpu-bin/tokenizers.tgz ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin

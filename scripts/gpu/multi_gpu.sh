@@ -13,13 +13,8 @@
 set -u
 PHASE=${1:?phase: correct | stall | fast | slow | seeds}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 shim=/tmp/strata-libshim
 source "$(dirname "$0")/libs.sh"
-for f in gpu-bin/*.gz; do gunzip -kf "$f"; done
-chmod +x gpu-bin/strata gpu-bin/multi-gpu-test
-[ -d gpu-bin/tokenizers ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin
 S=gpu-bin/strata
 CK=/root/ckpt
 L8=$CK/llama3-8b

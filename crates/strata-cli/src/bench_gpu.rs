@@ -68,8 +68,16 @@ struct Level {
     ttft_p95_ms: f64,
     /// Decode-step roofline: max(bytes / bandwidth, FLOPs / peak) at the mean context.
     step_roofline_ms: f64,
+    /// A request's time from first to last token over its tokens: decode steps plus the prompt
+    /// chunks of other requests scheduled in between.
     decode_step_ms: f64,
     roofline_fraction: f64,
+    /// Steps that only decoded (no prompt chunk): their mean time, mean batch, and the step
+    /// roofline at that batch.
+    pure_decode_step_ms: f64,
+    pure_decode_batch: f64,
+    pure_decode_roofline_ms: f64,
+    pure_decode_roofline_fraction: f64,
     kv_capacity_tokens: usize,
 }
 
@@ -151,6 +159,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
         }
         let levels: Vec<usize> = if i == 0 { args.levels.clone() } else { vec![max_level] };
         for n in levels {
+            let before = engine.stats();
             let t0 = Instant::now();
             let results: Vec<anyhow::Result<strata_engine::Completion>> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..n)
@@ -172,11 +181,19 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                     .iter()
                     .map(|c| c.tokens.len().saturating_sub(1).max(1))
                     .sum::<usize>() as f64;
-            // The roofline of one decode step of n sequences at the mean context.
+            // The roofline of one decode step of `seqs` sequences at the mean context.
             let ctx = args.prompt_tokens as f64 + args.output_tokens as f64 / 2.0;
-            let kv_bytes = n as f64 * ctx * strata_model::cuda::kv_cache::bytes_per_token(&c, dtype) as f64;
-            let flops = 2.0 * n as f64 * weight_bytes as f64 / 2.0;
-            let roof_ms = ((weight_bytes as f64 + kv_bytes) / (bandwidth * 1e9)).max(flops / PEAK_BF16_FLOPS) * 1e3;
+            let roofline_ms = |seqs: f64| {
+                let kv_bytes = seqs * ctx * strata_model::cuda::kv_cache::bytes_per_token(&c, dtype) as f64;
+                let flops = 2.0 * seqs * weight_bytes as f64 / 2.0;
+                ((weight_bytes as f64 + kv_bytes) / (bandwidth * 1e9)).max(flops / PEAK_BF16_FLOPS) * 1e3
+            };
+            let roof_ms = roofline_ms(n as f64);
+            let after = engine.stats();
+            let pure_steps = (after.decode_steps_total - before.decode_steps_total).max(1) as f64;
+            let pure_ms = (after.decode_step_seconds_total - before.decode_step_seconds_total) * 1e3 / pure_steps;
+            let pure_batch = (after.decode_step_seqs_total - before.decode_step_seqs_total) as f64 / pure_steps;
+            let pure_roof = roofline_ms(pure_batch);
             let level = Level {
                 kv_cache_dtype: dtype.as_str().to_string(),
                 concurrency: n,
@@ -188,14 +205,21 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                 step_roofline_ms: roof_ms,
                 decode_step_ms: step_ms,
                 roofline_fraction: roof_ms / step_ms,
+                pure_decode_step_ms: pure_ms,
+                pure_decode_batch: pure_batch,
+                pure_decode_roofline_ms: pure_roof,
+                pure_decode_roofline_fraction: pure_roof / pure_ms,
                 kv_capacity_tokens: kv_tokens,
             };
             eprintln!(
-                "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms",
+                "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms",
                 dtype.as_str(),
                 level.output_tok_s,
                 step_ms,
-                roof_ms
+                roof_ms,
+                pure_ms,
+                pure_batch,
+                pure_roof
             );
             report.levels.push(level);
         }
@@ -217,11 +241,12 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
         args.prompt_tokens,
         report.ttft_512_ms
     );
-    println!("| kv | concurrency | output tok/s | total tok/s | TTFT p50 ms | TTFT p95 ms | step ms | roofline ms | of roofline | KV tokens |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("step incl. prefill: a request's first-to-last-token time per token (other requests' prompt chunks included); decode-only: steps without prompt chunks, roofline at their mean batch");
+    println!("| kv | concurrency | output tok/s | total tok/s | TTFT p50 ms | TTFT p95 ms | step incl. prefill ms | roofline ms | of roofline | decode-only step ms | batch | roofline ms | of roofline | KV tokens |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in &report.levels {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.0}% | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.0}% | {:.2} | {:.1} | {:.2} | {:.0}% | {} |",
             l.kv_cache_dtype,
             l.concurrency,
             l.output_tok_s,
@@ -231,6 +256,10 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             l.decode_step_ms,
             l.step_roofline_ms,
             100.0 * l.roofline_fraction,
+            l.pure_decode_step_ms,
+            l.pure_decode_batch,
+            l.pure_decode_roofline_ms,
+            100.0 * l.pure_decode_roofline_fraction,
             l.kv_capacity_tokens
         );
     }

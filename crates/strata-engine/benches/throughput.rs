@@ -44,7 +44,12 @@ fn options() -> Result<Options, String> {
             }
             "--kv-cache-dtype" => o.dtype = KvCacheDtype::parse(&value()?)?,
             "--activation-precision" => o.precision = ActPrecision::parse(&value()?)?,
-            "--out" => o.out = value()?.into(),
+            // Relative to the workspace root (cargo runs benches from the crate's folder).
+            "--out" => {
+                o.out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../..")
+                    .join(value()?)
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }

@@ -161,6 +161,11 @@ pub struct EngineStats {
     /// Seconds from scheduling the last batch to having its results (batches kept in flight by a
     /// pipelined executor overlap).
     pub last_step_seconds: f64,
+    /// Steps in which every sequence decoded one token (no prompt chunk), their summed seconds
+    /// and their summed sequences: the pure decode step time and batch size, for benchmarks.
+    pub decode_steps_total: u64,
+    pub decode_step_seconds_total: f64,
+    pub decode_step_seqs_total: u64,
 }
 
 impl EngineStats {
@@ -735,10 +740,12 @@ impl EngineLoop {
             Err(e) => return self.fail_batch(chunks, e),
         };
         let mut finished = Vec::new();
+        let mut all_decode = !chunks.is_empty();
         for (bi, c) in chunks.iter().enumerate() {
             let Some(seq) = self.seqs.get_mut(&c.id) else {
                 continue;
             };
+            all_decode &= c.num_tokens == 1 && seq.num_computed >= seq.request.prompt.len();
             seq.num_computed += c.num_tokens;
             let prompt_done = seq.num_computed.min(seq.request.prompt.len());
             let prompt = &seq.request.prompt[..prompt_done];
@@ -765,6 +772,11 @@ impl EngineLoop {
         }
         self.stats.steps_total += 1;
         self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+        if all_decode {
+            self.stats.decode_steps_total += 1;
+            self.stats.decode_step_seconds_total += self.stats.last_step_seconds;
+            self.stats.decode_step_seqs_total += chunks.len() as u64;
+        }
         Ok(())
     }
 

@@ -100,6 +100,15 @@ fn greedy_output_is_the_same_alone_and_among_32_others_with_chunked_prefill() {
         s.prefix_cache_hit_rate > 0.0,
         "the repeated prompts hit the prefix cache"
     );
+    // Decode-only steps are counted apart (benchmarks read them): each of the four sequences run
+    // alone took one prompt step and 11 steps that only decoded it.
+    assert!(s.decode_steps_total >= 4 * 11, "{s:?}");
+    assert!(
+        s.decode_steps_total < s.steps_total,
+        "prompt steps are not decode-only: {s:?}"
+    );
+    assert!(s.decode_step_seqs_total >= s.decode_steps_total, "{s:?}");
+    assert!(s.decode_step_seconds_total > 0.0, "{s:?}");
 }
 
 #[test]

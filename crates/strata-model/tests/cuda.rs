@@ -10,8 +10,9 @@ use strata_model::cuda::{GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
-use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, FAMILIES};
-use strata_runtime::cuda::libraries;
+use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, Kernels, FAMILIES};
+use strata_runtime::cuda::{libraries, Gemm, GemmOut, Gpu};
+use strata_runtime::kernel_args;
 
 #[test]
 fn every_kernel_compiles_with_nvrtc_for_sm90() {
@@ -60,20 +61,25 @@ fn kernel_limits_are_checked_before_compiling() {
     .is_ok());
 }
 
-/// The GPU executor for the default model, or `None` (with the reason printed) without a GPU.
-fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool, deterministic: bool) -> Option<GpuExecutor> {
+/// The CUDA libraries, when a GPU is present; `None` (with the reason printed) otherwise.
+fn gpu_libraries() -> Option<libraries::LibrarySearch> {
     let libs = libraries::search(&libraries::candidate_dirs());
-    match strata_runtime::cuda::Gpu::count(&libs) {
-        Ok(n) if n > 0 => {}
+    match Gpu::count(&libs) {
+        Ok(n) if n > 0 => Some(libs),
         Ok(_) => {
             eprintln!("skipped: no CUDA GPU");
-            return None;
+            None
         }
         Err(e) => {
             eprintln!("skipped: {e}");
-            return None;
+            None
         }
     }
+}
+
+/// The GPU executor for the default model, or `None` (with the reason printed) without a GPU.
+fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool, deterministic: bool) -> Option<GpuExecutor> {
+    let libs = gpu_libraries()?;
     let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads (make fetch)");
     let opts = GpuOptions {
         ordinal: 0,
@@ -148,6 +154,104 @@ fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64, usize) {
         top1 += (argmax(ra) == argmax(rb)) as usize;
     }
     (max_rel, sum / n as f64, top1)
+}
+
+/// `n * k` bf16 values uniform in [-1, 1) from a fixed seed, as bits.
+fn random_bf16(count: usize, seed: u64) -> Vec<u16> {
+    let mut state = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            (v.to_bits() >> 16) as u16
+        })
+        .collect()
+}
+
+#[test]
+fn decode_gemvs_match_cublaslt() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    let mut gemm = Gemm::new(&gpu).unwrap();
+    // SmolLM2's k (576: not a multiple of 256), Llama-3-8B's, and an odd row count.
+    for (n, k) in [(1000usize, 576usize), (4096, 4096), (333, 1536)] {
+        let w = gpu.upload(&random_bf16(2 * n * k, 1), "w").unwrap();
+        for t in 1..=8usize {
+            let x = gpu.upload(&random_bf16(t * k, 2 + t as u64), "x").unwrap();
+            let compiled = [1usize, 2, 4, 8].into_iter().find(|&c| c >= t).unwrap();
+            let reference = gpu.alloc(t * 2 * n * 4, "reference").unwrap();
+            let (wp, xp, rp) = (w.ptr(), x.ptr(), reference.ptr());
+            // SAFETY: w holds 2n x k, x t x k, reference t x 2n f32.
+            unsafe { gemm.matmul(&gpu, wp, xp, rp, (2 * n, k, t), GemmOut::F32) }.unwrap();
+            let mut want = vec![0f32; t * 2 * n];
+            gpu.read(&reference, 0, &mut want).unwrap();
+            // The plain GEMV over the first n rows, f32 out.
+            let y = gpu.alloc(t * n * 4, "y").unwrap();
+            let (yp, n32, k32, t32, f32_out) = (y.ptr(), n as i32, k as i32, t as i32, 1i32);
+            let f = kernels.get(&format!("gemv_t{compiled}"));
+            // SAFETY: the arguments of gemm.cu's gemv_t{T}, buffers sized as above.
+            unsafe {
+                gpu.launch(
+                    f,
+                    (n.div_ceil(2) as u32, 1, 1),
+                    128,
+                    0,
+                    &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out),
+                )
+            }
+            .unwrap();
+            let mut got = vec![0f32; t * n];
+            gpu.read(&y, 0, &mut got).unwrap();
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for j in 0..t {
+                for r in 0..n {
+                    let (a, b) = (got[j * n + r], want[j * 2 * n + r]);
+                    assert!(
+                        (a - b).abs() <= 1e-4 * scale,
+                        "gemv n {n} k {k} t {t}: row {r} token {j}: {a} vs cuBLASLt {b}"
+                    );
+                }
+            }
+            // The gate/up variant over all 2n rows (gate = first n), silu(gate) * up in bf16.
+            let act = gpu.alloc(t * n * 2, "act").unwrap();
+            let ap = act.ptr();
+            let f = kernels.get(&format!("gemv_silu_t{compiled}"));
+            // SAFETY: the arguments of gemm.cu's gemv_silu_t{T}, buffers sized as above.
+            unsafe {
+                gpu.launch(
+                    f,
+                    (n as u32, 1, 1),
+                    128,
+                    0,
+                    &mut kernel_args!(wp, xp, ap, n32, k32, t32),
+                )
+            }
+            .unwrap();
+            let mut got = vec![0u16; t * n];
+            gpu.read(&act, 0, &mut got).unwrap();
+            let bf = |v: f32| f32::from_bits(((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) << 16);
+            let mut worst = 0f32;
+            let mut largest = 0f32;
+            for j in 0..t {
+                for r in 0..n {
+                    let (g, u) = (bf(want[j * 2 * n + r]), bf(want[j * 2 * n + n + r]));
+                    let expect = g / (1.0 + (-g).exp()) * u;
+                    let a = f32::from_bits((got[j * n + r] as u32) << 16);
+                    worst = worst.max((a - expect).abs());
+                    largest = largest.max(expect.abs());
+                }
+            }
+            assert!(
+                worst <= 0.02 * largest,
+                "gemv_silu n {n} k {k} t {t}: off by {worst} of {largest}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
-// Matrix products in one fixed summation order (`--deterministic`): y[t, n] = x[t, k] · w[n, k]ᵀ,
-// every output element summed the same way whatever n, t, or the TP split of k.
+// strata's own matrix products, y[t, n] = x[t, k] · w[n, k]ᵀ with bf16 w and x: decode-sized GEMVs
+// that stream the weights at the memory's speed, and the fixed-order GEMM of `--deterministic`.
 //
+// Fixed order: every output element is summed the same way whatever n, t, or the TP split of k.
 // k is cut into `chunks` equal parts (a power of two, at most FO_MAX_CHUNKS; k / chunks a
 // multiple of 8). One warp per output row and group of up to FO_TOKENS tokens: lane l sums
 // elements 8l..8l+7, +256, ... of each chunk in order, the warp adds its lanes by a butterfly,
@@ -11,15 +12,6 @@
 #define FO_TOKENS 8
 #define FO_MAX_CHUNKS 8
 #define FO_WARPS 8
-
-__device__ __forceinline__ void unpack8(uint4 v, float* out) {
-    const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        out[2 * i] = __uint_as_float(words[i] << 16);
-        out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    }
-}
 
 // Adds vals[0..count) (count a power of two, at most FO_MAX_CHUNKS) as a pairwise tree into vals[0].
 __device__ __forceinline__ void tree_sum(float* vals, int count) {
@@ -96,3 +88,141 @@ extern "C" __global__ void sum_ranks(const float* __restrict__ parts, float* __r
         out[i] = vals[0];
     }
 }
+
+// ---- Decode GEMVs: t <= 8 tokens, bound by reading w once. ----
+// One block per two output rows (or a gate/up row pair), its GEMV_WARPS warps splitting k: each
+// lane keeps 2 x GEMV_UNROLL 16-byte weight loads in flight (streamed past L1), x is read through
+// L1; a warp's lanes meet by a butterfly, the warps in shared memory in a fixed order.
+// k must be a multiple of 8.
+
+#define GEMV_WARPS 4
+#define GEMV_UNROLL 8
+
+__device__ __forceinline__ uint4 load_streaming(const bf16* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// acc[r][j] = w[rows[r]] · x[j] for j < t, summed over the whole block (valid in thread 0).
+template <int T, int R>
+__device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, int k, int t,
+                                          const int (&rows)[R], float (&acc)[R][T]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int k8 = k >> 3;
+    const uint4* xv = (const uint4*)x;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < T; j++) acc[r][j] = 0.0f;
+    for (int base = lane + warp * 32 * GEMV_UNROLL; base < k8; base += 32 * GEMV_UNROLL * GEMV_WARPS) {
+        uint4 wv[R][GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int i = base + u * 32;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wv[r][u] = i < k8 ? load_streaming(w + (size_t)rows[r] * k + (size_t)i * 8) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int i = base + u * 32;
+            if (i < k8) {
+#pragma unroll
+                for (int j = 0; j < T; j++) {
+                    if (j < t) {
+                        float xf[8];
+                        unpack8(__ldg(xv + (size_t)j * k8 + i), xf);
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float wf[8];
+                            unpack8(wv[r][u], wf);
+#pragma unroll
+                            for (int d = 0; d < 8; d++) acc[r][j] = fmaf(wf[d], xf[d], acc[r][j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    __shared__ float partial[GEMV_WARPS][R][T];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            const float v = warp_sum(acc[r][j]);
+            if (lane == 0) partial[warp][r][j] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < T; j++) {
+                float v = partial[0][r][j];
+#pragma unroll
+                for (int p = 1; p < GEMV_WARPS; p++) v += partial[p][r][j];
+                acc[r][j] = v;
+            }
+    }
+}
+
+// y[t, n] (bf16, or f32 when out_f32). Grid ceil(n / 2), GEMV_WARPS * 32 threads.
+template <int T>
+__device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k,
+                     int t, int out_f32) {
+    const int row = 2 * blockIdx.x;
+    const bool pair = row + 1 < n;
+    const int rows[2] = {row, pair ? row + 1 : row};
+    float acc[2][T];
+    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (r == 1 && !pair) break;
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            if (j < t) {
+                const size_t at = (size_t)j * n + row + r;
+                if (out_f32) ((float*)y)[at] = acc[r][j];
+                else ((bf16*)y)[at] = f2bf(acc[r][j]);
+            }
+        }
+    }
+}
+
+// The fused gate/up projection and its activation: w holds [gate; up], each `inter` rows, and
+// out[t, inter] = silu(gate) * up (bf16, gate and up rounded to bf16 first as the unfused path
+// does). Grid `inter`, GEMV_WARPS * 32 threads.
+template <int T>
+__device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter,
+                          int k, int t) {
+    const int row = blockIdx.x;
+    const int rows[2] = {row, row + inter};
+    float acc[2][T];
+    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j < t) {
+            const float g = bf2f(f2bf(acc[0][j])), u = bf2f(f2bf(acc[1][j]));
+            out[(size_t)j * inter + row] = f2bf(g / (1.0f + __expf(-g)) * u);
+        }
+    }
+}
+
+#define GEMV_KERNELS(T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
+        gemv_t##T(const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32) {                  \
+        gemv<T>(w, x, y, n, k, t, out_f32);                                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
+        gemv_silu_t##T(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {                    \
+        gemv_silu<T>(w, x, out, inter, k, t);                                                                 \
+    }
+GEMV_KERNELS(1)
+GEMV_KERNELS(2)
+GEMV_KERNELS(4)
+GEMV_KERNELS(8)

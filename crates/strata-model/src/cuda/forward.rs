@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use strata_runtime::cuda::{Communicator, CudaError, DeviceBuffer, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels};
+use strata_runtime::cuda::{
+    Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels,
+};
 use strata_runtime::kernel_args;
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
@@ -12,6 +14,7 @@ use crate::error::ModelError;
 use crate::kv_cache::KvCacheDtype;
 
 use super::kv_cache::GpuKvCache;
+use super::profile::KernelProfile;
 use super::shard::Shard;
 use super::weights::GpuWeights;
 
@@ -27,6 +30,19 @@ pub const DETERMINISTIC_CHUNKS: usize = 8;
 /// Rows per block and tokens per warp of `gemm_fixed_order`.
 const FO_WARPS: usize = 8;
 const FO_TOKENS: usize = 8;
+/// The decode GEMVs of gemm.cu by the tokens they are compiled for (`gemv_t{T}`), with the
+/// gate/up + SiLU variant, and their warps per block (GEMV_WARPS: a block computes two rows, or
+/// one gate/up pair, its warps splitting k).
+const GEMV_KERNELS: [(usize, &str, &str); 4] = [
+    (1, "gemv_t1", "gemv_silu_t1"),
+    (2, "gemv_t2", "gemv_silu_t2"),
+    (4, "gemv_t4", "gemv_silu_t4"),
+    (8, "gemv_t8", "gemv_silu_t8"),
+];
+const GEMV_WARPS: usize = 4;
+/// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
+/// overrides it for measurements; 0 turns them off).
+const GEMV_MAX_TOKENS: usize = 8;
 
 /// The largest step the buffers are sized for.
 #[derive(Debug, Clone, Copy)]
@@ -57,8 +73,11 @@ struct InputLayout {
 }
 
 impl InputLayout {
-    fn new(l: &StepLimits, block_size: usize) -> InputLayout {
-        let t = l.max_tokens;
+    /// The layout of a step of `tokens` (padded) tokens over `seqs` sequences: the arrays end to
+    /// end, so a step copies only its own inputs. Offsets depend on `tokens` alone, so a graph
+    /// captured for a bucket keeps pointing at the right arrays.
+    fn for_step(tokens: usize, seqs: usize, max_blocks: usize) -> InputLayout {
+        let t = tokens;
         InputLayout {
             tokens: 0,
             positions: t,
@@ -66,8 +85,13 @@ impl InputLayout {
             slots: 3 * t,
             rows: 4 * t,
             tables: 5 * t,
-            len: 5 * t + (l.max_seqs + 1) * l.max_blocks(block_size),
+            len: 5 * t + (seqs + 1) * max_blocks,
         }
+    }
+
+    /// The largest step's layout (the staging buffer's size).
+    fn largest(l: &StepLimits, block_size: usize) -> InputLayout {
+        InputLayout::for_step(l.max_tokens, l.max_seqs, l.max_blocks(block_size))
     }
 }
 
@@ -82,9 +106,9 @@ struct StepBuffers {
     act: DeviceBuffer,
     normed: DeviceBuffer,
     logits: DeviceBuffer,
-    ids: DeviceBuffer,
-    /// The logit of each argmax (to merge the vocabulary slices of TP ranks).
-    vals: DeviceBuffer,
+    /// Each logits row's argmax (u32, from 0) and, from `logit_rows` on, its logit (f32: to merge
+    /// the vocabulary slices of TP ranks); one buffer so that one copy brings both back.
+    argmax: DeviceBuffer,
     part_acc: DeviceBuffer,
     part_ml: DeviceBuffer,
     /// Every TP rank's row-parallel partial sums, under `--deterministic`.
@@ -129,10 +153,14 @@ pub struct GpuTransformer {
     pub use_graphs: bool,
     /// Fixed-order GEMMs and reductions (see [`GpuTransformer::set_deterministic`]).
     deterministic: bool,
-    /// `STRATA_GPU_PROFILE=1`: time every kernel of eager steps (synchronising around each) and
-    /// print the totals when the model is dropped.
-    profile: Option<std::cell::RefCell<HashMap<String, (std::time::Duration, u64)>>>,
+    /// Products of at most this many tokens run as gemm.cu's GEMVs.
+    gemv_max_tokens: usize,
+    /// `STRATA_GPU_PROFILE=1`: the GPU time of every kernel of eager steps, printed when the
+    /// model is dropped.
+    profile: Option<KernelProfile>,
     capturing: bool,
+    /// Whether the step being launched only decodes (names the profile's entries).
+    decoding: bool,
 }
 
 impl Drop for GpuTransformer {
@@ -141,21 +169,7 @@ impl Drop for GpuTransformer {
         // destroy (and abort) wait for: the graphs go first.
         self.graphs.clear();
         if let Some(p) = &self.profile {
-            let mut rows: Vec<_> = p.borrow().iter().map(|(k, v)| (k.clone(), *v)).collect();
-            rows.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
-            let total: f64 = rows.iter().map(|r| r.1 .0.as_secs_f64()).sum();
-            eprintln!(
-                "GPU profile (eager steps, synchronised per kernel): {:.1} ms in all",
-                total * 1e3
-            );
-            for (name, (d, n)) in rows {
-                eprintln!(
-                    "  {name:<28} {:>9.2} ms {:>5.1}% {n:>7} calls {:>8.1} us/call",
-                    d.as_secs_f64() * 1e3,
-                    100.0 * d.as_secs_f64() / total.max(1e-12),
-                    d.as_secs_f64() * 1e6 / n.max(1) as f64
-                );
-            }
+            p.report();
         }
     }
 }
@@ -188,7 +202,7 @@ impl GpuTransformer {
         let kernels = Kernels::load(&gpu, spec)?;
         let gemm = Gemm::new(&gpu)?;
         let inv_freq = gpu.upload(&config.rope.inv_freq(), "the RoPE frequencies")?;
-        let layout = InputLayout::new(&limits, kv.block_size);
+        let layout = InputLayout::largest(&limits, kv.block_size);
         let c = &local;
         let t = limits.max_tokens;
         let width = c.q_dim() + 2 * c.kv_dim();
@@ -204,8 +218,7 @@ impl GpuTransformer {
             act: gpu.alloc(t * c.intermediate * 2, "activations")?,
             normed: gpu.alloc(limits.logit_rows * c.hidden * 2, "activations")?,
             logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
-            ids: gpu.alloc(limits.logit_rows * 4, "greedy token ids")?,
-            vals: gpu.alloc(limits.logit_rows * 4, "greedy token logits")?,
+            argmax: gpu.alloc(2 * limits.logit_rows * 4, "greedy token ids")?,
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
             gathered: None,
@@ -228,8 +241,13 @@ impl GpuTransformer {
             graphs: HashMap::new(),
             use_graphs: true,
             deterministic: false,
-            profile: std::env::var_os("STRATA_GPU_PROFILE").map(|_| Default::default()),
+            gemv_max_tokens: std::env::var("STRATA_GEMV_MAX_TOKENS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(GEMV_MAX_TOKENS),
+            profile: KernelProfile::from_env(),
             capturing: false,
+            decoding: false,
         })
     }
 
@@ -316,12 +334,13 @@ impl GpuTransformer {
         Ok(())
     }
 
-    /// Fills the host staging array for `batch`, padded to `padded` tokens for a graph.
+    /// Lays out and fills the host staging array for `batch`, padded to `padded` tokens for a graph.
     fn stage(&mut self, batch: &[SeqChunk], padded: usize) -> StepPlan {
-        let l = self.layout;
         let bs = self.kv.block_size;
         let max_blocks = self.limits.max_blocks(bs);
-        let pad_row = self.limits.max_seqs; // a table row that points at the padding block
+        self.layout = InputLayout::for_step(padded, batch.len(), max_blocks);
+        let l = self.layout;
+        let pad_row = batch.len(); // a table row that points at the padding block
         let h = &mut self.host_inputs;
         let mut t = 0;
         let mut rows = Vec::new();
@@ -380,6 +399,17 @@ impl GpuTransformer {
     /// [`Self::forward`] on this GPU's shard: only the last stage returns logits, over its
     /// vocabulary slice (argmax ids are of the whole vocabulary).
     pub fn forward_shard(&mut self, batch: &[SeqChunk]) -> Result<ShardLogits, ModelError> {
+        if let Some(p) = &self.profile {
+            p.step_begins();
+        }
+        let out = self.forward_step(batch);
+        if let Some(p) = &self.profile {
+            p.step_ends();
+        }
+        out
+    }
+
+    fn forward_step(&mut self, batch: &[SeqChunk]) -> Result<ShardLogits, ModelError> {
         self.validate(batch)?;
         let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.gpu.bind().map_err(gpu_err)?;
@@ -394,6 +424,7 @@ impl GpuTransformer {
         } else {
             None
         };
+        self.decoding = decode;
         let padded = bucket.unwrap_or_else(|| batch.iter().map(|c| c.tokens.len()).sum());
         let plan = self.stage(batch, padded);
         if plan.tokens == 0 {
@@ -404,6 +435,7 @@ impl GpuTransformer {
         self.gpu
             .write(&self.bufs.inputs, 0, &self.host_inputs[..l.len])
             .map_err(gpu_err)?;
+        self.profile_phase("stage and upload inputs");
         match bucket {
             Some(b) => {
                 let parts = self.attention_parts(b);
@@ -428,12 +460,14 @@ impl GpuTransformer {
                     }
                     self.graphs[&b].launch().map_err(gpu_err)?;
                 }
+                self.profile_phase("launch (graph or eager kernels)");
                 self.collect_logits(&plan, true).map_err(gpu_err)
             }
             None => {
                 // Parts of fewer than 32 keys only cost their merge.
                 let parts = self.attention_parts(plan.tokens).min(plan.max_ctx.div_ceil(32));
                 self.layers(plan.tokens, parts).map_err(gpu_err)?;
+                self.profile_phase("launch (graph or eager kernels)");
                 self.collect_logits(&plan, false).map_err(gpu_err)
             }
         }
@@ -509,7 +543,6 @@ impl GpuTransformer {
         let bs = self.kv.block_size as i32;
         let max_blocks = self.limits.max_blocks(self.kv.block_size) as i32;
         let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
-        let k_col = c.q_dim() as i32;
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
         let (part_acc, part_ml) = (self.bufs.part_acc.ptr(), self.bufs.part_ml.ptr());
         let inter = c.intermediate as i64;
@@ -538,32 +571,23 @@ impl GpuTransformer {
                 )?;
             }
             self.matmul(wqkv, xn, qkv, (width as usize, c.hidden, t), GemmOut::Bf16)?;
-            let shared = ((c.n_heads + c.n_kv_heads) * c.head_dim * 4) as u32;
+            let shared = ((c.n_heads + 3 * c.n_kv_heads) * c.head_dim * 4) as u32;
+            let (kc, vc, ks, vs) = self.kv.layer(li);
+            let rope_kernel = if fp8 {
+                "qkv_rope_kv_write_fp8"
+            } else {
+                "qkv_rope_kv_write_bf16"
+            };
             self.launch(
-                "qkv_rope",
+                rope_kernel,
                 grid_t,
                 ROW_THREADS,
                 shared,
-                &mut kernel_args!(qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps),
+                &mut kernel_args!(
+                    qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks, vs,
+                    bs
+                ),
             )?;
-            let (kc, vc, ks, vs) = self.kv.layer(li);
-            if fp8 {
-                self.launch(
-                    "kv_write_fp8",
-                    grid_t,
-                    ROW_THREADS,
-                    0,
-                    &mut kernel_args!(qkv, width, k_col, slots, kc, vc, ks, vs, n_kv, hd, bs),
-                )?;
-            } else {
-                self.launch(
-                    "kv_write_bf16",
-                    grid_t,
-                    ROW_THREADS,
-                    0,
-                    &mut kernel_args!(qkv, width, k_col, slots, kc, vc, n_kv, hd, bs),
-                )?;
-            }
             let attn_kernel = if fp8 {
                 "paged_attention_fp8"
             } else {
@@ -597,17 +621,28 @@ impl GpuTransformer {
                 0,
                 &mut kernel_args!(x, proj, ffn_norm, xn, h, eps),
             )?;
-            self.matmul(wgu, xn, gate_up, (2 * c.intermediate, c.hidden, t), GemmOut::Bf16)?;
-            let total = t as i64 * inter;
-            let blocks = (total as u64).div_ceil(256).min(65535 * 8) as u32;
-            let inter32 = c.intermediate as i32;
-            self.launch(
-                "silu_mul",
-                (blocks, 1, 1),
-                256,
-                0,
-                &mut kernel_args!(gate_up, act, inter32, total),
-            )?;
+            if let Some((_, _, fused)) = self.gemv_for(t, c.hidden) {
+                let (inter32, k, t32) = (c.intermediate as i32, c.hidden as i32, t as i32);
+                self.launch(
+                    fused,
+                    (c.intermediate as u32, 1, 1),
+                    (GEMV_WARPS * 32) as u32,
+                    0,
+                    &mut kernel_args!(wgu, xn, act, inter32, k, t32),
+                )?;
+            } else {
+                self.matmul(wgu, xn, gate_up, (2 * c.intermediate, c.hidden, t), GemmOut::Bf16)?;
+                let total = t as i64 * inter;
+                let blocks = (total as u64).div_ceil(256).min(65535 * 8) as u32;
+                let inter32 = c.intermediate as i32;
+                self.launch(
+                    "silu_mul",
+                    (blocks, 1, 1),
+                    256,
+                    0,
+                    &mut kernel_args!(gate_up, act, inter32, total),
+                )?;
+            }
             self.row_parallel(wdown, act, (c.hidden, c.intermediate, t))?;
         }
         self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))?;
@@ -728,7 +763,11 @@ impl GpuTransformer {
             }
         };
         self.matmul(lm, normed, logits, (vocab, hidden, n), GemmOut::F32)?;
-        let (ids, vals, v) = (self.bufs.ids.ptr(), self.bufs.vals.ptr(), vocab as i32);
+        let (ids, vals, v) = (
+            self.bufs.argmax.ptr(),
+            self.bufs.argmax.at(self.limits.logit_rows * 4),
+            vocab as i32,
+        );
         self.launch(
             "argmax_rows",
             (n as u32, 1, 1),
@@ -761,8 +800,8 @@ impl GpuTransformer {
         let vocab = self.local.vocab_size;
         let vocab_start = self.shard.vocab(&self.config).start as u32;
         let r = plan.rows.len();
-        let mut ids = vec![0u32; r];
-        let mut vals = vec![0f32; r];
+        let lr = self.limits.logit_rows;
+        let mut words = vec![0u32; 2 * lr];
         // A captured decode step computed one row per (padded) token, row j = token j, with the
         // real tokens first.
         let chunk = if computed { r.max(1) } else { self.limits.logit_rows };
@@ -772,8 +811,8 @@ impl GpuTransformer {
             if !computed {
                 self.logits_chunk(first, n)?;
             }
-            self.gpu.read(&self.bufs.ids, 0, &mut ids[first..first + n])?;
-            self.gpu.read(&self.bufs.vals, 0, &mut vals[first..first + n])?;
+            // The ids and the logits of this chunk's rows: [0, n) and [lr, lr + n).
+            self.gpu.read(&self.bufs.argmax, 0, &mut words[..lr + n])?;
             for (j, &(seq, pos, _, whole)) in plan.rows.iter().enumerate().skip(first).take(n) {
                 if whole {
                     let start = out.logits.data.len();
@@ -785,8 +824,8 @@ impl GpuTransformer {
                     )?;
                     out.logits.rows.push((seq, pos));
                 } else {
-                    out.logits.argmax.push((seq, vocab_start + ids[j]));
-                    out.argmax_values.push(vals[j]);
+                    out.logits.argmax.push((seq, vocab_start + words[j - first]));
+                    out.argmax_values.push(f32::from_bits(words[lr + j - first]));
                 }
             }
             first += n;
@@ -809,28 +848,52 @@ impl GpuTransformer {
         self.profile_end(t, || name.to_string())
     }
 
-    fn profile_start(&self) -> Result<Option<std::time::Instant>, CudaError> {
-        if self.profile.is_none() || self.capturing {
-            return Ok(None);
+    fn profile_phase(&self, name: &'static str) {
+        if let Some(p) = &self.profile {
+            p.phase_ends(name);
         }
-        self.gpu.sync()?;
-        Ok(Some(std::time::Instant::now()))
     }
 
-    fn profile_end(&self, t: Option<std::time::Instant>, name: impl FnOnce() -> String) -> Result<(), CudaError> {
-        if let (Some(t), Some(p)) = (t, &self.profile) {
-            self.gpu.sync()?;
-            let mut p = p.borrow_mut();
-            let e = p.entry(name()).or_default();
-            e.0 += t.elapsed();
-            e.1 += 1;
+    fn profile_start(&self) -> Result<Option<Event>, CudaError> {
+        match &self.profile {
+            Some(p) if !self.capturing => p.start(&self.gpu).map(Some),
+            _ => Ok(None),
         }
-        Ok(())
+    }
+
+    fn profile_end(&self, start: Option<Event>, name: impl FnOnce() -> String) -> Result<(), CudaError> {
+        match (start, &self.profile) {
+            (Some(start), Some(p)) => {
+                let kind = if self.decoding { "decode" } else { "prefill" };
+                p.end(&self.gpu, start, format!("{} ({kind})", name()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The GEMV kernels (tokens compiled for, plain, gate/up + SiLU) for a product of `t` tokens
+    /// over `k`, when they apply: not under `--deterministic`, k a multiple of 8.
+    fn gemv_for(&self, t: usize, k: usize) -> Option<(usize, &'static str, &'static str)> {
+        if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
+            return None;
+        }
+        GEMV_KERNELS.iter().copied().find(|g| g.0 >= t)
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
         if self.deterministic {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
+        }
+        let (n, k, t) = shape;
+        if let Some((_, plain, _)) = self.gemv_for(t, k) {
+            let (n32, k32, t32, f32_out) = (n as i32, k as i32, t as i32, (out == GemmOut::F32) as i32);
+            return self.launch(
+                plain,
+                (n.div_ceil(2) as u32, 1, 1),
+                (GEMV_WARPS * 32) as u32,
+                0,
+                &mut kernel_args!(w, x, y, n32, k32, t32, f32_out),
+            );
         }
         let t = self.profile_start()?;
         // SAFETY: the weight and activation buffers hold the shapes given (see `new`).

@@ -4,6 +4,7 @@
 pub mod forward;
 pub mod kv_cache;
 pub mod parallel;
+pub mod profile;
 pub mod shard;
 pub mod weights;
 

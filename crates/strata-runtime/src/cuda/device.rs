@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaGraph, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
 
 use super::libraries::{self, LibrarySearch};
 use super::{driver, CudaError};
@@ -205,6 +205,14 @@ impl Gpu {
         Ok(best)
     }
 
+    /// Marks the point the stream has reached, for timing.
+    pub fn record_event(&self) -> Result<Event, CudaError> {
+        self.stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Event)
+            .map_err(driver("cuEventRecord"))
+    }
+
     /// Starts recording the stream's work into a graph instead of running it.
     pub fn begin_capture(&self) -> Result<(), CudaError> {
         self.stream
@@ -222,6 +230,16 @@ impl Gpu {
                 op: "cuStreamEndCapture",
                 err: "empty graph".into(),
             })
+    }
+}
+
+/// A timing mark in a GPU's stream.
+pub struct Event(CudaEvent);
+
+impl Event {
+    /// GPU milliseconds from `self` to `end` (waits for both).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
+        self.0.elapsed_ms(&end.0).map_err(driver("cuEventElapsedTime"))
     }
 }
 

@@ -13,7 +13,7 @@ use super::{driver, CudaError};
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// Every kernel family: (name, source, kernels it defines).
-pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
+pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
     (
         "embedding",
         include_str!("../../kernels/embedding.cu"),
@@ -24,13 +24,12 @@ pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
         include_str!("../../kernels/norm.cu"),
         &["rms_norm", "add_rms_norm", "add_residual", "rms_norm_rows"],
     ),
-    ("rope", include_str!("../../kernels/rope.cu"), &["qkv_rope"]),
-    ("activation", include_str!("../../kernels/activation.cu"), &["silu_mul"]),
     (
-        "kv_cache",
-        include_str!("../../kernels/kv_cache.cu"),
-        &["kv_write_bf16", "kv_write_fp8"],
+        "rope",
+        include_str!("../../kernels/rope.cu"),
+        &["qkv_rope_kv_write_bf16", "qkv_rope_kv_write_fp8"],
     ),
+    ("activation", include_str!("../../kernels/activation.cu"), &["silu_mul"]),
     (
         "attention",
         include_str!("../../kernels/attention.cu"),
@@ -40,7 +39,18 @@ pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
     (
         "gemm",
         include_str!("../../kernels/gemm.cu"),
-        &["gemm_fixed_order", "sum_ranks"],
+        &[
+            "gemm_fixed_order",
+            "sum_ranks",
+            "gemv_t1",
+            "gemv_t2",
+            "gemv_t4",
+            "gemv_t8",
+            "gemv_silu_t1",
+            "gemv_silu_t2",
+            "gemv_silu_t4",
+            "gemv_silu_t8",
+        ],
     ),
 ];
 

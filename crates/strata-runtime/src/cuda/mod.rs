@@ -7,7 +7,7 @@ pub mod kernels;
 pub mod libraries;
 pub mod nccl;
 
-pub use device::{DeviceBuffer, Gpu, GpuInfo, Graph};
+pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph};
 pub use gemm::{Gemm, GemmOut};
 pub use kernels::{KernelSpec, Kernels};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};

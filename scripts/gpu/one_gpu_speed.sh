@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One H200, issue 6's checks and speed figures in one call (outputs in $OUT):
+#   random Llama-3-8B and Qwen2.5-7B checkpoints (transformers) with reference logits and greedy text;
+#   the CUDA tests (kernels against cuBLASLt, checkpoints against transformers; SmolLM2's when staged);
+#   strata bench-gpu on Llama-3-8B with the decode GEMVs on and off (STRATA_GEMV_MAX_TOKENS=0),
+#   side by side in this run; the host time of each step phase (graphs) and the eager per-kernel profile.
+# Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
+# SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_OFF=1 the GEMVs-off bench; SKIP_PROFILE=1 the profile.
+set -u
+OUT=${OUT:-/tmp/out}
+shim=/tmp/strata-libshim
+source "$(dirname "$0")/libs.sh"
+S=gpu-bin/strata
+CK=/root/ckpt
+L8=$CK/llama3-8b
+Q7=$CK/qwen2.5-7b
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+[ -f $L8/reference.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 2>&1 | grep -v -i warn
+CKS=$L8
+if [ -z "${SKIP_QWEN:-}" ]; then
+    [ -f $Q7/reference.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 2>&1 | grep -v -i warn
+    CKS=$L8:$Q7
+fi
+echo "== CUDA tests"
+STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
+    grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
+bench() { # NAME, then env assignments
+    local name=$1; shift
+    env "$@" timeout 240 $S bench-gpu --model $L8 --levels 1,64,256 --prompt-tokens 512 --output-tokens 256 \
+        --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
+    echo "== bench-gpu llama3-8b, $name"; grep -v "^\s*$" "$OUT/bench_$name.log" | grep -v -E "^\[|loading" | tail -12
+}
+bench gemv STRATA_GEMV_MAX_TOKENS=8
+[ -n "${SKIP_OFF:-}" ] || bench cublaslt STRATA_GEMV_MAX_TOKENS=0
+if [ -z "${SKIP_PROFILE:-}" ]; then
+    echo "== host time per step, single stream with CUDA graphs"
+    STRATA_GPU_PROFILE=1 timeout 120 $S bench-gpu --model $L8 --levels 1 --kv-cache-dtypes auto \
+        --prompt-tokens 512 --output-tokens 16 --decode-tokens 256 --out "$OUT/profile_graphs.json" 2>&1 |
+        grep -A40 "GPU profile" | tee "$OUT/profile_graphs.log" | grep -A8 "host time"
+    echo "== where the time goes (eager steps, GPU time of each kernel)"
+    STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $L8 --enforce-eager --levels 1,256 --kv-cache-dtypes auto \
+        --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out "$OUT/profile.json" 2>&1 |
+        grep -A50 "GPU profile" | tee "$OUT/profile.log" | head -44
+fi
