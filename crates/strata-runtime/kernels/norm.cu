@@ -1,14 +1,63 @@
 // RMSNorm over rows of the f32 residual stream into bf16 GEMM inputs, alone or fused with the
-// residual add of an f32 projection output (f32 so tensor-parallel partial sums add exactly). One block per row.
+// residual add of an f32 projection output (f32 so tensor-parallel partial sums add exactly).
+// One block (at most 1024 threads) per row; a row of n floats (n a multiple of 4, at most
+// 16 * blockDim.x) is read once, 16 bytes at a time, and kept in registers between its sum of
+// squares and its scaling.
 
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ weight,
-                                    bf16* __restrict__ out, int n, float eps) {
-    const size_t r = blockIdx.x;
-    const float* xr = x + r * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+#define NORM_VECS 4
+
+// Writes rms_norm(v) * weight as bf16, where v holds this thread's float4s of the row (float4
+// index threadIdx.x + i * blockDim.x) and ss its share of the row's sum of squares.
+__device__ __forceinline__ void norm_store(const float4 (&v)[NORM_VECS], float ss, const float* __restrict__ weight,
+                                           bf16* __restrict__ out, int n, float eps) {
     const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[r * n + i] = f2bf(xr[i] * scale * weight[i]);
+    const int n4 = n >> 2;
+#pragma unroll
+    for (int i = 0; i < NORM_VECS; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < n4) {
+            const float4 w = ((const float4*)weight)[c];
+            uint2 packed;
+            packed.x = (u32)f2bf(v[i].x * scale * w.x) | ((u32)f2bf(v[i].y * scale * w.y) << 16);
+            packed.y = (u32)f2bf(v[i].z * scale * w.z) | ((u32)f2bf(v[i].w * scale * w.w) << 16);
+            ((uint2*)out)[c] = packed;
+        }
+    }
+}
+
+// Loads row `row` (plus `delta`'s row when given, written back to x) into v; returns the thread's
+// share of its sum of squares.
+__device__ __forceinline__ float norm_load(float* __restrict__ row, const float* __restrict__ delta, int n,
+                                           float4 (&v)[NORM_VECS]) {
+    const int n4 = n >> 2;
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_VECS; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n4) {
+            float4 a = ((const float4*)row)[c];
+            if (delta) {
+                const float4 d = ((const float4*)delta)[c];
+                a.x += d.x;
+                a.y += d.y;
+                a.z += d.z;
+                a.w += d.w;
+                ((float4*)row)[c] = a;
+            }
+            v[i] = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    }
+    return ss;
+}
+
+extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restrict__ weight, bf16* __restrict__ out,
+                                    int n, float eps) {
+    const size_t r = blockIdx.x;
+    float4 v[NORM_VECS];
+    const float ss = norm_load(x + r * n, nullptr, n, v);
+    norm_store(v, ss, weight, out + r * n, n, eps);
 }
 
 // x += delta; out = rms_norm(x) * weight.
@@ -16,32 +65,32 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
                                         const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                         float eps) {
     const size_t r = blockIdx.x;
-    float* xr = x + r * n;
-    const float* dr = delta + r * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xr[i] + dr[i];
-        xr[i] = v;
-        ss += v * v;
-    }
-    const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[r * n + i] = f2bf(xr[i] * scale * weight[i]);
+    float4 v[NORM_VECS];
+    const float ss = norm_load(x + r * n, delta + r * n, n, v);
+    norm_store(v, ss, weight, out + r * n, n, eps);
 }
 
 // x += delta (the last layer's MLP output, before the final norm of only the rows with logits).
 extern "C" __global__ void add_residual(float* __restrict__ x, const float* __restrict__ delta, int n) {
     const size_t r = blockIdx.x;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) x[r * n + i] += delta[r * n + i];
+    float4* xr = (float4*)(x + r * n);
+    const float4* dr = (const float4*)(delta + r * n);
+    for (int c = threadIdx.x; c < (n >> 2); c += blockDim.x) {
+        float4 a = xr[c];
+        const float4 d = dr[c];
+        a.x += d.x;
+        a.y += d.y;
+        a.z += d.z;
+        a.w += d.w;
+        xr[c] = a;
+    }
 }
 
 // out[i] = rms_norm(x[rows[i]]) * weight: the final norm of the rows whose logits are wanted.
-extern "C" __global__ void rms_norm_rows(const float* __restrict__ x, const int* __restrict__ rows,
+extern "C" __global__ void rms_norm_rows(float* __restrict__ x, const int* __restrict__ rows,
                                          const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                          float eps) {
-    const float* xr = x + (size_t)rows[blockIdx.x] * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        out[(size_t)blockIdx.x * n + i] = f2bf(xr[i] * scale * weight[i]);
+    float4 v[NORM_VECS];
+    const float ss = norm_load(x + (size_t)rows[blockIdx.x] * n, nullptr, n, v);
+    norm_store(v, ss, weight, out + (size_t)blockIdx.x * n, n, eps);
 }

@@ -22,8 +22,8 @@ use super::weights::GpuWeights;
 const MAX_PARTS: usize = 16;
 /// Batches of at most this many tokens may split attention over the context (few blocks otherwise).
 const SPLIT_MAX_TOKENS: usize = 64;
-/// Threads of the row-wise kernels.
-const ROW_THREADS: u32 = 256;
+/// Threads of the row-wise kernels (norm.cu holds a row of up to 16 per thread in registers).
+const ROW_THREADS: u32 = 1024;
 /// Parts the reduction of every GEMM is cut into under `--deterministic` (gemm.cu's
 /// FO_MAX_CHUNKS): the largest TP size whose results equal one GPU's bit for bit.
 pub const DETERMINISTIC_CHUNKS: usize = 8;
@@ -195,6 +195,17 @@ impl GpuTransformer {
         limits: StepLimits,
     ) -> Result<GpuTransformer, CudaError> {
         let local = shard.local_config(&config);
+        let (h, inter) = (local.hidden, local.intermediate);
+        if !h.is_multiple_of(4) || h > 16 * ROW_THREADS as usize || !inter.is_multiple_of(8) {
+            return Err(CudaError::Compile {
+                family: "norm".into(),
+                log: format!(
+                    "hidden size {h} / intermediate size {inter} (per GPU) is not supported by the CUDA kernels \
+                     (hidden: a multiple of 4 up to {}; intermediate: a multiple of 8); use --device cpu",
+                    16 * ROW_THREADS
+                ),
+            });
+        }
         let spec = KernelSpec {
             head_dim: local.head_dim,
             group: local.n_heads / local.n_kv_heads.max(1),
@@ -545,7 +556,6 @@ impl GpuTransformer {
         let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
         let (part_acc, part_ml) = (self.bufs.part_acc.ptr(), self.bufs.part_ml.ptr());
-        let inter = c.intermediate as i64;
         for li in 0..c.n_layers {
             let lw = &self.weights.layers[li];
             let (attn_norm, ffn_norm) = (lw.attn_norm.ptr(), lw.ffn_norm.ptr());
@@ -632,15 +642,13 @@ impl GpuTransformer {
                 )?;
             } else {
                 self.matmul(wgu, xn, gate_up, (2 * c.intermediate, c.hidden, t), GemmOut::Bf16)?;
-                let total = t as i64 * inter;
-                let blocks = (total as u64).div_ceil(256).min(65535 * 8) as u32;
                 let inter32 = c.intermediate as i32;
                 self.launch(
                     "silu_mul",
-                    (blocks, 1, 1),
+                    ((c.intermediate / 8).div_ceil(256) as u32, t as u32, 1),
                     256,
                     0,
-                    &mut kernel_args!(gate_up, act, inter32, total),
+                    &mut kernel_args!(gate_up, act, inter32),
                 )?;
             }
             self.row_parallel(wdown, act, (c.hidden, c.intermediate, t))?;
