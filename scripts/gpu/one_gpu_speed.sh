@@ -5,7 +5,9 @@
 #   strata bench-gpu on Llama-3-8B with the decode GEMVs on and off (STRATA_GEMV_MAX_TOKENS=0),
 #   side by side in this run; the host time of each step phase (graphs) and the eager per-kernel profile.
 # Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
-# SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_OFF=1 the GEMVs-off bench; SKIP_PROFILE=1 the profile.
+# SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_TESTS=1 the tests (and the references they
+# need); SKIP_OFF=1 the GEMVs-off bench; SKIP_PROFILE=1 the profiles; WITH_TRANSFORMERS=1 adds
+# transformers' own speed on the same checkpoint after strata's.
 set -u
 OUT=${OUT:-/tmp/out}
 shim=/tmp/strata-libshim
@@ -15,15 +17,18 @@ CK=/root/ckpt
 L8=$CK/llama3-8b
 Q7=$CK/qwen2.5-7b
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-[ -f $L8/reference.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 2>&1 | grep -v -i warn
+REF=${SKIP_TESTS:+--prompts-only}
+[ -f $L8/reference.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 $REF 2>&1 | grep -v -i warn
 CKS=$L8
-if [ -z "${SKIP_QWEN:-}" ]; then
+if [ -z "${SKIP_QWEN:-}${SKIP_TESTS:-}" ]; then
     [ -f $Q7/reference.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 2>&1 | grep -v -i warn
     CKS=$L8:$Q7
 fi
-echo "== CUDA tests"
-STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
-    grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
+if [ -z "${SKIP_TESTS:-}" ]; then
+    echo "== CUDA tests"
+    STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
+        grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
+fi
 bench() { # NAME, then env assignments
     local name=$1; shift
     env "$@" timeout 240 $S bench-gpu --model $L8 --levels 1,64,256 --prompt-tokens 512 --output-tokens 256 \
@@ -32,6 +37,11 @@ bench() { # NAME, then env assignments
 }
 bench gemv STRATA_GEMV_MAX_TOKENS=8
 [ -n "${SKIP_OFF:-}" ] || bench cublaslt STRATA_GEMV_MAX_TOKENS=0
+if [ -n "${WITH_TRANSFORMERS:-}" ]; then
+    echo "== transformers on the same checkpoint"
+    timeout 150 python3 scripts/gpu/transformers_speed.py $L8 "$OUT/transformers_llama3_8b.json" 64 2>&1 |
+        grep -v -i warn | tail -8 | tee "$OUT/transformers_llama3_8b.log"
+fi
 if [ -z "${SKIP_PROFILE:-}" ]; then
     echo "== host time per step, single stream with CUDA graphs"
     STRATA_GPU_PROFILE=1 timeout 120 $S bench-gpu --model $L8 --levels 1 --kv-cache-dtypes auto \
