@@ -179,24 +179,32 @@ fn main() {
     // Warm-up: page in weights, fill caches.
     run_level(&e, 2, 8);
     println!(
-        "| concurrency | requests | output tok/s | total tok/s | step p50 ms | step p99 ms | TTFT p50 ms | TTFT p95 ms |"
+        "| concurrency | requests | output tok/s | total tok/s | step p50 ms | step p99 ms | TTFT p50 ms | TTFT p95 ms | decode-only tok/s | decode-only step ms | its batch |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for &c in &o.levels {
+        let before = e.stats();
         let l = run_level(&e, c, o.output_len);
+        // Steps without prompt chunks: the aggregate decode rate while every sequence decodes.
+        let after = e.stats();
+        let steps = (after.decode_steps_total - before.decode_steps_total).max(1) as f64;
+        let seqs = (after.decode_step_seqs_total - before.decode_step_seqs_total) as f64;
+        let secs = after.decode_step_seconds_total - before.decode_step_seconds_total;
+        let (decode_tps, decode_ms, decode_batch) = (seqs / secs.max(1e-9), secs * 1e3 / steps, seqs / steps);
         let out_tps = l.output_tokens as f64 / l.wall_s;
         let total_tps = (l.output_tokens + l.prompt_tokens) as f64 / l.wall_s;
         let (s50, s99) = (percentile(&l.step_ms, 0.5), percentile(&l.step_ms, 0.99));
         let (t50, t95) = (percentile(&l.ttft_ms, 0.5), percentile(&l.ttft_ms, 0.95));
         println!(
-            "| {c} | {} | {out_tps:.1} | {total_tps:.1} | {s50:.1} | {s99:.1} | {t50:.0} | {t95:.0} |",
+            "| {c} | {} | {out_tps:.1} | {total_tps:.1} | {s50:.1} | {s99:.1} | {t50:.0} | {t95:.0} | {decode_tps:.1} | {decode_ms:.1} | {decode_batch:.1} |",
             l.requests
         );
         rows.push(format!(
             "{{\"concurrency\":{c},\"requests\":{},\"output_tokens\":{},\"prompt_tokens\":{},\"wall_s\":{:.3},\
              \"output_tok_s\":{out_tps:.2},\"total_tok_s\":{total_tps:.2},\"step_ms_p50\":{s50:.2},\
-             \"step_ms_p99\":{s99:.2},\"ttft_ms_p50\":{t50:.1},\"ttft_ms_p95\":{t95:.1}}}",
+             \"step_ms_p99\":{s99:.2},\"ttft_ms_p50\":{t50:.1},\"ttft_ms_p95\":{t95:.1},\
+             \"decode_only_tok_s\":{decode_tps:.2},\"decode_only_step_ms\":{decode_ms:.2},\"decode_only_batch\":{decode_batch:.2}}}",
             l.requests, l.output_tokens, l.prompt_tokens, l.wall_s
         ));
         std::thread::sleep(Duration::from_millis(200));
