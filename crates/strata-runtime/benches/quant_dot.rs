@@ -1,14 +1,14 @@
-//! Throughput of the quantized dot-product kernels: GB/s of weight bytes, one thread.
+//! Throughput of the quantized dot-product kernels: GB/s of weight bytes, one thread, every
+//! kernel this CPU runs (AVX-512 VNNI, AVX2; scalar too with QUANT_DOT_BENCH_SCALAR=1).
 //! `cargo bench -p strata-runtime --bench quant_dot [-- FILTER]`; "hot" reuses one matrix
-//! (cache-resident when it fits), "cold" cycles through copies totalling 256 MiB (DRAM).
+//! (cache-resident when it fits), "cold" cycles through copies totalling 256 MiB (DRAM);
+//! "G MAC/s" is the hot figure in multiply-adds (what bounds many-row decode steps).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use strata_formats::GgmlType;
-use strata_runtime::cpu::quant_dot::{
-    act_row_bytes, kernel_for, quantize_act_row, scalar_kernel_for, weight_row_bytes, DotKernel,
-};
+use strata_runtime::cpu::quant_dot::{act_row_bytes, kernels_for, quantize_act_row, weight_row_bytes, DotKernel};
 
 const TYPES: [GgmlType; 11] = [
     GgmlType::Q4_1,
@@ -100,32 +100,32 @@ fn bench_one(k: &DotKernel, rows: usize, n: usize, m: usize, cold: bool) -> f64 
 
 fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    println!("type   isa      shape          m   hot GB/s  cold GB/s");
+    println!("type   isa         shape          m   hot GB/s  cold GB/s  G MAC/s");
     for ty in TYPES {
         if filter.as_deref().is_some_and(|f| !ty.name().eq_ignore_ascii_case(f)) {
             continue;
         }
         let n = if ty.block_len() == 256 { 768 } else { 576 };
-        let mut kernels = Vec::new();
-        if let Some(k) = kernel_for(ty) {
-            kernels.push(k);
-        }
-        if std::env::var_os("QUANT_DOT_BENCH_SCALAR").is_some() {
-            kernels.extend(scalar_kernel_for(ty));
-        }
+        let with_scalar = std::env::var_os("QUANT_DOT_BENCH_SCALAR").is_some();
+        let kernels: Vec<DotKernel> = kernels_for(ty)
+            .into_iter()
+            .filter(|k| with_scalar || k.isa() != "scalar")
+            .collect();
         for k in &kernels {
-            for (rows, m) in [(1536, 1), (49152, 1), (1536, 4), (1536, 8)] {
+            for (rows, m) in [(1536, 1), (49152, 1), (1536, 4), (1536, 8), (1536, 32)] {
                 let hot = bench_one(k, rows, n, m, false);
                 let cold = bench_one(k, rows, n, m, true);
+                let macs = hot / weight_row_bytes(ty, n) as f64 * n as f64 * m as f64;
                 println!(
-                    "{:<6} {:<8} {:>6}x{:<6} {:>3} {:>9.1} {:>10.1}",
+                    "{:<6} {:<11} {:>6}x{:<6} {:>3} {:>9.1} {:>10.1} {:>8.1}",
                     ty.name(),
                     k.isa(),
                     rows,
                     n,
                     m,
                     hot,
-                    cold
+                    cold,
+                    macs
                 );
             }
         }

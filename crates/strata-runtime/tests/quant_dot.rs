@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use strata_formats::quant::dequantize;
 use strata_formats::GgmlType;
 use strata_runtime::cpu::quant_dot::{
-    act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for, quantize_act_row,
+    act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for, kernels_for, quantize_act_row,
     quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat, DotKernel,
 };
 
@@ -262,7 +262,7 @@ fn quantized_activations_are_consistent() {
     }
 }
 
-/// Every type, several lengths: AVX2 == scalar (tight), both near the f64 references.
+/// Every type, several lengths: each SIMD kernel == scalar (tight), all near the f64 references.
 #[test]
 fn kernels_match_reference() {
     let avx2 = has_avx2();
@@ -273,8 +273,15 @@ fn kernels_match_reference() {
     for ty in TYPES {
         let fmt = act_format_for(ty);
         let scalar = scalar_kernel_for(ty).expect("scalar kernel");
-        let fast = kernel_for(ty).expect("kernel");
-        assert_eq!(fast.isa(), if avx2 { "avx2" } else { "scalar" });
+        let all = kernels_for(ty);
+        assert_eq!(
+            kernel_for(ty).expect("kernel").isa(),
+            all[0].isa(),
+            "kernel_for is the fastest"
+        );
+        assert_eq!(all.last().expect("scalar last").isa(), "scalar");
+        let simd: Vec<DotKernel> = all.into_iter().filter(|k| k.isa() != "scalar").collect();
+        assert_eq!(simd.iter().any(|k| k.isa() == "avx2"), avx2);
         for n in lengths(ty) {
             for trial in 0..6 {
                 let w = random_weights(&mut rng, ty, n, 1);
@@ -314,11 +321,12 @@ fn kernels_match_reference() {
                     "{ctx}: scalar {s} vs f64 reference {exact} (tol {})",
                     act_err + tight
                 );
-                if avx2 {
-                    let f = run(&fast, n, &w, &a, 1)[0];
+                for k in &simd {
+                    let f = run(k, n, &w, &a, 1)[0];
                     assert!(
                         (f - s).abs() as f64 <= tight,
-                        "{ctx}: avx2 {f} vs scalar {s} (tol {tight})"
+                        "{ctx}: {} {f} vs scalar {s} (tol {tight})",
+                        k.isa()
                     );
                 }
             }
@@ -343,11 +351,7 @@ fn batched_rows_match_single_rows() {
         let ab = act_row_bytes(fmt, n);
         let wb = weight_row_bytes(ty, n);
         let w = random_weights(&mut rng, ty, n, rows);
-        let mut kernels = vec![scalar_kernel_for(ty).expect("scalar kernel")];
-        if has_avx2() {
-            kernels.push(kernel_for(ty).expect("kernel"));
-        }
-        for k in &kernels {
+        for k in &kernels_for(ty) {
             for m in [1usize, 2, 3, 4, 5, 8, 13] {
                 let mut acts = vec![0u8; ab * m];
                 for a in acts.chunks_exact_mut(ab) {
@@ -381,6 +385,47 @@ fn batched_rows_match_single_rows() {
                 }
             }
         }
+    }
+}
+
+/// The AVX-512 VNNI builds give the AVX2 builds' results bit for bit (the same exact integer
+/// sums, the same float code), for every tile shape the matrix function uses.
+#[test]
+fn vnni_matches_avx2_bit_for_bit() {
+    let mut rng = Rng(77);
+    let mut compared = 0;
+    for ty in TYPES {
+        let ks = kernels_for(ty);
+        let (Some(vnni), Some(avx2)) = (
+            ks.iter().find(|k| k.isa() == "avx512vnni"),
+            ks.iter().find(|k| k.isa() == "avx2"),
+        ) else {
+            continue;
+        };
+        let fmt = act_format_for(ty);
+        // 352 = 11 blocks: the pairs and the odd last block.
+        for n in [352usize, 576] {
+            let rows = 9;
+            let ab = act_row_bytes(fmt, n);
+            let w = random_weights(&mut rng, ty, n, rows);
+            for m in [1usize, 2, 3, 4, 7, 32] {
+                let mut acts = vec![0u8; ab * m];
+                for a in acts.chunks_exact_mut(ab) {
+                    quantize_act_row(fmt, &random_acts(&mut rng, n), a);
+                }
+                let mut a = vec![f32::NAN; rows * m];
+                let mut b = vec![f32::NAN; rows * m];
+                vnni.dot_matrix(n, &w, rows, &acts, m, &mut a);
+                avx2.dot_matrix(n, &w, rows, &acts, m, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{ty} n={n} m={m}");
+            }
+        }
+        compared += 1;
+    }
+    if compared == 0 {
+        println!("skipping: this CPU lacks AVX-512 VNNI (no vpdpbusd builds to compare)");
+    } else {
+        assert_eq!(compared, 4, "Q4_0, Q4_1, Q5_0, Q5_1 have VNNI builds");
     }
 }
 

@@ -356,12 +356,18 @@ fn matmul_quantized(
                 }
                 continue;
             }
-            for (ri, r) in rows.clone().enumerate() {
-                let tr = &t[ri * ma..(ri + 1) * ma];
+            // Transpose to the output's row-major layout 16 weight rows at a time: the tile
+            // of `t` stays in L1 and each output row gets one contiguous run.
+            for c in (0..rows.len()).step_by(16) {
+                let ce = (c + 16).min(rows.len());
+                let tc = &t[c * ma..ce * ma];
                 for j in 0..m {
-                    let v = if split { tr[2 * j] + tr[2 * j + 1] } else { tr[j] };
-                    // SAFETY: column r of this output (index j * n + r) belongs to this thread only.
-                    unsafe { outp.range_mut(j * n + r..j * n + r + 1)[0] = v };
+                    let at = j * n + rows.start;
+                    // SAFETY: columns `rows` of every output row belong to this thread only.
+                    let o = unsafe { outp.range_mut(at + c..at + ce) };
+                    for (o, tr) in o.iter_mut().zip(tc.chunks_exact(ma)) {
+                        *o = if split { tr[2 * j] + tr[2 * j + 1] } else { tr[j] };
+                    }
                 }
             }
         }

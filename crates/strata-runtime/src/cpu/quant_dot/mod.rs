@@ -1,5 +1,5 @@
 //! Fused quantized dot products: one weight row (any supported GGML type) against activation rows.
-//! Owns the activation formats, their quantization, and the run-time choice between scalar and AVX2.
+//! Owns the activation formats, their quantization, and the run-time choice of scalar, AVX2 or AVX-512 VNNI.
 
 mod act;
 mod scalar;
@@ -150,7 +150,7 @@ impl DotKernel {
         self.act
     }
 
-    /// The instruction set of this kernel: `"scalar"` or `"avx2"`.
+    /// The instruction set of this kernel: `"scalar"`, `"avx2"` or `"avx512vnni"`.
     pub fn isa(&self) -> &'static str {
         self.isa
     }
@@ -215,19 +215,31 @@ impl DotKernel {
     }
 }
 
-/// The fastest kernel this CPU runs for weights of type `w` (AVX2 when the CPU has
-/// AVX2, FMA and F16C), or `None` when the type has no kernel.
+/// The fastest kernel this CPU runs for weights of type `w` (AVX-512 VNNI for the 8-bit
+/// types where the CPU has it, else AVX2 when the CPU has AVX2, FMA and F16C), or `None`
+/// when the type has no kernel.
 pub fn kernel_for(w: GgmlType) -> Option<DotKernel> {
+    kernels_for(w).into_iter().next()
+}
+
+/// Every kernel this CPU runs for weights of type `w`, fastest first, the scalar one last
+/// (what the tests and the benchmark compare). The SIMD builds give bit-identical results
+/// to each other; the scalar one agrees within rounding.
+pub fn kernels_for(w: GgmlType) -> Vec<DotKernel> {
+    let mut out = Vec::new();
+    let make = |isa, f| DotKernel {
+        weight: w,
+        act: act_format_for(w),
+        isa,
+        f,
+    };
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = avx2::kernel(w) {
-        return Some(DotKernel {
-            weight: w,
-            act: act_format_for(w),
-            isa: "avx2",
-            f,
-        });
+    {
+        out.extend(avx2::kernel_vnni(w).map(|f| make("avx512vnni", f)));
+        out.extend(avx2::kernel(w).map(|f| make("avx2", f)));
     }
-    scalar_kernel_for(w)
+    out.extend(scalar_kernel_for(w));
+    out
 }
 
 /// The portable scalar kernel for weights of type `w` (the reference the SIMD kernels are
