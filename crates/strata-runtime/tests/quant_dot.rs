@@ -143,12 +143,9 @@ fn dequant_acts(fmt: ActFormat, n: usize, a: &[u8]) -> Vec<f64> {
                 })
                 .collect()
         }
-        ActFormat::Q8_0 | ActFormat::Q8K => {
-            let bl = if fmt == ActFormat::Q8_0 { 32 } else { 256 };
-            (0..n)
-                .map(|i| f64::from(a[i] as i8) * f32_at(n + 4 * (i / bl)))
-                .collect()
-        }
+        ActFormat::Q8K => (0..n)
+            .map(|i| f64::from(a[i] as i8) * f32_at(n + 4 * (i / 256)))
+            .collect(),
     }
 }
 
@@ -204,7 +201,7 @@ fn act_formats_are_the_documented_ones() {
         (BF16, ActFormat::F32),
         (Q4_0, ActFormat::Q8_1),
         (Q5_0, ActFormat::Q8_1),
-        (Q8_0, ActFormat::Q8_0),
+        (Q8_0, ActFormat::Q8_1),
         (Q4_1, ActFormat::Q8_1),
         (Q5_1, ActFormat::Q8_1),
         (Q4K, ActFormat::Q8K),
@@ -217,7 +214,6 @@ fn act_formats_are_the_documented_ones() {
         assert_eq!(k.act_format(), fmt);
         assert_eq!(k.weight_type(), ty);
     }
-    assert_eq!(act_row_bytes(ActFormat::Q8_0, 64), 64 + 8);
     assert_eq!(act_row_bytes(ActFormat::Q8_1, 64), 64 + 16);
     assert_eq!(act_row_bytes(ActFormat::Q8K, 512), 512 + 2 * 36);
     assert_eq!(act_row_bytes(ActFormat::F32, 5), 20);
@@ -230,7 +226,7 @@ fn act_formats_are_the_documented_ones() {
 #[test]
 fn quantized_activations_are_consistent() {
     let mut rng = Rng(7);
-    for fmt in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8K, ActFormat::F32] {
+    for fmt in [ActFormat::Q8_1, ActFormat::Q8K, ActFormat::F32] {
         for n in [256usize, 512, 1280] {
             let mut x = random_acts(&mut rng, n);
             // Ties, extremes and non-finite values must quantize identically on both paths.
@@ -425,7 +421,7 @@ fn vnni_matches_avx2_bit_for_bit() {
     if compared == 0 {
         println!("skipping: this CPU lacks AVX-512 VNNI (no vpdpbusd builds to compare)");
     } else {
-        assert_eq!(compared, 4, "Q4_0, Q4_1, Q5_0, Q5_1 have VNNI builds");
+        assert_eq!(compared, 5, "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 have VNNI builds");
     }
 }
 
@@ -450,7 +446,7 @@ fn empty_shapes_do_nothing_or_zero() {
 fn short_activations_panic() {
     let k = kernel_for(GgmlType::Q8_0).expect("kernel");
     let w = vec![0u8; weight_row_bytes(GgmlType::Q8_0, 64)];
-    let a = vec![0u8; act_row_bytes(ActFormat::Q8_0, 64) - 1];
+    let a = vec![0u8; act_row_bytes(ActFormat::Q8_1, 64) - 1];
     let mut out = [0f32; 1];
     k.dot_rows(64, &w, &a, 1, &mut out);
 }

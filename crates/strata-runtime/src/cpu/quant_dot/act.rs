@@ -1,4 +1,4 @@
-//! Activation quantization: f32 rows into the F32 / Q8_0 / Q8_1 / Q8K layouts the kernels read.
+//! Activation quantization: f32 rows into the F32 / Q8_1 / Q8K layouts the kernels read.
 //! This scalar code is the definition; the AVX2 version in `avx2.rs` writes identical bytes.
 
 use super::{act_row_bytes, ActFormat};
@@ -70,17 +70,6 @@ pub(super) fn quantize_act_row_unchecked(fmt: ActFormat, x: &[f32], out: &mut [u
                 o.copy_from_slice(&v.to_le_bytes());
             }
         }
-        ActFormat::Q8_0 => {
-            let (qs, meta) = out.split_at_mut(n);
-            for ((xb, qb), mb) in x
-                .chunks_exact(32)
-                .zip(qs.chunks_exact_mut(32))
-                .zip(meta.chunks_exact_mut(4))
-            {
-                let (d, _) = quant_block(xb, qb);
-                mb.copy_from_slice(&d.to_le_bytes());
-            }
-        }
         ActFormat::Q8_1 => {
             let nb = n / 32;
             let (qs, meta) = out.split_at_mut(n);
@@ -150,11 +139,6 @@ pub fn act_residual(fmt: ActFormat, x: &[f32], q: &[u8], residual: &mut [f32]) {
     let f32_at = |b: &[u8], o: usize| f32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
     match fmt {
         ActFormat::F32 => residual.fill(0.0),
-        ActFormat::Q8_0 => {
-            for (i, (r, &v)) in residual.iter_mut().zip(x).enumerate() {
-                *r = v - f32::from(q[i] as i8) * f32_at(q, n + 4 * (i / 32));
-            }
-        }
         ActFormat::Q8_1 => {
             let nb = n / 32;
             for (b, (rb, xb)) in residual.chunks_exact_mut(32).zip(x.chunks_exact(32)).enumerate() {

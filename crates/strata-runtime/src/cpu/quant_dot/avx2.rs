@@ -8,11 +8,10 @@
 // (weight row, activation row). Single-stream decode (`m == 1`) uses 4 x 1 tiles, so four
 // independent FMA chains hide latency and the per-row setup and horizontal sums are shared.
 //
-// Where the CPU has AVX-512 VNNI (with VL), the Q4_0..Q5_1 kernels come in a second build
-// whose integer sums are `vpdpbusd` (one instruction for two `maddubs` + `add` + `madd`, on
-// 256-bit registers; ~20 % faster on Zen 4): the integer sums are the same exact numbers and
-// the float code around them is shared, so both builds give bit-identical results (tested).
-// Q8_0 keeps AVX2 only: its `vpdpbusd` build measured slower.
+// Where the CPU has AVX-512 VNNI (with VL), the Q8_0 and Q4_0..Q5_1 kernels come in a second
+// build whose integer sums are `vpdpbusd` (one instruction for two `maddubs` + `add` + `madd`,
+// on 256-bit registers; 20-25 % faster on Zen 4): the integer sums are the same exact numbers
+// and the float code around them is shared, so both builds give bit-identical results (tested).
 
 // The tiles index several parallel per-row arrays (weights, activations, accumulators) by
 // the same row index; iterator chains over all of them would hide the tile shape.
@@ -39,7 +38,7 @@ pub(super) fn available_vnni() -> bool {
 }
 
 /// The AVX-512 VNNI kernel for weights of type `w`, or `None` when the CPU lacks the
-/// features or the type has no such build (Q8_0, the K-quants and float types keep AVX2).
+/// features or the type has no such build (the K-quants and float types keep AVX2).
 /// As with [`kernel`], this check is what makes calling the returned functions sound.
 pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     if !available_vnni() {
@@ -47,6 +46,7 @@ pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     }
     use GgmlType::*;
     Some(match w {
+        Q8_0 => vnni_mat_q8_0,
         Q4_0 => vnni_mat_q4_0,
         Q5_0 => vnni_mat_q5_0,
         Q4_1 => vnni_mat_q4_1,
@@ -168,6 +168,37 @@ fn vnni_mul_sum_us8x2(u0: __m256i, s0: __m256i, u1: __m256i, s1: __m256i) -> __m
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1)
 }
 
+/// Sum over fours of `w[i] * a[i]` for signed bytes (`w`'s sign moves onto `a`, so the
+/// products see `|w|` unsigned; pairs exact in `i16`: `2 * 128 * 127 < 32768`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mul_sum_s8(w: __m256i, a: __m256i) -> __m256i {
+    mul_sum_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+}
+
+/// `mul_sum_s8(w0, a0) + mul_sum_s8(w1, a1)` (added in `i32`: two signed pairs can overflow `i16`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mul_sum_s8x2(w0: __m256i, a0: __m256i, w1: __m256i, a1: __m256i) -> __m256i {
+    _mm256_add_epi32(mul_sum_s8(w0, a0), mul_sum_s8(w1, a1))
+}
+
+/// The VNNI twin of [`mul_sum_s8`]: the same exact `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_mul_sum_s8(w: __m256i, a: __m256i) -> __m256i {
+    vnni_mul_sum_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+}
+
+/// The VNNI twin of [`mul_sum_s8x2`]: the same exact `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_mul_sum_s8x2(w0: __m256i, a0: __m256i, w1: __m256i, a1: __m256i) -> __m256i {
+    let (u0, s0) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0));
+    let (u1, s1) = (_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(a1, w1));
+    vnni_mul_sum_us8x2(u0, s0, u1, s1)
+}
+
 // ---------------------------------------------------------------------------------------
 // Views of the operands.
 
@@ -235,41 +266,7 @@ fn finish<const RW: usize, const R: usize>(acc: [[__m256; R]; RW]) -> [[f32; R];
 }
 
 // ---------------------------------------------------------------------------------------
-// Q8_0 weights against Q8_0 activations.
-
-/// A tile of `RW` Q8_0 weight rows by `R` Q8_0 activation rows. The weight's sign moves
-/// onto the activation so `maddubs` sees `|w|` unsigned; pairs stay exact in `i16`:
-/// `2 * 128 * 127 < 32768`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_q8_0<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
-    let nb = n / 32;
-    let wb = weight_blocks::<RW, 34>(w, nb);
-    let (aq, ad) = split_acts::<R, 32, 4>(n, nb, nb, a);
-    let mut acc = [[_mm256_setzero_ps(); R]; RW];
-    for i in 0..nb {
-        let mut da = [0.0f32; R];
-        for r in 0..R {
-            da[r] = f32::from_le_bytes(ad[r][i]);
-        }
-        for x in 0..RW {
-            let b = &wb[x][i];
-            let wq = ld256(b, 2);
-            let dw = f16_to_f32(u16_at(b, 0));
-            let wabs = _mm256_sign_epi8(wq, wq);
-            for r in 0..R {
-                let av = _mm256_sign_epi8(ld256(&aq[r][i], 0), wq);
-                let p = mul_sum_us8(wabs, av);
-                let s = _mm256_set1_ps(dw * da[r]);
-                acc[x][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[x][r]);
-            }
-        }
-    }
-    finish(acc)
-}
-
-// ---------------------------------------------------------------------------------------
-// 32-blocks of unsigned 4- or 5-bit quants against Q8_1 activations: Q4_0, Q4_1, Q5_0, Q5_1.
+// 32-blocks of 4-, 5- or 8-bit quants against Q8_1 activations: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 //
 // Each block's dot is `d da sum(q qa) + m s` with `s = da sum(qa)` from the activation
 // row: `m` is the block's min for Q4_1/Q5_1, and `-8 d` / `-16 d` for Q4_0/Q5_0 (whose
@@ -343,6 +340,16 @@ fn dd2<const N: usize>(b0: &[u8; N], b1: &[u8; N]) -> __m128 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dec2_q4_0(b0: &[u8; 18], b1: &[u8; 18]) -> (__m256i, __m256i, __m128) {
     let (lo, hi) = nibbles2(b0, b1, 2);
+    (lo, hi, dd2(b0, b1))
+}
+
+/// Q8_0 pair: signed values `q d` (no min: the tile's `k` is 0), as
+/// `[q0[..16] | q1[..16]]`, `[q0[16..] | q1[16..]]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dec2_q8_0(b0: &[u8; 34], b1: &[u8; 34]) -> (__m256i, __m256i, __m128) {
+    let lo = _mm256_set_m128i(ld128(b1, 2), ld128(b0, 2));
+    let hi = _mm256_set_m128i(ld128(b1, 18), ld128(b0, 18));
     (lo, hi, dd2(b0, b1))
 }
 
@@ -456,6 +463,16 @@ macro_rules! tiles_min {
     };
 }
 
+tile_min!(tile_q8_0, "avx2,fma,f16c", mul_sum_s8, mul_sum_s8x2, 34, dec2_q8_0, 0.0);
+tile_min!(
+    vnni_tile_q8_0,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    vnni_mul_sum_s8,
+    vnni_mul_sum_s8x2,
+    34,
+    dec2_q8_0,
+    0.0
+);
 tiles_min!(tile_q4_0, vnni_tile_q4_0, 18, dec2_q4_0, -8.0);
 tiles_min!(tile_q4_1, vnni_tile_q4_1, 20, dec2_q4_1, 1.0);
 tiles_min!(tile_q5_0, vnni_tile_q5_0, 22, dec2_q5_0, -16.0);
@@ -913,6 +930,7 @@ macro_rules! vnni_matrix_fn {
     };
 }
 
+vnni_matrix_fn!(vnni_mat_q8_0, vnni_mat_q8_0_impl, vnni_tile_q8_0, GgmlType::Q8_0);
 vnni_matrix_fn!(vnni_mat_q4_0, vnni_mat_q4_0_impl, vnni_tile_q4_0, GgmlType::Q4_0);
 vnni_matrix_fn!(vnni_mat_q5_0, vnni_mat_q5_0_impl, vnni_tile_q5_0, GgmlType::Q5_0);
 vnni_matrix_fn!(vnni_mat_q4_1, vnni_mat_q4_1_impl, vnni_tile_q4_1, GgmlType::Q4_1);
@@ -941,18 +959,6 @@ fn quantize_impl(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
     let (qs, meta) = out.split_at_mut(n);
     match fmt {
         ActFormat::F32 => {}
-        ActFormat::Q8_0 => {
-            for ((xb, qb), m) in x
-                .as_chunks::<32>()
-                .0
-                .iter()
-                .zip(qs.as_chunks_mut::<32>().0)
-                .zip(meta.chunks_exact_mut(4))
-            {
-                let (d, _) = quant32_blocks(xb, qb);
-                m.copy_from_slice(&d.to_le_bytes());
-            }
-        }
         ActFormat::Q8_1 => {
             let nb = n / 32;
             let mut qb = [0u8; 32];

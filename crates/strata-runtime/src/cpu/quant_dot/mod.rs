@@ -18,7 +18,6 @@ pub use act::{act_residual, quantize_act_row_scalar};
 /// these kernels read them). A row of `n` values is laid out as:
 ///
 /// - `F32`: `n` little-endian `f32`.
-/// - `Q8_0`: `n` `i8` quants, then one `f32` scale `d` per 32-block (value = `q * d`).
 /// - `Q8_1`: `n` `i8` quants, then per 32-block the pair `f32 d`, `f32 s` where
 ///   `s = d * sum(q)` (what the min / offset term of Q4_0..Q5_1 needs). The quants of
 ///   blocks `2p` and `2p + 1` are interleaved by halves in 64 bytes: values 0..16 of block
@@ -32,11 +31,9 @@ pub use act::{act_residual, quantize_act_row_scalar};
 pub enum ActFormat {
     /// Plain `f32` (for F32, F16 and BF16 weights).
     F32,
-    /// 32-blocks of `i8` with one scale (for Q8_0 weights).
-    Q8_0,
-    /// 32-blocks of `i8` with a scale and the scaled block sum (for Q4_0, Q4_1, Q5_0,
+    /// 32-blocks of `i8` with a scale and the scaled block sum (for Q8_0, Q4_0, Q4_1, Q5_0,
     /// Q5_1 weights: the sum carries the min of Q4_1/Q5_1 and the `-8`/`-16` offset of
-    /// Q4_0/Q5_0, which lets all four use unsigned quants and one kernel).
+    /// Q4_0/Q5_0, which lets the four use unsigned quants; all five share one kernel).
     Q8_1,
     /// 256-blocks of `i8` with a scale and per-16 sums (for the K-quants).
     Q8K,
@@ -47,20 +44,20 @@ impl ActFormat {
     pub fn block_len(self) -> usize {
         match self {
             ActFormat::F32 => 1,
-            ActFormat::Q8_0 | ActFormat::Q8_1 => 32,
+            ActFormat::Q8_1 => 32,
             ActFormat::Q8K => QK_K,
         }
     }
 }
 
-/// The activation format each weight type's kernel reads (unlike GGML, Q4_0 and Q5_0 take
-/// Q8_1 like Q4_1 and Q5_1: their offset then costs nothing extra). Types without a kernel
+/// The activation format each weight type's kernel reads (unlike GGML, Q4_0, Q5_0 and Q8_0
+/// take Q8_1 like Q4_1 and Q5_1: the offset of the first two then costs nothing extra, and
+/// all five share one kernel that handles blocks in pairs). Types without a kernel
 /// (see [`is_supported`]) get [`ActFormat::F32`]; [`kernel_for`] returns `None` for them.
 pub fn act_format_for(w: GgmlType) -> ActFormat {
     use GgmlType::*;
     match w {
-        Q8_0 => ActFormat::Q8_0,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 => ActFormat::Q8_1,
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 => ActFormat::Q8_1,
         Q4K | Q5K | Q6K => ActFormat::Q8K,
         _ => ActFormat::F32,
     }
@@ -77,7 +74,6 @@ pub fn is_supported(w: GgmlType) -> bool {
 pub fn act_row_bytes(fmt: ActFormat, n: usize) -> usize {
     match fmt {
         ActFormat::F32 => 4 * n,
-        ActFormat::Q8_0 => n + 4 * (n / 32),
         ActFormat::Q8_1 => n + 8 * (n / 32),
         ActFormat::Q8K => n + 36 * (n / QK_K),
     }

@@ -155,14 +155,7 @@ struct RowQ8_0;
 impl RowDot for RowQ8_0 {
     const TYPE: GgmlType = GgmlType::Q8_0;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        let (qs, meta) = a.split_at(n);
-        let mut acc = 0.0f32;
-        for (b, wb) in w.chunks_exact(34).enumerate() {
-            let wq: [u8; 32] = arr(wb, 2);
-            let s = idot(&wq.map(|v| v as i8), &arr(qs, 32 * b));
-            acc += f16_at(wb, 0) * f32_at(meta, 4 * b) * s as f32;
-        }
-        acc
+        dot_q8_1_blocks(n, w, a, 34, |wb| arr::<u8, 32>(wb, 2).map(|v| v as i8), false)
     }
 }
 
@@ -187,9 +180,9 @@ fn with_fifth_bits(mut v: [i8; 32], qh: &[u8; 4]) -> [i8; 32] {
     v
 }
 
-/// Q4_0 / Q4_1 / Q5_0 / Q5_1 against a Q8_1 row: quants `q - offset`, scale `d`, and for
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 against a Q8_1 row: quants `q - offset`, scale `d`, and for
 /// the `_1` types the min `m` at bytes 2..4 times the block's scaled activation sum.
-fn dot_q4q5(n: usize, w: &[u8], a: &[u8], bb: usize, weights: impl Fn(&[u8]) -> [i8; 32], has_min: bool) -> f32 {
+fn dot_q8_1_blocks(n: usize, w: &[u8], a: &[u8], bb: usize, weights: impl Fn(&[u8]) -> [i8; 32], has_min: bool) -> f32 {
     let nb = n / 32;
     let (qs, meta) = a.split_at(n);
     let mut acc = 0.0f32;
@@ -207,7 +200,7 @@ struct RowQ4_0;
 impl RowDot for RowQ4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        dot_q4q5(n, w, a, 18, |wb| nibbles(&arr(wb, 2)).map(|v| v - 8), false)
+        dot_q8_1_blocks(n, w, a, 18, |wb| nibbles(&arr(wb, 2)).map(|v| v - 8), false)
     }
 }
 
@@ -215,7 +208,7 @@ struct RowQ4_1;
 impl RowDot for RowQ4_1 {
     const TYPE: GgmlType = GgmlType::Q4_1;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        dot_q4q5(n, w, a, 20, |wb| nibbles(&arr(wb, 4)), true)
+        dot_q8_1_blocks(n, w, a, 20, |wb| nibbles(&arr(wb, 4)), true)
     }
 }
 
@@ -223,7 +216,7 @@ struct RowQ5_0;
 impl RowDot for RowQ5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        dot_q4q5(
+        dot_q8_1_blocks(
             n,
             w,
             a,
@@ -238,7 +231,7 @@ struct RowQ5_1;
 impl RowDot for RowQ5_1 {
     const TYPE: GgmlType = GgmlType::Q5_1;
     fn dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-        dot_q4q5(
+        dot_q8_1_blocks(
             n,
             w,
             a,
