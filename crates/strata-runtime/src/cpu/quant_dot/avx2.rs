@@ -395,6 +395,8 @@ macro_rules! tile_min {
             let np = nb / 2;
             let wb = weight_blocks::<RW, $bb>(w, nb);
             let (aq, am) = split_acts::<R, 64, 16>(n, np, np, a);
+            // Q8_0 (`k` = 0) has no min terms: its second chain is left out.
+            const HAS_MIN: bool = $k != 0.0;
             let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
             let mut acc = [[_mm256_setzero_ps(); R]; RW];
             let mut accm = [[_mm_setzero_ps(); R]; RW];
@@ -412,7 +414,9 @@ macro_rules! tile_min {
                         let qa = &aq[r][p];
                         let pi = _mm256_cvtepi32_ps($mul_sum2(lo, ld256(qa, 0), hi, ld256(qa, 32)));
                         acc[x][r] = _mm256_fmadd_ps(pi, _mm256_mul_ps(dv, dav[r]), acc[x][r]);
-                        accm[x][r] = _mm_fmadd_ps(dm, meta[r], accm[x][r]);
+                        if HAS_MIN {
+                            accm[x][r] = _mm_fmadd_ps(dm, meta[r], accm[x][r]);
+                        }
                     }
                 }
             }
@@ -431,12 +435,17 @@ macro_rules! tile_min {
                         let pi = _mm256_cvtepi32_ps($mul_sum(q, ld256(qa, 0)));
                         let sv = _mm256_broadcastss_ps(_mm_mul_ps(dm, meta));
                         acc[x][r] = _mm256_fmadd_ps(pi, sv, acc[x][r]);
-                        accm[x][r] = _mm_fmadd_ps(dm, meta, accm[x][r]);
+                        if HAS_MIN {
+                            accm[x][r] = _mm_fmadd_ps(dm, meta, accm[x][r]);
+                        }
                     }
                 }
             }
             let kmin = _mm_setr_ps(0.0, $k, 0.0, $k);
             for x in 0..RW {
+                if !HAS_MIN {
+                    break;
+                }
                 for r in 0..R {
                     let mins = _mm256_zextps128_ps256(_mm_mul_ps(accm[x][r], kmin));
                     acc[x][r] = _mm256_add_ps(acc[x][r], mins);
