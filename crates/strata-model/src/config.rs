@@ -132,6 +132,33 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// A one-layer Llama-shaped config with `n_kv_heads` KV heads of `head_dim` and `group`
+    /// query heads per KV head, for tests of the attention loops.
+    #[cfg(test)]
+    pub(crate) fn tiny_attention(n_kv_heads: usize, group: usize, head_dim: usize) -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Llama,
+            n_layers: 1,
+            hidden: n_kv_heads * group * head_dim,
+            intermediate: 64,
+            n_heads: n_kv_heads * group,
+            n_kv_heads,
+            head_dim,
+            vocab_size: 10,
+            rms_eps: 1e-5,
+            rope: RopeConfig {
+                theta: 10000.0,
+                dim: head_dim,
+                layout: RopeLayout::Neox,
+                scaling: RopeScaling::None,
+            },
+            max_position: 64,
+            qkv_bias: false,
+            qk_norm: false,
+            tied_embeddings: false,
+        }
+    }
+
     /// Values stored per token per layer in K (and again in V).
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim

@@ -114,33 +114,13 @@ impl PromptTile<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
+    use crate::config::ModelConfig;
     use crate::kv_cache::KvCacheDtype;
 
     /// 21 positions of one sequence over shuffled blocks of 4, 2 KV heads of dim 20, 3 query
     /// heads per KV head.
     fn setup() -> (PagedKvCache, Vec<u32>, Vec<f32>) {
-        let c = ModelConfig {
-            arch: Arch::Llama,
-            n_layers: 1,
-            hidden: 120,
-            intermediate: 64,
-            n_heads: 6,
-            n_kv_heads: 2,
-            head_dim: 20,
-            vocab_size: 10,
-            rms_eps: 1e-5,
-            rope: RopeConfig {
-                theta: 10000.0,
-                dim: 20,
-                layout: ops::RopeLayout::Neox,
-                scaling: RopeScaling::None,
-            },
-            max_position: 64,
-            qkv_bias: false,
-            qk_norm: false,
-            tied_embeddings: false,
-        };
+        let c = ModelConfig::tiny_attention(2, 3, 20);
         let mut kv = PagedKvCache::new(&c, KvCacheDtype::F32, 4, 8);
         let table = vec![5u32, 0, 7, 2, 6, 1];
         let f = |i: usize, salt: usize| (((i * 7919 + salt) % 1013) as f32 / 1013.0 - 0.5) * 2.0;

@@ -400,6 +400,86 @@ fn simd_available() -> bool {
     }
 }
 
+/// Query heads of a group that [`DecodeAttention`] takes together (accumulators in registers).
+const GROUP_TILE: usize = 4;
+
+/// `$f::<G>(args)` with `G` = `$gn` heads (the last tile of a group), at most [`GROUP_TILE`].
+macro_rules! per_group_tile {
+    ($gn:expr, $f:ident($($a:expr),*)) => {
+        match $gn {
+            1 => $f::<1>($($a),*),
+            2 => $f::<2>($($a),*),
+            3 => $f::<3>($($a),*),
+            _ => $f::<GROUP_TILE>($($a),*),
+        }
+    };
+}
+
+/// Scores of `G` query heads (`qs`, `G` rows of `hd`) against the keys of one block (`keys`,
+/// rows of `hd`) into `scores[g * stride + j]`: each key is read once for the `G` heads, and
+/// each score is summed as [`ops::dot`] sums it.
+#[inline(always)]
+fn block_scores<const G: usize>(qs: &[f32], keys: &[f32], hd: usize, scale: f32, scores: &mut [f32], stride: usize) {
+    let chunks = hd / 8;
+    for (j, key) in keys.chunks_exact(hd).enumerate() {
+        let mut acc = [[0.0f32; 8]; G];
+        for c in 0..chunks {
+            let kc: &[f32; 8] = key[c * 8..c * 8 + 8].try_into().expect("8 values");
+            for (g, a) in acc.iter_mut().enumerate() {
+                let qc: &[f32; 8] = qs[g * hd + c * 8..g * hd + c * 8 + 8].try_into().expect("8 values");
+                for l in 0..8 {
+                    a[l] += qc[l] * kc[l];
+                }
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            let mut sum = a.iter().sum::<f32>();
+            for d in chunks * 8..hd {
+                sum += qs[g * hd + d] * key[d];
+            }
+            scores[g * stride + j] = sum * scale;
+        }
+    }
+}
+
+/// `o[g] += sum_j p[g][j] v[j]` for `G` query heads over the values of one block (`vals`, rows
+/// of `hd`; `p[g][j]` at `probs[g * stride + j]`), each 8-dim chunk summed in registers over the
+/// block, keys in order (as repeated [`ops::axpy`] sums it).
+#[inline(always)]
+fn block_values<const G: usize>(probs: &[f32], stride: usize, vals: &[f32], hd: usize, o: &mut [f32]) {
+    let n = vals.len() / hd;
+    for c in 0..hd.div_ceil(8) {
+        let width = 8.min(hd - c * 8);
+        if width < 8 {
+            for g in 0..G {
+                for j in 0..n {
+                    let p = probs[g * stride + j];
+                    for d in c * 8..hd {
+                        o[g * hd + d] += p * vals[j * hd + d];
+                    }
+                }
+            }
+            continue;
+        }
+        let mut acc = [[0.0f32; 8]; G];
+        for (g, a) in acc.iter_mut().enumerate() {
+            a.copy_from_slice(&o[g * hd + c * 8..g * hd + c * 8 + 8]);
+        }
+        for j in 0..n {
+            let vc: &[f32; 8] = vals[j * hd + c * 8..j * hd + c * 8 + 8].try_into().expect("8 values");
+            for (g, a) in acc.iter_mut().enumerate() {
+                let p = probs[g * stride + j];
+                for l in 0..8 {
+                    a[l] += p * vc[l];
+                }
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            o[g * hd + c * 8..g * hd + c * 8 + 8].copy_from_slice(a);
+        }
+    }
+}
+
 /// Attention of the query heads sharing one KV head, for one new token, over the paged cache.
 struct DecodeAttention<'a> {
     kv: &'a PagedKvCache,
@@ -414,6 +494,12 @@ struct DecodeAttention<'a> {
 impl DecodeAttention<'_> {
     /// `o` (group x head_dim) = softmax(q K^T * scale) V; `scores` holds group x ctx values,
     /// `buf` one block of one head (for caches that decode on read).
+    ///
+    /// Each key is read once for up to [`GROUP_TILE`] query heads and each value chunk of 8
+    /// dims accumulates in registers over a whole block; every score and output value is summed
+    /// in the same order as [`ops::dot`] and [`ops::axpy`] over the keys would sum it (lanes
+    /// `d mod 8` over the chunks, then the lanes in order; keys in order), so the result of a
+    /// token does not depend on how its neighbours are batched.
     #[inline(always)]
     fn run(&self, qs: &[f32], scores: &mut [f32], buf: &mut [f32], o: &mut [f32]) {
         let (hd, bs, ctx, group) = (self.kv.head_dim, self.kv.block_size, self.ctx, self.group);
@@ -421,11 +507,14 @@ impl DecodeAttention<'_> {
         let blocks = &self.table[..ctx.div_ceil(bs)];
         for (b, &block) in blocks.iter().enumerate() {
             let keys = self.kv.k_block(self.layer, block as usize, self.kvh, buf);
-            for j in 0..bs.min(ctx - b * bs) {
-                let key = &keys[j * hd..(j + 1) * hd];
-                for g in 0..group {
-                    scores[g * stride + b * bs + j] = ops::dot(&qs[g * hd..(g + 1) * hd], key) * self.scale;
-                }
+            let n = bs.min(ctx - b * bs);
+            for g0 in (0..group).step_by(GROUP_TILE) {
+                let at = g0 * stride + b * bs;
+                let (q, k) = (&qs[g0 * hd..], &keys[..n * hd]);
+                per_group_tile!(
+                    group - g0,
+                    block_scores(q, k, hd, self.scale, &mut scores[at..], stride)
+                );
             }
         }
         o.fill(0.0);
@@ -434,11 +523,11 @@ impl DecodeAttention<'_> {
         }
         for (b, &block) in blocks.iter().enumerate() {
             let vals = self.kv.v_block(self.layer, block as usize, self.kvh, buf);
-            for j in 0..bs.min(ctx - b * bs) {
-                let val = &vals[j * hd..(j + 1) * hd];
-                for g in 0..group {
-                    ops::axpy(&mut o[g * hd..(g + 1) * hd], scores[g * stride + b * bs + j], val);
-                }
+            let n = bs.min(ctx - b * bs);
+            for g0 in (0..group).step_by(GROUP_TILE) {
+                let at = g0 * stride + b * bs;
+                let og = &mut o[g0 * hd..];
+                per_group_tile!(group - g0, block_values(&scores[at..], stride, &vals[..n * hd], hd, og));
             }
         }
     }
@@ -465,4 +554,82 @@ fn norm_rows(pool: &ThreadPool, x: &[f32], weight: &[f32], eps: f32, dim: usize,
             ops::rms_norm(&x[r * dim..(r + 1) * dim], weight, eps, dst);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+    use crate::kv_cache::KvCacheDtype;
+
+    /// The plain order `DecodeAttention` must keep: one `ops::dot` per (key, head), one
+    /// `ops::axpy` per (key, head), keys in order.
+    fn naive(kv: &PagedKvCache, table: &[u32], ctx: usize, group: usize, qs: &[f32], scale: f32) -> Vec<f32> {
+        let (hd, bs) = (kv.head_dim, kv.block_size);
+        let mut buf = vec![0.0f32; bs * hd];
+        let mut scores = vec![vec![0.0f32; ctx]; group];
+        for p in 0..ctx {
+            let keys = kv.k_block(0, table[p / bs] as usize, 1, &mut buf);
+            let key = &keys[(p % bs) * hd..(p % bs + 1) * hd];
+            for (g, s) in scores.iter_mut().enumerate() {
+                s[p] = ops::dot(&qs[g * hd..(g + 1) * hd], key) * scale;
+            }
+        }
+        let mut o = vec![0.0f32; group * hd];
+        for s in scores.iter_mut() {
+            ops::softmax_inplace(s);
+        }
+        for p in 0..ctx {
+            let vals = kv.v_block(0, table[p / bs] as usize, 1, &mut buf);
+            let val = &vals[(p % bs) * hd..(p % bs + 1) * hd];
+            for (g, s) in scores.iter().enumerate() {
+                ops::axpy(&mut o[g * hd..(g + 1) * hd], s[p], val);
+            }
+        }
+        o
+    }
+
+    /// Keys read once for several query heads and values summed in registers give the plain
+    /// order's results bit for bit (group tiles with a remainder, head dims with a tail).
+    #[test]
+    fn decode_attention_keeps_the_plain_summation_order() {
+        for (hd, group, ctx) in [(64usize, 3usize, 37usize), (20, 6, 21), (64, 7, 16), (128, 4, 5)] {
+            let c = ModelConfig::tiny_attention(2, group, hd);
+            for dtype in [KvCacheDtype::F32, KvCacheDtype::Fp8E4m3] {
+                let bs = 8;
+                let mut kv = PagedKvCache::new(&c, dtype, bs, 8);
+                let table = vec![5u32, 0, 7, 2, 6];
+                let f = |i: usize, salt: usize| (((i * 7919 + salt) % 1013) as f32 / 1013.0 - 0.5) * 2.0;
+                for pos in 0..ctx {
+                    let k: Vec<f32> = (0..2 * hd).map(|i| f(pos * 2 * hd + i, 1)).collect();
+                    let v: Vec<f32> = (0..2 * hd).map(|i| f(pos * 2 * hd + i, 2)).collect();
+                    kv.write(0, table[pos / bs] as usize, pos % bs, &k, &v);
+                }
+                let qs: Vec<f32> = (0..group * hd).map(|i| f(i, 3)).collect();
+                let scale = 1.0 / (hd as f32).sqrt();
+                let task = DecodeAttention {
+                    kv: &kv,
+                    layer: 0,
+                    kvh: 1,
+                    table: &table,
+                    ctx,
+                    group,
+                    scale,
+                };
+                let mut scores = vec![0.0f32; group * 64];
+                let mut buf = vec![0.0f32; bs * hd];
+                let mut o = vec![f32::NAN; group * hd];
+                task.run(&qs, &mut scores, &mut buf, &mut o);
+                let want = naive(&kv, &table, ctx, group, &qs, scale);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&o), bits(&want), "hd {hd} group {group} ctx {ctx} {dtype:?}");
+                if simd_available() {
+                    let mut o2 = vec![f32::NAN; group * hd];
+                    // SAFETY: `simd_available` found AVX2 and FMA.
+                    unsafe { task.run_avx2(&qs, &mut scores, &mut buf, &mut o2) };
+                    assert_eq!(bits(&o2), bits(&want), "avx2 build: hd {hd} group {group} {dtype:?}");
+                }
+            }
+        }
+    }
 }
