@@ -386,8 +386,9 @@ macro_rules! tile_min {
         /// without a min) and the activation row `meta = [da0, s0, da1, s1]`. The integer
         /// sums are scaled by `[d0 x4, d1 x4] * [da0 x4, da1 x4]` into the FMA chain; the
         /// min terms `m s` gather in lanes 1 and 3 of a second chain `sum dm * meta`, added
-        /// in (times `k`) once at the end. Per pair the two byte products are added in
-        /// `i16`: `2 * (2 * 31 * 127) < 32768`.
+        /// in (times `k`) once at the end (Q8_0, `k` = 0, has no min chain). The byte sums
+        /// are exact: the unsigned 4/5-bit pairs add in `i16` (`2 * (2 * 31 * 127) < 32768`),
+        /// the signed Q8_0 ones in `i32` ([`mul_sum_s8x2`]).
         #[inline]
         #[target_feature(enable = $feat)]
         fn $name<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
@@ -395,7 +396,6 @@ macro_rules! tile_min {
             let np = nb / 2;
             let wb = weight_blocks::<RW, $bb>(w, nb);
             let (aq, am) = split_acts::<R, 64, 16>(n, np, np, a);
-            // Q8_0 (`k` = 0) has no min terms: its second chain is left out.
             const HAS_MIN: bool = $k != 0.0;
             let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
             let mut acc = [[_mm256_setzero_ps(); R]; RW];
@@ -441,14 +441,13 @@ macro_rules! tile_min {
                     }
                 }
             }
-            let kmin = _mm_setr_ps(0.0, $k, 0.0, $k);
-            for x in 0..RW {
-                if !HAS_MIN {
-                    break;
-                }
-                for r in 0..R {
-                    let mins = _mm256_zextps128_ps256(_mm_mul_ps(accm[x][r], kmin));
-                    acc[x][r] = _mm256_add_ps(acc[x][r], mins);
+            if HAS_MIN {
+                let kmin = _mm_setr_ps(0.0, $k, 0.0, $k);
+                for x in 0..RW {
+                    for r in 0..R {
+                        let mins = _mm256_zextps128_ps256(_mm_mul_ps(accm[x][r], kmin));
+                        acc[x][r] = _mm256_add_ps(acc[x][r], mins);
+                    }
                 }
             }
             finish(acc)
