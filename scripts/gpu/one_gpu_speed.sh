@@ -2,12 +2,14 @@
 # One H200, issue 6's checks and speed figures in one call (outputs in $OUT):
 #   random Llama-3-8B and Qwen2.5-7B checkpoints (transformers) with reference logits and greedy text;
 #   the CUDA tests (kernels against cuBLASLt, checkpoints against transformers; SmolLM2's when staged);
-#   strata bench-gpu on Llama-3-8B with the decode GEMVs on and off (STRATA_GEMV_MAX_TOKENS=0),
-#   side by side in this run; the host time of each step phase (graphs) and the eager per-kernel profile.
+#   strata bench-gpu on Llama-3-8B as built, then once per AB variant, side by side in this run;
+#   the eager per-kernel profile at each of PROFILE_LEVELS (default "1 256") streams.
 # Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
 # SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_TESTS=1 the tests (and the references they
-# need); SKIP_OFF=1 the GEMVs-off bench; SKIP_PROFILE=1 the profiles; WITH_TRANSFORMERS=1 adds
-# transformers' own speed on the same checkpoint after strata's.
+# need); SKIP_PROFILE=1 the profiles; WITH_TRANSFORMERS=1 adds transformers' own speed on the same
+# checkpoint after strata's. AB="name:VAR=value ..." lists the variants benched after the build as
+# is (default: the decode GEMVs off); LEVELS the concurrency levels (default 1,64,256), AB_LEVELS
+# the variants' (default LEVELS).
 set -u
 OUT=${OUT:-/tmp/out}
 shim=/tmp/strata-libshim
@@ -29,26 +31,26 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
         grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
 fi
-bench() { # NAME, then env assignments
-    local name=$1; shift
-    env "$@" timeout 240 $S bench-gpu --model $L8 --levels 1,64,256 --prompt-tokens 512 --output-tokens 256 \
+bench() { # NAME, LEVELS, then env assignments
+    local name=$1 levels=$2; shift 2
+    env "$@" timeout 240 $S bench-gpu --model $L8 --levels $levels --prompt-tokens 512 --output-tokens 256 \
         --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
     echo "== bench-gpu llama3-8b, $name"; grep -v "^\s*$" "$OUT/bench_$name.log" | grep -v -E "^\[|loading" | tail -12
 }
-bench gemv STRATA_GEMV_MAX_TOKENS=8
-[ -n "${SKIP_OFF:-}" ] || bench cublaslt STRATA_GEMV_MAX_TOKENS=0
+LEVELS=${LEVELS:-1,64,256}
+bench built $LEVELS STRATA_BUILT=1
+for v in ${AB-gemv_off:STRATA_GEMV_MAX_TOKENS=0}; do bench "${v%%:*}" "${AB_LEVELS:-$LEVELS}" "${v#*:}"; done
 if [ -n "${WITH_TRANSFORMERS:-}" ]; then
     echo "== transformers on the same checkpoint"
     timeout 150 python3 scripts/gpu/transformers_speed.py $L8 "$OUT/transformers_llama3_8b.json" 64 2>&1 |
         grep -v -i warn | tail -8 | tee "$OUT/transformers_llama3_8b.log"
 fi
 if [ -z "${SKIP_PROFILE:-}" ]; then
-    echo "== host time per step, single stream with CUDA graphs"
-    STRATA_GPU_PROFILE=1 timeout 120 $S bench-gpu --model $L8 --levels 1 --kv-cache-dtypes auto \
-        --prompt-tokens 512 --output-tokens 16 --decode-tokens 256 --out "$OUT/profile_graphs.json" 2>&1 |
-        grep -A40 "GPU profile" | tee "$OUT/profile_graphs.log" | grep -A8 "host time"
-    echo "== where the time goes (eager steps, GPU time of each kernel)"
-    STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $L8 --enforce-eager --levels 1,256 --kv-cache-dtypes auto \
-        --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out "$OUT/profile.json" 2>&1 |
-        grep -A50 "GPU profile" | tee "$OUT/profile.log" | head -44
+    for lv in ${PROFILE_LEVELS:-1 256}; do
+        echo "== where the time goes at $lv streams (eager steps, GPU time of each kernel)"
+        STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $L8 --enforce-eager --levels $lv --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out "$OUT/profile_$lv.json" 2>&1 |
+            grep -A50 "GPU profile" | tee "$OUT/profile_$lv.log" | head -24
+        rm -f "$OUT/profile_$lv.json"
+    done
 fi

@@ -11,7 +11,7 @@ use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
 use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, Kernels, FAMILIES};
-use strata_runtime::cuda::{libraries, Gemm, GemmOut, Gpu};
+use strata_runtime::cuda::{libraries, DeviceBuffer, Gemm, GemmOut, Gpu};
 use strata_runtime::kernel_args;
 
 #[test]
@@ -178,8 +178,8 @@ fn decode_gemvs_match_cublaslt() {
     let gpu = Gpu::open(0, &libs).unwrap();
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     let mut gemm = Gemm::new(&gpu).unwrap();
-    // SmolLM2's k (576: not a multiple of 256), Llama-3-8B's, and an odd row count.
-    for (n, k) in [(1000usize, 576usize), (4096, 4096), (333, 1536)] {
+    // SmolLM2's k (576: not a multiple of 256), Llama-3-8B's, an odd row count, a long row.
+    for (n, k) in [(1000usize, 576usize), (4096, 4096), (333, 1536), (257, 14336)] {
         let w = gpu.upload(&random_bf16(2 * n * k, 1), "w").unwrap();
         for t in 1..=8usize {
             let x = gpu.upload(&random_bf16(t * k, 2 + t as u64), "x").unwrap();
@@ -190,66 +190,217 @@ fn decode_gemvs_match_cublaslt() {
             unsafe { gemm.matmul(&gpu, wp, xp, rp, (2 * n, k, t), GemmOut::F32) }.unwrap();
             let mut want = vec![0f32; t * 2 * n];
             gpu.read(&reference, 0, &mut want).unwrap();
-            // The plain GEMV over the first n rows, f32 out.
-            let y = gpu.alloc(t * n * 4, "y").unwrap();
-            let (yp, n32, k32, t32, f32_out) = (y.ptr(), n as i32, k as i32, t as i32, 1i32);
-            let f = kernels.get(&format!("gemv_t{compiled}"));
-            // SAFETY: the arguments of gemm.cu's gemv_t{T}, buffers sized as above.
-            unsafe {
-                gpu.launch(
-                    f,
-                    (n.div_ceil(2) as u32, 1, 1),
-                    128,
-                    0,
-                    &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out),
-                )
+            // Both loads-in-flight variants (U = 4 for short rows, 8 for long ones).
+            for unroll in [4, 8] {
+                // The plain GEMV over the first n rows, f32 out.
+                let y = gpu.alloc(t * n * 4, "y").unwrap();
+                let (yp, n32, k32, t32, f32_out) = (y.ptr(), n as i32, k as i32, t as i32, 1i32);
+                let f = kernels.get(&format!("gemv_t{compiled}_u{unroll}"));
+                // SAFETY: the arguments of gemm.cu's gemv_t{T}, buffers sized as above.
+                unsafe {
+                    gpu.launch(
+                        f,
+                        (n.div_ceil(2) as u32, 1, 1),
+                        128,
+                        0,
+                        &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out),
+                    )
+                }
+                .unwrap();
+                let mut got = vec![0f32; t * n];
+                gpu.read(&y, 0, &mut got).unwrap();
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for j in 0..t {
+                    for r in 0..n {
+                        let (a, b) = (got[j * n + r], want[j * 2 * n + r]);
+                        assert!(
+                            (a - b).abs() <= 1e-4 * scale,
+                            "gemv u{unroll} n {n} k {k} t {t}: row {r} token {j}: {a} vs cuBLASLt {b}"
+                        );
+                    }
+                }
+                // The gate/up variant over all 2n rows (gate = first n), silu(gate) * up in bf16.
+                let act = gpu.alloc(t * n * 2, "act").unwrap();
+                let ap = act.ptr();
+                let f = kernels.get(&format!("gemv_silu_t{compiled}_u{unroll}"));
+                // SAFETY: the arguments of gemm.cu's gemv_silu_t{T}, buffers sized as above.
+                unsafe {
+                    gpu.launch(
+                        f,
+                        (n as u32, 1, 1),
+                        128,
+                        0,
+                        &mut kernel_args!(wp, xp, ap, n32, k32, t32),
+                    )
+                }
+                .unwrap();
+                let mut got = vec![0u16; t * n];
+                gpu.read(&act, 0, &mut got).unwrap();
+                let bf = |v: f32| f32::from_bits(((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) << 16);
+                let mut worst = 0f32;
+                let mut largest = 0f32;
+                for j in 0..t {
+                    for r in 0..n {
+                        let (g, u) = (bf(want[j * 2 * n + r]), bf(want[j * 2 * n + n + r]));
+                        let expect = g / (1.0 + (-g).exp()) * u;
+                        let a = f32::from_bits((got[j * n + r] as u32) << 16);
+                        worst = worst.max((a - expect).abs());
+                        largest = largest.max(expect.abs());
+                    }
+                }
+                assert!(
+                    worst <= 0.02 * largest,
+                    "gemv_silu u{unroll} n {n} k {k} t {t}: off by {worst} of {largest}"
+                );
             }
+        }
+    }
+}
+
+/// The cache of one attention test: K and V (bf16, or fp8 e4m3 with a scale per vector).
+struct TestCache {
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    scales: Option<(DeviceBuffer, DeviceBuffer)>,
+}
+
+/// Runs one attention kernel (and the part merge when `parts` > 1) over the given cache and
+/// queries; returns the bf16 output as f32.
+#[allow(clippy::too_many_arguments)]
+fn run_attention(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    kernel: &str,
+    (head_dim, group, n_kv, block_size): (usize, usize, usize, usize),
+    cache: &TestCache,
+    (q, tables, token_seq, positions): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (tokens, max_blocks, parts): (usize, usize, usize),
+) -> Vec<f32> {
+    let n_heads = n_kv * group;
+    let width = n_heads * head_dim;
+    let out = gpu.alloc(tokens * width * 2, "out").unwrap();
+    let part_acc = gpu.alloc(tokens * n_heads * parts * head_dim * 4, "partials").unwrap();
+    let part_ml = gpu.alloc(tokens * n_heads * parts * 2 * 4, "partials").unwrap();
+    let (qp, kp, vp, tp, sp, pp) = (
+        q.ptr(),
+        cache.k.ptr(),
+        cache.v.ptr(),
+        tables.ptr(),
+        token_seq.ptr(),
+        positions.ptr(),
+    );
+    let (ksp, vsp) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
+    let (op, ap, mp) = (out.ptr(), part_acc.ptr(), part_ml.ptr());
+    let (q_stride, mb, nkv, bs, scale) = (width as i32, max_blocks as i32, n_kv as i32, block_size as i32, 0.3f32);
+    // SAFETY: the arguments of attention.cu's kernels, buffers sized by the caller for these shapes.
+    unsafe {
+        gpu.launch(
+            kernels.get(kernel),
+            (tokens as u32, n_kv as u32, parts as u32),
+            128,
+            0,
+            &mut kernel_args!(qp, q_stride, kp, vp, ksp, vsp, tp, mb, sp, pp, op, ap, mp, nkv, bs, scale),
+        )
+        .unwrap();
+        if parts > 1 {
+            let p = parts as i32;
+            gpu.launch(
+                kernels.get("attention_reduce"),
+                (tokens as u32, n_heads as u32, 1),
+                head_dim as u32,
+                0,
+                &mut kernel_args!(ap, mp, op, p),
+            )
             .unwrap();
-            let mut got = vec![0f32; t * n];
-            gpu.read(&y, 0, &mut got).unwrap();
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for j in 0..t {
-                for r in 0..n {
-                    let (a, b) = (got[j * n + r], want[j * 2 * n + r]);
+        }
+    }
+    let mut bits = vec![0u16; tokens * width];
+    gpu.read(&out, 0, &mut bits).unwrap();
+    bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect()
+}
+
+#[test]
+fn tensor_core_attention_matches_the_cuda_core_kernel() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let (n_kv, block_size, num_blocks, max_blocks) = (2usize, 16usize, 80usize, 40usize);
+    // SmolLM2's heads (64 wide, 3 per KV head) and Llama-3's (128, 4) and Qwen2.5-7B's (128, 7).
+    for (head_dim, group) in [(64usize, 3usize), (128, 4), (128, 7)] {
+        let kernels = Kernels::load(&gpu, KernelSpec { head_dim, group }).unwrap();
+        let vectors = num_blocks * n_kv * block_size;
+        let cache_len = vectors * head_dim;
+        let bf16_cache = TestCache {
+            k: gpu.upload(&random_bf16(cache_len, 11), "k").unwrap(),
+            v: gpu.upload(&random_bf16(cache_len, 12), "v").unwrap(),
+            scales: None,
+        };
+        // fp8: random e4m3 bytes with the exponent's top bit clear (|x| < 2, no NaN codes),
+        // scales in [0.5, 1.5).
+        let fp8 = |seed| -> Vec<u8> {
+            random_bf16(cache_len, seed)
+                .iter()
+                .map(|b| (b >> 3) as u8 & 0xbf)
+                .collect()
+        };
+        let scales = |seed| -> Vec<f32> {
+            random_bf16(vectors, seed)
+                .iter()
+                .map(|&b| 1.0 + 0.5 * f32::from_bits((b as u32) << 16))
+                .collect()
+        };
+        let fp8_cache = TestCache {
+            k: gpu.upload(&fp8(21), "k").unwrap(),
+            v: gpu.upload(&fp8(22), "v").unwrap(),
+            scales: Some((
+                gpu.upload(&scales(23), "k scales").unwrap(),
+                gpu.upload(&scales(24), "v scales").unwrap(),
+            )),
+        };
+        // Contexts that end mid-block, on a block edge, in the first key, and long ones; each
+        // sequence's blocks are scattered over the cache.
+        let contexts = [1usize, 5, 16, 17, 100, 333, 512, 639];
+        let mut tables = vec![0i32; contexts.len() * max_blocks];
+        for (si, row) in tables.chunks_mut(max_blocks).enumerate() {
+            for (b, slot) in row.iter_mut().enumerate() {
+                *slot = ((b * 37 + si * 11) % num_blocks) as i32;
+            }
+        }
+        let positions: Vec<i32> = contexts.iter().map(|&c| c as i32 - 1).collect();
+        let token_seq: Vec<i32> = (0..contexts.len() as i32).collect();
+        let tokens = contexts.len();
+        let q = gpu
+            .upload(&random_bf16(tokens * n_kv * group * head_dim, 13), "q")
+            .unwrap();
+        let (tb, ts, ps) = (
+            gpu.upload(&tables, "tables").unwrap(),
+            gpu.upload(&token_seq, "token_seq").unwrap(),
+            gpu.upload(&positions, "positions").unwrap(),
+        );
+        let shape = (head_dim, group, n_kv, block_size);
+        let bufs = (&q, &tb, &ts, &ps);
+        for (cache, simt, mma) in [
+            (&bf16_cache, "paged_attention_bf16", "paged_attention_mma_bf16"),
+            (&fp8_cache, "paged_attention_fp8", "paged_attention_mma_fp8"),
+        ] {
+            let want = run_attention(&gpu, &kernels, simt, shape, cache, bufs, (tokens, max_blocks, 1));
+            let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for parts in [1usize, 3, 16] {
+                let got = run_attention(&gpu, &kernels, mma, shape, cache, bufs, (tokens, max_blocks, parts));
+                let width = n_kv * group * head_dim;
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    // P is rounded to bf16 (f16 for fp8) before P·V on tensor cores; outputs are
+                    // bf16 either way.
                     assert!(
-                        (a - b).abs() <= 1e-4 * scale,
-                        "gemv n {n} k {k} t {t}: row {r} token {j}: {a} vs cuBLASLt {b}"
+                        (a - b).abs() <= 4e-3 * largest + 1e-2 * b.abs(),
+                        "{mma} head_dim {head_dim} group {group} parts {parts}: token {} (context {}) element {}: {a} vs {simt} {b}",
+                        i / width,
+                        contexts[i / width],
+                        i % width
                     );
                 }
             }
-            // The gate/up variant over all 2n rows (gate = first n), silu(gate) * up in bf16.
-            let act = gpu.alloc(t * n * 2, "act").unwrap();
-            let ap = act.ptr();
-            let f = kernels.get(&format!("gemv_silu_t{compiled}"));
-            // SAFETY: the arguments of gemm.cu's gemv_silu_t{T}, buffers sized as above.
-            unsafe {
-                gpu.launch(
-                    f,
-                    (n as u32, 1, 1),
-                    128,
-                    0,
-                    &mut kernel_args!(wp, xp, ap, n32, k32, t32),
-                )
-            }
-            .unwrap();
-            let mut got = vec![0u16; t * n];
-            gpu.read(&act, 0, &mut got).unwrap();
-            let bf = |v: f32| f32::from_bits(((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) << 16);
-            let mut worst = 0f32;
-            let mut largest = 0f32;
-            for j in 0..t {
-                for r in 0..n {
-                    let (g, u) = (bf(want[j * 2 * n + r]), bf(want[j * 2 * n + n + r]));
-                    let expect = g / (1.0 + (-g).exp()) * u;
-                    let a = f32::from_bits((got[j * n + r] as u32) << 16);
-                    worst = worst.max((a - expect).abs());
-                    largest = largest.max(expect.abs());
-                }
-            }
-            assert!(
-                worst <= 0.02 * largest,
-                "gemv_silu n {n} k {k} t {t}: off by {worst} of {largest}"
-            );
         }
     }
 }

@@ -3,6 +3,7 @@
 // gate_up: [tokens, 2 * inter] (gate first); out: [tokens, inter]; inter a multiple of 8.
 // Grid (ceil(inter / 8 / blockDim.x), tokens): each thread does 8 values with 16-byte accesses.
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int inter) {
+    wait_for_previous_kernel();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= (inter >> 3)) return;
     const size_t t = blockIdx.y;

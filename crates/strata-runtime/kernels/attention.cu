@@ -119,6 +119,51 @@ __device__ __forceinline__ void key_scores(const void* cache, const float* scale
     }
 }
 
+// The cache vector of key j of a sequence (its block table `table`) for KV head kvh.
+__device__ __forceinline__ size_t cache_vec(const int* table, int j, int kvh, int n_kv, int block_size) {
+    return ((size_t)table[j / block_size] * n_kv + kvh) * block_size + (j % block_size);
+}
+
+// Per-warp results of a block, for the merge: each warp's output sums of every query head of the
+// group over its keys, and their running maximum and denominator.
+struct WarpResults {
+    float acc[ATTN_WARPS][GROUP][HEAD_DIM];
+    float m[ATTN_WARPS][GROUP], l[ATTN_WARPS][GROUP];
+};
+
+// The end of both attention kernels, once every warp has filled its part of `r`: the warps merge
+// and the block writes the normalised output (parts == 1) or its context part's partial sums.
+__device__ __forceinline__ void merge_warps_and_store(const WarpResults& r, int t, int kvh, int part, int parts,
+                                                      int n_kv, bf16* __restrict__ out, float* __restrict__ part_acc,
+                                                      float* __restrict__ part_ml) {
+    const int n_heads = n_kv * GROUP;
+    __syncthreads();
+    for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
+        const int g = i / HEAD_DIM, d = i % HEAD_DIM;
+        float mx = NEG_INF;
+        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, r.m[w][g]);
+        float num = 0.0f, den = 0.0f;
+        if (mx != NEG_INF) {
+            for (int w = 0; w < ATTN_WARPS; w++) {
+                const float f = __expf(r.m[w][g] - mx);
+                num += r.acc[w][g][d] * f;
+                den += r.l[w][g] * f;
+            }
+        }
+        const int head = kvh * GROUP + g;
+        if (parts == 1) {
+            out[(size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d] = f2bf(den > 0.0f ? num / den : 0.0f);
+        } else {
+            const size_t p = ((size_t)t * n_heads + head) * parts + part;
+            part_acc[p * HEAD_DIM + d] = num;
+            if (d == 0) {
+                part_ml[2 * p] = mx;
+                part_ml[2 * p + 1] = den;
+            }
+        }
+    }
+}
+
 // q: [tokens, q_stride] (heads at h * HEAD_DIM). token_seq[t]: row of t's block table;
 // positions[t]: t attends keys 0..=positions[t]. Writes out [tokens, n_heads * HEAD_DIM] when
 // parts == 1, else partial results (unnormalised sums, maxima, denominators) per part.
@@ -136,7 +181,6 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
                                 float* __restrict__ part_ml, int n_kv, int block_size, float scale) {
     const int t = blockIdx.x, kvh = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n_heads = n_kv * GROUP;
     const int ctx = positions[t] + 1;
     const int part_len = (ctx + parts - 1) / parts;
     const int start = part * part_len;
@@ -162,7 +206,7 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
     for (int j0 = start + warp * 32; j0 < end; j0 += ATTN_WARPS * 32) {
         const int j = min(j0 + lane, end - 1);
         const bool valid = j0 + lane < end;
-        const size_t vec = ((size_t)table[j / block_size] * n_kv + kvh) * block_size + (j % block_size);
+        const size_t vec = cache_vec(table, j, kvh, n_kv, block_size);
         float s[GROUP], p[GROUP];
         key_scores<FP8>(k_cache, k_scale, vec, s_q, s);
 #pragma unroll
@@ -192,7 +236,7 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
 #pragma unroll
             for (int kk = 0; kk < V_BATCH; kk++) {
                 const int jk = j0 + min(kb + kk, n_keys - 1);
-                const size_t vk = ((size_t)table[jk / block_size] * n_kv + kvh) * block_size + (jk % block_size);
+                const size_t vk = cache_vec(table, jk, kvh, n_kv, block_size);
                 vals[kk].load(v_cache, vk, lane);
             }
 #pragma unroll
@@ -212,42 +256,17 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
 #pragma unroll
     for (int g = 0; g < GROUP; g++) l[g] = warp_sum(l[g]);
 
-    __shared__ float s_acc[ATTN_WARPS][GROUP][HEAD_DIM];
-    __shared__ float s_m[ATTN_WARPS][GROUP], s_l[ATTN_WARPS][GROUP];
+    __shared__ WarpResults r;
 #pragma unroll
     for (int g = 0; g < GROUP; g++) {
 #pragma unroll
-        for (int d = 0; d < PER_LANE; d++) s_acc[warp][g][lane * PER_LANE + d] = acc[g][d];
+        for (int d = 0; d < PER_LANE; d++) r.acc[warp][g][lane * PER_LANE + d] = acc[g][d];
         if (lane == 0) {
-            s_m[warp][g] = m[g];
-            s_l[warp][g] = l[g];
+            r.m[warp][g] = m[g];
+            r.l[warp][g] = l[g];
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
-        const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-        float mx = NEG_INF;
-        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, s_m[w][g]);
-        float num = 0.0f, den = 0.0f;
-        if (mx != NEG_INF) {
-            for (int w = 0; w < ATTN_WARPS; w++) {
-                const float f = __expf(s_m[w][g] - mx);
-                num += s_acc[w][g][d] * f;
-                den += s_l[w][g] * f;
-            }
-        }
-        const int head = kvh * GROUP + g;
-        if (parts == 1) {
-            out[(size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d] = f2bf(den > 0.0f ? num / den : 0.0f);
-        } else {
-            const size_t p = ((size_t)t * n_heads + head) * parts + part;
-            part_acc[p * HEAD_DIM + d] = num;
-            if (d == 0) {
-                part_ml[2 * p] = mx;
-                part_ml[2 * p + 1] = den;
-            }
-        }
-    }
+    merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml);
 }
 
 #define ATTENTION_ARGS                                                                                        \
@@ -259,16 +278,261 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
         part_acc, part_ml, n_kv, block_size, scale
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_bf16(ATTENTION_ARGS) {
+    wait_for_previous_kernel();
     paged_attention<false>(ATTENTION_CALL);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_fp8(ATTENTION_ARGS) {
+    wait_for_previous_kernel();
     paged_attention<true>(ATTENTION_CALL);
+}
+
+// ---- Tensor-core attention (HEAD_DIM 64 or 128; bf16 from sm_80, fp8 e4m3 from sm_89) ----
+// The same grid, blocks and results as the kernels above, but each warp takes tiles of 16 keys and
+// computes both products with mma.sync m16n8k16 (f32 sums): S = Q Kᵀ with the group's query heads
+// as the rows of A (padded to 16 with zeros), then O += P V with P straight from S's accumulator
+// registers (FlashAttention-2's layout trick: the C fragment of S is the A fragment of P).
+// Lane (g, c) = (lane / 4, lane % 4) works for query head g. A dot product may sum its dims in any
+// order and P V its keys in any order, as long as both operands agree: so each lane loads whole
+// pieces (K: dims 32i + 8c.. of keys g and g + 8; V: dims g * MMA_NT.. of keys 2c, 2c + 1, 2c + 8,
+// 2c + 9) and the fragments are their words as they come.
+// bf16 cache: both products in bf16. fp8 cache: K is widened to bf16 (exact) and S scaled by each
+// key's scale; V is widened to f16 (exact) and P V runs in f16, each key's V scale folded into P.
+
+#define MMA_NT (HEAD_DIM / 8)
+
+// d += a b for one m16n8k16 tile of bf16 (or f16) operands; rows 8-15 of A are zero here
+// (a1 = a3 = 0), so d[2], d[3] stay 0.
+template <bool F16>
+__device__ __forceinline__ void mma_rows8(float (&d)[4], u32 a0, u32 a2, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    if (F16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+    }
+#endif
+}
+
+#if __CUDA_ARCH__ >= 890
+// Two f32 as a bf16 (or f16) pair, lo in the low half, round to nearest even.
+template <bool F16>
+__device__ __forceinline__ u32 pack_pair(float lo, float hi) {
+    u32 r;
+    if (F16) {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+// Two e4m3 bytes (low first) as an f16 pair: exact.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 two) {
+    u32 r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)(two & 0xffffu)));
+    return r;
+}
+
+// Four e4m3 bytes (low first) as two bf16 pairs: exact (every e4m3 value is a bf16).
+__device__ __forceinline__ void e4m3x4_to_bf16x2(u32 four, u32& lo, u32& hi) {
+    float f[4];
+    e4m3x4_to_f32(four, f);
+    lo = pack_pair<false>(f[0], f[1]);
+    hi = pack_pair<false>(f[2], f[3]);
+}
+#else
+template <bool F16>
+__device__ __forceinline__ u32 pack_pair(float lo, float hi) {
+    return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16);
+}
+#endif
+
+template <bool FP8>
+__device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, const void* __restrict__ k_cache,
+                                    const void* __restrict__ v_cache, const float* __restrict__ k_scale,
+                                    const float* __restrict__ v_scale, const int* __restrict__ block_tables,
+                                    int max_blocks, const int* __restrict__ token_seq,
+                                    const int* __restrict__ positions, bf16* __restrict__ out,
+                                    float* __restrict__ part_acc, float* __restrict__ part_ml, int n_kv,
+                                    int block_size, float scale) {
+#if (HEAD_DIM == 64 || HEAD_DIM == 128) && __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ < 890
+    if (FP8) return;  // not launched there: the host picks the CUDA-core kernel
+#endif
+    constexpr int ELEM = FP8 ? 1 : 2;
+    const int t = blockIdx.x, kvh = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int ctx = positions[t] + 1;
+    // Parts of whole 16-key tiles.
+    const int part_len = (((ctx + parts - 1) / parts) + 15) & ~15;
+    const int start = min(ctx, part * part_len);
+    const int end = min(ctx, start + part_len);
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    const unsigned char* kc = (const unsigned char*)k_cache;
+    const unsigned char* vc = (const unsigned char*)v_cache;
+
+    // Query head g's dims 32i + 8c .. + 8 (zero past the group's heads).
+    uint4 qf[HEAD_DIM / 32];
+    const bf16* qh = q + (size_t)t * q_stride + (size_t)(kvh * GROUP + g) * HEAD_DIM;
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 32; i++)
+        qf[i] = g < GROUP ? *(const uint4*)(qh + 32 * i + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+
+    // acc[n][h]: output dim (2c + h) * MMA_NT + n of head g; m: the running maximum of head g's
+    // scores (the same on its 4 lanes); l: this lane's share of the denominator.
+    float acc[MMA_NT][2];
+#pragma unroll
+    for (int n = 0; n < MMA_NT; n++) acc[n][0] = acc[n][1] = 0.0f;
+    float m = NEG_INF, l = 0.0f;
+    // This lane's keys of a tile, as offsets from its first: scores S[g][2c + {0, 1}] of n-tile 0
+    // and of n-tile 1, which are also the keys of its value loads.
+    const int own[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+    // Value words per key: MMA_NT elements of the cache type.
+    constexpr int VW = MMA_NT * ELEM / 4;
+
+    for (int j0 = start + warp * 16; j0 < end; j0 += ATTN_WARPS * 16) {
+        // Keys past the end are read as the last key (finite values) and masked.
+        const size_t va = cache_vec(table, min(j0 + g, end - 1), kvh, n_kv, block_size);
+        const size_t vb = cache_vec(table, min(j0 + g + 8, end - 1), kvh, n_kv, block_size);
+        size_t vown[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) vown[k] = cache_vec(table, min(j0 + own[k], end - 1), kvh, n_kv, block_size);
+        // Every load of the tile is issued before any is used.
+        uint4 kfa[HEAD_DIM / 32], kfb[HEAD_DIM / 32];
+        uint2 k8a[HEAD_DIM / 32], k8b[HEAD_DIM / 32];
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 32; i++) {
+            const size_t off = (size_t)(32 * i + 8 * c) * ELEM;
+            if (FP8) {
+                k8a[i] = *(const uint2*)(kc + va * HEAD_DIM + off);
+                k8b[i] = *(const uint2*)(kc + vb * HEAD_DIM + off);
+            } else {
+                kfa[i] = *(const uint4*)(kc + va * HEAD_DIM * 2 + off);
+                kfb[i] = *(const uint4*)(kc + vb * HEAD_DIM * 2 + off);
+            }
+        }
+        u32 vf[4][VW];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32* vr = (const u32*)(vc + (vown[k] * HEAD_DIM + g * MMA_NT) * ELEM);
+            if (VW >= 4) {
+#pragma unroll
+                for (int u = 0; u < VW; u += 4) *(uint4*)&vf[k][u] = *(const uint4*)(vr + u);
+            } else {
+                *(uint2*)&vf[k][0] = *(const uint2*)vr;
+            }
+        }
+        float ks[4] = {1.0f, 1.0f, 1.0f, 1.0f}, vs[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (FP8) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                ks[k] = k_scale[vown[k]];
+                vs[k] = v_scale[vown[k]];
+            }
+        }
+#if __CUDA_ARCH__ >= 890
+        if (FP8) {
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 32; i++) {
+                e4m3x4_to_bf16x2(k8a[i].x, kfa[i].x, kfa[i].y);
+                e4m3x4_to_bf16x2(k8a[i].y, kfa[i].z, kfa[i].w);
+                e4m3x4_to_bf16x2(k8b[i].x, kfb[i].x, kfb[i].y);
+                e4m3x4_to_bf16x2(k8b[i].y, kfb[i].z, kfb[i].w);
+            }
+        }
+#endif
+        // S: n-tile 0 holds keys j0..j0+7, n-tile 1 keys j0+8..j0+15.
+        float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 32; i++) {
+            mma_rows8<false>(s0, qf[i].x, qf[i].y, kfa[i].x, kfa[i].y);
+            mma_rows8<false>(s0, qf[i].z, qf[i].w, kfa[i].z, kfa[i].w);
+            mma_rows8<false>(s1, qf[i].x, qf[i].y, kfb[i].x, kfb[i].y);
+            mma_rows8<false>(s1, qf[i].z, qf[i].w, kfb[i].z, kfb[i].w);
+        }
+        float s[4] = {s0[0], s0[1], s1[0], s1[1]};
+        float mx = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s[k] = j0 + own[k] < end ? s[k] * scale * ks[k] : NEG_INF;
+            mx = fmaxf(mx, s[k]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+        // Key j0 is valid, so m_new is finite.
+        const float m_new = fmaxf(m, mx);
+        const float corr = __expf(m - m_new);
+        float p[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) p[k] = __expf(s[k] - m_new);
+        l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
+        m = m_new;
+        const u32 pa0 = pack_pair<FP8>(p[0] * vs[0], p[1] * vs[1]), pa2 = pack_pair<FP8>(p[2] * vs[2], p[3] * vs[3]);
+#pragma unroll
+        for (int n = 0; n < MMA_NT; n++) {
+            // B[k][g] = V[key own[k]][dim g * MMA_NT + n]: element n of this lane's value pieces
+            // (fp8: widened to f16 pairs here).
+            u32 w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+#if __CUDA_ARCH__ >= 890
+                if (FP8) {
+                    w[k] = e4m3x2_to_f16x2(vf[k][n / 4] >> (8 * (n % 4 & 2)));
+                    continue;
+                }
+#endif
+                w[k] = vf[k][n / 2];
+            }
+            const u32 sel = (n % 2) ? 0x7632u : 0x5410u;
+            float d[4] = {acc[n][0] * corr, acc[n][1] * corr, 0.0f, 0.0f};
+            mma_rows8<FP8>(d, pa0, pa2, __byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel));
+            acc[n][0] = d[0];
+            acc[n][1] = d[1];
+        }
+    }
+    l += __shfl_xor_sync(FULL_MASK, l, 1);
+    l += __shfl_xor_sync(FULL_MASK, l, 2);
+
+    __shared__ WarpResults r;
+    if (g < GROUP) {
+#pragma unroll
+        for (int n = 0; n < MMA_NT; n++) {
+            r.acc[warp][g][2 * c * MMA_NT + n] = acc[n][0];
+            r.acc[warp][g][(2 * c + 1) * MMA_NT + n] = acc[n][1];
+        }
+        if (c == 0) {
+            r.m[warp][g] = m;
+            r.l[warp][g] = l;
+        }
+    }
+    merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_mma_bf16(ATTENTION_ARGS) {
+    wait_for_previous_kernel();
+    paged_attention_mma<false>(ATTENTION_CALL);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_mma_fp8(ATTENTION_ARGS) {
+    wait_for_previous_kernel();
+    paged_attention_mma<true>(ATTENTION_CALL);
 }
 
 // Merges the context parts of each (token, head): grid (tokens, n_heads), HEAD_DIM threads.
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                             bf16* __restrict__ out, int parts) {
+    wait_for_previous_kernel();
     const int t = blockIdx.x, head = blockIdx.y, n_heads = gridDim.y, d = threadIdx.x;
     const size_t base = ((size_t)t * n_heads + head) * parts;
     float mx = NEG_INF;

@@ -8,6 +8,17 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90 on; strata launches every kernel with it there): a kernel
+// may start while the one before it finishes. Each kernel calls this before it reads anything an
+// earlier kernel wrote or writes anything (only weight reads, which no kernel writes, may come
+// first); the call then lets the next kernel launch.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf2f(bf16 x) { return __uint_as_float(((u32)x) << 16); }
 
 // Round to nearest even; NaN stays NaN.

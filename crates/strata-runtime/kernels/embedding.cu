@@ -5,6 +5,7 @@
 extern "C" __global__ void embedding_lookup(const bf16* __restrict__ table, const u32* __restrict__ tokens,
                                             float* __restrict__ out, int hidden, int vocab_start,
                                             int vocab_rows) {
+    wait_for_previous_kernel();
     const int t = blockIdx.x;
     const int local = (int)tokens[t] - vocab_start;
     float* o = out + (size_t)t * hidden;

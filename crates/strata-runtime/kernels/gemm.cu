@@ -28,6 +28,7 @@ __device__ __forceinline__ void tree_sum(float* vals, int count) {
 extern "C" __global__ void __launch_bounds__(FO_WARPS * 32)
     gemm_fixed_order(const bf16* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k,
                      int t, int chunks, int out_f32) {
+    wait_for_previous_kernel();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * FO_WARPS + warp;
     const int t0 = blockIdx.y * FO_TOKENS;
@@ -79,6 +80,7 @@ extern "C" __global__ void __launch_bounds__(FO_WARPS * 32)
 // FO_MAX_CHUNKS): the top levels of gemm_fixed_order's chunk tree across TP ranks.
 extern "C" __global__ void sum_ranks(const float* __restrict__ parts, float* __restrict__ out, long long count,
                                      int ranks) {
+    wait_for_previous_kernel();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (long long)gridDim.x * blockDim.x) {
         float vals[FO_MAX_CHUNKS];
@@ -90,13 +92,15 @@ extern "C" __global__ void sum_ranks(const float* __restrict__ parts, float* __r
 }
 
 // ---- Decode GEMVs: t <= 8 tokens, bound by reading w once. ----
-// One block per two output rows (or a gate/up row pair), its GEMV_WARPS warps splitting k: each
-// lane keeps 2 x GEMV_UNROLL 16-byte weight loads in flight (streamed past L1), x is read through
-// L1; a warp's lanes meet by a butterfly, the warps in shared memory in a fixed order.
-// k must be a multiple of 8.
+// One block per two output rows (or a gate/up row pair), all its GEMV_WARPS warps splitting k:
+// thread i takes the 16-byte pieces i, i + 128, ... of each row, U of them in flight at once
+// (streamed past L1); x is read through L1; a warp's lanes meet by a butterfly, the warps in
+// shared memory in a fixed order. U = 4 covers a 4096-wide row in one round with a third fewer
+// registers than U = 8 (more blocks per SM); longer rows take U = 8. Weight loads start before
+// the wait for the previous kernel (see wait_for_previous_kernel). k must be a multiple of 8.
 
 #define GEMV_WARPS 4
-#define GEMV_UNROLL 8
+#define GEMV_THREADS (GEMV_WARPS * 32)
 
 __device__ __forceinline__ uint4 load_streaming(const bf16* p) {
     uint4 v;
@@ -107,7 +111,7 @@ __device__ __forceinline__ uint4 load_streaming(const bf16* p) {
 }
 
 // acc[r][j] = w[rows[r]] · x[j] for j < t, summed over the whole block (valid in thread 0).
-template <int T, int R>
+template <int T, int R, int U>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, int k, int t,
                                           const int (&rows)[R], float (&acc)[R][T]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -117,18 +121,24 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < T; j++) acc[r][j] = 0.0f;
-    for (int base = lane + warp * 32 * GEMV_UNROLL; base < k8; base += 32 * GEMV_UNROLL * GEMV_WARPS) {
-        uint4 wv[R][GEMV_UNROLL];
+    // The first weights are in flight before x (the previous kernel's output) is waited for.
+    bool waited = false;
+    for (int base = threadIdx.x; base < k8; base += GEMV_THREADS * U) {
+        uint4 wv[R][U];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            const int i = base + u * 32;
+        for (int u = 0; u < U; u++) {
+            const int i = base + u * GEMV_THREADS;
 #pragma unroll
             for (int r = 0; r < R; r++)
                 wv[r][u] = i < k8 ? load_streaming(w + (size_t)rows[r] * k + (size_t)i * 8) : make_uint4(0u, 0u, 0u, 0u);
         }
+        if (!waited) {
+            wait_for_previous_kernel();
+            waited = true;
+        }
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            const int i = base + u * 32;
+        for (int u = 0; u < U; u++) {
+            const int i = base + u * GEMV_THREADS;
             if (i < k8) {
 #pragma unroll
                 for (int j = 0; j < T; j++) {
@@ -147,6 +157,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
             }
         }
     }
+    if (!waited) wait_for_previous_kernel();
     __shared__ float partial[GEMV_WARPS][R][T];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -169,15 +180,15 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
     }
 }
 
-// y[t, n] (bf16, or f32 when out_f32). Grid ceil(n / 2), GEMV_WARPS * 32 threads.
-template <int T>
+// y[t, n] (bf16, or f32 when out_f32). Grid ceil(n / 2), GEMV_THREADS threads.
+template <int T, int U>
 __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k,
                      int t, int out_f32) {
     const int row = 2 * blockIdx.x;
     const bool pair = row + 1 < n;
     const int rows[2] = {row, pair ? row + 1 : row};
     float acc[2][T];
-    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    gemv_rows<T, 2, U>(w, x, k, t, rows, acc);
     if (threadIdx.x != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -195,14 +206,14 @@ __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, voi
 
 // The fused gate/up projection and its activation: w holds [gate; up], each `inter` rows, and
 // out[t, inter] = silu(gate) * up (bf16, gate and up rounded to bf16 first as the unfused path
-// does). Grid `inter`, GEMV_WARPS * 32 threads.
-template <int T>
+// does). Grid `inter`, GEMV_THREADS threads.
+template <int T, int U>
 __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter,
                           int k, int t) {
     const int row = blockIdx.x;
     const int rows[2] = {row, row + inter};
     float acc[2][T];
-    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    gemv_rows<T, 2, U>(w, x, k, t, rows, acc);
     if (threadIdx.x != 0) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
@@ -213,16 +224,20 @@ __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x
     }
 }
 
-#define GEMV_KERNELS(T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
-        gemv_t##T(const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32) {                  \
-        gemv<T>(w, x, y, n, k, t, out_f32);                                                                   \
+#define GEMV_KERNELS(T, U)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
+        gemv_t##T##_u##U(const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32) {           \
+        gemv<T, U>(w, x, y, n, k, t, out_f32);                                                                \
     }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                             \
-        gemv_silu_t##T(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {                    \
-        gemv_silu<T>(w, x, out, inter, k, t);                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
+        gemv_silu_t##T##_u##U(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {             \
+        gemv_silu<T, U>(w, x, out, inter, k, t);                                                              \
     }
-GEMV_KERNELS(1)
-GEMV_KERNELS(2)
-GEMV_KERNELS(4)
-GEMV_KERNELS(8)
+GEMV_KERNELS(1, 4)
+GEMV_KERNELS(2, 4)
+GEMV_KERNELS(4, 4)
+GEMV_KERNELS(8, 4)
+GEMV_KERNELS(1, 8)
+GEMV_KERNELS(2, 8)
+GEMV_KERNELS(4, 8)
+GEMV_KERNELS(8, 8)

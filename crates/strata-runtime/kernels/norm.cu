@@ -54,6 +54,7 @@ __device__ __forceinline__ float norm_load(float* __restrict__ row, const float*
 
 extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restrict__ weight, bf16* __restrict__ out,
                                     int n, float eps) {
+    wait_for_previous_kernel();
     const size_t r = blockIdx.x;
     float4 v[NORM_VECS];
     const float ss = norm_load(x + r * n, nullptr, n, v);
@@ -64,6 +65,7 @@ extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restri
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ delta,
                                         const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                         float eps) {
+    wait_for_previous_kernel();
     const size_t r = blockIdx.x;
     float4 v[NORM_VECS];
     const float ss = norm_load(x + r * n, delta + r * n, n, v);
@@ -72,6 +74,7 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
 
 // x += delta (the last layer's MLP output, before the final norm of only the rows with logits).
 extern "C" __global__ void add_residual(float* __restrict__ x, const float* __restrict__ delta, int n) {
+    wait_for_previous_kernel();
     const size_t r = blockIdx.x;
     float4* xr = (float4*)(x + r * n);
     const float4* dr = (const float4*)(delta + r * n);
@@ -90,6 +93,7 @@ extern "C" __global__ void add_residual(float* __restrict__ x, const float* __re
 extern "C" __global__ void rms_norm_rows(float* __restrict__ x, const int* __restrict__ rows,
                                          const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                          float eps) {
+    wait_for_previous_kernel();
     float4 v[NORM_VECS];
     const float ss = norm_load(x + (size_t)rows[blockIdx.x] * n, nullptr, n, v);
     norm_store(v, ss, weight, out + (size_t)blockIdx.x * n, n, eps);

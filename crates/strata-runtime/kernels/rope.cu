@@ -110,5 +110,11 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
         k_cache, v_cache, k_scale, v_scale, block_size
 
 // Shared memory: ((n_heads + 3 * n_kv) * head_dim) floats.
-extern "C" __global__ void qkv_rope_kv_write_bf16(ROPE_ARGS) { qkv_rope_kv_write<false>(ROPE_CALL); }
-extern "C" __global__ void qkv_rope_kv_write_fp8(ROPE_ARGS) { qkv_rope_kv_write<true>(ROPE_CALL); }
+extern "C" __global__ void qkv_rope_kv_write_bf16(ROPE_ARGS) {
+    wait_for_previous_kernel();
+    qkv_rope_kv_write<false>(ROPE_CALL);
+}
+extern "C" __global__ void qkv_rope_kv_write_fp8(ROPE_ARGS) {
+    wait_for_previous_kernel();
+    qkv_rope_kv_write<true>(ROPE_CALL);
+}

@@ -4,6 +4,7 @@
 // One block per row of bf16/f32 logits; ties go to the lowest id, as on the CPU.
 extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, u32* __restrict__ ids,
                                        float* __restrict__ vals) {
+    wait_for_previous_kernel();
     const float* row = logits + (size_t)blockIdx.x * vocab;
     float best = NEG_INF;
     int best_i = 0x7fffffff;

@@ -30,16 +30,23 @@ pub const DETERMINISTIC_CHUNKS: usize = 8;
 /// Rows per block and tokens per warp of `gemm_fixed_order`.
 const FO_WARPS: usize = 8;
 const FO_TOKENS: usize = 8;
-/// The decode GEMVs of gemm.cu by the tokens they are compiled for (`gemv_t{T}`), with the
-/// gate/up + SiLU variant, and their warps per block (GEMV_WARPS: a block computes two rows, or
-/// one gate/up pair, its warps splitting k).
-const GEMV_KERNELS: [(usize, &str, &str); 4] = [
-    (1, "gemv_t1", "gemv_silu_t1"),
-    (2, "gemv_t2", "gemv_silu_t2"),
-    (4, "gemv_t4", "gemv_silu_t4"),
-    (8, "gemv_t8", "gemv_silu_t8"),
+/// The decode GEMVs of gemm.cu by the tokens T and loads in flight per thread and row U they are
+/// compiled for (`gemv_t{T}_u{U}`), with the gate/up + SiLU variant; a block of GEMV_THREADS
+/// computes two rows, or one gate/up pair, its threads splitting k.
+const GEMV_KERNELS: [(usize, usize, &str, &str); 8] = [
+    (1, 4, "gemv_t1_u4", "gemv_silu_t1_u4"),
+    (2, 4, "gemv_t2_u4", "gemv_silu_t2_u4"),
+    (4, 4, "gemv_t4_u4", "gemv_silu_t4_u4"),
+    (8, 4, "gemv_t8_u4", "gemv_silu_t8_u4"),
+    (1, 8, "gemv_t1_u8", "gemv_silu_t1_u8"),
+    (2, 8, "gemv_t2_u8", "gemv_silu_t2_u8"),
+    (4, 8, "gemv_t4_u8", "gemv_silu_t4_u8"),
+    (8, 8, "gemv_t8_u8", "gemv_silu_t8_u8"),
 ];
-const GEMV_WARPS: usize = 4;
+const GEMV_THREADS: usize = 128;
+/// Rows of at most this many 16-byte pieces per GEMV thread (k <= 4096) take U = 4: one round of
+/// loads, fewer registers (`STRATA_GEMV_UNROLL=8` forces U = 8 for measurements).
+const GEMV_SHORT_ROW: usize = 4 * GEMV_THREADS * 8;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
 /// overrides it for measurements; 0 turns them off).
 const GEMV_MAX_TOKENS: usize = 8;
@@ -155,6 +162,12 @@ pub struct GpuTransformer {
     deterministic: bool,
     /// Products of at most this many tokens run as gemm.cu's GEMVs.
     gemv_max_tokens: usize,
+    /// `STRATA_GEMV_UNROLL` (8 forces the long-row GEMVs; measurements only).
+    gemv_unroll: usize,
+    /// The attention kernel for this model, cache type and GPU: on tensor cores
+    /// (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8 from sm_89) unless
+    /// `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements).
+    attention_kernel: &'static str,
     /// `STRATA_GPU_PROFILE=1`: the GPU time of every kernel of eager steps, printed when the
     /// model is dropped.
     profile: Option<KernelProfile>,
@@ -211,6 +224,17 @@ impl GpuTransformer {
             group: local.n_heads / local.n_kv_heads.max(1),
         };
         let kernels = Kernels::load(&gpu, spec)?;
+        let fp8 = kv.dtype == KvCacheDtype::Fp8E4m3;
+        let cc = gpu.info.compute_capability;
+        let mma = matches!(local.head_dim, 64 | 128)
+            && cc >= if fp8 { (8, 9) } else { (8, 0) }
+            && std::env::var("STRATA_ATTENTION").map_or(true, |v| v != "simt");
+        let attention_kernel = match (fp8, mma) {
+            (true, true) => "paged_attention_mma_fp8",
+            (true, false) => "paged_attention_fp8",
+            (false, true) => "paged_attention_mma_bf16",
+            (false, false) => "paged_attention_bf16",
+        };
         let gemm = Gemm::new(&gpu)?;
         let inv_freq = gpu.upload(&config.rope.inv_freq(), "the RoPE frequencies")?;
         let layout = InputLayout::largest(&limits, kv.block_size);
@@ -256,6 +280,11 @@ impl GpuTransformer {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(GEMV_MAX_TOKENS),
+            gemv_unroll: std::env::var("STRATA_GEMV_UNROLL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
+            attention_kernel,
             profile: KernelProfile::from_env(),
             capturing: false,
             decoding: false,
@@ -598,13 +627,8 @@ impl GpuTransformer {
                     bs
                 ),
             )?;
-            let attn_kernel = if fp8 {
-                "paged_attention_fp8"
-            } else {
-                "paged_attention_bf16"
-            };
             self.launch(
-                attn_kernel,
+                self.attention_kernel,
                 (t as u32, c.n_kv_heads as u32, parts as u32),
                 128,
                 0,
@@ -631,12 +655,12 @@ impl GpuTransformer {
                 0,
                 &mut kernel_args!(x, proj, ffn_norm, xn, h, eps),
             )?;
-            if let Some((_, _, fused)) = self.gemv_for(t, c.hidden) {
+            if let Some((_, fused)) = self.gemv_for(t, c.hidden) {
                 let (inter32, k, t32) = (c.intermediate as i32, c.hidden as i32, t as i32);
                 self.launch(
                     fused,
                     (c.intermediate as u32, 1, 1),
-                    (GEMV_WARPS * 32) as u32,
+                    GEMV_THREADS as u32,
                     0,
                     &mut kernel_args!(wgu, xn, act, inter32, k, t32),
                 )?;
@@ -879,13 +903,21 @@ impl GpuTransformer {
         }
     }
 
-    /// The GEMV kernels (tokens compiled for, plain, gate/up + SiLU) for a product of `t` tokens
-    /// over `k`, when they apply: not under `--deterministic`, k a multiple of 8.
-    fn gemv_for(&self, t: usize, k: usize) -> Option<(usize, &'static str, &'static str)> {
+    /// The GEMV kernels (plain, gate/up + SiLU) for a product of `t` tokens over `k`, when they
+    /// apply: not under `--deterministic`, k a multiple of 8.
+    fn gemv_for(&self, t: usize, k: usize) -> Option<(&'static str, &'static str)> {
         if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
             return None;
         }
-        GEMV_KERNELS.iter().copied().find(|g| g.0 >= t)
+        let unroll = if k <= GEMV_SHORT_ROW && self.gemv_unroll != 8 {
+            4
+        } else {
+            8
+        };
+        GEMV_KERNELS
+            .iter()
+            .find(|g| g.0 >= t && g.1 == unroll)
+            .map(|g| (g.2, g.3))
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
@@ -893,12 +925,12 @@ impl GpuTransformer {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
         }
         let (n, k, t) = shape;
-        if let Some((_, plain, _)) = self.gemv_for(t, k) {
+        if let Some((plain, _)) = self.gemv_for(t, k) {
             let (n32, k32, t32, f32_out) = (n as i32, k as i32, t as i32, (out == GemmOut::F32) as i32);
             return self.launch(
                 plain,
                 (n.div_ceil(2) as u32, 1, 1),
-                (GEMV_WARPS * 32) as u32,
+                GEMV_THREADS as u32,
                 0,
                 &mut kernel_args!(w, x, y, n32, k32, t32, f32_out),
             );

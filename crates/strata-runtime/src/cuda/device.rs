@@ -27,6 +27,10 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub info: GpuInfo,
+    /// Kernels launch with programmatic dependent launch (compute capability 9.0 and later;
+    /// `STRATA_PDL=0` turns it off for measurements): each may start while the one before it
+    /// finishes, and waits for it in its code (common.cuh's `wait_for_previous_kernel`).
+    pub programmatic_launch: bool,
 }
 
 /// Checks that the libraries the CUDA backend needs can be loaded, before cudarc would panic on
@@ -84,7 +88,14 @@ impl Gpu {
                 .map_err(driver("cuDeviceGetAttribute"))?
                 .max(1) as usize,
         };
-        Ok(Gpu { ctx, stream, info })
+        let programmatic_launch =
+            info.compute_capability.0 >= 9 && std::env::var("STRATA_PDL").map_or(true, |v| v != "0");
+        Ok(Gpu {
+            ctx,
+            stream,
+            info,
+            programmatic_launch,
+        })
     }
 
     /// Makes this GPU's context current on the calling thread.
@@ -176,15 +187,39 @@ impl Gpu {
         shared: u32,
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
-        result::launch_kernel(
-            f.cu_function(),
-            grid,
-            (block, 1, 1),
-            shared,
-            self.stream.cu_stream(),
-            args,
-        )
-        .map_err(driver("cuLaunchKernel"))
+        if !self.programmatic_launch {
+            return result::launch_kernel(
+                f.cu_function(),
+                grid,
+                (block, 1, 1),
+                shared,
+                self.stream.cu_stream(),
+                args,
+            )
+            .map_err(driver("cuLaunchKernel"));
+        }
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: an all-zero attribute value is valid; the field set is the one `id` names.
+            value: std::mem::zeroed(),
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+            .map_err(driver("cuLaunchKernelEx"))
     }
 
     /// Device-to-device copy bandwidth in GB/s (bytes read plus bytes written), best of `reps`
