@@ -190,69 +190,66 @@ fn decode_gemvs_match_cublaslt() {
             unsafe { gemm.matmul(&gpu, wp, xp, rp, (2 * n, k, t), GemmOut::F32) }.unwrap();
             let mut want = vec![0f32; t * 2 * n];
             gpu.read(&reference, 0, &mut want).unwrap();
-            // Both loads-in-flight variants (U = 4 for short rows, 8 for long ones).
-            for unroll in [4, 8] {
-                // The plain GEMV over the first n rows, f32 out.
-                let y = gpu.alloc(t * n * 4, "y").unwrap();
-                let (yp, n32, k32, t32, f32_out) = (y.ptr(), n as i32, k as i32, t as i32, 1i32);
-                let f = kernels.get(&format!("gemv_t{compiled}_u{unroll}"));
-                // SAFETY: the arguments of gemm.cu's gemv_t{T}, buffers sized as above.
-                unsafe {
-                    gpu.launch(
-                        f,
-                        (n.div_ceil(2) as u32, 1, 1),
-                        128,
-                        0,
-                        &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out),
-                    )
-                }
-                .unwrap();
-                let mut got = vec![0f32; t * n];
-                gpu.read(&y, 0, &mut got).unwrap();
-                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-                for j in 0..t {
-                    for r in 0..n {
-                        let (a, b) = (got[j * n + r], want[j * 2 * n + r]);
-                        assert!(
-                            (a - b).abs() <= 1e-4 * scale,
-                            "gemv u{unroll} n {n} k {k} t {t}: row {r} token {j}: {a} vs cuBLASLt {b}"
-                        );
-                    }
-                }
-                // The gate/up variant over all 2n rows (gate = first n), silu(gate) * up in bf16.
-                let act = gpu.alloc(t * n * 2, "act").unwrap();
-                let ap = act.ptr();
-                let f = kernels.get(&format!("gemv_silu_t{compiled}_u{unroll}"));
-                // SAFETY: the arguments of gemm.cu's gemv_silu_t{T}, buffers sized as above.
-                unsafe {
-                    gpu.launch(
-                        f,
-                        (n as u32, 1, 1),
-                        128,
-                        0,
-                        &mut kernel_args!(wp, xp, ap, n32, k32, t32),
-                    )
-                }
-                .unwrap();
-                let mut got = vec![0u16; t * n];
-                gpu.read(&act, 0, &mut got).unwrap();
-                let bf = |v: f32| f32::from_bits(((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) << 16);
-                let mut worst = 0f32;
-                let mut largest = 0f32;
-                for j in 0..t {
-                    for r in 0..n {
-                        let (g, u) = (bf(want[j * 2 * n + r]), bf(want[j * 2 * n + n + r]));
-                        let expect = g / (1.0 + (-g).exp()) * u;
-                        let a = f32::from_bits((got[j * n + r] as u32) << 16);
-                        worst = worst.max((a - expect).abs());
-                        largest = largest.max(expect.abs());
-                    }
-                }
-                assert!(
-                    worst <= 0.02 * largest,
-                    "gemv_silu u{unroll} n {n} k {k} t {t}: off by {worst} of {largest}"
-                );
+            // The plain GEMV over the first n rows, f32 out.
+            let y = gpu.alloc(t * n * 4, "y").unwrap();
+            let (yp, n32, k32, t32, f32_out) = (y.ptr(), n as i32, k as i32, t as i32, 1i32);
+            let f = kernels.get(&format!("gemv_t{compiled}"));
+            // SAFETY: the arguments of gemm.cu's gemv_t{T}, buffers sized as above.
+            unsafe {
+                gpu.launch(
+                    f,
+                    (n.div_ceil(2) as u32, 1, 1),
+                    128,
+                    0,
+                    &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out),
+                )
             }
+            .unwrap();
+            let mut got = vec![0f32; t * n];
+            gpu.read(&y, 0, &mut got).unwrap();
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for j in 0..t {
+                for r in 0..n {
+                    let (a, b) = (got[j * n + r], want[j * 2 * n + r]);
+                    assert!(
+                        (a - b).abs() <= 1e-4 * scale,
+                        "gemv n {n} k {k} t {t}: row {r} token {j}: {a} vs cuBLASLt {b}"
+                    );
+                }
+            }
+            // The gate/up variant over all 2n rows (gate = first n), silu(gate) * up in bf16.
+            let act = gpu.alloc(t * n * 2, "act").unwrap();
+            let ap = act.ptr();
+            let f = kernels.get(&format!("gemv_silu_t{compiled}"));
+            // SAFETY: the arguments of gemm.cu's gemv_silu_t{T}, buffers sized as above.
+            unsafe {
+                gpu.launch(
+                    f,
+                    (n as u32, 1, 1),
+                    128,
+                    0,
+                    &mut kernel_args!(wp, xp, ap, n32, k32, t32),
+                )
+            }
+            .unwrap();
+            let mut got = vec![0u16; t * n];
+            gpu.read(&act, 0, &mut got).unwrap();
+            let bf = |v: f32| f32::from_bits(((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) << 16);
+            let mut worst = 0f32;
+            let mut largest = 0f32;
+            for j in 0..t {
+                for r in 0..n {
+                    let (g, u) = (bf(want[j * 2 * n + r]), bf(want[j * 2 * n + n + r]));
+                    let expect = g / (1.0 + (-g).exp()) * u;
+                    let a = f32::from_bits((got[j * n + r] as u32) << 16);
+                    worst = worst.max((a - expect).abs());
+                    largest = largest.max(expect.abs());
+                }
+            }
+            assert!(
+                worst <= 0.02 * largest,
+                "gemv_silu n {n} k {k} t {t}: off by {worst} of {largest}"
+            );
         }
     }
 }

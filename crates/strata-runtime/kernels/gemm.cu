@@ -93,14 +93,16 @@ extern "C" __global__ void sum_ranks(const float* __restrict__ parts, float* __r
 
 // ---- Decode GEMVs: t <= 8 tokens, bound by reading w once. ----
 // One block per two output rows (or a gate/up row pair), all its GEMV_WARPS warps splitting k:
-// thread i takes the 16-byte pieces i, i + 128, ... of each row, U of them in flight at once
-// (streamed past L1); x is read through L1; a warp's lanes meet by a butterfly, the warps in
-// shared memory in a fixed order. U = 4 covers a 4096-wide row in one round with a third fewer
-// registers than U = 8 (more blocks per SM); longer rows take U = 8. Weight loads start before
-// the wait for the previous kernel (see wait_for_previous_kernel). k must be a multiple of 8.
+// thread i takes the 16-byte pieces i, i + 128, ... of each row, GEMV_LOADS of them in flight at
+// once (streamed past L1); x is read through L1; a warp's lanes meet by a butterfly, the warps in
+// shared memory in a fixed order. Four loads a row cover a 4096-wide row in one round and keep a
+// thread at ~64 registers (8 blocks an SM); 8 (118 registers) measured slower on every row
+// length. Weight loads start before the wait for the previous kernel (see
+// wait_for_previous_kernel). k must be a multiple of 8.
 
 #define GEMV_WARPS 4
 #define GEMV_THREADS (GEMV_WARPS * 32)
+#define GEMV_LOADS 4
 
 __device__ __forceinline__ uint4 load_streaming(const bf16* p) {
     uint4 v;
@@ -111,7 +113,7 @@ __device__ __forceinline__ uint4 load_streaming(const bf16* p) {
 }
 
 // acc[r][j] = w[rows[r]] · x[j] for j < t, summed over the whole block (valid in thread 0).
-template <int T, int R, int U>
+template <int T, int R>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, int k, int t,
                                           const int (&rows)[R], float (&acc)[R][T]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -123,10 +125,10 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
         for (int j = 0; j < T; j++) acc[r][j] = 0.0f;
     // The first weights are in flight before x (the previous kernel's output) is waited for.
     bool waited = false;
-    for (int base = threadIdx.x; base < k8; base += GEMV_THREADS * U) {
-        uint4 wv[R][U];
+    for (int base = threadIdx.x; base < k8; base += GEMV_THREADS * GEMV_LOADS) {
+        uint4 wv[R][GEMV_LOADS];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < GEMV_LOADS; u++) {
             const int i = base + u * GEMV_THREADS;
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -137,7 +139,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
             waited = true;
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < GEMV_LOADS; u++) {
             const int i = base + u * GEMV_THREADS;
             if (i < k8) {
 #pragma unroll
@@ -181,14 +183,14 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
 }
 
 // y[t, n] (bf16, or f32 when out_f32). Grid ceil(n / 2), GEMV_THREADS threads.
-template <int T, int U>
+template <int T>
 __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k,
                      int t, int out_f32) {
     const int row = 2 * blockIdx.x;
     const bool pair = row + 1 < n;
     const int rows[2] = {row, pair ? row + 1 : row};
     float acc[2][T];
-    gemv_rows<T, 2, U>(w, x, k, t, rows, acc);
+    gemv_rows<T, 2>(w, x, k, t, rows, acc);
     if (threadIdx.x != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -207,13 +209,13 @@ __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, voi
 // The fused gate/up projection and its activation: w holds [gate; up], each `inter` rows, and
 // out[t, inter] = silu(gate) * up (bf16, gate and up rounded to bf16 first as the unfused path
 // does). Grid `inter`, GEMV_THREADS threads.
-template <int T, int U>
+template <int T>
 __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter,
                           int k, int t) {
     const int row = blockIdx.x;
     const int rows[2] = {row, row + inter};
     float acc[2][T];
-    gemv_rows<T, 2, U>(w, x, k, t, rows, acc);
+    gemv_rows<T, 2>(w, x, k, t, rows, acc);
     if (threadIdx.x != 0) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
@@ -224,20 +226,16 @@ __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x
     }
 }
 
-#define GEMV_KERNELS(T, U)                                                                                    \
+#define GEMV_KERNELS(T)                                                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
-        gemv_t##T##_u##U(const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32) {           \
-        gemv<T, U>(w, x, y, n, k, t, out_f32);                                                                \
+        gemv_t##T(const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32) {                  \
+        gemv<T>(w, x, y, n, k, t, out_f32);                                                                   \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
-        gemv_silu_t##T##_u##U(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {             \
-        gemv_silu<T, U>(w, x, out, inter, k, t);                                                              \
+        gemv_silu_t##T(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {                    \
+        gemv_silu<T>(w, x, out, inter, k, t);                                                                 \
     }
-GEMV_KERNELS(1, 4)
-GEMV_KERNELS(2, 4)
-GEMV_KERNELS(4, 4)
-GEMV_KERNELS(8, 4)
-GEMV_KERNELS(1, 8)
-GEMV_KERNELS(2, 8)
-GEMV_KERNELS(4, 8)
-GEMV_KERNELS(8, 8)
+GEMV_KERNELS(1)
+GEMV_KERNELS(2)
+GEMV_KERNELS(4)
+GEMV_KERNELS(8)

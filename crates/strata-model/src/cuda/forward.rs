@@ -24,29 +24,24 @@ const MAX_PARTS: usize = 16;
 const SPLIT_MAX_TOKENS: usize = 64;
 /// Threads of the row-wise kernels (norm.cu holds a row of up to 16 per thread in registers).
 const ROW_THREADS: u32 = 1024;
+/// Threads of a RoPE + KV-write block (one per token and KV head).
+const ROPE_THREADS: u32 = 256;
 /// Parts the reduction of every GEMM is cut into under `--deterministic` (gemm.cu's
 /// FO_MAX_CHUNKS): the largest TP size whose results equal one GPU's bit for bit.
 pub const DETERMINISTIC_CHUNKS: usize = 8;
 /// Rows per block and tokens per warp of `gemm_fixed_order`.
 const FO_WARPS: usize = 8;
 const FO_TOKENS: usize = 8;
-/// The decode GEMVs of gemm.cu by the tokens T and loads in flight per thread and row U they are
-/// compiled for (`gemv_t{T}_u{U}`), with the gate/up + SiLU variant; a block of GEMV_THREADS
-/// computes two rows, or one gate/up pair, its threads splitting k.
-const GEMV_KERNELS: [(usize, usize, &str, &str); 8] = [
-    (1, 4, "gemv_t1_u4", "gemv_silu_t1_u4"),
-    (2, 4, "gemv_t2_u4", "gemv_silu_t2_u4"),
-    (4, 4, "gemv_t4_u4", "gemv_silu_t4_u4"),
-    (8, 4, "gemv_t8_u4", "gemv_silu_t8_u4"),
-    (1, 8, "gemv_t1_u8", "gemv_silu_t1_u8"),
-    (2, 8, "gemv_t2_u8", "gemv_silu_t2_u8"),
-    (4, 8, "gemv_t4_u8", "gemv_silu_t4_u8"),
-    (8, 8, "gemv_t8_u8", "gemv_silu_t8_u8"),
+/// The decode GEMVs of gemm.cu by the tokens they are compiled for (`gemv_t{T}`), with the
+/// gate/up + SiLU variant; a block of GEMV_THREADS computes two rows, or one gate/up pair, its
+/// threads splitting k.
+const GEMV_KERNELS: [(usize, &str, &str); 4] = [
+    (1, "gemv_t1", "gemv_silu_t1"),
+    (2, "gemv_t2", "gemv_silu_t2"),
+    (4, "gemv_t4", "gemv_silu_t4"),
+    (8, "gemv_t8", "gemv_silu_t8"),
 ];
 const GEMV_THREADS: usize = 128;
-/// Rows of at most this many 16-byte pieces per GEMV thread (k <= 4096) take U = 4: one round of
-/// loads, fewer registers (`STRATA_GEMV_UNROLL=8` forces U = 8 for measurements).
-const GEMV_SHORT_ROW: usize = 4 * GEMV_THREADS * 8;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
 /// overrides it for measurements; 0 turns them off).
 const GEMV_MAX_TOKENS: usize = 8;
@@ -162,8 +157,6 @@ pub struct GpuTransformer {
     deterministic: bool,
     /// Products of at most this many tokens run as gemm.cu's GEMVs.
     gemv_max_tokens: usize,
-    /// `STRATA_GEMV_UNROLL` (8 forces the long-row GEMVs; measurements only).
-    gemv_unroll: usize,
     /// The attention kernel for this model, cache type and GPU: on tensor cores
     /// (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8 from sm_89) unless
     /// `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements).
@@ -280,10 +273,6 @@ impl GpuTransformer {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(GEMV_MAX_TOKENS),
-            gemv_unroll: std::env::var("STRATA_GEMV_UNROLL")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(4),
             attention_kernel,
             profile: KernelProfile::from_env(),
             capturing: false,
@@ -610,7 +599,7 @@ impl GpuTransformer {
                 )?;
             }
             self.matmul(wqkv, xn, qkv, (width as usize, c.hidden, t), GemmOut::Bf16)?;
-            let shared = ((c.n_heads + 3 * c.n_kv_heads) * c.head_dim * 4) as u32;
+            let shared = ((c.n_heads / c.n_kv_heads + 3) * c.head_dim * 4) as u32;
             let (kc, vc, ks, vs) = self.kv.layer(li);
             let rope_kernel = if fp8 {
                 "qkv_rope_kv_write_fp8"
@@ -619,8 +608,8 @@ impl GpuTransformer {
             };
             self.launch(
                 rope_kernel,
-                grid_t,
-                ROW_THREADS,
+                (t as u32, c.n_kv_heads as u32, 1),
+                ROPE_THREADS,
                 shared,
                 &mut kernel_args!(
                     qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks, vs,
@@ -909,15 +898,7 @@ impl GpuTransformer {
         if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
             return None;
         }
-        let unroll = if k <= GEMV_SHORT_ROW && self.gemv_unroll != 8 {
-            4
-        } else {
-            8
-        };
-        GEMV_KERNELS
-            .iter()
-            .find(|g| g.0 >= t && g.1 == unroll)
-            .map(|g| (g.2, g.3))
+        GEMV_KERNELS.iter().find(|g| g.0 >= t).map(|g| (g.1, g.2))
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
