@@ -200,6 +200,12 @@ impl GpuTransformer {
         kv: GpuKvCache,
         limits: StepLimits,
     ) -> Result<GpuTransformer, CudaError> {
+        let mut gpu = gpu;
+        // Programmatic dependent launch is measured on one GPU only so far: shards that exchange
+        // data over NCCL launch their kernels in plain stream order.
+        if comms.tp.is_some() || comms.pp.is_some() {
+            gpu.programmatic_launch = false;
+        }
         let local = shard.local_config(&config);
         let (h, inter) = (local.hidden, local.intermediate);
         if !h.is_multiple_of(4) || h > 16 * ROW_THREADS as usize || !inter.is_multiple_of(8) {

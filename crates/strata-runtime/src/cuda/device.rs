@@ -29,7 +29,8 @@ pub struct Gpu {
     pub info: GpuInfo,
     /// Kernels launch with programmatic dependent launch (compute capability 9.0 and later;
     /// `STRATA_PDL=0` turns it off for measurements): each may start while the one before it
-    /// finishes, and waits for it in its code (common.cuh's `wait_for_previous_kernel`).
+    /// finishes, and waits for it in its code (common.cuh's `wait_for_previous_kernel`). The
+    /// model turns it off for shards that talk to other GPUs (not yet measured there).
     pub programmatic_launch: bool,
 }
 
