@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the GPU scripts: makes the CUDA and NCCL libraries loadable for strata's binaries and
-# test binaries (set $shim to a scratch folder first), and unpacks what gpu-bin/ carries.
+# test binaries (in the scratch folder $shim, /tmp/strata-libshim unless set), unpacks what gpu-bin/
+# carries, and names the binary ($S) and the checkpoints' folder ($CK, Llama-3-8B's in $L8).
 # cudarc dlopens bare names (libcuda.so.1, libnccl.so): put every likely folder on the path,
 # including Python's site-packages/nvidia/*/lib, and give libnccl.so.2 the bare name it wants.
 libdirs=(/usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu)
@@ -13,6 +14,7 @@ if command -v python3 >/dev/null; then
         libdirs+=("$d")
     done
 fi
+shim=${shim:-/tmp/strata-libshim}
 mkdir -p "$shim"
 for d in "${libdirs[@]}"; do
     if [ ! -e "$shim/libnccl.so" ] && [ -e "$d/libnccl.so.2" ] && [ ! -e "$d/libnccl.so" ]; then
@@ -26,3 +28,6 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "${OUT:=/tmp/out}"
 for f in gpu-bin/*.gz; do [ -e "$f" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
 [ -d gpu-bin/tokenizers ] || [ ! -f gpu-bin/tokenizers.tgz ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin
+S=gpu-bin/strata
+CK=/root/ckpt
+L8=$CK/llama3-8b

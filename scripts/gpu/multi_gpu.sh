@@ -13,11 +13,7 @@
 set -u
 PHASE=${1:?phase: correct | stall | fast | slow | seeds}
 OUT=${OUT:-/tmp/out}
-shim=/tmp/strata-libshim
 source "$(dirname "$0")/libs.sh"
-S=gpu-bin/strata
-CK=/root/ckpt
-L8=$CK/llama3-8b
 make_ckpt() { # ARCH DIR TOKENIZER
     [ -f "$2/reference.json" ] || python3 scripts/gpu/hf_reference.py "$1" "$2" "gpu-bin/tokenizers/$3" --prompts-only 2>&1 | grep -v -i warn
 }

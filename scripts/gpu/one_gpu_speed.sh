@@ -12,11 +12,7 @@
 # the variants' (default LEVELS).
 set -u
 OUT=${OUT:-/tmp/out}
-shim=/tmp/strata-libshim
 source "$(dirname "$0")/libs.sh"
-S=gpu-bin/strata
-CK=/root/ckpt
-L8=$CK/llama3-8b
 Q7=$CK/qwen2.5-7b
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 REF=${SKIP_TESTS:+--prompts-only}

@@ -2,12 +2,8 @@
 # On the GPU machine: the CUDA backend on the default model. Expects gpu-bin/{strata,cuda-test}.gz
 # (built here, stripped) and the model staged by stage_model.sh; writes logs and JSON to $OUT.
 set -u
-export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-for f in gpu-bin/*.gz; do gunzip -kf "$f"; done
-chmod +x gpu-bin/strata gpu-bin/cuda-test
-S=gpu-bin/strata
+source "$(dirname "$0")/libs.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "== cuda tests"; gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "test |GPU vs|fp8|panicked|result"
 echo "== run: GPU vs CPU greedy text"
