@@ -468,7 +468,9 @@ fn prompt_chunk(ids: Vec<u32>, slot: usize) -> SeqChunk {
 #[test]
 fn hf_checkpoints_on_the_gpu_match_transformers() {
     let Some(dirs) = std::env::var_os("STRATA_HF_CHECKPOINTS") else {
-        eprintln!("skipped: STRATA_HF_CHECKPOINTS is not set (scripts/gpu/one_gpu_speed.sh sets it on the GPU machine)");
+        eprintln!(
+            "skipped: STRATA_HF_CHECKPOINTS is not set (scripts/gpu/one_gpu_speed.sh sets it on the GPU machine)"
+        );
         return;
     };
     for dir in std::env::split_paths(&dirs) {
