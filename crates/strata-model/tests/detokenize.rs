@@ -171,16 +171,21 @@ fn finish_flushes_incomplete_bytes_as_replacement() {
     assert_eq!(dec.push(a[0]).as_deref(), Some("a"));
 }
 
-/// Random id streams (many of them byte tokens, so invalid UTF-8 is common) still add up exactly.
-#[test]
-fn random_id_streams_add_up() {
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move |n: u64| {
+/// A xorshift stream from `seed`: each call gives a number below its argument.
+fn below(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |n| {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
         state % n
-    };
+    }
+}
+
+/// Random id streams (many of them byte tokens, so invalid UTF-8 is common) still add up exactly.
+#[test]
+fn random_id_streams_add_up() {
+    let mut next = below(0x9E37_79B9_7F4A_7C15);
     for (name, tok) in tokenizers() {
         let vocab = tok.vocab_size() as u64;
         for round in 0..150 {
@@ -197,6 +202,60 @@ fn random_id_streams_add_up() {
                 let (chunks, _) = stream(&mut dec, &ids);
                 let full = tok.decode(&ids, skip).expect("decode");
                 assert_eq!(chunks.concat(), full, "{name} round {round} skip={skip}: ids {ids:?}");
+            }
+        }
+    }
+}
+
+/// Byte-level vocabularies (GGUF tables and `tokenizer.json` files) take the piece-by-piece fast
+/// path; its chunks are the window decoder's, token for token, also around control tokens, with
+/// a prompt tail, and with special tokens kept or skipped.
+#[test]
+fn piece_by_piece_chunks_equal_the_window_decoder() {
+    let hf = |name: &str| {
+        let dir = cache_dir().join("tokenizers").join(name);
+        assert!(dir.exists(), "{} is missing: run `make fetch` first", dir.display());
+        Tokenizer::from_hf_file(dir.join("tokenizer.json"), Some(&dir.join("tokenizer_config.json")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let mut all = tokenizers();
+    all.push(("llama3 tokenizer.json", hf("llama3")));
+    all.push(("qwen2.5 tokenizer.json", hf("qwen2.5")));
+    let mut next = below(0x2545_F491_4F6C_DD1D);
+    for (name, tok) in all {
+        assert_eq!(
+            tok.decodes_piece_by_piece(),
+            name != "llama-spm",
+            "{name}: which vocabularies decode piece by piece"
+        );
+        let vocab = tok.vocab_size() as u64;
+        // Whole texts (multi-byte characters split over tokens) and random ids (control tokens,
+        // invalid UTF-8 and all), after a prompt tail.
+        let mut streams: Vec<Vec<u32>> = TEXTS
+            .iter()
+            .map(|t| tok.encode(t, false, false).expect("encode"))
+            .collect();
+        for _ in 0..200 {
+            let len = 1 + next(32) as usize;
+            streams.push((0..len).map(|_| next(vocab) as u32).collect());
+        }
+        let prompt = tok.encode("The answer is", false, false).expect("encode");
+        for (i, ids) in streams.iter().enumerate() {
+            for skip in [false, true] {
+                let mut fast = IncrementalDecoder::new(&tok, &prompt).with_skip_special(skip);
+                let mut window = IncrementalDecoder::new(&tok, &prompt)
+                    .with_skip_special(skip)
+                    .without_piece_by_piece();
+                let pushed = |dec: &mut IncrementalDecoder| -> Vec<Option<String>> {
+                    let mut out: Vec<_> = ids.iter().map(|&id| dec.push(id)).collect();
+                    out.push(dec.finish());
+                    out
+                };
+                assert_eq!(
+                    pushed(&mut fast),
+                    pushed(&mut window),
+                    "{name} stream {i} skip={skip}: ids {ids:?}"
+                );
             }
         }
     }

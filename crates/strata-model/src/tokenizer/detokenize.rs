@@ -6,8 +6,12 @@
 //! of the first token of a text) come out right. A chunk is held back while the decoded window ends
 //! in U+FFFD, which is how an incomplete multi-byte character (split over byte-level or
 //! `<0xXX>` byte-fallback tokens) shows up; `finish` flushes whatever is left.
+//!
+//! Byte-level BPE vocabularies (Llama-3, Qwen2, GPT-2 style) decode normal tokens piece by piece,
+//! so while only normal tokens come the decoder just collects their bytes and emits them once
+//! they end on a whole character: the same chunks, without decoding the window twice a token.
 
-use super::Tokenizer;
+use super::{TokenKind, Tokenizer};
 
 /// Prompt tokens kept as left context for the first generated tokens.
 const PROMPT_CONTEXT: usize = 6;
@@ -23,6 +27,10 @@ pub struct IncrementalDecoder {
     prefix: usize,
     /// Tokens before `read` have had their text emitted.
     read: usize,
+    /// Fast path on: the emitted text ends on a whole character and `pending` holds the bytes of
+    /// `ids[read..]` (all normal tokens).
+    piece_by_piece: bool,
+    pending: Vec<u8>,
 }
 
 impl IncrementalDecoder {
@@ -36,12 +44,24 @@ impl IncrementalDecoder {
             .filter(|&id| tokenizer.token_to_piece(id).is_some())
             .collect();
         let read = ids.len();
+        // The prompt's text must end on a whole character for new bytes to start a fresh one.
+        let tail_bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| tokenizer.token_to_piece(id).unwrap_or_default().iter().copied())
+            .collect();
+        let piece_by_piece = tokenizer.decodes_piece_by_piece()
+            && ids
+                .iter()
+                .all(|&id| tokenizer.token_kind(id) == Some(TokenKind::Normal))
+            && std::str::from_utf8(&tail_bytes).is_ok();
         IncrementalDecoder {
             tokenizer: tokenizer.clone(),
             skip_special: true,
             ids,
             prefix: 0,
             read,
+            piece_by_piece,
+            pending: Vec::new(),
         }
     }
 
@@ -59,11 +79,36 @@ impl IncrementalDecoder {
             return None;
         }
         self.ids.push(id);
+        if self.piece_by_piece && self.tokenizer.token_kind(id) == Some(TokenKind::Normal) {
+            self.pending
+                .extend_from_slice(self.tokenizer.token_to_piece(id).unwrap_or_default());
+            let text = String::from_utf8_lossy(&self.pending);
+            if text.is_empty() || text.ends_with('\u{FFFD}') {
+                return None;
+            }
+            let text = text.into_owned();
+            self.pending.clear();
+            self.emitted();
+            return Some(text);
+        }
+        // Any other token: decode the window (and go back to the fast path once text ends on a
+        // whole character again).
+        self.piece_by_piece = false;
+        self.pending.clear();
         let (before, after) = self.window_texts();
         if after.len() <= before.len() || after.ends_with('\u{FFFD}') {
             return None;
         }
-        Some(self.advance(&before, &after))
+        let text = self.advance(&before, &after);
+        self.piece_by_piece = self.tokenizer.decodes_piece_by_piece();
+        Some(text)
+    }
+
+    /// Turns the fast path off (tests compare both paths).
+    #[doc(hidden)]
+    pub fn without_piece_by_piece(mut self) -> Self {
+        self.piece_by_piece = false;
+        self
     }
 
     /// Flushes text held back at the end of the stream; incomplete characters become U+FFFD.
@@ -71,6 +116,7 @@ impl IncrementalDecoder {
         if self.read >= self.ids.len() {
             return None;
         }
+        self.pending.clear();
         let (before, after) = self.window_texts();
         let text = self.advance(&before, &after);
         (!text.is_empty()).then_some(text)
@@ -98,12 +144,17 @@ impl IncrementalDecoder {
             common_prefix_len(before, after)
         };
         let text = after[start..].to_string();
+        self.emitted();
+        text
+    }
+
+    /// All pushed tokens' text is out: they become the context window.
+    fn emitted(&mut self) {
         self.prefix = self.read;
         self.read = self.ids.len();
         self.ids.drain(..self.prefix);
         self.read -= self.prefix;
         self.prefix = 0;
-        text
     }
 }
 

@@ -126,6 +126,9 @@ struct Inner {
     add_eos: bool,
     /// Whether `encode` adds BOS/EOS itself (GGUF) or the `tokenizer.json` post-processor does (HF).
     manual_special: bool,
+    /// Whether the text of normal tokens is the (lossy) UTF-8 of their pieces put end to end,
+    /// whatever their neighbours (byte-level BPE): the incremental decoder's fast path.
+    piece_by_piece: bool,
 }
 
 /// A model's tokenizer. Cheap to clone (shared inside).
@@ -266,6 +269,10 @@ impl Tokenizer {
     }
 
     fn assemble(p: Parts) -> Self {
+        let piece_by_piece = match p.decode_mode {
+            DecodeMode::Table { strip_leading_space } => !strip_leading_space,
+            DecodeMode::Hf => matches!(p.hf.get_decoder(), Some(DecoderWrapper::ByteLevel(_))),
+        };
         let mut plain = p.hf.clone();
         plain.set_encode_special_tokens(true);
         let mut piece_data = Vec::with_capacity(p.pieces.iter().map(Vec::len).sum());
@@ -291,6 +298,7 @@ impl Tokenizer {
                 add_bos: p.add_bos,
                 add_eos: p.add_eos,
                 manual_special: p.manual_special,
+                piece_by_piece,
             }),
         }
     }
@@ -355,6 +363,12 @@ impl Tokenizer {
                     .map_err(|e| TokenizerError::Backend(format!("decoding: {e}")))
             }
         }
+    }
+
+    /// Whether decoding normal tokens only puts their pieces ([`Self::token_to_piece`]) end to end
+    /// (byte-level BPE), so a stream of them can be decoded piece by piece.
+    pub fn decodes_piece_by_piece(&self) -> bool {
+        self.inner.piece_by_piece
     }
 
     /// The raw bytes one token stands for (possibly part of a UTF-8 character); special tokens
