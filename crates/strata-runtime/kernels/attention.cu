@@ -322,7 +322,7 @@ __device__ __forceinline__ void mma_rows8(float (&d)[4], u32 a0, u32 a2, u32 b0,
 #endif
 }
 
-#if __CUDA_ARCH__ >= 890
+#if __CUDA_ARCH__ >= 800
 // Two f32 as a bf16 (or f16) pair, lo in the low half, round to nearest even.
 template <bool F16>
 __device__ __forceinline__ u32 pack_pair(float lo, float hi) {
@@ -334,7 +334,9 @@ __device__ __forceinline__ u32 pack_pair(float lo, float hi) {
     }
     return r;
 }
+#endif
 
+#if __CUDA_ARCH__ >= 890
 // Two e4m3 bytes (low first) as an f16 pair: exact.
 __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 two) {
     u32 r;
@@ -348,11 +350,6 @@ __device__ __forceinline__ void e4m3x4_to_bf16x2(u32 four, u32& lo, u32& hi) {
     e4m3x4_to_f32(four, f);
     lo = pack_pair<false>(f[0], f[1]);
     hi = pack_pair<false>(f[2], f[3]);
-}
-#else
-template <bool F16>
-__device__ __forceinline__ u32 pack_pair(float lo, float hi) {
-    return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16);
 }
 #endif
 
