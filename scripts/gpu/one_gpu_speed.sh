@@ -7,9 +7,11 @@
 # Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
 # SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_TESTS=1 the tests (and the references they
 # need); SKIP_PROFILE=1 the profiles; WITH_TRANSFORMERS=1 adds transformers' own speed on the same
-# checkpoint after strata's. AB="name:VAR=value ..." lists the variants benched after the build as
-# is (default: the decode GEMVs off); LEVELS the concurrency levels (default 1,64,256), AB_LEVELS
-# the variants' (default LEVELS).
+# checkpoint after strata's. AB="name:VAR=value[,VAR=value] ..." lists the variants benched after
+# the build as is (default: the decode GEMVs off); LEVELS the concurrency levels (default
+# 1,64,256), AB_LEVELS the variants' (default LEVELS). HOST_PROFILE_LEVELS="256 ..." adds the host
+# time of each phase of a step with graphs (STRATA_GPU_PROFILE=1 without --enforce-eager), and
+# HOST_PROFILE_AB="name:VAR=value ..." the same for variants.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -27,20 +29,30 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
         grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
 fi
-bench() { # NAME, LEVELS, then env assignments
+bench() { # NAME, LEVELS, then env assignments (VAR=value[,VAR=value])
     local name=$1 levels=$2; shift 2
-    env "$@" timeout 240 $S bench-gpu --model $L8 --levels $levels --prompt-tokens 512 --output-tokens 256 \
+    env ${*//,/ } timeout 240 $S bench-gpu --model $L8 --levels $levels --prompt-tokens 512 --output-tokens 256 \
         --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
     echo "== bench-gpu llama3-8b, $name"; grep -v "^\s*$" "$OUT/bench_$name.log" | grep -v -E "^\[|loading" | tail -12
 }
 LEVELS=${LEVELS:-1,64,256}
 bench built $LEVELS STRATA_BUILT=1
-for v in ${AB-gemv_off:STRATA_GEMV_MAX_TOKENS=0}; do bench "${v%%:*}" "${AB_LEVELS:-$LEVELS}" "${v#*:}"; done
+for v in ${AB-gemv_off:STRATA_GEMV_MAX_TOKENS=0}; do bench "${v%%:*}" "${AB_LEVELS:-$LEVELS}" ${v#*:}; done
 if [ -n "${WITH_TRANSFORMERS:-}" ]; then
     echo "== transformers on the same checkpoint"
     timeout 150 python3 scripts/gpu/transformers_speed.py $L8 "$OUT/transformers_llama3_8b.json" 64 2>&1 |
         grep -v -i warn | tail -8 | tee "$OUT/transformers_llama3_8b.log"
 fi
+for lv in ${HOST_PROFILE_LEVELS:-}; do
+    for v in built:STRATA_BUILT=1 ${HOST_PROFILE_AB:-}; do
+        echo "== host time of a step at $lv streams with graphs, ${v%%:*}"
+        a=${v#*:}
+        env ${a//,/ } STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $L8 --levels $lv --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 128 --out "$OUT/host_${lv}_${v%%:*}.json" 2>&1 |
+            grep -A8 "host time per step" | tee "$OUT/host_${lv}_${v%%:*}.log"
+        rm -f "$OUT/host_${lv}_${v%%:*}.json"
+    done
+done
 if [ -z "${SKIP_PROFILE:-}" ]; then
     for lv in ${PROFILE_LEVELS:-1 256}; do
         echo "== where the time goes at $lv streams (eager steps, GPU time of each kernel)"

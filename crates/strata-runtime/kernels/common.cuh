@@ -11,11 +11,20 @@ typedef unsigned long long u64;
 // Programmatic dependent launch (sm_90 on; strata launches every kernel with it there): a kernel
 // may start while the one before it finishes. Each kernel calls this before it reads anything an
 // earlier kernel wrote or writes anything (only weight reads, which no kernel writes, may come
-// first); the call then lets the next kernel launch.
+// first). It first lets the next kernel launch, so a chain of small kernels (RoPE, attention,
+// its merge) has the GEMV after it resident and loading weights while they run; the wait then
+// blocks until the previous kernel has finished and its writes are visible, so the order of
+// every kernel's reads and writes is the stream's. STRATA_PDL=late (kernels.rs) lets the next
+// kernel launch only after the wait, for measurements.
 __device__ __forceinline__ void wait_for_previous_kernel() {
 #if __CUDA_ARCH__ >= 900
+#ifdef LAUNCH_NEXT_LATE
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #endif
 }
 

@@ -28,8 +28,9 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub info: GpuInfo,
     /// Kernels launch with programmatic dependent launch (compute capability 9.0 and later;
-    /// `STRATA_PDL=0` turns it off for measurements): each may start while the one before it
-    /// finishes, and waits for it in its code (common.cuh's `wait_for_previous_kernel`). The
+    /// `STRATA_PDL=0` turns it off, `STRATA_PDL=late` delays each launch until the previous
+    /// kernel has finished, for measurements): each may start while the one before it runs,
+    /// and waits for it in its code (common.cuh's `wait_for_previous_kernel`). The
     /// model turns it off for shards that talk to other GPUs (not yet measured there).
     pub programmatic_launch: bool,
 }

@@ -100,6 +100,9 @@ pub fn compile(family: &str, source: &str, spec: KernelSpec, arch: &'static str)
     let src = format!("{COMMON}\n{source}");
     let mut options = spec.defines();
     options.push("--std=c++17".into());
+    if std::env::var("STRATA_PDL").is_ok_and(|v| v == "late") {
+        options.push("-DLAUNCH_NEXT_LATE".into());
+    }
     let opts = CompileOptions {
         arch: Some(arch),
         use_fast_math: Some(false),
