@@ -254,6 +254,85 @@ fn decode_gemvs_match_cublaslt() {
     }
 }
 
+#[test]
+fn argmax_on_the_gpu_matches_the_cpu() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
+                              // A vocabulary smaller than the slices, SmolLM2's, Llama-3's, Qwen2.5's.
+    for vocab in [17usize, 49152, 128256, 151936] {
+        let rows = 5;
+        let mut logits: Vec<f32> = random_bf16(rows * vocab, vocab as u64)
+            .into_iter()
+            .map(|b| f32::from_bits((b as u32) << 16))
+            .collect();
+        // Row 1: the maximum twice, in two slices (the lower id wins); row 2: every logit -inf
+        // but a NaN (id 0 of the -inf ones); row 3: a NaN beside the maximum; row 4: all equal.
+        let r = |i: usize, c: usize| i * vocab + c;
+        logits[r(1, vocab - 1)] = 5.0;
+        logits[r(1, vocab / 3)] = 5.0;
+        logits[r(2, 0)..r(3, 0)].fill(f32::NEG_INFINITY);
+        logits[r(2, vocab / 2)] = f32::NAN;
+        logits[r(3, 1)] = f32::NAN;
+        logits[r(3, vocab - 2)] = 7.0;
+        logits[r(4, 0)..r(5, 0)].fill(0.25);
+        let want: Vec<u32> = (0..rows)
+            .map(|i| {
+                let row = &logits[r(i, 0)..r(i + 1, 0)];
+                // The CPU's rule with NaN never chosen: the first of the largest.
+                let mut best = 0;
+                while best < vocab && row[best].is_nan() {
+                    best += 1;
+                }
+                for (c, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = c;
+                    }
+                }
+                best as u32
+            })
+            .collect();
+        let dev = gpu.upload(&logits, "logits").unwrap();
+        let parts = gpu.alloc(2 * rows * SLICES * 4, "parts").unwrap();
+        let out = gpu.alloc(2 * rows * 4, "ids").unwrap();
+        let (lp, v32, pv, pi) = (dev.ptr(), vocab as i32, parts.ptr(), parts.at(rows * SLICES * 4));
+        let (ids, vals) = (out.ptr(), out.at(rows * 4));
+        // SAFETY: the arguments of sampling.cu's kernels, buffers sized as above.
+        unsafe {
+            gpu.launch(
+                kernels.get("argmax_slices"),
+                (rows as u32, SLICES as u32, 1),
+                256,
+                0,
+                &mut kernel_args!(lp, v32, pv, pi),
+            )
+            .unwrap();
+            gpu.launch(
+                kernels.get("argmax_merge"),
+                (rows as u32, 1, 1),
+                32,
+                0,
+                &mut kernel_args!(pv, pi, ids, vals),
+            )
+            .unwrap();
+        }
+        let mut got = vec![0u32; 2 * rows];
+        gpu.read(&out, 0, &mut got).unwrap();
+        assert_eq!(&got[..rows], &want[..], "vocab {vocab}: argmax ids");
+        for i in 0..rows {
+            let v = f32::from_bits(got[rows + i]);
+            assert_eq!(
+                v,
+                logits[r(i, want[i] as usize)],
+                "vocab {vocab} row {i}: the argmax's logit"
+            );
+        }
+    }
+}
+
 /// The cache of one attention test: K and V (bf16, or fp8 e4m3 with a scale per vector).
 struct TestCache {
     k: DeviceBuffer,

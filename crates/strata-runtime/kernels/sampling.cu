@@ -1,22 +1,41 @@
 // Sampling support on the GPU: per-row argmax (greedy) and the f32 logits of rows the host
 // samples itself, so only token ids, or only the rows that need them, cross the bus.
 
-// One block per row of bf16/f32 logits; ties go to the lowest id, as on the CPU.
-extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, u32* __restrict__ ids,
-                                       float* __restrict__ vals) {
+// Argmax in two kernels, ties to the lowest id as on the CPU: ARGMAX_SLICES blocks a row each
+// find the best of one slice of the vocabulary (one block alone would read a 128k-word row at a
+// single SM's speed), then one warp a row merges the slices.
+#define ARGMAX_SLICES 32
+
+__device__ __forceinline__ void keep_best(float& best, int& best_i, float v, int i) {
+    if (v > best || (v == best && i < best_i)) { best = v; best_i = i; }
+}
+
+// Grid (rows, ARGMAX_SLICES), 256 threads: part_vals/part_ids[row * ARGMAX_SLICES + slice].
+extern "C" __global__ void argmax_slices(const float* __restrict__ logits, int vocab, float* __restrict__ part_vals,
+                                         int* __restrict__ part_ids) {
     wait_for_previous_kernel();
     const float* row = logits + (size_t)blockIdx.x * vocab;
+    const int per = (vocab + ARGMAX_SLICES - 1) / ARGMAX_SLICES;
+    const int begin = blockIdx.y * per, end = min(vocab, begin + per);
     float best = NEG_INF;
     int best_i = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = row[i];
-        if (v > best || (v == best && i < best_i)) { best = v; best_i = i; }
+    // Four loads in flight a thread.
+    for (int i = begin + threadIdx.x; i < end; i += 4 * blockDim.x) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int at = i + u * blockDim.x;
+            v[u] = at < end ? row[at] : NEG_INF;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (i + u * (int)blockDim.x < end) keep_best(best, best_i, v[u], i + u * blockDim.x);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(FULL_MASK, best, o);
         const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
-        if (ov > best || (ov == best && oi < best_i)) { best = ov; best_i = oi; }
+        keep_best(best, best_i, ov, oi);
     }
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -24,8 +43,30 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int voc
     if (lane == 0) { sv[warp] = best; si[warp] = best_i; }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (sv[w] > best || (sv[w] == best && si[w] < best_i)) { best = sv[w]; best_i = si[w]; }
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) keep_best(best, best_i, sv[w], si[w]);
+        const size_t at = (size_t)blockIdx.x * ARGMAX_SLICES + blockIdx.y;
+        part_vals[at] = best;
+        part_ids[at] = best_i;
+    }
+}
+
+// Grid rows, 32 threads: ids[row] (0 when every logit is NaN) and its logit.
+extern "C" __global__ void argmax_merge(const float* __restrict__ part_vals, const int* __restrict__ part_ids,
+                                        u32* __restrict__ ids, float* __restrict__ vals) {
+    wait_for_previous_kernel();
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    for (int s = threadIdx.x; s < ARGMAX_SLICES; s += 32) {
+        const size_t at = (size_t)blockIdx.x * ARGMAX_SLICES + s;
+        keep_best(best, best_i, part_vals[at], part_ids[at]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
+        const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
+        keep_best(best, best_i, ov, oi);
+    }
+    if (threadIdx.x == 0) {
         ids[blockIdx.x] = best_i == 0x7fffffff ? 0u : (u32)best_i;
         vals[blockIdx.x] = best;
     }

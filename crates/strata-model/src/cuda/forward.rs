@@ -42,6 +42,8 @@ const GEMV_KERNELS: [(usize, &str, &str); 4] = [
     (8, "gemv_t8", "gemv_silu_t8"),
 ];
 const GEMV_THREADS: usize = 128;
+/// Blocks a row's argmax is split over (sampling.cu's ARGMAX_SLICES).
+const ARGMAX_SLICES: usize = 32;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
 /// overrides it for measurements; 0 turns them off).
 const GEMV_MAX_TOKENS: usize = 8;
@@ -111,6 +113,8 @@ struct StepBuffers {
     /// Each logits row's argmax (u32, from 0) and, from `logit_rows` on, its logit (f32: to merge
     /// the vocabulary slices of TP ranks); one buffer so that one copy brings both back.
     argmax: DeviceBuffer,
+    /// The best logit and its id of each slice of each row (`argmax_slices`), values first.
+    argmax_parts: DeviceBuffer,
     part_acc: DeviceBuffer,
     part_ml: DeviceBuffer,
     /// Every TP rank's row-parallel partial sums, under `--deterministic`.
@@ -253,6 +257,7 @@ impl GpuTransformer {
             normed: gpu.alloc(limits.logit_rows * c.hidden * 2, "activations")?,
             logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
             argmax: gpu.alloc(2 * limits.logit_rows * 4, "greedy token ids")?,
+            argmax_parts: gpu.alloc(2 * limits.logit_rows * ARGMAX_SLICES * 4, "greedy token ids")?,
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
             gathered: None,
@@ -795,12 +800,23 @@ impl GpuTransformer {
             self.bufs.argmax.at(self.limits.logit_rows * 4),
             vocab as i32,
         );
+        let (part_vals, part_ids) = (
+            self.bufs.argmax_parts.ptr(),
+            self.bufs.argmax_parts.at(self.limits.logit_rows * ARGMAX_SLICES * 4),
+        );
         self.launch(
-            "argmax_rows",
-            (n as u32, 1, 1),
-            ROW_THREADS,
+            "argmax_slices",
+            (n as u32, ARGMAX_SLICES as u32, 1),
+            256,
             0,
-            &mut kernel_args!(logits, v, ids, vals),
+            &mut kernel_args!(logits, v, part_vals, part_ids),
+        )?;
+        self.launch(
+            "argmax_merge",
+            (n as u32, 1, 1),
+            32,
+            0,
+            &mut kernel_args!(part_vals, part_ids, ids, vals),
         )
     }
 

@@ -41,7 +41,11 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
             "attention_reduce",
         ],
     ),
-    ("sampling", include_str!("../../kernels/sampling.cu"), &["argmax_rows"]),
+    (
+        "sampling",
+        include_str!("../../kernels/sampling.cu"),
+        &["argmax_slices", "argmax_merge"],
+    ),
     (
         "gemm",
         include_str!("../../kernels/gemm.cu"),
