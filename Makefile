@@ -45,6 +45,7 @@ bench: fetch build
 	$(STRATA) bench-local --threads 2 --out bench/results/cpu_smollm2_q4_1.json
 	$(CARGO) bench --locked -p strata-engine --bench throughput -- --activation-precision high --out bench/results/engine_throughput_high.json
 	$(CARGO) bench --locked -p strata-engine --bench throughput -- --activation-precision standard --out bench/results/engine_throughput_standard.json
+	$(CARGO) bench --locked -p strata-engine --bench host_step -- --out bench/results/engine_host_step.json
 
 # Regenerate committed references (needs gguf==0.19.0 and numpy==2.4.6; see the scripts).
 fidelity-reference: fetch

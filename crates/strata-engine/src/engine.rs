@@ -18,6 +18,7 @@ use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
+use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
 use crate::sampler::logprobs;
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
@@ -101,7 +102,7 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Config(String),
-    #[error("could not start the engine thread: {0}")]
+    #[error("could not start the engine's threads: {0}")]
     Thread(std::io::Error),
 }
 
@@ -328,6 +329,7 @@ impl EngineHandle {
             alive: AtomicBool::new(true),
         });
         let (tx, rx) = mpsc::channel();
+        let outbox = Outbox::start().map_err(EngineError::Thread)?;
         let worker = EngineLoop {
             executor,
             depth,
@@ -339,6 +341,7 @@ impl EngineHandle {
             }),
             seqs: HashMap::new(),
             commands: rx,
+            outbox,
             shared: Arc::clone(&shared),
             max_model_len,
             stats: EngineStats {
@@ -512,6 +515,8 @@ struct EngineLoop {
     scheduler: Scheduler,
     seqs: HashMap<SequenceId, Sequence>,
     commands: Receiver<Command>,
+    /// Every message to callers goes out through it, a step's worth at a time.
+    outbox: Outbox,
     shared: Arc<Shared>,
     max_model_len: usize,
     stats: EngineStats,
@@ -534,14 +539,16 @@ impl EngineLoop {
         };
         self.mark_dead(&why);
         for (_, seq) in self.seqs.drain() {
-            seq.fail(&why);
+            seq.fail(&why, &mut self.outbox);
         }
         // Anything still in the channel is refused the same way.
         while let Ok(cmd) = self.commands.try_recv() {
             if let Command::Add(seq) = cmd {
-                seq.fail(&why);
+                seq.fail(&why, &mut self.outbox);
             }
         }
+        // Every stream has its last message when the engine thread ends.
+        self.outbox.close();
     }
 
     /// Records why the engine stopped (the first reason stays) and refuses new requests from now on.
@@ -586,6 +593,9 @@ impl EngineLoop {
                 }
             }
             self.publish();
+            // The step's messages leave in one hand-off, after the stats they imply, and reach the
+            // streams while the next step runs.
+            self.outbox.flush();
         }
     }
 
@@ -600,8 +610,9 @@ impl EngineLoop {
         // The stats say the engine is empty before any caller hears why.
         self.publish();
         for seq in lost {
-            seq.unavailable(why);
+            seq.unavailable(why, &mut self.outbox);
         }
+        self.outbox.flush();
     }
 
     /// After the devices were lost: answers every request that still reaches the engine with
@@ -611,7 +622,8 @@ impl EngineLoop {
             match cmd {
                 Command::Add(seq) => {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                    seq.unavailable(why);
+                    seq.unavailable(why, &mut self.outbox);
+                    self.outbox.flush();
                 }
                 Command::Abort(_) => {}
                 Command::Shutdown => return,
@@ -641,7 +653,7 @@ impl EngineLoop {
 
     fn abort(&mut self, id: SequenceId) {
         if let Some(seq) = self.seqs.get_mut(&id) {
-            seq.finish(FinishReason::Abort, None);
+            seq.finish(FinishReason::Abort, None, &mut self.outbox);
             self.release(id);
         }
     }
@@ -758,9 +770,9 @@ impl EngineLoop {
                 (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
             };
             self.stats.generation_tokens_total += 1;
-            let mut progress = seq.push_token(token, lp);
+            let mut progress = seq.push_token(token, lp, &mut self.outbox);
             if progress == Progress::Running && seq.num_tokens() >= self.max_model_len {
-                progress = seq.finish(FinishReason::Length, None);
+                progress = seq.finish(FinishReason::Length, None, &mut self.outbox);
             }
             if progress != Progress::Running {
                 finished.push(c.id);
@@ -789,7 +801,7 @@ impl EngineLoop {
         tracing::error!("forward pass failed: {e}");
         for c in chunks {
             if let Some(seq) = self.seqs.get(&c.id) {
-                seq.fail(&format!("internal error: {e}"));
+                seq.fail(&format!("internal error: {e}"), &mut self.outbox);
             }
             self.release(c.id);
         }

@@ -1,9 +1,10 @@
 //! strata-engine: turns prompts into generated tokens on a loaded model, for many users at once.
-//! Owns the engine thread, scheduler, KV block manager, sequences and sampling; callers use `EngineHandle`.
+//! Owns the engine and output threads, scheduler, KV block manager, sequences and sampling; callers use `EngineHandle`.
 
 pub mod block_manager;
 pub mod completion;
 pub mod engine;
+pub mod outbox;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

@@ -7,6 +7,7 @@ use strata_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_manager::BlockTable;
+use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, TokenLogprob, Usage};
 use crate::sampler::Sampler;
 
@@ -32,6 +33,7 @@ pub struct Sequence {
     /// Whether the scheduler has admitted it at least once (it left the request queue).
     pub admitted: bool,
     text: TextTracker,
+    /// The caller's stream; messages reach it through the [`Outbox`].
     tx: UnboundedSender<RequestOutput>,
     /// Token ids that end generation: stop ids, plus the model's end-of-generation ids unless ignored.
     stop_ids: Vec<u32>,
@@ -104,10 +106,10 @@ impl Sequence {
         self.tx.is_closed()
     }
 
-    /// Records a sampled token: stop checks, text, and a delta on the stream.
-    pub fn push_token(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Progress {
+    /// Records a sampled token: stop checks, text, and a delta posted for the stream.
+    pub fn push_token(&mut self, token: u32, logprob: Option<TokenLogprob>, outbox: &mut Outbox) -> Progress {
         if self.stop_ids.contains(&token) {
-            return self.finish(FinishReason::Stop, None);
+            return self.finish(FinishReason::Stop, None, outbox);
         }
         self.output.push(token);
         let (text, stop) = self.text.push(token);
@@ -116,28 +118,32 @@ impl Sequence {
             text,
             logprobs: logprob.into_iter().collect(),
         };
-        if self.tx.send(delta).is_err() {
+        if self.is_disconnected() {
             return Progress::Disconnected;
         }
+        outbox.post(&self.tx, delta);
         if let Some(s) = stop {
-            return self.finish(FinishReason::Stop, Some(s));
+            return self.finish(FinishReason::Stop, Some(s), outbox);
         }
         if self.output.len() >= self.request.max_tokens {
-            return self.finish(FinishReason::Length, None);
+            return self.finish(FinishReason::Length, None, outbox);
         }
         Progress::Running
     }
 
-    /// Flushes held-back text and sends the final message.
-    pub fn finish(&mut self, reason: FinishReason, stop_string: Option<String>) -> Progress {
+    /// Flushes held-back text and posts the final message.
+    pub fn finish(&mut self, reason: FinishReason, stop_string: Option<String>, outbox: &mut Outbox) -> Progress {
         if stop_string.is_none() {
             let rest = self.text.flush();
             if !rest.is_empty() {
-                let _ = self.tx.send(RequestOutput::Delta {
-                    tokens: vec![],
-                    text: rest,
-                    logprobs: vec![],
-                });
+                outbox.post(
+                    &self.tx,
+                    RequestOutput::Delta {
+                        tokens: vec![],
+                        text: rest,
+                        logprobs: vec![],
+                    },
+                );
             }
         }
         let usage = Usage {
@@ -145,22 +151,25 @@ impl Sequence {
             completion_tokens: self.output.len(),
             cached_prompt_tokens: self.cached_prompt_tokens,
         };
-        let _ = self.tx.send(RequestOutput::Finished {
-            reason,
-            stop_string,
-            usage,
-        });
+        outbox.post(
+            &self.tx,
+            RequestOutput::Finished {
+                reason,
+                stop_string,
+                usage,
+            },
+        );
         Progress::Finished(reason)
     }
 
     /// Ends the stream with an engine error.
-    pub fn fail(&self, message: &str) {
-        let _ = self.tx.send(RequestOutput::Failed(message.to_string()));
+    pub fn fail(&self, message: &str, outbox: &mut Outbox) {
+        outbox.post(&self.tx, RequestOutput::Failed(message.to_string()));
     }
 
     /// Ends the stream because the devices can no longer run the model.
-    pub fn unavailable(&self, why: &str) {
-        let _ = self.tx.send(RequestOutput::Unavailable(why.to_string()));
+    pub fn unavailable(&self, why: &str, outbox: &mut Outbox) {
+        outbox.post(&self.tx, RequestOutput::Unavailable(why.to_string()));
     }
 }
 

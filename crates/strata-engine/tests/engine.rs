@@ -1,5 +1,5 @@
 //! The engine on the real default model: continuous batching, chunked prefill, preemption, aborts,
-//! sampling, stop strings, pipelined executors and lost devices, checked against requests run alone.
+//! sampling, stop strings, pipelined executors, lost devices, panics and shutdown, against requests run alone.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -676,4 +676,195 @@ fn lost_devices_end_every_request_as_unavailable_and_the_engine_refuses_new_ones
         e.shutdown();
         assert_eq!(e.death().as_deref(), Some(LOST_GPU), "shutting down keeps the reason");
     }
+}
+
+/// Every message of `stream` that is already delivered, and whether the stream had ended (all its
+/// senders gone) by then; never waits.
+fn delivered(stream: &mut RequestStream) -> (Vec<RequestOutput>, bool) {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut got = Vec::new();
+    loop {
+        let next = std::pin::pin!(stream.next());
+        match std::future::Future::poll(next, &mut cx) {
+            std::task::Poll::Ready(Some(out)) => got.push(out),
+            std::task::Poll::Ready(None) => return (got, true),
+            std::task::Poll::Pending => return (got, false),
+        }
+    }
+}
+
+#[test]
+fn many_consumer_threads_each_get_every_delta_in_order_and_one_finish() {
+    let config = EngineConfig {
+        max_num_seqs: 32,
+        ..small_config()
+    };
+    let e = engine(config);
+    let (n, max_tokens) = (16, 8);
+    let req = |i: usize| GenerationRequest {
+        ignore_eos: true,
+        ..GenerationRequest::greedy(prompt(&e, &format!("Note {i}: the weather in town {i} is")), max_tokens)
+    };
+    // One thread a request, each blocking on its own stream, as the server's clients do.
+    let streams: Vec<RequestStream> = (0..n).map(|i| e.submit(req(i)).expect("submit")).collect();
+    let logs: Vec<Vec<RequestOutput>> = std::thread::scope(|s| {
+        let readers: Vec<_> = streams
+            .into_iter()
+            .map(|mut stream| {
+                s.spawn(move || {
+                    let mut log = Vec::new();
+                    while let Some(out) = stream.blocking_next() {
+                        log.push(out);
+                    }
+                    log
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().expect("reader")).collect()
+    });
+    for (i, log) in logs.iter().enumerate() {
+        let (last, deltas) = log.split_last().expect("some output");
+        assert!(
+            matches!(
+                last,
+                RequestOutput::Finished { reason: FinishReason::Length, usage, .. } if usage.completion_tokens == max_tokens
+            ),
+            "request {i} ended with {last:?}"
+        );
+        let (mut tokens, mut text) = (Vec::<u32>::new(), String::new());
+        for out in deltas {
+            let RequestOutput::Delta {
+                tokens: t, text: piece, ..
+            } = out
+            else {
+                panic!("request {i}: {out:?} before its last message");
+            };
+            tokens.extend(t);
+            text.push_str(piece);
+        }
+        assert_eq!(tokens.len(), max_tokens, "request {i}: every token came");
+        // A few of them against the same request run alone (each token in its place).
+        if i % 5 == 0 {
+            let alone = run_alone(&e, req(i));
+            assert_eq!(tokens, alone.tokens, "request {i}: the tokens, in order");
+            assert_eq!(text, alone.text, "request {i}: the text, in order");
+        }
+    }
+    assert!(e.wait_idle(Duration::from_secs(10)));
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn shutdown_ends_every_stream_before_it_returns() {
+    // Two run at a time: the others are still waiting when the engine stops.
+    let config = EngineConfig {
+        max_num_seqs: 2,
+        ..small_config()
+    };
+    let e = engine(config);
+    let mut streams: Vec<RequestStream> = (0..6)
+        .map(|i| {
+            let req = GenerationRequest {
+                ignore_eos: true,
+                ..GenerationRequest::greedy(prompt(&e, &format!("Request {i} counts: one, two,")), 500)
+            };
+            e.submit(req).expect("submit")
+        })
+        .collect();
+    let mut first_tokens = 0;
+    for _ in 0..3 {
+        match streams[0].blocking_next() {
+            Some(RequestOutput::Delta { tokens, .. }) => first_tokens += tokens.len(),
+            other => panic!("expected a delta, got {other:?}"),
+        }
+    }
+    e.shutdown();
+    for (i, s) in streams.iter_mut().enumerate() {
+        let (log, ended) = delivered(s);
+        assert!(ended, "request {i}: its stream is still open after shutdown: {log:?}");
+        let Some((RequestOutput::Finished { reason, usage, .. }, deltas)) = log.split_last() else {
+            panic!("request {i} ended with {:?}", log.last());
+        };
+        assert_eq!(*reason, FinishReason::Abort, "request {i}");
+        assert!(
+            deltas.iter().all(|d| matches!(d, RequestOutput::Delta { .. })),
+            "request {i}: {log:?}"
+        );
+        let tokens: usize = deltas
+            .iter()
+            .map(|d| match d {
+                RequestOutput::Delta { tokens, .. } => tokens.len(),
+                _ => 0,
+            })
+            .sum();
+        let already = if i == 0 { first_tokens } else { 0 };
+        assert_eq!(
+            tokens + already,
+            usage.completion_tokens,
+            "request {i}: every delta came"
+        );
+    }
+    assert!(!e.is_alive());
+}
+
+/// The CPU executor, panicking at its `panic_at`-th forward pass (a bug of ours in a step).
+struct PanicsAt {
+    cpu: CpuExecutor,
+    panic_at: usize,
+    calls: usize,
+}
+
+impl Executor for PanicsAt {
+    fn config(&self) -> &ModelConfig {
+        self.cpu.config()
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.calls += 1;
+        assert!(self.calls < self.panic_at, "step {} went wrong", self.calls);
+        self.cpu.forward(batch)
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.cpu.kv_layout()
+    }
+
+    fn device(&self) -> String {
+        self.cpu.device()
+    }
+}
+
+#[test]
+fn a_panic_in_a_step_fails_every_stream_after_the_deltas_it_sent() {
+    let e = engine_on(small_config(), |cpu| {
+        Box::new(PanicsAt {
+            cpu,
+            panic_at: 6,
+            calls: 0,
+        })
+    });
+    let streams: Vec<RequestStream> = (0..4)
+        .map(|i| {
+            let req = GenerationRequest {
+                ignore_eos: true,
+                ..GenerationRequest::greedy(prompt(&e, &format!("Request {i} says")), 50)
+            };
+            e.submit(req).expect("submit")
+        })
+        .collect();
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let mut log = Vec::new();
+        while let Some(out) = s.blocking_next() {
+            log.push(out);
+        }
+        let Some((RequestOutput::Failed(why), deltas)) = log.split_last() else {
+            panic!("request {i} ended with {:?}", log.last());
+        };
+        assert!(why.contains("step 6 went wrong"), "request {i}: {why}");
+        assert!(
+            deltas.iter().all(|d| matches!(d, RequestOutput::Delta { .. })),
+            "request {i}: {log:?}"
+        );
+    }
+    assert!(e.death().is_some_and(|why| why.contains("step 6 went wrong")));
 }
