@@ -333,6 +333,156 @@ fn argmax_on_the_gpu_matches_the_cpu() {
     }
 }
 
+/// `count` f32 values uniform in [-1, 1) from a fixed seed (bf16-exact).
+fn random_f32(count: usize, seed: u64) -> Vec<f32> {
+    random_bf16(count, seed)
+        .into_iter()
+        .map(|b| f32::from_bits((b as u32) << 16))
+        .collect()
+}
+
+/// Runs `rms_norm` (norm.cu) over the t rows of the f32 `x` into a new bf16 buffer.
+fn rms_norm_rows_of(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    x: &DeviceBuffer,
+    g: &DeviceBuffer,
+    t: usize,
+    k: usize,
+) -> DeviceBuffer {
+    let xn = gpu.alloc(t * k * 2, "xn").unwrap();
+    let (xp, gp, np, k32, eps) = (x.ptr(), g.ptr(), xn.ptr(), k as i32, 1e-5f32);
+    // SAFETY: the arguments of norm.cu's rms_norm; x holds t x k f32, xn t x k bf16.
+    unsafe {
+        gpu.launch(
+            kernels.get("rms_norm"),
+            (t as u32, 1, 1),
+            1024,
+            0,
+            &mut kernel_args!(xp, gp, np, k32, eps),
+        )
+    }
+    .unwrap();
+    xn
+}
+
+fn read_bf16(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<f32> {
+    let mut v = vec![0u16; n];
+    gpu.read(b, 0, &mut v).unwrap();
+    v.into_iter().map(|b| f32::from_bits((b as u32) << 16)).collect()
+}
+
+/// Largest difference between `got` and `want`, over the largest magnitude of `want`.
+fn worst_relative(got: &[f32], want: &[f32]) -> f32 {
+    let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    worst / largest.max(f32::MIN_POSITIVE)
+}
+
+#[test]
+fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    let (bs, blocks) = (16usize, 8usize);
+    // (heads, kv heads, head dim, rotary dims, halves layout, bias, k): SmolLM2, Llama-3-8B,
+    // adjacent pairs with a bias (Qwen2-style), partial rotary.
+    for (n_heads, n_kv, hd, rot, neox, with_bias, k) in [
+        (9usize, 3usize, 64usize, 64usize, 1i32, false, 576usize),
+        (32, 8, 128, 128, 1, false, 4096),
+        (4, 2, 64, 64, 0, true, 256),
+        (4, 1, 128, 64, 1, true, 512),
+    ] {
+        let width = (n_heads + 2 * n_kv) * hd;
+        let w = gpu.upload(&random_bf16(width * k, 41), "w").unwrap();
+        let bias = gpu.upload(&random_f32(width, 42), "bias").unwrap();
+        let norm = gpu.upload(&random_f32(k, 43), "norm weight").unwrap();
+        let inv: Vec<f32> = (0..rot / 2)
+            .map(|i| 10000f32.powf(-2.0 * i as f32 / rot as f32))
+            .collect();
+        let inv_freq = gpu.upload(&inv, "inv_freq").unwrap();
+        let cache_elems = blocks * n_kv * bs * hd;
+        for t in [1usize, 3, 8] {
+            // A GEMV input as rms_norm writes it (bf16) from a residual stream (f32).
+            let x = gpu.upload(&random_f32(t * k, 50 + t as u64), "x").unwrap();
+            let xn = rms_norm_rows_of(&gpu, &kernels, &x, &norm, t, k);
+            let positions: Vec<i32> = (0..t as i32).map(|j| 5 + 997 * j).collect();
+            let slots: Vec<i32> = (0..t as i32).map(|j| 3 + 7 * j).collect();
+            let (pos, sl) = (
+                gpu.upload(&positions, "positions").unwrap(),
+                gpu.upload(&slots, "slots").unwrap(),
+            );
+            let zeros = vec![0u16; cache_elems];
+            // Caches and outputs of the GEMV then rope.cu, and of the fused kernel.
+            let caches: Vec<DeviceBuffer> = (0..4).map(|_| gpu.upload(&zeros, "cache").unwrap()).collect();
+            let outs: Vec<DeviceBuffer> = (0..2).map(|_| gpu.alloc(t * width * 2, "qkv").unwrap()).collect();
+            let compiled = [1usize, 2, 4, 8].into_iter().find(|&c| c >= t).unwrap();
+            let (wp, xnp) = (w.ptr(), xn.ptr());
+            let bp = if with_bias { bias.ptr() } else { 0u64 };
+            let (pp, ip, sp, none) = (pos.ptr(), inv_freq.ptr(), sl.ptr(), 0u64);
+            let (w32, k32, t32, bf16_out) = (width as i32, k as i32, t as i32, 0i32);
+            let (nh, nk, hd32, rot32, bs32, eps) =
+                (n_heads as i32, n_kv as i32, hd as i32, rot as i32, bs as i32, 1e-5f32);
+            let shared = ((n_heads / n_kv + 3) * hd * 4) as u32;
+            let (o0, kc0, vc0) = (outs[0].ptr(), caches[0].ptr(), caches[1].ptr());
+            // SAFETY: the arguments of gemm.cu's gemv_t{T} / gemv_qkv_rope_t{T} and rope.cu's
+            // qkv_rope_kv_write_bf16, buffers sized as above.
+            unsafe {
+                gpu.launch(
+                    kernels.get(&format!("gemv_t{compiled}")),
+                    ((width / 2) as u32, 1, 1),
+                    128,
+                    0,
+                    &mut kernel_args!(wp, xnp, o0, w32, k32, t32, bf16_out),
+                )
+                .unwrap();
+                gpu.launch(
+                    kernels.get("qkv_rope_kv_write_bf16"),
+                    (t as u32, n_kv as u32, 1),
+                    256,
+                    shared,
+                    &mut kernel_args!(
+                        o0, bp, none, none, pp, ip, nh, nk, hd32, rot32, neox, eps, sp, kc0, vc0, none, none, bs32
+                    ),
+                )
+                .unwrap();
+                let (o1, kc1, vc1) = (outs[1].ptr(), caches[2].ptr(), caches[3].ptr());
+                gpu.launch(
+                    kernels.get(&format!("gemv_qkv_rope_t{compiled}")),
+                    ((width / 2) as u32, 1, 1),
+                    128,
+                    0,
+                    &mut kernel_args!(wp, xnp, o1, k32, t32, bp, pp, ip, nh, nk, hd32, rot32, neox, sp, kc1, vc1, bs32),
+                )
+                .unwrap();
+            }
+            let shape = format!("heads {n_heads}/{n_kv} x {hd}, rot {rot}, neox {neox}, bias {with_bias}, t {t}");
+            let want = [
+                read_bf16(&gpu, &outs[0], t * width),
+                read_bf16(&gpu, &caches[0], cache_elems),
+                read_bf16(&gpu, &caches[1], cache_elems),
+            ];
+            assert!(
+                want[1].iter().any(|&v| v != 0.0),
+                "{shape}: nothing written to the cache"
+            );
+            let got = [
+                read_bf16(&gpu, &outs[1], t * width),
+                read_bf16(&gpu, &caches[2], cache_elems),
+                read_bf16(&gpu, &caches[3], cache_elems),
+            ];
+            for (what, (g, w)) in ["q/k/v", "k cache", "v cache"].iter().zip(got.iter().zip(&want)) {
+                // One bf16 step of the largest value at most: the rotation's products may
+                // contract to FMAs differently.
+                let rel = worst_relative(g, w);
+                assert!(rel <= 1.0 / 128.0, "{shape}: {what} off by {rel}");
+            }
+        }
+    }
+}
+
 /// The cache of one attention test: K and V (bf16, or fp8 e4m3 with a scale per vector).
 struct TestCache {
     k: DeviceBuffer,

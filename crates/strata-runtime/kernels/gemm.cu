@@ -206,6 +206,66 @@ __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, voi
     }
 }
 
+// The QKV projection with rope.cu's work folded in, for a bf16 cache and no per-head norm: a
+// block computes two rows of one head that RoPE pairs (d and d + rot/2 for halves, 2i and 2i + 1
+// for adjacent pairs; two unrotated dims past rot_dim), rounds them to bf16 as the plain GEMV
+// would, adds the bias, rotates query and key rows, writes q and k (and v) back to qkv and k, v
+// into the token's cache slot: qkv_rope_kv_write_bf16 without its kernel. Grid width / 2.
+template <int T>
+__device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ qkv, int k,
+                              int t, const float* __restrict__ bias, const int* __restrict__ positions,
+                              const float* __restrict__ inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim,
+                              int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
+                              bf16* __restrict__ v_cache, int block_size) {
+    const int pairs_per_head = head_dim >> 1, half = rot_dim >> 1;
+    const int head = blockIdx.x / pairs_per_head, m = blockIdx.x % pairs_per_head;
+    const bool rotated = m < half && head < n_heads + n_kv;
+    int d0, d1;
+    if (m >= half) {
+        d0 = rot_dim + 2 * (m - half);
+        d1 = d0 + 1;
+    } else if (neox) {
+        d0 = m;
+        d1 = m + half;
+    } else {
+        d0 = 2 * m;
+        d1 = d0 + 1;
+    }
+    const int rows[2] = {head * head_dim + d0, head * head_dim + d1};
+    float acc[2][T];
+    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    if (threadIdx.x != 0) return;
+    const int width = (n_heads + 2 * n_kv) * head_dim;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j >= t) break;
+        float v0 = bf2f(f2bf(acc[0][j])), v1 = bf2f(f2bf(acc[1][j]));
+        if (bias) {
+            v0 += bias[rows[0]];
+            v1 += bias[rows[1]];
+        }
+        if (rotated) {
+            float s, c;
+            sincosf((float)positions[j] * inv_freq[m], &s, &c);
+            const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
+            v0 = r0;
+            v1 = r1;
+        }
+        const bf16 b0 = f2bf(v0), b1 = f2bf(v1);
+        qkv[(size_t)j * width + rows[0]] = b0;
+        qkv[(size_t)j * width + rows[1]] = b1;
+        if (head >= n_heads) {
+            const bool is_v = head >= n_heads + n_kv;
+            const int kvh = head - n_heads - (is_v ? n_kv : 0);
+            const int sl = slots[j];
+            const size_t vec = ((size_t)(sl / block_size) * n_kv + kvh) * block_size + sl % block_size;
+            bf16* cache = is_v ? v_cache : k_cache;
+            cache[vec * head_dim + d0] = b0;
+            cache[vec * head_dim + d1] = b1;
+        }
+    }
+}
+
 // The fused gate/up projection and its activation: w holds [gate; up], each `inter` rows, and
 // out[t, inter] = silu(gate) * up (bf16, gate and up rounded to bf16 first as the unfused path
 // does). Grid `inter`, GEMV_THREADS threads.
@@ -234,6 +294,13 @@ __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
         gemv_silu_t##T(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {                    \
         gemv_silu<T>(w, x, out, inter, k, t);                                                                 \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_t##T(                            \
+        const bf16* w, const bf16* x, bf16* qkv, int k, int t, const float* bias, const int* positions,        \
+        const float* inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, const int* slots,   \
+        bf16* k_cache, bf16* v_cache, int block_size) {                                                       \
+        gemv_qkv_rope<T>(w, x, qkv, k, t, bias, positions, inv_freq, n_heads, n_kv, head_dim, rot_dim, neox,  \
+                         slots, k_cache, v_cache, block_size);                                                \
     }
 GEMV_KERNELS(1)
 GEMV_KERNELS(2)

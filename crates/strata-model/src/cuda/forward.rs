@@ -33,13 +33,13 @@ pub const DETERMINISTIC_CHUNKS: usize = 8;
 const FO_WARPS: usize = 8;
 const FO_TOKENS: usize = 8;
 /// The decode GEMVs of gemm.cu by the tokens they are compiled for (`gemv_t{T}`), with the
-/// gate/up + SiLU variant; a block of GEMV_THREADS computes two rows, or one gate/up pair, its
-/// threads splitting k.
-const GEMV_KERNELS: [(usize, &str, &str); 4] = [
-    (1, "gemv_t1", "gemv_silu_t1"),
-    (2, "gemv_t2", "gemv_silu_t2"),
-    (4, "gemv_t4", "gemv_silu_t4"),
-    (8, "gemv_t8", "gemv_silu_t8"),
+/// gate/up + SiLU variant and the QKV + RoPE + cache write one; a block of GEMV_THREADS computes
+/// two rows, or one gate/up pair, its threads splitting k.
+const GEMV_KERNELS: [(usize, &str, &str, &str); 4] = [
+    (1, "gemv_t1", "gemv_silu_t1", "gemv_qkv_rope_t1"),
+    (2, "gemv_t2", "gemv_silu_t2", "gemv_qkv_rope_t2"),
+    (4, "gemv_t4", "gemv_silu_t4", "gemv_qkv_rope_t4"),
+    (8, "gemv_t8", "gemv_silu_t8", "gemv_qkv_rope_t8"),
 ];
 const GEMV_THREADS: usize = 128;
 /// Blocks a row's argmax is split over (sampling.cu's ARGMAX_SLICES).
@@ -161,6 +161,9 @@ pub struct GpuTransformer {
     deterministic: bool,
     /// Products of at most this many tokens run as gemm.cu's GEMVs.
     gemv_max_tokens: usize,
+    /// GEMV-sized steps do RoPE and the cache write in the QKV GEMV when they can
+    /// ([`Self::qkv_rope_kernel`]); `STRATA_FUSE_ROPE=0` keeps rope.cu's kernel, for measurements.
+    fuse_rope: bool,
     /// The attention kernel for this model, cache type and GPU: on tensor cores
     /// (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8 from sm_89) unless
     /// `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements).
@@ -284,6 +287,7 @@ impl GpuTransformer {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(GEMV_MAX_TOKENS),
+            fuse_rope: std::env::var("STRATA_FUSE_ROPE").map_or(true, |v| v != "0"),
             attention_kernel,
             profile: KernelProfile::from_env(),
             capturing: false,
@@ -585,6 +589,7 @@ impl GpuTransformer {
         let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
         let (part_acc, part_ml) = (self.bufs.part_acc.ptr(), self.bufs.part_ml.ptr());
+        let qkv_rope = self.qkv_rope_kernel(t);
         for li in 0..c.n_layers {
             let lw = &self.weights.layers[li];
             let (attn_norm, ffn_norm) = (lw.attn_norm.ptr(), lw.ffn_norm.ptr());
@@ -609,24 +614,38 @@ impl GpuTransformer {
                     &mut kernel_args!(x, proj, attn_norm, xn, h, eps),
                 )?;
             }
-            self.matmul(wqkv, xn, qkv, (width as usize, c.hidden, t), GemmOut::Bf16)?;
-            let shared = ((c.n_heads / c.n_kv_heads + 3) * c.head_dim * 4) as u32;
             let (kc, vc, ks, vs) = self.kv.layer(li);
-            let rope_kernel = if fp8 {
-                "qkv_rope_kv_write_fp8"
+            if let Some(kernel) = qkv_rope {
+                let (k, t32) = (c.hidden as i32, t as i32);
+                self.launch(
+                    kernel,
+                    ((width / 2) as u32, 1, 1),
+                    GEMV_THREADS as u32,
+                    0,
+                    &mut kernel_args!(
+                        wqkv, xn, qkv, k, t32, bias, positions, inv_freq, n_heads, n_kv, hd, rot, neox, slots, kc, vc,
+                        bs
+                    ),
+                )?;
             } else {
-                "qkv_rope_kv_write_bf16"
-            };
-            self.launch(
-                rope_kernel,
-                (t as u32, c.n_kv_heads as u32, 1),
-                ROPE_THREADS,
-                shared,
-                &mut kernel_args!(
-                    qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks, vs,
-                    bs
-                ),
-            )?;
+                self.matmul(wqkv, xn, qkv, (width as usize, c.hidden, t), GemmOut::Bf16)?;
+                let shared = ((c.n_heads / c.n_kv_heads + 3) * c.head_dim * 4) as u32;
+                let rope_kernel = if fp8 {
+                    "qkv_rope_kv_write_fp8"
+                } else {
+                    "qkv_rope_kv_write_bf16"
+                };
+                self.launch(
+                    rope_kernel,
+                    (t as u32, c.n_kv_heads as u32, 1),
+                    ROPE_THREADS,
+                    shared,
+                    &mut kernel_args!(
+                        qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,
+                        vs, bs
+                    ),
+                )?;
+            }
             self.launch(
                 self.attention_kernel,
                 (t as u32, c.n_kv_heads as u32, parts as u32),
@@ -917,10 +936,28 @@ impl GpuTransformer {
     /// The GEMV kernels (plain, gate/up + SiLU) for a product of `t` tokens over `k`, when they
     /// apply: not under `--deterministic`, k a multiple of 8.
     fn gemv_for(&self, t: usize, k: usize) -> Option<(&'static str, &'static str)> {
+        self.gemv_kernels(t, k).map(|g| (g.1, g.2))
+    }
+
+    fn gemv_kernels(&self, t: usize, k: usize) -> Option<&'static (usize, &'static str, &'static str, &'static str)> {
         if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
             return None;
         }
-        GEMV_KERNELS.iter().find(|g| g.0 >= t).map(|g| (g.1, g.2))
+        GEMV_KERNELS.iter().find(|g| g.0 >= t)
+    }
+
+    /// `gemv_qkv_rope_t{T}` for a step of `t` tokens when the QKV product may do the RoPE and
+    /// cache write itself: a GEMV-sized step, a bf16 cache, no per-head q/k norm (Qwen3), even
+    /// head and rotary widths.
+    fn qkv_rope_kernel(&self, t: usize) -> Option<&'static str> {
+        let c = &self.local;
+        let plain = self.fuse_rope
+            && self.kv.dtype != KvCacheDtype::Fp8E4m3
+            && !c.qk_norm
+            && c.head_dim.is_multiple_of(2)
+            && c.rope.dim.is_multiple_of(2)
+            && c.rope.dim <= c.head_dim;
+        plain.then(|| self.gemv_kernels(t, c.hidden)).flatten().map(|g| g.3)
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {

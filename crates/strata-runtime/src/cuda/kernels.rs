@@ -60,6 +60,10 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
             "gemv_silu_t2",
             "gemv_silu_t4",
             "gemv_silu_t8",
+            "gemv_qkv_rope_t1",
+            "gemv_qkv_rope_t2",
+            "gemv_qkv_rope_t4",
+            "gemv_qkv_rope_t8",
         ],
     ),
 ];
