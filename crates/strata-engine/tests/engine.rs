@@ -61,6 +61,34 @@ fn run_alone(e: &EngineHandle, req: GenerationRequest) -> Completion {
     collect(e.submit(req).expect("submit"))
 }
 
+/// Submits `n` greedy requests for `max_tokens` tokens each past end-of-generation, request i's
+/// prompt being `text(i)`.
+fn submit_numbered(
+    e: &EngineHandle,
+    n: usize,
+    text: impl Fn(usize) -> String,
+    max_tokens: usize,
+) -> Vec<RequestStream> {
+    (0..n)
+        .map(|i| {
+            let req = GenerationRequest {
+                ignore_eos: true,
+                ..GenerationRequest::greedy(prompt(e, &text(i)), max_tokens)
+            };
+            e.submit(req).expect("submit")
+        })
+        .collect()
+}
+
+/// Every message of `stream` until it ends (blocking).
+fn drain(mut stream: RequestStream) -> Vec<RequestOutput> {
+    let mut log = Vec::new();
+    while let Some(out) = stream.blocking_next() {
+        log.push(out);
+    }
+    log
+}
+
 fn run_together(e: &EngineHandle, reqs: Vec<GenerationRequest>) -> Vec<Completion> {
     let streams: Vec<RequestStream> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
     streams.into_iter().map(collect).collect()
@@ -646,20 +674,9 @@ fn lost_devices_end_every_request_as_unavailable_and_the_engine_refuses_new_ones
                 lost: false,
             })
         });
-        let streams: Vec<RequestStream> = (0..5)
-            .map(|i| {
-                let req = GenerationRequest {
-                    ignore_eos: true,
-                    ..GenerationRequest::greedy(prompt(&e, &format!("Request {i} says")), 50)
-                };
-                e.submit(req).expect("submit")
-            })
-            .collect();
-        for (i, mut s) in streams.into_iter().enumerate() {
-            let mut last = None;
-            while let Some(out) = s.blocking_next() {
-                last = Some(out);
-            }
+        let streams = submit_numbered(&e, 5, |i| format!("Request {i} says"), 50);
+        for (i, s) in streams.into_iter().enumerate() {
+            let last = drain(s).pop();
             assert!(
                 matches!(&last, Some(RequestOutput::Unavailable(why)) if why == LOST_GPU),
                 "depth {depth}, {call:?}: request {i} ended with {last:?}"
@@ -710,15 +727,7 @@ fn many_consumer_threads_each_get_every_delta_in_order_and_one_finish() {
     let logs: Vec<Vec<RequestOutput>> = std::thread::scope(|s| {
         let readers: Vec<_> = streams
             .into_iter()
-            .map(|mut stream| {
-                s.spawn(move || {
-                    let mut log = Vec::new();
-                    while let Some(out) = stream.blocking_next() {
-                        log.push(out);
-                    }
-                    log
-                })
-            })
+            .map(|stream| s.spawn(move || drain(stream)))
             .collect();
         readers.into_iter().map(|r| r.join().expect("reader")).collect()
     });
@@ -762,15 +771,7 @@ fn shutdown_ends_every_stream_before_it_returns() {
         ..small_config()
     };
     let e = engine(config);
-    let mut streams: Vec<RequestStream> = (0..6)
-        .map(|i| {
-            let req = GenerationRequest {
-                ignore_eos: true,
-                ..GenerationRequest::greedy(prompt(&e, &format!("Request {i} counts: one, two,")), 500)
-            };
-            e.submit(req).expect("submit")
-        })
-        .collect();
+    let mut streams = submit_numbered(&e, 6, |i| format!("Request {i} counts: one, two,"), 500);
     let mut first_tokens = 0;
     for _ in 0..3 {
         match streams[0].blocking_next() {
@@ -843,20 +844,9 @@ fn a_panic_in_a_step_fails_every_stream_after_the_deltas_it_sent() {
             calls: 0,
         })
     });
-    let streams: Vec<RequestStream> = (0..4)
-        .map(|i| {
-            let req = GenerationRequest {
-                ignore_eos: true,
-                ..GenerationRequest::greedy(prompt(&e, &format!("Request {i} says")), 50)
-            };
-            e.submit(req).expect("submit")
-        })
-        .collect();
-    for (i, mut s) in streams.into_iter().enumerate() {
-        let mut log = Vec::new();
-        while let Some(out) = s.blocking_next() {
-            log.push(out);
-        }
+    let streams = submit_numbered(&e, 4, |i| format!("Request {i} says"), 50);
+    for (i, s) in streams.into_iter().enumerate() {
+        let log = drain(s);
         let Some((RequestOutput::Failed(why), deltas)) = log.split_last() else {
             panic!("request {i} ended with {:?}", log.last());
         };
