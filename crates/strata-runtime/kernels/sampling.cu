@@ -10,6 +10,16 @@ __device__ __forceinline__ void keep_best(float& best, int& best_i, float v, int
     if (v > best || (v == best && i < best_i)) { best = v; best_i = i; }
 }
 
+// The best of the warp's (best, best_i), in every lane.
+__device__ __forceinline__ void warp_keep_best(float& best, int& best_i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
+        const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
+        keep_best(best, best_i, ov, oi);
+    }
+}
+
 // Grid (rows, ARGMAX_SLICES), 256 threads: part_vals/part_ids[row * ARGMAX_SLICES + slice].
 extern "C" __global__ void argmax_slices(const float* __restrict__ logits, int vocab, float* __restrict__ part_vals,
                                          int* __restrict__ part_ids) {
@@ -31,12 +41,7 @@ extern "C" __global__ void argmax_slices(const float* __restrict__ logits, int v
         for (int u = 0; u < 4; u++)
             if (i + u * (int)blockDim.x < end) keep_best(best, best_i, v[u], i + u * blockDim.x);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
-        keep_best(best, best_i, ov, oi);
-    }
+    warp_keep_best(best, best_i);
     __shared__ float sv[32];
     __shared__ int si[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -60,12 +65,7 @@ extern "C" __global__ void argmax_merge(const float* __restrict__ part_vals, con
         const size_t at = (size_t)blockIdx.x * ARGMAX_SLICES + s;
         keep_best(best, best_i, part_vals[at], part_ids[at]);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, best_i, o);
-        keep_best(best, best_i, ov, oi);
-    }
+    warp_keep_best(best, best_i);
     if (threadIdx.x == 0) {
         ids[blockIdx.x] = best_i == 0x7fffffff ? 0u : (u32)best_i;
         vals[blockIdx.x] = best;

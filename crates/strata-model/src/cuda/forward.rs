@@ -674,7 +674,7 @@ impl GpuTransformer {
                 0,
                 &mut kernel_args!(x, proj, ffn_norm, xn, h, eps),
             )?;
-            if let Some((_, fused)) = self.gemv_for(t, c.hidden) {
+            if let Some(&(_, _, fused, _)) = self.gemv_for(t, c.hidden) {
                 let (inter32, k, t32) = (c.intermediate as i32, c.hidden as i32, t as i32);
                 self.launch(
                     fused,
@@ -933,13 +933,9 @@ impl GpuTransformer {
         }
     }
 
-    /// The GEMV kernels (plain, gate/up + SiLU) for a product of `t` tokens over `k`, when they
-    /// apply: not under `--deterministic`, k a multiple of 8.
-    fn gemv_for(&self, t: usize, k: usize) -> Option<(&'static str, &'static str)> {
-        self.gemv_kernels(t, k).map(|g| (g.1, g.2))
-    }
-
-    fn gemv_kernels(&self, t: usize, k: usize) -> Option<&'static (usize, &'static str, &'static str, &'static str)> {
+    /// The GEMV kernels (tokens compiled for, plain, gate/up + SiLU, QKV + RoPE) for a product of
+    /// `t` tokens over `k`, when they apply: not under `--deterministic`, k a multiple of 8.
+    fn gemv_for(&self, t: usize, k: usize) -> Option<&'static (usize, &'static str, &'static str, &'static str)> {
         if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
             return None;
         }
@@ -951,13 +947,16 @@ impl GpuTransformer {
     /// head and rotary widths.
     fn qkv_rope_kernel(&self, t: usize) -> Option<&'static str> {
         let c = &self.local;
-        let plain = self.fuse_rope
+        let applies = self.fuse_rope
             && self.kv.dtype != KvCacheDtype::Fp8E4m3
             && !c.qk_norm
             && c.head_dim.is_multiple_of(2)
             && c.rope.dim.is_multiple_of(2)
             && c.rope.dim <= c.head_dim;
-        plain.then(|| self.gemv_kernels(t, c.hidden)).flatten().map(|g| g.3)
+        if !applies {
+            return None;
+        }
+        self.gemv_for(t, c.hidden).map(|g| g.3)
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
@@ -965,7 +964,7 @@ impl GpuTransformer {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
         }
         let (n, k, t) = shape;
-        if let Some((plain, _)) = self.gemv_for(t, k) {
+        if let Some(&(_, plain, _, _)) = self.gemv_for(t, k) {
             let (n32, k32, t32, f32_out) = (n as i32, k as i32, t as i32, (out == GemmOut::F32) as i32);
             return self.launch(
                 plain,
