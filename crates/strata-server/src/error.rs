@@ -231,6 +231,13 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was never read, so the connection cannot carry another
+            // request: say so, or a client reusing it gets a reset instead of its next answer.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -238,6 +245,15 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_413_closes_the_connection() {
+        let r = ApiError::body_too_large(10).into_response();
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+        let r = ApiError::invalid_request("bad").into_response();
+        assert!(r.headers().get(header::CONNECTION).is_none());
+    }
 
     #[test]
     fn engine_messages_name_their_field() {
