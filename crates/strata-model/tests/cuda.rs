@@ -193,6 +193,7 @@ fn decode_gemvs_match_cublaslt() {
             // The plain GEMV over the first n rows, f32 out.
             let y = gpu.alloc(t * n * 4, "y").unwrap();
             let (yp, n32, k32, t32, f32_out) = (y.ptr(), n as i32, k as i32, t as i32, 1i32);
+            let (no_norm, no_eps) = (0u64, 0f32);
             let f = kernels.get(&format!("gemv_t{compiled}"));
             // SAFETY: the arguments of gemm.cu's gemv_t{T}, buffers sized as above.
             unsafe {
@@ -201,7 +202,7 @@ fn decode_gemvs_match_cublaslt() {
                     (n.div_ceil(2) as u32, 1, 1),
                     128,
                     0,
-                    &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out),
+                    &mut kernel_args!(wp, xp, yp, n32, k32, t32, f32_out, no_norm, no_eps),
                 )
             }
             .unwrap();
@@ -228,7 +229,7 @@ fn decode_gemvs_match_cublaslt() {
                     (n as u32, 1, 1),
                     128,
                     0,
-                    &mut kernel_args!(wp, xp, ap, n32, k32, t32),
+                    &mut kernel_args!(wp, xp, ap, n32, k32, t32, no_norm, no_eps),
                 )
             }
             .unwrap();
@@ -435,7 +436,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                     ((width / 2) as u32, 1, 1),
                     128,
                     0,
-                    &mut kernel_args!(wp, xnp, o0, w32, k32, t32, bf16_out),
+                    &mut kernel_args!(wp, xnp, o0, w32, k32, t32, bf16_out, none, eps),
                 )
                 .unwrap();
                 gpu.launch(
@@ -454,7 +455,9 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                     ((width / 2) as u32, 1, 1),
                     128,
                     0,
-                    &mut kernel_args!(wp, xnp, o1, k32, t32, bp, pp, ip, nh, nk, hd32, rot32, neox, sp, kc1, vc1, bs32),
+                    &mut kernel_args!(
+                        wp, xnp, o1, k32, t32, bp, pp, ip, nh, nk, hd32, rot32, neox, sp, kc1, vc1, bs32, none, eps
+                    ),
                 )
                 .unwrap();
             }
@@ -478,6 +481,146 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 // contract to FMAs differently.
                 let rel = worst_relative(g, w);
                 assert!(rel <= 1.0 / 128.0, "{shape}: {what} off by {rel}");
+            }
+        }
+    }
+}
+
+/// The bf16 bits of `v`, rounded to nearest even (the kernels' f2bf).
+fn bf16_bits(v: f32) -> u16 {
+    let u = v.to_bits();
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+#[test]
+fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    let eps = 1e-5f32;
+    let (none, no_eps) = (0u64, 0f32);
+    // (hidden, the residual GEMV's k, the next GEMV's rows): SmolLM2's o projection and
+    // gate/up, Llama-3-8B's hidden size.
+    for (h, k_in, n_out) in [(576usize, 576usize, 1536usize), (4096, 4096, 1024)] {
+        let w_res = gpu.upload(&random_bf16(h * k_in, 61), "w_res").unwrap();
+        let gamma: Vec<f32> = random_f32(h, 62).into_iter().map(|v| 0.5 + v.abs()).collect();
+        let w_next = random_bf16(n_out * h, 63);
+        // weights.rs's fold: column c times gamma[c], rounded once.
+        let folded: Vec<u16> = w_next
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| bf16_bits(f32::from_bits((b as u32) << 16) * gamma[i % h]))
+            .collect();
+        let (g, w_next, folded) = (
+            gpu.upload(&gamma, "gamma").unwrap(),
+            gpu.upload(&w_next, "w_next").unwrap(),
+            gpu.upload(&folded, "folded").unwrap(),
+        );
+        // Residual magnitudes whose sums of squares take the fine sum, and (300) the coarse one.
+        for magnitude in [1e-3f32, 1.0, 300.0] {
+            for t in [1usize, 3, 8] {
+                let compiled = [1usize, 2, 4, 8].into_iter().find(|&c| c >= t).unwrap();
+                let x0: Vec<f32> = random_f32(t * h, 70 + t as u64).iter().map(|v| v * magnitude).collect();
+                let a = gpu.upload(&random_bf16(t * k_in, 80 + t as u64), "a").unwrap();
+                let (h32, k32, n32, t32) = (h as i32, k_in as i32, n_out as i32, t as i32);
+                // The kernels' way: the f32 projection, add_rms_norm, the next GEMV.
+                let x_ref = gpu.upload(&x0, "x").unwrap();
+                let proj = gpu.alloc(t * h * 4, "proj").unwrap();
+                let xn = gpu.alloc(t * h * 2, "xn").unwrap();
+                let y_ref = gpu.alloc(t * n_out * 2, "y").unwrap();
+                let (wr, ap, xr, pr, gp, xnp, wn, yr) = (
+                    w_res.ptr(),
+                    a.ptr(),
+                    x_ref.ptr(),
+                    proj.ptr(),
+                    g.ptr(),
+                    xn.ptr(),
+                    w_next.ptr(),
+                    y_ref.ptr(),
+                );
+                let (f32_out, bf16_out) = (1i32, 0i32);
+                let gemv = kernels.get(&format!("gemv_t{compiled}"));
+                // SAFETY: the arguments of gemm.cu's gemv_t{T} and norm.cu's add_rms_norm,
+                // buffers sized as above.
+                unsafe {
+                    gpu.launch(
+                        gemv,
+                        (h.div_ceil(2) as u32, 1, 1),
+                        128,
+                        0,
+                        &mut kernel_args!(wr, ap, pr, h32, k32, t32, f32_out, none, no_eps),
+                    )
+                    .unwrap();
+                    gpu.launch(
+                        kernels.get("add_rms_norm"),
+                        (t as u32, 1, 1),
+                        1024,
+                        0,
+                        &mut kernel_args!(xr, pr, gp, xnp, h32, eps),
+                    )
+                    .unwrap();
+                    gpu.launch(
+                        gemv,
+                        (n_out.div_ceil(2) as u32, 1, 1),
+                        128,
+                        0,
+                        &mut kernel_args!(wn, xnp, yr, n32, h32, t32, bf16_out, none, no_eps),
+                    )
+                    .unwrap();
+                }
+                let mut want_x = vec![0f32; t * h];
+                gpu.read(&x_ref, 0, &mut want_x).unwrap();
+                let want_y = read_bf16(&gpu, &y_ref, t * n_out);
+                // Carried: gemv_residual, then the GEMV over the folded weights scaled by the sums.
+                // Twice, to see the atomically added sums give the same bits.
+                let mut runs = Vec::new();
+                for _ in 0..2 {
+                    let x = gpu.upload(&x0, "x").unwrap();
+                    let xb = gpu.alloc(t * h * 2, "xb").unwrap();
+                    let sums = gpu.upload(&vec![0u64; 8 * 32 * 2], "norm sums").unwrap();
+                    let y = gpu.alloc(t * n_out * 2, "y").unwrap();
+                    let (xp, xbp, sp, wf, yp) = (x.ptr(), xb.ptr(), sums.ptr(), folded.ptr(), y.ptr());
+                    // SAFETY: the arguments of gemm.cu's gemv_residual_t{T} and gemv_t{T}; sums
+                    // holds 8 tokens x NORM_SLOTS x 2 u64.
+                    unsafe {
+                        gpu.launch(
+                            kernels.get(&format!("gemv_residual_t{compiled}")),
+                            (h.div_ceil(2) as u32, 1, 1),
+                            128,
+                            0,
+                            &mut kernel_args!(wr, ap, xp, xbp, sp, h32, k32, t32),
+                        )
+                        .unwrap();
+                        gpu.launch(
+                            gemv,
+                            (n_out.div_ceil(2) as u32, 1, 1),
+                            128,
+                            0,
+                            &mut kernel_args!(wf, xbp, yp, n32, h32, t32, bf16_out, sp, eps),
+                        )
+                        .unwrap();
+                    }
+                    let mut got_x = vec![0f32; t * h];
+                    gpu.read(&x, 0, &mut got_x).unwrap();
+                    let case = format!("hidden {h}, magnitude {magnitude}, t {t}");
+                    assert_eq!(got_x, want_x, "{case}: the residual differs from add_rms_norm's");
+                    let got_xb = read_bf16(&gpu, &xb, t * h);
+                    let rounded: Vec<f32> = want_x
+                        .iter()
+                        .map(|&v| f32::from_bits((bf16_bits(v) as u32) << 16))
+                        .collect();
+                    assert_eq!(got_xb, rounded, "{case}: the bf16 residual is not the f32 one rounded");
+                    let got_y = read_bf16(&gpu, &y, t * n_out);
+                    let rel = worst_relative(&got_y, &want_y);
+                    assert!(rel <= 1.0 / 64.0, "{case}: the next GEMV is off by {rel}");
+                    runs.push(got_y);
+                }
+                assert!(
+                    runs[0].iter().zip(&runs[1]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "hidden {h}, magnitude {magnitude}, t {t}: two runs differ"
+                );
             }
         }
     }

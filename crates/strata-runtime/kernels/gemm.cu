@@ -113,9 +113,11 @@ __device__ __forceinline__ uint4 load_streaming(const bf16* p) {
 }
 
 // acc[r][j] = w[rows[r]] · x[j] for j < t, summed over the whole block (valid in thread 0).
-template <int T, int R>
+// after_wait() runs right after the wait for the previous kernel: loads of what that kernel
+// wrote, issued there, arrive while the block computes.
+template <int T, int R, typename AfterWait>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, int k, int t,
-                                          const int (&rows)[R], float (&acc)[R][T]) {
+                                          const int (&rows)[R], float (&acc)[R][T], AfterWait&& after_wait) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int k8 = k >> 3;
     const uint4* xv = (const uint4*)x;
@@ -136,6 +138,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
         }
         if (!waited) {
             wait_for_previous_kernel();
+            after_wait();
             waited = true;
         }
 #pragma unroll
@@ -159,7 +162,10 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
             }
         }
     }
-    if (!waited) wait_for_previous_kernel();
+    if (!waited) {
+        wait_for_previous_kernel();
+        after_wait();
+    }
     __shared__ float partial[GEMV_WARPS][R][T];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -182,15 +188,77 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
     }
 }
 
-// y[t, n] (bf16, or f32 when out_f32). Grid ceil(n / 2), GEMV_THREADS threads.
+// ---- RMSNorm carried across the decode GEMVs (one GPU, no norm kernels between them). ----
+// The per-layer norm weights are folded into the columns of the matrices that read normed rows
+// (weights.rs: w' = w · diag(g)), so (rms_norm(x) * g) · wᵀ = s · (x · w'ᵀ) with
+// s = 1 / sqrt(mean(x²) + eps) per token. A GEMV that adds into the residual (gemv_residual: the
+// o and down projections) writes the new residual in f32 and bf16 and adds its rows' squares
+// into the next norm's sums; the GEMV that reads it (QKV, gate/up) multiplies its dot products
+// by s. The sums are integers (fixed point) so that any order of the atomic adds gives the same
+// bits and graph steps equal eager ones: a fine sum at 2^-40, and a coarse one at 2^-8 used once
+// the total reaches 2^22, past which the fine one may wrap. A token's sums sit in NORM_SLOTS
+// slots of {coarse, fine} (block b adds into slot b % NORM_SLOTS), zeroed before each step.
+
+#define NORM_SLOTS 32
+#define NORM_FINE 1099511627776.0
+#define NORM_COARSE 256.0
+#define NORM_SWITCH 4194304.0
+
+// A norm's sums as a GEMV that reads the residual takes them: warp 0 loads them right after the
+// wait (lane l: slot l of each token), and scales() turns them into each token's s.
+template <int T>
+struct NormIn {
+    const u64* sums;  // null: no norm, s = 1
+    ulonglong2 v[T];
+
+    __device__ __forceinline__ void load(int t) {
+        if (!sums || threadIdx.x >= NORM_SLOTS) return;
+#pragma unroll
+        for (int j = 0; j < T; j++)
+            if (j < t) v[j] = ((const ulonglong2*)sums)[j * NORM_SLOTS + threadIdx.x];
+    }
+
+    // Warp 0, all lanes; valid in lane 0.
+    __device__ __forceinline__ void scales(int t, int k, float eps, float (&s)[T]) const {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            s[j] = 1.0f;
+            if (!sums || j >= t) continue;
+            u64 coarse = lane < NORM_SLOTS ? v[j].x : 0, fine = lane < NORM_SLOTS ? v[j].y : 0;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                coarse += __shfl_xor_sync(FULL_MASK, coarse, o);
+                fine += __shfl_xor_sync(FULL_MASK, fine, o);
+            }
+            const double c = (double)coarse / NORM_COARSE;
+            const double total = c >= NORM_SWITCH ? c : (double)fine / NORM_FINE;
+            s[j] = rsqrtf((float)(total / (double)k) + eps);
+        }
+    }
+};
+
+// Adds one block's share ss (>= 0) of token j's sum of squares into its slot.
+__device__ __forceinline__ void norm_add(u64* __restrict__ sums, int j, float ss) {
+    u64* slot = sums + ((size_t)j * NORM_SLOTS + blockIdx.x % NORM_SLOTS) * 2;
+    atomicAdd((unsigned long long*)slot, (unsigned long long)__double2ull_rn((double)ss * NORM_COARSE));
+    atomicAdd((unsigned long long*)slot + 1, (unsigned long long)__double2ull_rn((double)ss * NORM_FINE));
+}
+
+// y[t, n] (bf16, or f32 when out_f32), times the norm scale of `norm_in` (see NormIn) when
+// given. Grid ceil(n / 2), GEMV_THREADS threads.
 template <int T>
 __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k,
-                     int t, int out_f32) {
+                     int t, int out_f32, const u64* __restrict__ norm_in, float eps) {
     const int row = 2 * blockIdx.x;
     const bool pair = row + 1 < n;
     const int rows[2] = {row, pair ? row + 1 : row};
     float acc[2][T];
-    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    NormIn<T> norm{norm_in};
+    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return;
+    float s[T];
+    norm.scales(t, k, eps, s);
     if (threadIdx.x != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -199,10 +267,48 @@ __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, voi
         for (int j = 0; j < T; j++) {
             if (j < t) {
                 const size_t at = (size_t)j * n + row + r;
-                if (out_f32) ((float*)y)[at] = acc[r][j];
-                else ((bf16*)y)[at] = f2bf(acc[r][j]);
+                const float v = acc[r][j] * s[j];
+                if (out_f32) ((float*)y)[at] = v;
+                else ((bf16*)y)[at] = f2bf(v);
             }
         }
+    }
+}
+
+// The o and down projections on one GPU: res[t, n] += x · wᵀ (f32, as add_rms_norm adds an f32
+// projection), res_bf16 = the new rows in bf16 (the next GEMV's input), and their squares added
+// into `norm_out` (norm_add). Grid ceil(n / 2), GEMV_THREADS threads.
+template <int T>
+__device__ void gemv_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ res,
+                              bf16* __restrict__ res_bf16, u64* __restrict__ norm_out, int n, int k, int t) {
+    const int row = 2 * blockIdx.x;
+    const bool pair = row + 1 < n;
+    const int rows[2] = {row, pair ? row + 1 : row};
+    float acc[2][T];
+    float before[2][T];
+    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] {
+        if (threadIdx.x != 0) return;
+#pragma unroll
+        for (int j = 0; j < T; j++)
+            if (j < t)
+#pragma unroll
+                for (int r = 0; r < 2; r++) before[r][j] = res[(size_t)j * n + rows[r]];
+    });
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j >= t) break;
+        float ss = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (r == 1 && !pair) break;
+            const size_t at = (size_t)j * n + row + r;
+            const float v = before[r][j] + acc[r][j];
+            res[at] = v;
+            res_bf16[at] = f2bf(v);
+            ss += v * v;
+        }
+        norm_add(norm_out, j, ss);
     }
 }
 
@@ -216,7 +322,8 @@ __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict
                               int t, const float* __restrict__ bias, const int* __restrict__ positions,
                               const float* __restrict__ inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim,
                               int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
-                              bf16* __restrict__ v_cache, int block_size) {
+                              bf16* __restrict__ v_cache, int block_size, const u64* __restrict__ norm_in,
+                              float eps) {
     const int pairs_per_head = head_dim >> 1, half = rot_dim >> 1;
     const int head = blockIdx.x / pairs_per_head, m = blockIdx.x % pairs_per_head;
     const bool rotated = m < half && head < n_heads + n_kv;
@@ -233,13 +340,17 @@ __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict
     }
     const int rows[2] = {head * head_dim + d0, head * head_dim + d1};
     float acc[2][T];
-    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    NormIn<T> norm{norm_in};
+    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return;
+    float s[T];
+    norm.scales(t, k, eps, s);
     if (threadIdx.x != 0) return;
     const int width = (n_heads + 2 * n_kv) * head_dim;
 #pragma unroll
     for (int j = 0; j < T; j++) {
         if (j >= t) break;
-        float v0 = bf2f(f2bf(acc[0][j])), v1 = bf2f(f2bf(acc[1][j]));
+        float v0 = bf2f(f2bf(acc[0][j] * s[j])), v1 = bf2f(f2bf(acc[1][j] * s[j]));
         if (bias) {
             v0 += bias[rows[0]];
             v1 += bias[rows[1]];
@@ -271,36 +382,47 @@ __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict
 // does). Grid `inter`, GEMV_THREADS threads.
 template <int T>
 __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter,
-                          int k, int t) {
+                          int k, int t, const u64* __restrict__ norm_in, float eps) {
     const int row = blockIdx.x;
     const int rows[2] = {row, row + inter};
     float acc[2][T];
-    gemv_rows<T, 2>(w, x, k, t, rows, acc);
+    NormIn<T> norm{norm_in};
+    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return;
+    float s[T];
+    norm.scales(t, k, eps, s);
     if (threadIdx.x != 0) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
         if (j < t) {
-            const float g = bf2f(f2bf(acc[0][j])), u = bf2f(f2bf(acc[1][j]));
+            const float g = bf2f(f2bf(acc[0][j] * s[j])), u = bf2f(f2bf(acc[1][j] * s[j]));
             out[(size_t)j * inter + row] = f2bf(g / (1.0f + __expf(-g)) * u);
         }
     }
 }
 
+// One-token GEMVs are held to 64 registers a thread, 8 blocks an SM: the weights in flight.
+#define GEMV_MIN_BLOCKS(T) ((T) == 1 ? 8 : 1)
+
 #define GEMV_KERNELS(T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
-        gemv_t##T(const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32) {                  \
-        gemv<T>(w, x, y, n, k, t, out_f32);                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS(T)) gemv_t##T(                                     \
+        const bf16* w, const bf16* x, void* y, int n, int k, int t, int out_f32, const u64* norm_in, float eps) { \
+        gemv<T>(w, x, y, n, k, t, out_f32, norm_in, eps);                                                     \
     }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                \
-        gemv_silu_t##T(const bf16* w, const bf16* x, bf16* out, int inter, int k, int t) {                    \
-        gemv_silu<T>(w, x, out, inter, k, t);                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS(T)) gemv_residual_t##T(                            \
+        const bf16* w, const bf16* x, float* res, bf16* res_bf16, u64* norm_out, int n, int k, int t) {        \
+        gemv_residual<T>(w, x, res, res_bf16, norm_out, n, k, t);                                             \
     }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_qkv_rope_t##T(                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS(T)) gemv_silu_t##T(                                \
+        const bf16* w, const bf16* x, bf16* out, int inter, int k, int t, const u64* norm_in, float eps) {     \
+        gemv_silu<T>(w, x, out, inter, k, t, norm_in, eps);                                                   \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS(T)) gemv_qkv_rope_t##T(                            \
         const bf16* w, const bf16* x, bf16* qkv, int k, int t, const float* bias, const int* positions,        \
         const float* inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, const int* slots,   \
-        bf16* k_cache, bf16* v_cache, int block_size) {                                                       \
+        bf16* k_cache, bf16* v_cache, int block_size, const u64* norm_in, float eps) {                         \
         gemv_qkv_rope<T>(w, x, qkv, k, t, bias, positions, inv_freq, n_heads, n_kv, head_dim, rot_dim, neox,  \
-                         slots, k_cache, v_cache, block_size);                                                \
+                         slots, k_cache, v_cache, block_size, norm_in, eps);                                  \
     }
 GEMV_KERNELS(1)
 GEMV_KERNELS(2)

@@ -6,7 +6,8 @@
 
 #define NORM_VECS 4
 
-// Writes rms_norm(v) * weight as bf16, where v holds this thread's float4s of the row (float4
+// Writes rms_norm(v) * weight as bf16 (weight null: the layers' norms, folded into the matrices
+// after them by weights.rs), where v holds this thread's float4s of the row (float4
 // index threadIdx.x + i * blockDim.x) and ss its share of the row's sum of squares.
 __device__ __forceinline__ void norm_store(const float4 (&v)[NORM_VECS], float ss, const float* __restrict__ weight,
                                            bf16* __restrict__ out, int n, float eps) {
@@ -16,7 +17,7 @@ __device__ __forceinline__ void norm_store(const float4 (&v)[NORM_VECS], float s
     for (int i = 0; i < NORM_VECS; i++) {
         const int c = threadIdx.x + i * blockDim.x;
         if (c < n4) {
-            const float4 w = ((const float4*)weight)[c];
+            const float4 w = weight ? ((const float4*)weight)[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
             uint2 packed;
             packed.x = (u32)f2bf(v[i].x * scale * w.x) | ((u32)f2bf(v[i].y * scale * w.y) << 16);
             packed.y = (u32)f2bf(v[i].z * scale * w.z) | ((u32)f2bf(v[i].w * scale * w.w) << 16);

@@ -32,15 +32,57 @@ pub const DETERMINISTIC_CHUNKS: usize = 8;
 /// Rows per block and tokens per warp of `gemm_fixed_order`.
 const FO_WARPS: usize = 8;
 const FO_TOKENS: usize = 8;
-/// The decode GEMVs of gemm.cu by the tokens they are compiled for (`gemv_t{T}`), with the
-/// gate/up + SiLU variant and the QKV + RoPE + cache write one; a block of GEMV_THREADS computes
-/// two rows, or one gate/up pair, its threads splitting k.
-const GEMV_KERNELS: [(usize, &str, &str, &str); 4] = [
-    (1, "gemv_t1", "gemv_silu_t1", "gemv_qkv_rope_t1"),
-    (2, "gemv_t2", "gemv_silu_t2", "gemv_qkv_rope_t2"),
-    (4, "gemv_t4", "gemv_silu_t4", "gemv_qkv_rope_t4"),
-    (8, "gemv_t8", "gemv_silu_t8", "gemv_qkv_rope_t8"),
+/// The decode GEMVs of gemm.cu compiled for steps of up to `tokens` tokens (`gemv_t{T}` and its
+/// variants); a block of GEMV_THREADS computes two rows, or one gate/up pair, its threads
+/// splitting k.
+struct GemvKernels {
+    tokens: usize,
+    /// `y = x · wᵀ` (bf16 or f32), optionally scaled by a norm carried in from the step before.
+    plain: &'static str,
+    /// The gate/up projection and SiLU.
+    silu: &'static str,
+    /// The QKV projection with RoPE and the cache write.
+    qkv_rope: &'static str,
+    /// The o or down projection added into the residual, with the next norm's sums.
+    residual: &'static str,
+}
+
+const GEMV_KERNELS: [GemvKernels; 4] = [
+    GemvKernels {
+        tokens: 1,
+        plain: "gemv_t1",
+        silu: "gemv_silu_t1",
+        qkv_rope: "gemv_qkv_rope_t1",
+        residual: "gemv_residual_t1",
+    },
+    GemvKernels {
+        tokens: 2,
+        plain: "gemv_t2",
+        silu: "gemv_silu_t2",
+        qkv_rope: "gemv_qkv_rope_t2",
+        residual: "gemv_residual_t2",
+    },
+    GemvKernels {
+        tokens: 4,
+        plain: "gemv_t4",
+        silu: "gemv_silu_t4",
+        qkv_rope: "gemv_qkv_rope_t4",
+        residual: "gemv_residual_t4",
+    },
+    GemvKernels {
+        tokens: 8,
+        plain: "gemv_t8",
+        silu: "gemv_silu_t8",
+        qkv_rope: "gemv_qkv_rope_t8",
+        residual: "gemv_residual_t8",
+    },
 ];
+/// The most tokens a GEMV kernel is compiled for.
+const GEMV_KERNEL_TOKENS: usize = 8;
+/// Slots of {coarse, fine} u64 sums per token and norm (gemm.cu's NORM_SLOTS).
+const NORM_SLOTS: usize = 32;
+/// Bytes of one norm's sums for the most tokens a GEMV takes.
+const NORM_SUMS_BYTES: usize = GEMV_KERNEL_TOKENS * NORM_SLOTS * 2 * 8;
 const GEMV_THREADS: usize = 128;
 /// Blocks a row's argmax is split over (sampling.cu's ARGMAX_SLICES).
 const ARGMAX_SLICES: usize = 32;
@@ -119,6 +161,9 @@ struct StepBuffers {
     part_ml: DeviceBuffer,
     /// Every TP rank's row-parallel partial sums, under `--deterministic`.
     gathered: Option<DeviceBuffer>,
+    /// The sums of squares each norm of a step carries between GEMVs (gemm.cu's NormIn):
+    /// `2 * layers + 1` norms of NORM_SUMS_BYTES.
+    norm_sums: DeviceBuffer,
 }
 
 /// The communicators of a shard: its TP group's and its pipeline column's (rank = stage).
@@ -164,6 +209,10 @@ pub struct GpuTransformer {
     /// GEMV-sized steps do RoPE and the cache write in the QKV GEMV when they can
     /// ([`Self::qkv_rope_kernel`]); `STRATA_FUSE_ROPE=0` keeps rope.cu's kernel, for measurements.
     fuse_rope: bool,
+    /// GEMV-sized steps on one GPU carry each RMSNorm from the GEMV that writes the residual to
+    /// the one that reads it ([`Self::norms_in_gemvs`]); `STRATA_FUSE_NORM=0` runs the norm
+    /// kernels instead, for measurements.
+    fuse_norm: bool,
     /// The attention kernel for this model, cache type and GPU: on tensor cores
     /// (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8 from sm_89) unless
     /// `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements).
@@ -264,6 +313,7 @@ impl GpuTransformer {
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
             gathered: None,
+            norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
         };
         Ok(GpuTransformer {
             config,
@@ -288,6 +338,7 @@ impl GpuTransformer {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(GEMV_MAX_TOKENS),
             fuse_rope: std::env::var("STRATA_FUSE_ROPE").map_or(true, |v| v != "0"),
+            fuse_norm: std::env::var("STRATA_FUSE_NORM").map_or(true, |v| v != "0"),
             attention_kernel,
             profile: KernelProfile::from_env(),
             capturing: false,
@@ -590,30 +641,37 @@ impl GpuTransformer {
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
         let (part_acc, part_ml) = (self.bufs.part_acc.ptr(), self.bufs.part_ml.ptr());
         let qkv_rope = self.qkv_rope_kernel(t);
+        // Norms carried between GEMVs (norms_in_gemvs): norm i's sums, i = 2 * layer (attention)
+        // or 2 * layer + 1 (MLP); the first layer's attention norm stays a kernel.
+        let gemv_norms = self.norms_in_gemvs(t);
+        let sums_at = self.bufs.norm_sums.ptr();
+        let sums = |i: usize| sums_at + (i * NORM_SUMS_BYTES) as u64;
+        if gemv_norms {
+            self.gpu.zero(&self.bufs.norm_sums, 0, self.bufs.norm_sums.bytes())?;
+        }
+        let no_weight = 0u64;
         for li in 0..c.n_layers {
             let lw = &self.weights.layers[li];
-            let (attn_norm, ffn_norm) = (lw.attn_norm.ptr(), lw.ffn_norm.ptr());
             let (wqkv, wo, wgu, wdown) = (lw.wqkv.ptr(), lw.wo.ptr(), lw.w_gate_up.ptr(), lw.w_down.ptr());
             let bias = lw.bqkv.as_ref().map(|b| b.ptr()).unwrap_or(0);
             let qn = lw.q_norm.as_ref().map(|b| b.ptr()).unwrap_or(0);
             let kn = lw.k_norm.as_ref().map(|b| b.ptr()).unwrap_or(0);
-            if li == 0 {
+            // The norms' weights are folded into wqkv and w_gate_up (weights.rs).
+            let attn_norm_in = if li == 0 {
                 self.launch(
                     "rms_norm",
                     grid_t,
                     ROW_THREADS,
                     0,
-                    &mut kernel_args!(x, attn_norm, xn, h, eps),
+                    &mut kernel_args!(x, no_weight, xn, h, eps),
                 )?;
+                0
+            } else if gemv_norms {
+                sums(2 * li)
             } else {
-                self.launch(
-                    "add_rms_norm",
-                    grid_t,
-                    ROW_THREADS,
-                    0,
-                    &mut kernel_args!(x, proj, attn_norm, xn, h, eps),
-                )?;
-            }
+                self.add_rms_norm(t)?;
+                0
+            };
             let (kc, vc, ks, vs) = self.kv.layer(li);
             if let Some(kernel) = qkv_rope {
                 let (k, t32) = (c.hidden as i32, t as i32);
@@ -623,12 +681,33 @@ impl GpuTransformer {
                     GEMV_THREADS as u32,
                     0,
                     &mut kernel_args!(
-                        wqkv, xn, qkv, k, t32, bias, positions, inv_freq, n_heads, n_kv, hd, rot, neox, slots, kc, vc,
-                        bs
+                        wqkv,
+                        xn,
+                        qkv,
+                        k,
+                        t32,
+                        bias,
+                        positions,
+                        inv_freq,
+                        n_heads,
+                        n_kv,
+                        hd,
+                        rot,
+                        neox,
+                        slots,
+                        kc,
+                        vc,
+                        bs,
+                        attn_norm_in,
+                        eps
                     ),
                 )?;
             } else {
-                self.matmul(wqkv, xn, qkv, (width as usize, c.hidden, t), GemmOut::Bf16)?;
+                let shape = (width as usize, c.hidden, t);
+                match self.gemv_for(t, c.hidden) {
+                    Some(g) => self.gemv(g.plain, wqkv, xn, qkv, shape, GemmOut::Bf16, attn_norm_in)?,
+                    None => self.matmul(wqkv, xn, qkv, shape, GemmOut::Bf16)?,
+                }
                 let shared = ((c.n_heads / c.n_kv_heads + 3) * c.head_dim * 4) as u32;
                 let rope_kernel = if fp8 {
                     "qkv_rope_kv_write_fp8"
@@ -666,22 +745,22 @@ impl GpuTransformer {
                     &mut kernel_args!(part_acc, part_ml, attn, p),
                 )?;
             }
-            self.row_parallel(wo, attn, (c.hidden, c.q_dim(), t))?;
-            self.launch(
-                "add_rms_norm",
-                grid_t,
-                ROW_THREADS,
-                0,
-                &mut kernel_args!(x, proj, ffn_norm, xn, h, eps),
-            )?;
-            if let Some(&(_, _, fused, _)) = self.gemv_for(t, c.hidden) {
+            let mlp_norm_in = if gemv_norms {
+                self.gemv_residual(wo, attn, (c.hidden, c.q_dim(), t), sums(2 * li + 1))?;
+                sums(2 * li + 1)
+            } else {
+                self.row_parallel(wo, attn, (c.hidden, c.q_dim(), t))?;
+                self.add_rms_norm(t)?;
+                0
+            };
+            if let Some(g) = self.gemv_for(t, c.hidden) {
                 let (inter32, k, t32) = (c.intermediate as i32, c.hidden as i32, t as i32);
                 self.launch(
-                    fused,
+                    g.silu,
                     (c.intermediate as u32, 1, 1),
                     GEMV_THREADS as u32,
                     0,
-                    &mut kernel_args!(wgu, xn, act, inter32, k, t32),
+                    &mut kernel_args!(wgu, xn, act, inter32, k, t32, mlp_norm_in, eps),
                 )?;
             } else {
                 self.matmul(wgu, xn, gate_up, (2 * c.intermediate, c.hidden, t), GemmOut::Bf16)?;
@@ -694,9 +773,15 @@ impl GpuTransformer {
                     &mut kernel_args!(gate_up, act, inter32),
                 )?;
             }
-            self.row_parallel(wdown, act, (c.hidden, c.intermediate, t))?;
+            if gemv_norms {
+                self.gemv_residual(wdown, act, (c.hidden, c.intermediate, t), sums(2 * li + 2))?;
+            } else {
+                self.row_parallel(wdown, act, (c.hidden, c.intermediate, t))?;
+            }
         }
-        self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))?;
+        if !gemv_norms {
+            self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))?;
+        }
         if !self.shard.is_last_stage() {
             self.pp_comm()?
                 .send_f32(&self.gpu, &self.bufs.x, t * c.hidden, stage + 1)?;
@@ -933,13 +1018,13 @@ impl GpuTransformer {
         }
     }
 
-    /// The GEMV kernels (tokens compiled for, plain, gate/up + SiLU, QKV + RoPE) for a product of
-    /// `t` tokens over `k`, when they apply: not under `--deterministic`, k a multiple of 8.
-    fn gemv_for(&self, t: usize, k: usize) -> Option<&'static (usize, &'static str, &'static str, &'static str)> {
+    /// The GEMV kernels for a product of `t` tokens over `k`, when they apply: not under
+    /// `--deterministic`, k a multiple of 8.
+    fn gemv_for(&self, t: usize, k: usize) -> Option<&'static GemvKernels> {
         if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
             return None;
         }
-        GEMV_KERNELS.iter().find(|g| g.0 >= t)
+        GEMV_KERNELS.iter().find(|g| g.tokens >= t)
     }
 
     /// `gemv_qkv_rope_t{T}` for a step of `t` tokens when the QKV product may do the RoPE and
@@ -956,23 +1041,88 @@ impl GpuTransformer {
         if !applies {
             return None;
         }
-        self.gemv_for(t, c.hidden).map(|g| g.3)
+        self.gemv_for(t, c.hidden).map(|g| g.qkv_rope)
+    }
+
+    /// Whether a step of `t` tokens carries its RMSNorms between GEMVs instead of running norm
+    /// kernels (gemm.cu's gemv_residual and NormIn): every product of the layer is a GEMV,
+    /// and the o and down outputs are whole on this GPU (no TP all-reduce before the residual).
+    fn norms_in_gemvs(&self, t: usize) -> bool {
+        let c = &self.local;
+        self.fuse_norm
+            && self.comms.tp.is_none()
+            && t <= GEMV_KERNEL_TOKENS
+            && [c.hidden, c.q_dim(), c.intermediate]
+                .iter()
+                .all(|&k| self.gemv_for(t, k).is_some())
+    }
+
+    /// `y = x · wᵀ` by a decode GEMV, its dot products scaled by the norm whose sums are at
+    /// `norm_in` (0: none).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        kernel: &str,
+        w: u64,
+        x: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+        norm_in: u64,
+    ) -> Result<(), CudaError> {
+        let (n32, k32, t32, f32_out, eps) = (
+            n as i32,
+            k as i32,
+            t as i32,
+            (out == GemmOut::F32) as i32,
+            self.local.rms_eps,
+        );
+        self.launch(
+            kernel,
+            (n.div_ceil(2) as u32, 1, 1),
+            GEMV_THREADS as u32,
+            0,
+            &mut kernel_args!(w, x, y, n32, k32, t32, f32_out, norm_in, eps),
+        )
+    }
+
+    /// `x += proj` and `xn = rms_norm(x)` over the step's `t` rows, without weights: the norms'
+    /// weights are folded into the matrices that read `xn` (weights.rs).
+    fn add_rms_norm(&self, t: usize) -> Result<(), CudaError> {
+        let (x, proj, xn, no_weight) = (self.bufs.x.ptr(), self.bufs.proj.ptr(), self.bufs.xn.ptr(), 0u64);
+        let (h, eps) = (self.local.hidden as i32, self.local.rms_eps);
+        self.launch(
+            "add_rms_norm",
+            (t as u32, 1, 1),
+            ROW_THREADS,
+            0,
+            &mut kernel_args!(x, proj, no_weight, xn, h, eps),
+        )
+    }
+
+    /// The residual `x += a · wᵀ` of a step whose norms ride the GEMVs, its bf16 copy into `xn`
+    /// and its sums of squares into `norm_out`.
+    fn gemv_residual(&self, w: u64, a: u64, (n, k, t): (usize, usize, usize), norm_out: u64) -> Result<(), CudaError> {
+        let g = self
+            .gemv_for(t, k)
+            .ok_or_else(|| CudaError::NoDevice(format!("no decode GEMV for {t} tokens over {k}")))?;
+        let (x, xn) = (self.bufs.x.ptr(), self.bufs.xn.ptr());
+        let (n32, k32, t32) = (n as i32, k as i32, t as i32);
+        self.launch(
+            g.residual,
+            (n.div_ceil(2) as u32, 1, 1),
+            GEMV_THREADS as u32,
+            0,
+            &mut kernel_args!(w, a, x, xn, norm_out, n32, k32, t32),
+        )
     }
 
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
         if self.deterministic {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
         }
-        let (n, k, t) = shape;
-        if let Some(&(_, plain, _, _)) = self.gemv_for(t, k) {
-            let (n32, k32, t32, f32_out) = (n as i32, k as i32, t as i32, (out == GemmOut::F32) as i32);
-            return self.launch(
-                plain,
-                (n.div_ceil(2) as u32, 1, 1),
-                GEMV_THREADS as u32,
-                0,
-                &mut kernel_args!(w, x, y, n32, k32, t32, f32_out),
-            );
+        if let Some(g) = self.gemv_for(shape.2, shape.1) {
+            return self.gemv(g.plain, w, x, y, shape, out, 0);
         }
         let t = self.profile_start()?;
         // SAFETY: the weight and activation buffers hold the shapes given (see `new`).

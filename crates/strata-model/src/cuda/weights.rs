@@ -1,5 +1,6 @@
-//! A model's weights on one GPU in bf16 (its shard under TP/PP): fused QKV and gate/up matrices,
-//! f32 norms and biases. Quantized GGUF matrices are dequantized to bf16 at load.
+//! A model's weights on one GPU in bf16 (its shard under TP/PP): fused QKV and gate/up matrices
+//! with the layers' RMSNorm weights folded into their columns, f32 biases and output norm.
+//! Quantized GGUF matrices are dequantized to bf16 at load.
 
 use std::ops::Range;
 
@@ -14,16 +15,15 @@ use super::shard::Shard;
 
 /// One transformer block on the GPU.
 pub struct GpuLayer {
-    pub attn_norm: DeviceBuffer,
-    /// `[(n_heads + 2 * n_kv) * head_dim, hidden]`: q rows, then k, then v.
+    /// `[(n_heads + 2 * n_kv) * head_dim, hidden]`: q rows, then k, then v; column c scaled by
+    /// the attention norm's weight c, so the forward pass normalises without it.
     pub wqkv: DeviceBuffer,
     /// f32 `[(n_heads + 2 * n_kv) * head_dim]` when the model has q/k/v biases.
     pub bqkv: Option<DeviceBuffer>,
     pub q_norm: Option<DeviceBuffer>,
     pub k_norm: Option<DeviceBuffer>,
     pub wo: DeviceBuffer,
-    pub ffn_norm: DeviceBuffer,
-    /// `[2 * intermediate, hidden]`: gate rows, then up.
+    /// `[2 * intermediate, hidden]`: gate rows, then up; columns scaled by the MLP norm's weights.
     pub w_gate_up: DeviceBuffer,
     pub w_down: DeviceBuffer,
 }
@@ -87,13 +87,13 @@ impl GpuWeights {
         let tied = w.lm_head.info.name == w.token_embd.info.name;
         let token_embd = if shard.is_first_stage() || (tied && shard.is_last_stage()) {
             let part = Part::rows(&w.token_embd, vocab.clone());
-            Some(upload_matrices(gpu, w, &[part], "the token embeddings")?)
+            Some(upload_matrices(gpu, w, &[part], None, "the token embeddings")?)
         } else {
             None
         };
         let lm_head = if shard.is_last_stage() && !tied {
             let part = Part::rows(&w.lm_head, vocab.clone());
-            Some(upload_matrices(gpu, w, &[part], "the LM head")?)
+            Some(upload_matrices(gpu, w, &[part], None, "the LM head")?)
         } else {
             None
         };
@@ -128,15 +128,19 @@ impl GpuWeights {
             ];
             let gate_up = [Part::rows(&l.w_gate, mlp.clone()), Part::rows(&l.w_up, mlp.clone())];
             layers.push(GpuLayer {
-                attn_norm: gpu.upload(&l.attn_norm, &what("attention norm"))?,
-                wqkv: upload_matrices(gpu, w, &qkv, &what("qkv"))?,
+                wqkv: upload_matrices(gpu, w, &qkv, Some(&l.attn_norm), &what("qkv"))?,
                 bqkv,
                 q_norm: opt(&l.q_norm, "q norm")?,
                 k_norm: opt(&l.k_norm, "k norm")?,
-                wo: upload_matrices(gpu, w, &[Part::cols(&l.wo, q_rows.clone())], &what("attention output"))?,
-                ffn_norm: gpu.upload(&l.ffn_norm, &what("MLP norm"))?,
-                w_gate_up: upload_matrices(gpu, w, &gate_up, &what("gate/up"))?,
-                w_down: upload_matrices(gpu, w, &[Part::cols(&l.w_down, mlp.clone())], &what("down"))?,
+                wo: upload_matrices(
+                    gpu,
+                    w,
+                    &[Part::cols(&l.wo, q_rows.clone())],
+                    None,
+                    &what("attention output"),
+                )?,
+                w_gate_up: upload_matrices(gpu, w, &gate_up, Some(&l.ffn_norm), &what("gate/up"))?,
+                w_down: upload_matrices(gpu, w, &[Part::cols(&l.w_down, mlp.clone())], None, &what("down"))?,
             });
             progress(n as u64 + 2, total);
         }
@@ -163,8 +167,15 @@ impl GpuWeights {
     }
 }
 
-/// Stacks the parts (same column count) into one bf16 device matrix.
-fn upload_matrices(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> Result<DeviceBuffer, CudaError> {
+/// Stacks the parts (same column count) into one bf16 device matrix, column c of each part's
+/// column range times `col_scale[c]` when given (an RMSNorm's weights, rounded once).
+fn upload_matrices(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    parts: &[Part],
+    col_scale: Option<&[f32]>,
+    what: &str,
+) -> Result<DeviceBuffer, CudaError> {
     let cols = parts[0].cols.len();
     let rows: usize = parts.iter().map(|p| p.rows.len()).sum();
     let buf = gpu.alloc(rows * cols * 2, what)?;
@@ -177,6 +188,8 @@ fn upload_matrices(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> R
         let bytes = w.arena.bytes(m);
         let row_bytes = bytes.len() / m.rows.max(1);
         let mut full = vec![0.0f32; m.cols];
+        let unit = vec![1.0f32; cols];
+        let scale = col_scale.map_or(&unit[..], |g| &g[p.cols.clone()]);
         let mut r = p.rows.start;
         while r < p.rows.end {
             let n = slab_rows.min(p.rows.end - r);
@@ -185,13 +198,13 @@ fn upload_matrices(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> R
                 if m.info.ty == GgmlType::BF16 {
                     let row = &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes];
                     let src = &row[p.cols.start * 2..p.cols.end * 2];
-                    for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
-                        *d = bf16::from_le_bytes([s[0], s[1]]);
+                    for ((d, s), g) in out.iter_mut().zip(src.chunks_exact(2)).zip(scale) {
+                        *d = bf16::from_f32(bf16::from_le_bytes([s[0], s[1]]).to_f32() * g);
                     }
                 } else {
                     w.row_f32(m, r + i, &mut full);
-                    for (d, s) in out.iter_mut().zip(&full[p.cols.clone()]) {
-                        *d = bf16::from_f32(*s);
+                    for ((d, s), g) in out.iter_mut().zip(&full[p.cols.clone()]).zip(scale) {
+                        *d = bf16::from_f32(s * g);
                     }
                 }
             }

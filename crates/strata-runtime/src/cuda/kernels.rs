@@ -64,6 +64,10 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
             "gemv_qkv_rope_t2",
             "gemv_qkv_rope_t4",
             "gemv_qkv_rope_t8",
+            "gemv_residual_t1",
+            "gemv_residual_t2",
+            "gemv_residual_t4",
+            "gemv_residual_t8",
         ],
     ),
 ];
