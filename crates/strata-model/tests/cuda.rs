@@ -256,6 +256,42 @@ fn decode_gemvs_match_cublaslt() {
 }
 
 #[test]
+fn a_tuned_gemm_computes_what_the_heuristic_one_does() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let mut gemm = Gemm::new(&gpu).unwrap();
+    let (n, k, t) = (1024usize, 2048usize, 96usize);
+    let weights: Vec<DeviceBuffer> = (0..4)
+        .map(|i| gpu.upload(&random_bf16(n * k, 90 + i), "w").unwrap())
+        .collect();
+    let x = gpu.upload(&random_bf16(t * k, 99), "x").unwrap();
+    let y = gpu.alloc(t * n * 4, "y").unwrap();
+    let ptrs: Vec<u64> = weights.iter().map(|w| w.ptr()).collect();
+    let (xp, yp) = (x.ptr(), y.ptr());
+    let product = |gemm: &mut Gemm| {
+        let mut out = vec![0f32; t * n];
+        // SAFETY: w is n x k bf16, x t x k bf16, y t x n f32.
+        unsafe { gemm.matmul(&gpu, ptrs[3], xp, yp, (n, k, t), GemmOut::F32) }.unwrap();
+        gpu.read(&y, 0, &mut out).unwrap();
+        out
+    };
+    let before = product(&mut gemm);
+    // SAFETY: as above, for each of the four matrices.
+    let (first, best) = unsafe { gemm.tune(&gpu, &ptrs, xp, yp, (n, k, t), GemmOut::F32) }.unwrap();
+    eprintln!("{n}x{k}, {t} tokens, 4 matrices: heuristic's first {first:.3} ms, kept {best:.3} ms");
+    assert!(
+        best > 0.0 && best <= first,
+        "kept {best} ms against the first choice's {first} ms"
+    );
+    let after = product(&mut gemm);
+    // Another algorithm may sum in another order (split k), not to another value.
+    let rel = worst_relative(&after, &before);
+    assert!(rel <= 1e-4, "the tuned algorithm's products differ by {rel}");
+}
+
+#[test]
 fn argmax_on_the_gpu_matches_the_cpu() {
     let Some(libs) = gpu_libraries() else {
         return;

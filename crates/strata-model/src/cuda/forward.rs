@@ -16,7 +16,7 @@ use crate::kv_cache::KvCacheDtype;
 use super::kv_cache::GpuKvCache;
 use super::profile::KernelProfile;
 use super::shard::Shard;
-use super::weights::GpuWeights;
+use super::weights::{GpuLayer, GpuWeights};
 
 /// Most parts one token's attention context is split into (flash-decoding style).
 const MAX_PARTS: usize = 16;
@@ -566,6 +566,97 @@ impl GpuTransformer {
                 self.collect_logits(&plan, false).map_err(gpu_err)
             }
         }
+    }
+
+    /// Times cuBLASLt's candidate algorithms (gemm.rs's `tune`) for the products of every
+    /// decode batch size that does not run as GEMVs, each over this shard's layers, and keeps
+    /// the fastest; `STRATA_GEMM_TUNE=0` keeps the heuristic's first choices. Under
+    /// `--deterministic` cuBLASLt is not used.
+    pub fn tune_decode_gemms(&mut self) -> Result<(), CudaError> {
+        if self.deterministic || std::env::var("STRATA_GEMM_TUNE").is_ok_and(|v| v == "0") {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let c = &self.local;
+        let b = &self.bufs;
+        let of_layers = |f: fn(&GpuLayer) -> &DeviceBuffer| -> Vec<u64> {
+            self.weights.layers.iter().map(|l| f(l).ptr()).collect()
+        };
+        let width = c.q_dim() + 2 * c.kv_dim();
+        let mut products = vec![
+            (
+                of_layers(|l| &l.wqkv),
+                b.xn.ptr(),
+                b.qkv.ptr(),
+                (width, c.hidden),
+                GemmOut::Bf16,
+            ),
+            (
+                of_layers(|l| &l.wo),
+                b.attn.ptr(),
+                b.proj.ptr(),
+                (c.hidden, c.q_dim()),
+                GemmOut::F32,
+            ),
+            (
+                of_layers(|l| &l.w_gate_up),
+                b.xn.ptr(),
+                b.gate_up.ptr(),
+                (2 * c.intermediate, c.hidden),
+                GemmOut::Bf16,
+            ),
+            (
+                of_layers(|l| &l.w_down),
+                b.act.ptr(),
+                b.proj.ptr(),
+                (c.hidden, c.intermediate),
+                GemmOut::F32,
+            ),
+        ];
+        let lm_head = self.weights.lm_head().filter(|_| self.shard.is_last_stage()).map(|w| {
+            (
+                vec![w.ptr()],
+                b.normed.ptr(),
+                b.logits.ptr(),
+                (c.vocab_size, c.hidden),
+                GemmOut::F32,
+            )
+        });
+        let mut buckets: Vec<usize> = (1..=self.limits.max_seqs)
+            .filter_map(|n| graph_bucket(n, self.limits.max_seqs))
+            .filter(|&t| t <= self.limits.max_tokens && self.gemv_for(t, c.hidden).is_none())
+            .collect();
+        buckets.dedup();
+        let mut summary = None;
+        for &t in &buckets {
+            if t <= self.limits.logit_rows {
+                products.extend(lm_head.clone());
+            }
+            let (mut first, mut best) = (0.0f32, 0.0f32);
+            for (weights, x, y, (n, k), out) in &products {
+                // SAFETY: the weights are this shard's matrices of shape n x k; x and y are the
+                // step buffers these products read and write, sized for the step limits, which
+                // hold `t` tokens (t <= max_tokens, and t <= logit_rows for the LM head).
+                let (f, b) = unsafe { self.gemm.tune(&self.gpu, weights, *x, *y, (*n, *k, t), *out) }?;
+                first += f;
+                best += b;
+            }
+            if t <= self.limits.logit_rows && lm_head.is_some() {
+                products.pop();
+            }
+            tracing::debug!(
+                "decode GEMMs at {t} tokens: {first:.2} ms a step with cuBLASLt's first choices, {best:.2} ms tuned"
+            );
+            summary = Some((t, first, best));
+        }
+        if let Some((t, first, best)) = summary {
+            tracing::info!(
+                "tuned the GEMMs of {} decode batch sizes in {:.1} s; at {t} tokens {first:.2} -> {best:.2} ms a step",
+                buckets.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
     }
 
     /// Context parts per token for a step of `t` tokens: enough attention blocks to fill the

@@ -158,6 +158,7 @@ impl ProbedShard {
         model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, opts.kv_cache_dtype, opts.block_size, blocks)
             .map_err(cuda)?;
         model.use_graphs = !opts.enforce_eager;
+        model.tune_decode_gemms().map_err(cuda)?;
         let weight_bytes = model.weights.matrix_bytes as usize;
         tracing::info!(
             "{} (GPU {}): weights {:.2} GiB, activations {:.2} GiB, KV cache {:.2} GiB = {} tokens ({:.1} sequences of {})",

@@ -1,5 +1,6 @@
 //! Dense bf16 GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation, bf16 or f32 output.
-//! The descriptors and the chosen algorithm are built once per shape and reused (and captured).
+//! The descriptors and the chosen algorithm are built once per shape and reused (and captured);
+//! `tune` replaces the heuristic's first choice by the fastest of its candidates, timed.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -13,6 +14,8 @@ use super::CudaError;
 
 /// cuBLASLt's scratch space.
 const WORKSPACE_BYTES: usize = 32 << 20;
+/// Most heuristic candidates [`Gemm::tune`] times for a shape.
+const TUNE_CANDIDATES: usize = 16;
 
 /// Element type of a GEMM's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,10 +85,8 @@ impl Gemm {
         )
         .map_err(blas("cublasLtMatmulDescCreate"))?;
         let transpose: i32 = 1;
-        let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
-        let ws = WORKSPACE_BYTES as u64;
-        // SAFETY: the descriptors were just created; attribute buffers outlive the calls.
-        let heuristic = unsafe {
+        // SAFETY: the descriptor was just created; the attribute buffer outlives the call.
+        unsafe {
             lt::set_matmul_desc_attribute(
                 desc,
                 sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
@@ -93,23 +94,121 @@ impl Gemm {
                 std::mem::size_of::<i32>(),
             )
             .map_err(blas("set TRANSA"))?;
-            lt::set_matmul_pref_attribute(
+        }
+        let mut plan = Plan {
+            desc,
+            layouts: [a, b, c],
+            // SAFETY: plain data, replaced just below.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        plan.algo = self.candidates(&plan, 1)?[0].algo;
+        Ok(plan)
+    }
+
+    /// Up to `count` of cuBLASLt's algorithms for `plan`, its best guess first.
+    fn candidates(&self, plan: &Plan, count: usize) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>, CudaError> {
+        let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
+        let ws = WORKSPACE_BYTES as u64;
+        // SAFETY: the preference was just created and is destroyed here; the results buffer
+        // holds `count` entries and cuBLASLt writes at most that many.
+        unsafe {
+            let set = lt::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 &ws as *const u64 as *const c_void,
                 std::mem::size_of::<u64>(),
             )
-            .map_err(blas("set workspace"))?;
-            let h = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref)
-                .map_err(blas("cublasLtMatmulAlgoGetHeuristic"));
+            .map_err(blas("set workspace"));
+            let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); count];
+            let mut found = 0i32;
+            let got = set.and_then(|_| {
+                let [a, b, c] = plan.layouts;
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    plan.desc,
+                    a,
+                    b,
+                    c,
+                    c,
+                    pref,
+                    count as i32,
+                    results.as_mut_ptr(),
+                    &mut found,
+                )
+                .result()
+                .map_err(blas("cublasLtMatmulAlgoGetHeuristic"))
+            });
             let _ = lt::destroy_matmul_pref(pref);
-            h?
+            got?;
+            results.truncate(found.max(0) as usize);
+            results.retain(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+            if results.is_empty() {
+                return Err(CudaError::Blas {
+                    op: "cublasLtMatmulAlgoGetHeuristic",
+                    err: "no algorithm for this shape".into(),
+                });
+            }
+            Ok(results)
+        }
+    }
+
+    /// Times up to TUNE_CANDIDATES of cuBLASLt's algorithms for shape `(n, k, t)`, each running
+    /// over every matrix of `weights` in turn (a warm-up pass, then a timed one), and keeps the
+    /// fastest for the shape. The matrices should be distinct (a model's layers): each product
+    /// then reads its weights from memory as inside a forward pass, where one matrix timed back
+    /// to back is served from L2 and favours algorithms that lose inside a step. Returns the
+    /// timed pass of the heuristic's first choice and of the one kept, in ms.
+    ///
+    /// # Safety
+    /// As [`Gemm::matmul`] for every matrix of `weights`. Not while `gpu`'s stream is captured.
+    pub unsafe fn tune(
+        &mut self,
+        gpu: &Gpu,
+        weights: &[CUdeviceptr],
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+    ) -> Result<(f32, f32), CudaError> {
+        self.plan(n, k, t, out)?;
+        let plan = &self.plans[&(n, k, t, out)];
+        let candidates = self.candidates(plan, TUNE_CANDIDATES)?;
+        let mut timed = Vec::with_capacity(candidates.len());
+        for cand in &candidates {
+            let pass = || -> Result<(), CudaError> {
+                for &w in weights {
+                    self.run(gpu, plan, &cand.algo, w, x, y)?;
+                }
+                Ok(())
+            };
+            // An algorithm that fails to launch here is not kept; the others still compete.
+            let ms = pass().and_then(|_| {
+                let start = gpu.record_event()?;
+                pass()?;
+                let end = gpu.record_event()?;
+                start.elapsed_ms(&end)
+            });
+            match ms {
+                Ok(ms) => timed.push((ms, cand.algo)),
+                Err(_) => gpu.sync()?,
+            }
+        }
+        let Some(&(first, _)) = timed.first() else {
+            return Err(CudaError::Blas {
+                op: "cublasLtMatmul",
+                err: format!("no algorithm ran for {n}x{k}, {t} tokens"),
+            });
         };
-        Ok(Plan {
-            desc,
-            layouts: [a, b, c],
-            algo: heuristic.algo,
-        })
+        let (mut best, mut algo) = timed[0];
+        for &(ms, a) in &timed[1..] {
+            if ms < best {
+                (best, algo) = (ms, a);
+            }
+        }
+        if let Some(plan) = self.plans.get_mut(&(n, k, t, out)) {
+            plan.algo = algo;
+        }
+        Ok((first, best))
     }
 
     /// `y[t, n] = x[t, k] · w[n, k]ᵀ` on `gpu`'s stream (row-major, bf16 `w` and `x`).
@@ -129,11 +228,24 @@ impl Gemm {
         if t == 0 {
             return Ok(());
         }
-        let (handle, ws, ws_bytes) = (self.handle, self.workspace.ptr(), WORKSPACE_BYTES);
         let plan = self.plan(n, k, t, out)?;
+        let algo = plan.algo;
+        self.run(gpu, &self.plans[&(n, k, t, out)], &algo, w, x, y)
+    }
+
+    /// One product with `plan`'s descriptors and `algo`.
+    unsafe fn run(
+        &self,
+        gpu: &Gpu,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        w: CUdeviceptr,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+    ) -> Result<(), CudaError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         lt::matmul(
-            handle,
+            self.handle,
             plan.desc,
             &alpha as *const f32 as *const c_void,
             &beta as *const f32 as *const c_void,
@@ -145,9 +257,9 @@ impl Gemm {
             plan.layouts[2],
             y as *mut c_void,
             plan.layouts[2],
-            &plan.algo,
-            ws as *mut c_void,
-            ws_bytes,
+            algo,
+            self.workspace.ptr() as *mut c_void,
+            WORKSPACE_BYTES,
             gpu.stream.cu_stream() as sys::cudaStream_t,
         )
         .map_err(blas("cublasLtMatmul"))
