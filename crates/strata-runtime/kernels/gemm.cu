@@ -112,13 +112,39 @@ __device__ __forceinline__ uint4 load_streaming(const bf16* p) {
     return v;
 }
 
+// Sums each thread's acc over the block, in a fixed order (lanes by a butterfly, warps in
+// shared memory); the result is valid in thread 0.
+template <int T, int R>
+__device__ __forceinline__ void block_sum_rows(float (&acc)[R][T]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float partial[GEMV_WARPS][R][T];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            const float v = warp_sum(acc[r][j]);
+            if (lane == 0) partial[warp][r][j] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < T; j++) {
+                float v = partial[0][r][j];
+#pragma unroll
+                for (int p = 1; p < GEMV_WARPS; p++) v += partial[p][r][j];
+                acc[r][j] = v;
+            }
+    }
+}
+
 // acc[r][j] = w[rows[r]] · x[j] for j < t, summed over the whole block (valid in thread 0).
 // after_wait() runs right after the wait for the previous kernel: loads of what that kernel
 // wrote, issued there, arrive while the block computes.
 template <int T, int R, typename AfterWait>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, int k, int t,
                                           const int (&rows)[R], float (&acc)[R][T], AfterWait&& after_wait) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int k8 = k >> 3;
     const uint4* xv = (const uint4*)x;
 #pragma unroll
@@ -166,26 +192,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
         wait_for_previous_kernel();
         after_wait();
     }
-    __shared__ float partial[GEMV_WARPS][R][T];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int j = 0; j < T; j++) {
-            const float v = warp_sum(acc[r][j]);
-            if (lane == 0) partial[warp][r][j] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int j = 0; j < T; j++) {
-                float v = partial[0][r][j];
-#pragma unroll
-                for (int p = 1; p < GEMV_WARPS; p++) v += partial[p][r][j];
-                acc[r][j] = v;
-            }
-    }
+    block_sum_rows<T, R>(acc);
 }
 
 // ---- RMSNorm carried across the decode GEMVs (one GPU, no norm kernels between them). ----
