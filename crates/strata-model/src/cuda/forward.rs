@@ -78,7 +78,7 @@ const GEMV_KERNELS: [GemvKernels; 4] = [
     },
 ];
 /// The most tokens a GEMV kernel is compiled for.
-const GEMV_KERNEL_TOKENS: usize = 8;
+const GEMV_KERNEL_TOKENS: usize = GEMV_KERNELS[GEMV_KERNELS.len() - 1].tokens;
 /// Slots of {coarse, fine} u64 sums per token and norm (gemm.cu's NORM_SLOTS).
 const NORM_SLOTS: usize = 32;
 /// Bytes of one norm's sums for the most tokens a GEMV takes.
@@ -583,7 +583,7 @@ impl GpuTransformer {
             self.weights.layers.iter().map(|l| f(l).ptr()).collect()
         };
         let width = c.q_dim() + 2 * c.kv_dim();
-        let mut products = vec![
+        let products = [
             (
                 of_layers(|l| &l.wqkv),
                 b.xn.ptr(),
@@ -629,20 +629,15 @@ impl GpuTransformer {
         buckets.dedup();
         let mut summary = None;
         for &t in &buckets {
-            if t <= self.limits.logit_rows {
-                products.extend(lm_head.clone());
-            }
+            let head = lm_head.iter().filter(|_| t <= self.limits.logit_rows);
             let (mut first, mut best) = (0.0f32, 0.0f32);
-            for (weights, x, y, (n, k), out) in &products {
+            for (weights, x, y, (n, k), out) in products.iter().chain(head) {
                 // SAFETY: the weights are this shard's matrices of shape n x k; x and y are the
                 // step buffers these products read and write, sized for the step limits, which
                 // hold `t` tokens (t <= max_tokens, and t <= logit_rows for the LM head).
                 let (f, b) = unsafe { self.gemm.tune(&self.gpu, weights, *x, *y, (*n, *k, t), *out) }?;
                 first += f;
                 best += b;
-            }
-            if t <= self.limits.logit_rows && lm_head.is_some() {
-                products.pop();
             }
             tracing::debug!(
                 "decode GEMMs at {t} tokens: {first:.2} ms a step with cuBLASLt's first choices, {best:.2} ms tuned"
@@ -1142,7 +1137,6 @@ impl GpuTransformer {
         let c = &self.local;
         self.fuse_norm
             && self.comms.tp.is_none()
-            && t <= GEMV_KERNEL_TOKENS
             && [c.hidden, c.q_dim(), c.intermediate]
                 .iter()
                 .all(|&k| self.gemv_for(t, k).is_some())

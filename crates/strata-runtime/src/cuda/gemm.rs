@@ -95,18 +95,18 @@ impl Gemm {
             )
             .map_err(blas("set TRANSA"))?;
         }
-        let mut plan = Plan {
-            desc,
-            layouts: [a, b, c],
-            // SAFETY: plain data, replaced just below.
-            algo: unsafe { std::mem::zeroed() },
-        };
-        plan.algo = self.candidates(&plan, 1)?[0].algo;
-        Ok(plan)
+        let layouts = [a, b, c];
+        let algo = self.candidates(desc, layouts, 1)?[0].algo;
+        Ok(Plan { desc, layouts, algo })
     }
 
-    /// Up to `count` of cuBLASLt's algorithms for `plan`, its best guess first.
-    fn candidates(&self, plan: &Plan, count: usize) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>, CudaError> {
+    /// Up to `count` of cuBLASLt's algorithms for a product, its best guess first.
+    fn candidates(
+        &self,
+        desc: sys::cublasLtMatmulDesc_t,
+        [a, b, c]: [sys::cublasLtMatrixLayout_t; 3],
+        count: usize,
+    ) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>, CudaError> {
         let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
         let ws = WORKSPACE_BYTES as u64;
         // SAFETY: the preference was just created and is destroyed here; the results buffer
@@ -122,10 +122,9 @@ impl Gemm {
             let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); count];
             let mut found = 0i32;
             let got = set.and_then(|_| {
-                let [a, b, c] = plan.layouts;
                 sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
-                    plan.desc,
+                    desc,
                     a,
                     b,
                     c,
@@ -172,7 +171,7 @@ impl Gemm {
     ) -> Result<(f32, f32), CudaError> {
         self.plan(n, k, t, out)?;
         let plan = &self.plans[&(n, k, t, out)];
-        let candidates = self.candidates(plan, TUNE_CANDIDATES)?;
+        let candidates = self.candidates(plan.desc, plan.layouts, TUNE_CANDIDATES)?;
         let mut timed = Vec::with_capacity(candidates.len());
         for cand in &candidates {
             let pass = || -> Result<(), CudaError> {
