@@ -11,7 +11,7 @@
 # the build as is (default: the decode GEMVs off); LEVELS the concurrency levels (default
 # 1,64,256), AB_LEVELS the variants' (default LEVELS). HOST_PROFILE_LEVELS="256 ..." adds the host
 # time of each phase of a step with graphs (STRATA_GPU_PROFILE=1 without --enforce-eager), and
-# HOST_PROFILE_AB="name:VAR=value ..." the same for variants.
+# ATTENTION_SWEEP=1 times the attention kernels alone first. HOST_PROFILE_AB="name:VAR=value ..." the same for variants.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -28,6 +28,11 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     echo "== CUDA tests"
     STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
         grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
+fi
+if [ -n "${ATTENTION_SWEEP:-}" ]; then
+    echo "== attention kernels alone, 240 sequences, contexts 512..768"
+    timeout 120 $S bench-gpu --attention --levels 240 --prompt-tokens 512 --output-tokens 256 \
+        --out "$OUT/attention_sweep.json" 2>&1 | tee "$OUT/attention_sweep.log" | grep -v "^\["
 fi
 bench() { # NAME, LEVELS, then env assignments (VAR=value[,VAR=value])
     local name=$1 levels=$2; shift 2
@@ -57,8 +62,8 @@ if [ -z "${SKIP_PROFILE:-}" ]; then
     for lv in ${PROFILE_LEVELS:-1 256}; do
         echo "== where the time goes at $lv streams (eager steps, GPU time of each kernel)"
         STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $L8 --enforce-eager --levels $lv --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out "$OUT/profile_$lv.json" 2>&1 |
-            grep -A50 "GPU profile" | tee "$OUT/profile_$lv.log" | head -24
+            --prompt-tokens 512 --output-tokens ${PROFILE_OUTPUT:-64} --decode-tokens 64 --out "$OUT/profile_$lv.json" 2>&1 |
+            grep -A70 "GPU profile" | tee "$OUT/profile_$lv.log" | head -40
         rm -f "$OUT/profile_$lv.json"
     done
 fi

@@ -52,6 +52,10 @@ pub struct BenchGpuArgs {
     /// No CUDA graphs.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Time only the attention kernels, on a synthetic cache with Llama-3-8B's heads: the
+    /// highest level's sequences, contexts spread over the prompt to prompt + output tokens.
+    #[arg(long)]
+    pub attention: bool,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench/results/gpu_bench.json")]
     pub out: PathBuf,
@@ -106,6 +110,11 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
+    if args.attention {
+        let seqs = args.levels.iter().copied().max().unwrap_or(1);
+        let contexts = (args.prompt_tokens, args.prompt_tokens + args.output_tokens);
+        return crate::bench_attention::bench_attention(args.gpu, seqs, contexts, &args.out);
+    }
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let libs = libraries::search(&libraries::candidate_dirs());
     let probe = Gpu::open(args.gpu, &libs)?;

@@ -2,6 +2,8 @@
 //! Errors end the process with one line saying what went wrong and how to fix it.
 
 #[cfg(feature = "cuda")]
+mod bench_attention;
+#[cfg(feature = "cuda")]
 mod bench_gpu;
 mod bench_local;
 mod device;

@@ -15,6 +15,13 @@
 #define GROUP 4
 #endif
 #define ATTN_WARPS 4
+// Blocks of the tensor-core kernels an SM must hold (launch bounds; benchmark variants).
+#ifndef ATTN_MIN_BLOCKS
+#define ATTN_MIN_BLOCKS 1
+#endif
+#ifndef STAGED_MIN_BLOCKS
+#define STAGED_MIN_BLOCKS 2
+#endif
 #define PER_LANE (HEAD_DIM / 32)
 
 // Four fp8 e4m3 values (bytes of w, lowest first) as f32: the hardware conversion where there is one.
@@ -353,14 +360,59 @@ __device__ __forceinline__ void e4m3x4_to_bf16x2(u32 four, u32& lo, u32& hi) {
 }
 #endif
 
+// ---- Staged tensor-core attention (batches of many tokens) ----
+// The same products, but a warp's tiles come through shared memory: cp.async copies the K and V
+// of the next `stages` - 1 tiles (and fp8 scales) while the warp computes the current one, so a
+// warp keeps up to 16 KB in flight instead of the 8 KB it holds in registers above, and the
+// registers those loads took are free. Each warp owns its stages (no block barrier in the loop).
+// A stage: K then V of 16 keys, each key's vector as ROW_CH 16-byte chunks, XOR-swizzled by key
+// so the fragment reads below hit distinct banks; then (fp8) 16 K and 16 V scales.
 template <bool FP8>
+struct KvStage {
+    static constexpr int ROW_CH = HEAD_DIM * (FP8 ? 1 : 2) / 16;
+    static constexpr int TILE_CH = 16 * ROW_CH;
+    // In 16-byte chunks: K, V, then the scales (32 floats).
+    static constexpr int CHUNKS = 2 * TILE_CH + (FP8 ? 8 : 0);
+    // Chunk `ch` of key `key` (0..15) within a K or V tile.
+    static __device__ __forceinline__ int at(int key, int ch) {
+        const int f = ((key >> 1) & 1) | ((((key >> 2) ^ key) & 1) << 2);
+        return key * ROW_CH + (ch ^ (f & (ROW_CH - 1)));
+    }
+};
+
+// 16 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros instead.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+// 4 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros instead.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `pending` (1 to 3) of this thread's groups are still in flight.
+__device__ __forceinline__ void cp_async_wait(int pending) {
+    if (pending >= 3) {
+        asm volatile("cp.async.wait_group 3;" ::: "memory");
+    } else if (pending == 2) {
+        asm volatile("cp.async.wait_group 2;" ::: "memory");
+    } else {
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    }
+}
+
+// STAGED: tiles come through `stages` (2 to 4) shared-memory stages a warp (dynamic shared
+// memory: ATTN_WARPS * stages * KvStage<FP8>::CHUNKS * 16 bytes); otherwise straight from global
+// memory into registers.
+template <bool FP8, bool STAGED>
 __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, const void* __restrict__ k_cache,
                                     const void* __restrict__ v_cache, const float* __restrict__ k_scale,
                                     const float* __restrict__ v_scale, const int* __restrict__ block_tables,
                                     int max_blocks, const int* __restrict__ token_seq,
                                     const int* __restrict__ positions, bf16* __restrict__ out,
                                     float* __restrict__ part_acc, float* __restrict__ part_ml, int n_kv,
-                                    int block_size, float scale) {
+                                    int block_size, float scale, int stages) {
 #if (HEAD_DIM == 64 || HEAD_DIM == 128) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 890
     if (FP8) return;  // not launched there: the host picks the CUDA-core kernel
@@ -397,44 +449,117 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
     // Value words per key: MMA_NT elements of the cache type.
     constexpr int VW = MMA_NT * ELEM / 4;
 
-    for (int j0 = start + warp * 16; j0 < end; j0 += ATTN_WARPS * 16) {
-        // Keys past the end are read as the last key (finite values) and masked.
-        const size_t va = cache_vec(table, min(j0 + g, end - 1), kvh, n_kv, block_size);
-        const size_t vb = cache_vec(table, min(j0 + g + 8, end - 1), kvh, n_kv, block_size);
-        size_t vown[4];
+    using Stage = KvStage<FP8>;
+    extern __shared__ uint4 staged[];
+    uint4* my_stages = staged + (size_t)warp * (STAGED ? stages : 0) * Stage::CHUNKS;
+    // Starts the copy of the tile at key j into its stage (tile n of this warp: stage n % stages)
+    // and closes a cp.async group either way. A tile lies in one cache block when the block size
+    // is a multiple of 16 (tiles start at multiples of 16); keys past the end are zeros (their
+    // scores are masked and their values then count 0).
+    auto issue = [&](int j) {
+        if (j < end) {
+            uint4* st = my_stages + (size_t)(((j - start) / (ATTN_WARPS * 16)) % stages) * Stage::CHUNKS;
+            const bool one_block = block_size % 16 == 0;
+            const size_t first = cache_vec(table, j, kvh, n_kv, block_size);
 #pragma unroll
-        for (int k = 0; k < 4; k++) vown[k] = cache_vec(table, min(j0 + own[k], end - 1), kvh, n_kv, block_size);
-        // Every load of the tile is issued before any is used.
+            for (int r = 0; r < Stage::TILE_CH / 32; r++) {
+                const int idx = lane + 32 * r, key = idx / Stage::ROW_CH, ch = idx % Stage::ROW_CH;
+                const size_t off =
+                    one_block ? first * HEAD_DIM * ELEM + 16 * (size_t)idx
+                              : cache_vec(table, min(j + key, end - 1), kvh, n_kv, block_size) * HEAD_DIM * ELEM + 16 * ch;
+                const int bytes = j + key < end ? 16 : 0;
+                cp_async16(st + Stage::at(key, ch), kc + off, bytes);
+                cp_async16(st + Stage::TILE_CH + Stage::at(key, ch), vc + off, bytes);
+            }
+            if (FP8) {
+                const int key = lane & 15;
+                const size_t v = one_block ? first + key : cache_vec(table, min(j + key, end - 1), kvh, n_kv, block_size);
+                float* sc = (float*)(st + 2 * Stage::TILE_CH);
+                cp_async4(sc + lane, (lane < 16 ? k_scale : v_scale) + v, j + key < end ? 4 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    if (STAGED) {
+        for (int n = 0; n < stages - 1; n++) issue(start + warp * 16 + n * ATTN_WARPS * 16);
+    }
+
+    for (int j0 = start + warp * 16; j0 < end; j0 += ATTN_WARPS * 16) {
         uint4 kfa[HEAD_DIM / 32], kfb[HEAD_DIM / 32];
         uint2 k8a[HEAD_DIM / 32], k8b[HEAD_DIM / 32];
-#pragma unroll
-        for (int i = 0; i < HEAD_DIM / 32; i++) {
-            const size_t off = (size_t)(32 * i + 8 * c) * ELEM;
-            if (FP8) {
-                k8a[i] = *(const uint2*)(kc + va * HEAD_DIM + off);
-                k8b[i] = *(const uint2*)(kc + vb * HEAD_DIM + off);
-            } else {
-                kfa[i] = *(const uint4*)(kc + va * HEAD_DIM * 2 + off);
-                kfb[i] = *(const uint4*)(kc + vb * HEAD_DIM * 2 + off);
-            }
-        }
         u32 vf[4][VW];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const u32* vr = (const u32*)(vc + (vown[k] * HEAD_DIM + g * MMA_NT) * ELEM);
-            if (VW >= 4) {
-#pragma unroll
-                for (int u = 0; u < VW; u += 4) *(uint4*)&vf[k][u] = *(const uint4*)(vr + u);
-            } else {
-                *(uint2*)&vf[k][0] = *(const uint2*)vr;
-            }
-        }
         float ks[4] = {1.0f, 1.0f, 1.0f, 1.0f}, vs[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-        if (FP8) {
+        if (STAGED) {
+            issue(j0 + (stages - 1) * ATTN_WARPS * 16);
+            cp_async_wait(stages - 1);
+            __syncwarp();
+            const uint4* st = my_stages + (size_t)(((j0 - start) / (ATTN_WARPS * 16)) % stages) * Stage::CHUNKS;
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 32; i++) {
+                if (FP8) {
+                    k8a[i] = ((const uint2*)&st[Stage::at(g, 2 * i + (c >> 1))])[c & 1];
+                    k8b[i] = ((const uint2*)&st[Stage::at(g + 8, 2 * i + (c >> 1))])[c & 1];
+                } else {
+                    kfa[i] = st[Stage::at(g, 4 * i + c)];
+                    kfb[i] = st[Stage::at(g + 8, 4 * i + c)];
+                }
+            }
+            // This lane's value piece: bytes g * MMA_NT * ELEM.. of each of its keys.
+            constexpr int VBYTES = MMA_NT * ELEM;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                ks[k] = k_scale[vown[k]];
-                vs[k] = v_scale[vown[k]];
+                const uint4* vt = st + Stage::TILE_CH;
+                if (VW >= 4) {
+#pragma unroll
+                    for (int u = 0; u < VW; u += 4)
+                        *(uint4*)&vf[k][u] = vt[Stage::at(own[k], g * VBYTES / 16 + u / 4)];
+                } else {
+                    *(uint2*)&vf[k][0] = ((const uint2*)&vt[Stage::at(own[k], g * VBYTES / 16)])[(g * VBYTES / 8) & 1];
+                }
+            }
+            if (FP8) {
+                const float* sc = (const float*)(st + 2 * Stage::TILE_CH);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    ks[k] = sc[own[k]];
+                    vs[k] = sc[16 + own[k]];
+                }
+            }
+        } else {
+            // Keys past the end are read as the last key (finite values) and masked.
+            const size_t va = cache_vec(table, min(j0 + g, end - 1), kvh, n_kv, block_size);
+            const size_t vb = cache_vec(table, min(j0 + g + 8, end - 1), kvh, n_kv, block_size);
+            size_t vown[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) vown[k] = cache_vec(table, min(j0 + own[k], end - 1), kvh, n_kv, block_size);
+            // Every load of the tile is issued before any is used.
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 32; i++) {
+                const size_t off = (size_t)(32 * i + 8 * c) * ELEM;
+                if (FP8) {
+                    k8a[i] = *(const uint2*)(kc + va * HEAD_DIM + off);
+                    k8b[i] = *(const uint2*)(kc + vb * HEAD_DIM + off);
+                } else {
+                    kfa[i] = *(const uint4*)(kc + va * HEAD_DIM * 2 + off);
+                    kfb[i] = *(const uint4*)(kc + vb * HEAD_DIM * 2 + off);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const u32* vr = (const u32*)(vc + (vown[k] * HEAD_DIM + g * MMA_NT) * ELEM);
+                if (VW >= 4) {
+#pragma unroll
+                    for (int u = 0; u < VW; u += 4) *(uint4*)&vf[k][u] = *(const uint4*)(vr + u);
+                } else {
+                    *(uint2*)&vf[k][0] = *(const uint2*)vr;
+                }
+            }
+            if (FP8) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    ks[k] = k_scale[vown[k]];
+                    vs[k] = v_scale[vown[k]];
+                }
             }
         }
 #if __CUDA_ARCH__ >= 890
@@ -496,6 +621,8 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
             acc[n][0] = d[0];
             acc[n][1] = d[1];
         }
+        // Every lane is done with this stage before the next issue refills it.
+        if (STAGED) __syncwarp();
     }
     l += __shfl_xor_sync(FULL_MASK, l, 1);
     l += __shfl_xor_sync(FULL_MASK, l, 2);
@@ -516,14 +643,24 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_mma_bf16(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS) paged_attention_mma_bf16(ATTENTION_ARGS) {
     wait_for_previous_kernel();
-    paged_attention_mma<false>(ATTENTION_CALL);
+    paged_attention_mma<false, false>(ATTENTION_CALL, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_mma_fp8(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS) paged_attention_mma_fp8(ATTENTION_ARGS) {
     wait_for_previous_kernel();
-    paged_attention_mma<true>(ATTENTION_CALL);
+    paged_attention_mma<true, false>(ATTENTION_CALL, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS) paged_attention_staged_bf16(ATTENTION_ARGS, int stages) {
+    wait_for_previous_kernel();
+    paged_attention_mma<false, true>(ATTENTION_CALL, stages);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS) paged_attention_staged_fp8(ATTENTION_ARGS, int stages) {
+    wait_for_previous_kernel();
+    paged_attention_mma<true, true>(ATTENTION_CALL, stages);
 }
 
 // Merges the context parts of each (token, head): grid (tokens, n_heads), HEAD_DIM threads.

@@ -1,6 +1,6 @@
 //! Dense bf16 GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation, bf16 or f32 output.
-//! The descriptors and the chosen algorithm are built once per shape and reused (and captured);
-//! `tune` replaces the heuristic's first choice by the fastest of its candidates, timed.
+//! Descriptors and algorithm are built once per shape and reused (and captured); `tune` replaces
+//! the heuristic's first choice by the fastest of its candidates and their split-k copies, timed.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -16,6 +16,11 @@ use super::CudaError;
 const WORKSPACE_BYTES: usize = 32 << 20;
 /// Most heuristic candidates [`Gemm::tune`] times for a shape.
 const TUNE_CANDIDATES: usize = 16;
+/// Reduction parts of the split-k copies [`Gemm::tune`] adds of the heuristic's first
+/// candidates (`SPLIT_K_OF` of them) where the algorithm supports it: narrow products (a few
+/// thousand outputs x 256 tokens) make fewer output tiles than the GPU has SMs.
+const SPLIT_K_PARTS: [i32; 3] = [2, 3, 4];
+const SPLIT_K_OF: usize = 6;
 
 /// Element type of a GEMM's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -151,9 +156,9 @@ impl Gemm {
         }
     }
 
-    /// Times up to TUNE_CANDIDATES of cuBLASLt's algorithms for shape `(n, k, t)`, each running
-    /// over every matrix of `weights` in turn (a warm-up pass, then a timed one), and keeps the
-    /// fastest for the shape. The matrices should be distinct (a model's layers): each product
+    /// Times up to TUNE_CANDIDATES of cuBLASLt's algorithms for shape `(n, k, t)`, and split-k
+    /// copies of the first SPLIT_K_OF, each running over every matrix of `weights` in turn (a
+    /// warm-up pass, then a timed one), and keeps the fastest for the shape. The matrices should be distinct (a model's layers): each product
     /// then reads its weights from memory as inside a forward pass, where one matrix timed back
     /// to back is served from L2 and favours algorithms that lose inside a step. Returns the
     /// timed pass of the heuristic's first choice and of the one kept, in ms.
@@ -171,12 +176,21 @@ impl Gemm {
     ) -> Result<(f32, f32), CudaError> {
         self.plan(n, k, t, out)?;
         let plan = &self.plans[&(n, k, t, out)];
-        let candidates = self.candidates(plan.desc, plan.layouts, TUNE_CANDIDATES)?;
+        let heuristic = self.candidates(plan.desc, plan.layouts, TUNE_CANDIDATES)?;
+        let mut candidates: Vec<sys::cublasLtMatmulAlgo_t> = heuristic.iter().map(|r| r.algo).collect();
+        // Split-k copies come after the heuristic's own candidates (`STRATA_GEMM_SPLIT_K=0`
+        // leaves them out, for measurements).
+        let split_from = candidates.len();
+        if std::env::var("STRATA_GEMM_SPLIT_K").map_or(true, |v| v != "0") {
+            for r in heuristic.iter().take(SPLIT_K_OF) {
+                candidates.extend(self.split_k_copies(plan, &r.algo));
+            }
+        }
         let mut timed = Vec::with_capacity(candidates.len());
-        for cand in &candidates {
+        for (i, algo) in candidates.iter().enumerate() {
             let pass = || -> Result<(), CudaError> {
                 for &w in weights {
-                    self.run(gpu, plan, &cand.algo, w, x, y)?;
+                    self.run(gpu, plan, algo, w, x, y)?;
                 }
                 Ok(())
             };
@@ -188,26 +202,104 @@ impl Gemm {
                 start.elapsed_ms(&end)
             });
             match ms {
-                Ok(ms) => timed.push((ms, cand.algo)),
+                Ok(ms) => timed.push((ms, *algo, i)),
                 Err(_) => gpu.sync()?,
             }
         }
-        let Some(&(first, _)) = timed.first() else {
+        let Some(&(first, _, _)) = timed.first() else {
             return Err(CudaError::Blas {
                 op: "cublasLtMatmul",
                 err: format!("no algorithm ran for {n}x{k}, {t} tokens"),
             });
         };
-        let (mut best, mut algo) = timed[0];
-        for &(ms, a) in &timed[1..] {
+        let (mut best, mut algo, mut kept) = timed[0];
+        for &(ms, a, i) in &timed[1..] {
             if ms < best {
-                (best, algo) = (ms, a);
+                (best, algo, kept) = (ms, a, i);
             }
         }
+        tracing::debug!(
+            "GEMM {n}x{k}, {t} tokens: {} candidates ({} split-k), kept #{kept}{}: {first:.3} -> {best:.3} ms",
+            timed.len(),
+            candidates.len() - split_from,
+            if kept >= split_from { " (split-k)" } else { "" }
+        );
         if let Some(plan) = self.plans.get_mut(&(n, k, t, out)) {
             plan.algo = algo;
         }
         Ok((first, best))
+    }
+
+    /// Copies of `algo` that cut the reduction into SPLIT_K_PARTS parts, their partial sums in
+    /// f32 in the workspace and then reduced in a fixed order (so a step's outputs stay the same
+    /// from run to run), for an algorithm that supports it and copies cuBLASLt accepts.
+    fn split_k_copies(&self, plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t) -> Vec<sys::cublasLtMatmulAlgo_t> {
+        let compute_type = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        let (mut support, mut schemes, mut written) = (0i32, 0u32, 0usize);
+        // SAFETY: `algo` is an initialised algorithm; each buffer is the attribute's size.
+        let capable = unsafe {
+            sys::cublasLtMatmulAlgoCapGetAttribute(
+                algo,
+                sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+                &mut support as *mut i32 as *mut c_void,
+                std::mem::size_of::<i32>(),
+                &mut written,
+            )
+            .result()
+            .is_ok()
+                && sys::cublasLtMatmulAlgoCapGetAttribute(
+                    algo,
+                    sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                    &mut schemes as *mut u32 as *mut c_void,
+                    std::mem::size_of::<u32>(),
+                    &mut written,
+                )
+                .result()
+                .is_ok()
+        };
+        if !capable || support == 0 || schemes & compute_type == 0 {
+            return Vec::new();
+        }
+        SPLIT_K_PARTS
+            .iter()
+            .filter_map(|&parts| {
+                let mut copy = *algo;
+                // SAFETY: as above; the check only reads the descriptors and the copy.
+                unsafe {
+                    let mut check: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+                    let accepted = sys::cublasLtMatmulAlgoConfigSetAttribute(
+                        &mut copy,
+                        sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                        &parts as *const i32 as *const c_void,
+                        std::mem::size_of::<i32>(),
+                    )
+                    .result()
+                    .is_ok()
+                        && sys::cublasLtMatmulAlgoConfigSetAttribute(
+                            &mut copy,
+                            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                            &compute_type as *const u32 as *const c_void,
+                            std::mem::size_of::<u32>(),
+                        )
+                        .result()
+                        .is_ok()
+                        && sys::cublasLtMatmulAlgoCheck(
+                            self.handle,
+                            plan.desc,
+                            plan.layouts[0],
+                            plan.layouts[1],
+                            plan.layouts[2],
+                            plan.layouts[2],
+                            &copy,
+                            &mut check,
+                        )
+                        .result()
+                        .is_ok()
+                        && check.workspaceSize <= WORKSPACE_BYTES;
+                    accepted.then_some(copy)
+                }
+            })
+            .collect()
     }
 
     /// `y[t, n] = x[t, k] · w[n, k]ᵀ` on `gpu`'s stream (row-major, bf16 `w` and `x`).

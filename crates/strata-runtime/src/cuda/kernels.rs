@@ -38,6 +38,8 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
             "paged_attention_fp8",
             "paged_attention_mma_bf16",
             "paged_attention_mma_fp8",
+            "paged_attention_staged_bf16",
+            "paged_attention_staged_fp8",
             "attention_reduce",
         ],
     ),
@@ -71,6 +73,28 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
         ],
     ),
 ];
+
+/// Most shared-memory stages a warp of `paged_attention_staged_*` may use (attention.cu).
+pub const STAGED_ATTENTION_MAX_STAGES: usize = 4;
+/// Warps of an attention block (attention.cu's ATTN_WARPS).
+pub const ATTENTION_WARPS: usize = 4;
+
+/// Whether `name` is a staged attention kernel, and if so whether for an fp8 cache.
+fn staged_attention_fp8(name: &str) -> Option<bool> {
+    match name {
+        "paged_attention_staged_bf16" => Some(false),
+        "paged_attention_staged_fp8" => Some(true),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of a `paged_attention_staged_*` block with `stages` stages a warp
+/// (attention.cu's KvStage: K and V of 16 keys, then 32 fp8 scales).
+pub fn staged_attention_shared_bytes(head_dim: usize, fp8: bool, stages: usize) -> usize {
+    let elem = if fp8 { 1 } else { 2 };
+    let stage = 2 * 16 * head_dim * elem + if fp8 { 128 } else { 0 };
+    ATTENTION_WARPS * stages * stage
+}
 
 /// The model constants compiled into the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,6 +138,11 @@ pub fn compile(family: &str, source: &str, spec: KernelSpec, arch: &'static str)
     options.push("--std=c++17".into());
     if std::env::var("STRATA_PDL").is_ok_and(|v| v == "late") {
         options.push("-DLAUNCH_NEXT_LATE".into());
+    }
+    // Benchmark variants: `STRATA_KERNEL_DEFINES="NAME=VALUE ..."` overrides a kernel constant
+    // that its .cu file leaves open with #ifndef (e.g. ATTN_MIN_BLOCKS).
+    if let Ok(defines) = std::env::var("STRATA_KERNEL_DEFINES") {
+        options.extend(defines.split_whitespace().map(|d| format!("-D{d}")));
     }
     let opts = CompileOptions {
         arch: Some(arch),
@@ -224,6 +253,15 @@ impl Kernels {
                 .map_err(driver("cuModuleLoadData"))?;
             for name in names {
                 let f = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+                if let Some(fp8) = staged_attention_fp8(name) {
+                    // Past 48 KB of dynamic shared memory a kernel must opt in.
+                    let most = staged_attention_shared_bytes(spec.head_dim, fp8, STAGED_ATTENTION_MAX_STAGES);
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        most as i32,
+                    )
+                    .map_err(driver("cuFuncSetAttribute"))?;
+                }
                 functions.insert(*name, f);
             }
         }
