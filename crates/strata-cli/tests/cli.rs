@@ -172,3 +172,13 @@ fn multi_gpu_flags_are_checked_with_a_way_out() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_attention_benchmark_checks_its_context_range() {
+    // Checked before any GPU is opened, so the same line with or without one.
+    let msg = one_line_error(&["bench-gpu", "--attention", "--output-tokens", "0"]);
+    assert!(
+        msg.contains("--attention needs") && msg.contains("output tokens > 0"),
+        "{msg}"
+    );
+}
