@@ -209,12 +209,9 @@ fn launch_attention(
         stages as i32,
     );
     let mut args = kernel_args!(qp, q_stride, kp, vp, sp, sp, tp, mb, tsp, pp, op, ap, mp, nkv, bs, scale, st);
-    let args = if stages > 0 { &mut args[..] } else { &mut args[..16] };
-    let shared = if stages > 0 {
-        staged_attention_shared_bytes(HEAD_DIM, fp8, stages) as u32
-    } else {
-        0
-    };
+    let n_args = args.len() - usize::from(stages == 0);
+    let args = &mut args[..n_args];
+    let shared = staged_attention_shared_bytes(HEAD_DIM, fp8, stages) as u32;
     // SAFETY: attention.cu's argument list, buffers sized above for `seqs` tokens and 4 parts.
     unsafe {
         gpu.launch(

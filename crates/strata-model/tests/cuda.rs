@@ -705,7 +705,8 @@ fn run_attention(
     let shared = staged_attention_shared_bytes(head_dim, cache.scales.is_some(), stages) as u32;
     let mut args = kernel_args!(qp, q_stride, kp, vp, ksp, vsp, tp, mb, sp, pp, op, ap, mp, nkv, bs, scale, st);
     // The staged kernels take the stage count last; the others stop before it.
-    let args = if stages > 0 { &mut args[..] } else { &mut args[..16] };
+    let n_args = args.len() - usize::from(stages == 0);
+    let args = &mut args[..n_args];
     // SAFETY: the arguments of attention.cu's kernels, buffers sized by the caller for these shapes.
     unsafe {
         gpu.launch(

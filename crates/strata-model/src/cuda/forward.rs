@@ -759,7 +759,7 @@ impl GpuTransformer {
         let gemv_norms = self.norms_in_gemvs(t);
         let sums_at = self.bufs.norm_sums.ptr();
         let sums = |i: usize| sums_at + (i * NORM_SUMS_BYTES) as u64;
-        if gemv_norms {
+        if gemv_norms.is_some() {
             self.gpu.zero(&self.bufs.norm_sums, 0, self.bufs.norm_sums.bytes())?;
         }
         let no_weight = 0u64;
@@ -779,7 +779,7 @@ impl GpuTransformer {
                     &mut kernel_args!(x, no_weight, xn, h, eps),
                 )?;
                 0
-            } else if gemv_norms {
+            } else if gemv_norms.is_some() {
                 sums(2 * li)
             } else {
                 self.add_rms_norm(t)?;
@@ -817,7 +817,7 @@ impl GpuTransformer {
                 )?;
             } else {
                 let shape = (width as usize, c.hidden, t);
-                match self.gemv_for(t, c.hidden) {
+                match gemv_norms {
                     Some(g) => self.gemv(g.plain, wqkv, xn, qkv, shape, GemmOut::Bf16, attn_norm_in)?,
                     None => self.matmul(wqkv, xn, qkv, shape, GemmOut::Bf16)?,
                 }
@@ -838,36 +838,27 @@ impl GpuTransformer {
                     ),
                 )?;
             }
-            let grid = (t as u32, c.n_kv_heads as u32, parts as u32);
-            let threads = (ATTENTION_WARPS * 32) as u32;
-            match self.staged_attention {
-                // Prompt chunks re-read their context from L2, where more resident blocks beat
-                // deeper staging (1,198 vs 902 us a 4096-token chunk on an H200).
-                Some((kernel, stages)) if t > SPLIT_MAX_TOKENS && self.decode_bucket.is_some() => {
-                    let shared = staged_attention_shared_bytes(c.head_dim, fp8, stages) as u32;
-                    let stages = stages as i32;
-                    self.launch(
-                        kernel,
-                        grid,
-                        threads,
-                        shared,
-                        &mut kernel_args!(
-                            qkv, width, kc, vc, ks, vs, tables, max_blocks, token_seq, positions, attn, part_acc,
-                            part_ml, n_kv, bs, scale, stages
-                        ),
-                    )?;
-                }
-                _ => self.launch(
-                    self.attention_kernel,
-                    grid,
-                    threads,
-                    0,
-                    &mut kernel_args!(
-                        qkv, width, kc, vc, ks, vs, tables, max_blocks, token_seq, positions, attn, part_acc, part_ml,
-                        n_kv, bs, scale
-                    ),
-                )?,
-            }
+            // Prompt chunks re-read their context from L2, where more resident blocks beat
+            // deeper staging (1,198 vs 902 us a 4096-token chunk on an H200).
+            let (kernel, stages) = match self.staged_attention {
+                Some(staged) if t > SPLIT_MAX_TOKENS && self.decode_bucket.is_some() => staged,
+                _ => (self.attention_kernel, 0),
+            };
+            let shared = staged_attention_shared_bytes(c.head_dim, fp8, stages) as u32;
+            let st = stages as i32;
+            let mut args = kernel_args!(
+                qkv, width, kc, vc, ks, vs, tables, max_blocks, token_seq, positions, attn, part_acc, part_ml, n_kv,
+                bs, scale, st
+            );
+            // The staged kernels take the stage count last; the others stop before it.
+            let n_args = args.len() - usize::from(stages == 0);
+            self.launch(
+                kernel,
+                (t as u32, c.n_kv_heads as u32, parts as u32),
+                (ATTENTION_WARPS * 32) as u32,
+                shared,
+                &mut args[..n_args],
+            )?;
             if parts > 1 {
                 let p = parts as i32;
                 self.launch(
@@ -878,8 +869,8 @@ impl GpuTransformer {
                     &mut kernel_args!(part_acc, part_ml, attn, p),
                 )?;
             }
-            let mlp_norm_in = if gemv_norms {
-                self.gemv_residual(wo, attn, (c.hidden, c.q_dim(), t), sums(2 * li + 1))?;
+            let mlp_norm_in = if let Some(g) = gemv_norms {
+                self.gemv_residual(g, wo, attn, (c.hidden, c.q_dim(), t), sums(2 * li + 1))?;
                 sums(2 * li + 1)
             } else {
                 self.row_parallel(wo, attn, (c.hidden, c.q_dim(), t))?;
@@ -906,13 +897,13 @@ impl GpuTransformer {
                     &mut kernel_args!(gate_up, act, inter32),
                 )?;
             }
-            if gemv_norms {
-                self.gemv_residual(wdown, act, (c.hidden, c.intermediate, t), sums(2 * li + 2))?;
+            if let Some(g) = gemv_norms {
+                self.gemv_residual(g, wdown, act, (c.hidden, c.intermediate, t), sums(2 * li + 2))?;
             } else {
                 self.row_parallel(wdown, act, (c.hidden, c.intermediate, t))?;
             }
         }
-        if !gemv_norms {
+        if gemv_norms.is_none() {
             self.launch("add_residual", grid_t, ROW_THREADS, 0, &mut kernel_args!(x, proj, h))?;
         }
         if !self.shard.is_last_stage() {
@@ -1183,16 +1174,21 @@ impl GpuTransformer {
         self.gemv_for(t, c.hidden).map(|g| g.qkv_rope)
     }
 
-    /// Whether a step of `t` tokens carries its RMSNorms between GEMVs instead of running norm
-    /// kernels (gemm.cu's gemv_residual and NormIn): every product of the layer is a GEMV,
-    /// and the o and down outputs are whole on this GPU (no TP all-reduce before the residual).
-    fn norms_in_gemvs(&self, t: usize) -> bool {
+    /// The GEMVs of a step of `t` tokens when it carries its RMSNorms between them instead of
+    /// running norm kernels (gemm.cu's gemv_residual and NormIn): every product of the layer is
+    /// a GEMV, and the o and down outputs are whole on this GPU (no TP all-reduce before the
+    /// residual).
+    fn norms_in_gemvs(&self, t: usize) -> Option<&'static GemvKernels> {
         let c = &self.local;
-        self.fuse_norm
-            && self.comms.tp.is_none()
-            && [c.hidden, c.q_dim(), c.intermediate]
-                .iter()
-                .all(|&k| self.gemv_for(t, k).is_some())
+        if !self.fuse_norm || self.comms.tp.is_some() {
+            return None;
+        }
+        // The kernels depend on `t` alone; every k of the layer must allow them.
+        let g = self.gemv_for(t, c.hidden)?;
+        [c.q_dim(), c.intermediate]
+            .iter()
+            .all(|&k| self.gemv_for(t, k).is_some())
+            .then_some(g)
     }
 
     /// `y = x · wᵀ` by a decode GEMV, its dot products scaled by the norm whose sums are at
@@ -1238,12 +1234,16 @@ impl GpuTransformer {
         )
     }
 
-    /// The residual `x += a · wᵀ` of a step whose norms ride the GEMVs, its bf16 copy into `xn`
-    /// and its sums of squares into `norm_out`.
-    fn gemv_residual(&self, w: u64, a: u64, (n, k, t): (usize, usize, usize), norm_out: u64) -> Result<(), CudaError> {
-        let g = self
-            .gemv_for(t, k)
-            .ok_or_else(|| CudaError::NoDevice(format!("no decode GEMV for {t} tokens over {k}")))?;
+    /// The residual `x += a · wᵀ` of a step whose norms ride the GEMVs `g`, its bf16 copy into
+    /// `xn` and its sums of squares into `norm_out`.
+    fn gemv_residual(
+        &self,
+        g: &GemvKernels,
+        w: u64,
+        a: u64,
+        (n, k, t): (usize, usize, usize),
+        norm_out: u64,
+    ) -> Result<(), CudaError> {
         let (x, xn) = (self.bufs.x.ptr(), self.bufs.xn.ptr());
         let (n32, k32, t32) = (n as i32, k as i32, t as i32);
         self.launch(

@@ -158,10 +158,11 @@ impl Gemm {
 
     /// Times up to TUNE_CANDIDATES of cuBLASLt's algorithms for shape `(n, k, t)`, and split-k
     /// copies of the first SPLIT_K_OF, each running over every matrix of `weights` in turn (a
-    /// warm-up pass, then a timed one), and keeps the fastest for the shape. The matrices should be distinct (a model's layers): each product
-    /// then reads its weights from memory as inside a forward pass, where one matrix timed back
-    /// to back is served from L2 and favours algorithms that lose inside a step. Returns the
-    /// timed pass of the heuristic's first choice and of the one kept, in ms.
+    /// warm-up pass, then a timed one), and keeps the fastest for the shape. The matrices should
+    /// be distinct (a model's layers): each product then reads its weights from memory as inside
+    /// a forward pass, where one matrix timed back to back is served from L2 and favours
+    /// algorithms that lose inside a step. Returns the timed pass of the heuristic's first choice
+    /// and of the one kept, in ms.
     ///
     /// # Safety
     /// As [`Gemm::matmul`] for every matrix of `weights`. Not while `gpu`'s stream is captured.
@@ -234,56 +235,25 @@ impl Gemm {
     /// f32 in the workspace and then reduced in a fixed order (so a step's outputs stay the same
     /// from run to run), for an algorithm that supports it and copies cuBLASLt accepts.
     fn split_k_copies(&self, plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t) -> Vec<sys::cublasLtMatmulAlgo_t> {
+        use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as Config;
         let compute_type = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
-        let (mut support, mut schemes, mut written) = (0i32, 0u32, 0usize);
-        // SAFETY: `algo` is an initialised algorithm; each buffer is the attribute's size.
-        let capable = unsafe {
-            sys::cublasLtMatmulAlgoCapGetAttribute(
-                algo,
-                sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
-                &mut support as *mut i32 as *mut c_void,
-                std::mem::size_of::<i32>(),
-                &mut written,
-            )
-            .result()
-            .is_ok()
-                && sys::cublasLtMatmulAlgoCapGetAttribute(
-                    algo,
-                    sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
-                    &mut schemes as *mut u32 as *mut c_void,
-                    std::mem::size_of::<u32>(),
-                    &mut written,
-                )
-                .result()
-                .is_ok()
-        };
-        if !capable || support == 0 || schemes & compute_type == 0 {
+        let support = algo_capability::<i32>(algo, Cap::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
+        let schemes = algo_capability::<u32>(algo, Cap::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+        if support.unwrap_or(0) == 0 || schemes.unwrap_or(0) & compute_type == 0 {
             return Vec::new();
         }
         SPLIT_K_PARTS
             .iter()
             .filter_map(|&parts| {
                 let mut copy = *algo;
-                // SAFETY: as above; the check only reads the descriptors and the copy.
-                unsafe {
-                    let mut check: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
-                    let accepted = sys::cublasLtMatmulAlgoConfigSetAttribute(
-                        &mut copy,
-                        sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                        &parts as *const i32 as *const c_void,
-                        std::mem::size_of::<i32>(),
-                    )
-                    .result()
-                    .is_ok()
-                        && sys::cublasLtMatmulAlgoConfigSetAttribute(
-                            &mut copy,
-                            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                            &compute_type as *const u32 as *const c_void,
-                            std::mem::size_of::<u32>(),
-                        )
-                        .result()
-                        .is_ok()
-                        && sys::cublasLtMatmulAlgoCheck(
+                let configured = set_algo_config(&mut copy, Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts)
+                    && set_algo_config(&mut copy, Config::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &compute_type);
+                // SAFETY: the plan's descriptors are alive; the check only reads them and the copy.
+                let accepted = configured
+                    && unsafe {
+                        let mut check: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+                        sys::cublasLtMatmulAlgoCheck(
                             self.handle,
                             plan.desc,
                             plan.layouts[0],
@@ -295,9 +265,9 @@ impl Gemm {
                         )
                         .result()
                         .is_ok()
-                        && check.workspaceSize <= WORKSPACE_BYTES;
-                    accepted.then_some(copy)
-                }
+                            && check.workspaceSize <= WORKSPACE_BYTES
+                    };
+                accepted.then_some(copy)
             })
             .collect()
     }
@@ -355,6 +325,46 @@ impl Gemm {
         )
         .map_err(blas("cublasLtMatmul"))
     }
+}
+
+/// A capability attribute of an algorithm (`T` its C type), if cuBLASLt reports it.
+fn algo_capability<T: Default>(
+    algo: &sys::cublasLtMatmulAlgo_t,
+    attr: sys::cublasLtMatmulAlgoCapAttributes_t,
+) -> Option<T> {
+    let (mut value, mut written) = (T::default(), 0usize);
+    // SAFETY: `algo` is an initialised algorithm and the buffer is `T`'s size.
+    unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            &mut value as *mut T as *mut c_void,
+            std::mem::size_of::<T>(),
+            &mut written,
+        )
+    }
+    .result()
+    .ok()
+    .map(|_| value)
+}
+
+/// Sets a configuration attribute of an algorithm (`T` its C type); whether cuBLASLt took it.
+fn set_algo_config<T>(
+    algo: &mut sys::cublasLtMatmulAlgo_t,
+    attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
+    value: &T,
+) -> bool {
+    // SAFETY: `algo` is an initialised algorithm and the buffer is `T`'s size.
+    unsafe {
+        sys::cublasLtMatmulAlgoConfigSetAttribute(
+            algo,
+            attr,
+            value as *const T as *const c_void,
+            std::mem::size_of::<T>(),
+        )
+    }
+    .result()
+    .is_ok()
 }
 
 impl Drop for Gemm {

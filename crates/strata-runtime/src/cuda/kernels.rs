@@ -89,7 +89,8 @@ fn staged_attention_fp8(name: &str) -> Option<bool> {
 }
 
 /// Dynamic shared memory of a `paged_attention_staged_*` block with `stages` stages a warp
-/// (attention.cu's KvStage: K and V of 16 keys, then 32 fp8 scales).
+/// (attention.cu's KvStage: K and V of 16 keys, then 32 fp8 scales); 0 stages (the other
+/// attention kernels) need none.
 pub fn staged_attention_shared_bytes(head_dim: usize, fp8: bool, stages: usize) -> usize {
     let elem = if fp8 { 1 } else { 2 };
     let stage = 2 * 16 * head_dim * elem + if fp8 { 128 } else { 0 };
