@@ -11,7 +11,11 @@
 # the build as is (default: the decode GEMVs off); LEVELS the concurrency levels (default
 # 1,64,256), AB_LEVELS the variants' (default LEVELS). HOST_PROFILE_LEVELS="256 ..." adds the host
 # time of each phase of a step with graphs (STRATA_GPU_PROFILE=1 without --enforce-eager), and
-# ATTENTION_SWEEP=1 times the attention kernels alone first. HOST_PROFILE_AB="name:VAR=value ..." the same for variants.
+# ATTENTION_SWEEP=1 times the attention kernels alone first. BASELINE=gpu-bin/NAME benches that
+# binary too (an earlier version, carried gzipped like strata.gz) at AB_LEVELS, before the variants.
+# ABLATE="name:KERNELS ..." benches the build at AB_LEVELS (bf16 KV) once per entry with those
+# kernels left out of every step (bench-gpu --ablate; "+" for a space: o:gemm+4096x4096): what each
+# costs inside a graph. HOST_PROFILE_AB="name:VAR=value ..." the same for variants.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -36,12 +40,19 @@ if [ -n "${ATTENTION_SWEEP:-}" ]; then
 fi
 bench() { # NAME, LEVELS, then env assignments (VAR=value[,VAR=value])
     local name=$1 levels=$2; shift 2
-    env ${*//,/ } timeout 240 $S bench-gpu --model $L8 --levels $levels --prompt-tokens 512 --output-tokens 256 \
+    env ${*//,/ } timeout 240 ${BIN:-$S} bench-gpu --model $L8 --levels $levels --prompt-tokens 512 --output-tokens 256 \
         --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
     echo "== bench-gpu llama3-8b, $name"; grep -v "^\s*$" "$OUT/bench_$name.log" | grep -v -E "^\[|loading" | tail -12
 }
 LEVELS=${LEVELS:-1,64,256}
 bench built $LEVELS STRATA_BUILT=1
+[ -z "${BASELINE:-}" ] || BIN=$BASELINE bench baseline "${AB_LEVELS:-$LEVELS}" STRATA_BUILT=0
+for v in ${ABLATE:-}; do
+    name=${v%%:*} kernels=${v#*:}
+    timeout 240 $S bench-gpu --model $L8 --levels "${AB_LEVELS:-$LEVELS}" --kv-cache-dtypes auto --prompt-tokens 512 \
+        --output-tokens 256 --ablate "${kernels//+/ }" --out "$OUT/ablate_$name.json" > "$OUT/ablate_$name.log" 2>&1
+    echo "== without ${kernels//+/ }"; grep -E "^(bf16|fp8_e4m3) x" "$OUT/ablate_$name.log"
+done
 for v in ${AB-gemv_off:STRATA_GEMV_MAX_TOKENS=0}; do bench "${v%%:*}" "${AB_LEVELS:-$LEVELS}" ${v#*:}; done
 if [ -n "${WITH_TRANSFORMERS:-}" ]; then
     echo "== transformers on the same checkpoint"

@@ -56,6 +56,11 @@ pub struct BenchGpuArgs {
     /// highest level's sequences, contexts spread over the prompt to prompt + output tokens.
     #[arg(long)]
     pub attention: bool,
+    /// Leave these kernels (a name or part of one, as the GPU profile prints them) or cuBLASLt
+    /// products ("gemm NxK") out of every step, to time what each costs inside a CUDA graph:
+    /// the outputs are then wrong, only the times mean something.
+    #[arg(long, value_delimiter = ',', value_name = "KERNELS")]
+    pub ablate: Vec<String>,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench/results/gpu_bench.json")]
     pub out: PathBuf,
@@ -99,6 +104,8 @@ struct Report {
     ttft_512_ms: f64,
     levels: Vec<Level>,
     cuda_graphs: bool,
+    /// Kernels and products left out of every step (--ablate): timings only.
+    ablated: Vec<String>,
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -110,6 +117,13 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
+    strata_model::cuda::check_ablation(&args.ablate).map_err(anyhow::Error::msg)?;
+    if !args.ablate.is_empty() {
+        eprintln!(
+            "ablated (left out of every step; outputs are wrong, times are what the rest costs): {}",
+            args.ablate.join(", ")
+        );
+    }
     if args.attention {
         let seqs = args.levels.iter().copied().max().unwrap_or(1);
         let contexts = (args.prompt_tokens, args.prompt_tokens + args.output_tokens);
@@ -132,6 +146,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
         },
         copy_bandwidth_gb_s: bandwidth,
         cuda_graphs: !args.enforce_eager,
+        ablated: args.ablate.clone(),
         ..Default::default()
     };
     for (i, &dtype) in args.kv_cache_dtypes.iter().enumerate() {
@@ -204,7 +219,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             let pure_batch = (after.decode_step_seqs_total - before.decode_step_seqs_total) as f64 / pure_steps;
             let pure_roof = roofline_ms(pure_batch);
             let level = Level {
-                kv_cache_dtype: dtype.as_str().to_string(),
+                kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype).to_string(),
                 concurrency: n,
                 output_tok_s: out_tokens as f64 / wall,
                 total_tok_s: (out_tokens + n * args.prompt_tokens) as f64 / wall,
@@ -222,7 +237,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             };
             eprintln!(
                 "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms",
-                dtype.as_str(),
+                strata_model::cuda::kv_cache::value_type_name(dtype),
                 level.output_tok_s,
                 step_ms,
                 roof_ms,
@@ -305,6 +320,7 @@ fn start(
         pipeline_parallel_size: args.pipeline_parallel_size,
         gpu_memory_utilization: args.gpu_memory_utilization,
         enforce_eager: args.enforce_eager,
+        ablate: args.ablate.clone(),
         ..Default::default()
     };
     if multi {

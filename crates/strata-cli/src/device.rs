@@ -62,6 +62,9 @@ pub struct DeviceArgs {
     /// backend always sums in a fixed order).
     #[arg(long)]
     pub deterministic: bool,
+    /// Kernels left out of every GPU step (`bench-gpu --ablate`; not a flag of serve or run).
+    #[arg(skip)]
+    pub ablate: Vec<String>,
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -82,6 +85,7 @@ impl Default for DeviceArgs {
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
             deterministic: false,
+            ablate: Vec::new(),
         }
     }
 }
@@ -219,6 +223,7 @@ fn gpu_options(
         max_model_len: config.max_model_len.unwrap_or(model.transformer.config.max_position),
         enforce_eager: dev.enforce_eager,
         deterministic: dev.deterministic,
+        ablate: dev.ablate.clone(),
     }
 }
 

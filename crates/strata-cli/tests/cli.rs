@@ -182,3 +182,15 @@ fn the_attention_benchmark_checks_its_context_range() {
         "{msg}"
     );
 }
+
+#[test]
+fn bench_gpu_refuses_an_ablation_that_names_no_kernel() {
+    // Checked before any GPU is opened, so the same line with or without one.
+    for bad in ["nonsense", "gemm 4096", "gemm x4096", "silu_mul,"] {
+        let msg = one_line_error(&["bench-gpu", "--ablate", bad]);
+        assert!(
+            msg.contains("--ablate") && msg.contains("names no kernel") && msg.contains("gemm 4096x4096"),
+            "{bad}: {msg}"
+        );
+    }
+}

@@ -94,6 +94,7 @@ fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool, deterministic: bool) -
         max_model_len: 1024,
         enforce_eager,
         deterministic,
+        ablate: Vec::new(),
     };
     Some(GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts"))
 }
@@ -989,6 +990,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 max_model_len: 256,
                 enforce_eager: false,
                 deterministic: false,
+                ablate: Vec::new(),
             };
             let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
             for (pi, p) in prompts.iter().enumerate() {

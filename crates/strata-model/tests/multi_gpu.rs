@@ -52,6 +52,7 @@ fn options(deterministic: bool) -> GpuOptions {
         max_model_len: BLOCK * BLOCKS_PER_SEQ,
         enforce_eager: false,
         deterministic,
+        ablate: Vec::new(),
     }
 }
 

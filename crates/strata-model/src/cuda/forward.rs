@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use strata_runtime::cuda::kernels::FAMILIES;
 use strata_runtime::cuda::{
     staged_attention_shared_bytes, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec,
     Kernels, ATTENTION_WARPS, STAGED_ATTENTION_MAX_STAGES,
@@ -233,6 +234,9 @@ pub struct GpuTransformer {
     /// The bucket of the decode step being launched, if it only decodes (names the profile's
     /// entries).
     decode_bucket: Option<usize>,
+    /// `bench-gpu --ablate`: kernels (a name or part of one) and cuBLASLt products (`gemm NxK`)
+    /// left out of every step, to time what each costs inside a graph; outputs are then wrong.
+    pub ablate: Vec<String>,
 }
 
 impl Drop for GpuTransformer {
@@ -370,6 +374,7 @@ impl GpuTransformer {
             profile: KernelProfile::from_env(),
             capturing: false,
             decode_bucket: None,
+            ablate: Vec::new(),
         })
     }
 
@@ -1112,11 +1117,19 @@ impl GpuTransformer {
         shared: u32,
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<(), CudaError> {
+        if self.ablated(name) {
+            return Ok(());
+        }
         let t = self.profile_start()?;
         // SAFETY: each call site passes the arguments of the kernel's signature in its .cu file,
         // with device pointers into buffers sized for the step limits that `validate` enforces.
         unsafe { self.gpu.launch(self.kernels.get(name), grid, block, shared, args) }?;
         self.profile_end(t, || name.to_string())
+    }
+
+    /// Whether `bench-gpu --ablate` leaves the kernel or product `name` out.
+    fn ablated(&self, name: &str) -> bool {
+        self.ablate.iter().any(|a| name.contains(a.as_str()))
     }
 
     fn profile_phase(&self, name: &'static str) {
@@ -1262,6 +1275,9 @@ impl GpuTransformer {
         if let Some(g) = self.gemv_for(shape.2, shape.1) {
             return self.gemv(g.plain, w, x, y, shape, out, 0);
         }
+        if !self.ablate.is_empty() && self.ablated(&format!("gemm {}x{}", shape.0, shape.1)) {
+            return Ok(());
+        }
         let t = self.profile_start()?;
         // SAFETY: the weight and activation buffers hold the shapes given (see `new`).
         unsafe { self.gemm.matmul(&self.gpu, w, x, y, shape, out) }?;
@@ -1276,6 +1292,32 @@ impl GpuTransformer {
     }
 }
 
+/// Checks `bench-gpu --ablate`'s entries: each must name (a part of) a kernel of the .cu files or
+/// a cuBLASLt product as the GPU profile prints it (`gemm NxK`, n outputs of k inputs).
+pub fn check_ablation(entries: &[String]) -> Result<(), String> {
+    for e in entries {
+        let product = e
+            .strip_prefix("gemm ")
+            .and_then(|shape| shape.split_once('x'))
+            .is_some_and(|(n, k)| {
+                !n.is_empty() && !k.is_empty() && n.bytes().chain(k.bytes()).all(|b| b.is_ascii_digit())
+            });
+        let kernel = !e.is_empty()
+            && FAMILIES
+                .iter()
+                .flat_map(|(_, _, names)| names.iter())
+                .any(|name| name.contains(e.as_str()));
+        if !product && !kernel {
+            return Err(format!(
+                "--ablate {e:?} names no kernel or product; use a kernel name or part of one (paged_attention, \
+                 qkv_rope, add_rms_norm, silu_mul, ...) or a cuBLASLt product as the GPU profile prints it \
+                 (\"gemm 4096x4096\")"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The padded batch size a decode step of `n` sequences runs as a graph: powers of two up to 8,
 /// then multiples of 8 up to 64, then of 32; `None` past `max`.
 pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
@@ -1287,4 +1329,33 @@ pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
         n.next_multiple_of(32)
     };
     (b <= max).then_some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ablation_names_kernels_or_cublaslt_products() {
+        let ok = |e: &[&str]| check_ablation(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        for good in [
+            &["paged_attention"][..],
+            &["qkv_rope", "add_rms_norm", "silu_mul"],
+            &["gemm 4096x4096", "gemm 28672x4096"],
+            &["paged_attention_staged_bf16"],
+        ] {
+            assert!(ok(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            &[""][..],
+            &["nonsense"],
+            &["gemm 4096"],
+            &["gemm x4096"],
+            &["gemm 4096x"],
+            &["silu_mul", "gemm ax4"],
+        ] {
+            let err = ok(bad).unwrap_err();
+            assert!(err.contains("names no kernel") && !err.contains('\n'), "{bad:?}: {err}");
+        }
+    }
 }

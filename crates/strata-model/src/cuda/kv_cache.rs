@@ -29,6 +29,14 @@ pub fn value_bytes(dtype: KvCacheDtype) -> usize {
     }
 }
 
+/// The name of what one value is on the GPU: `auto` (the CPU's f32) is bf16 there.
+pub fn value_type_name(dtype: KvCacheDtype) -> &'static str {
+    match dtype {
+        KvCacheDtype::F32 => "bf16",
+        KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
+    }
+}
+
 /// Bytes per token of cache over all layers, scales included.
 pub fn bytes_per_token(c: &ModelConfig, dtype: KvCacheDtype) -> usize {
     let per_layer = 2 * c.kv_dim() * value_bytes(dtype)

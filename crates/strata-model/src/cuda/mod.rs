@@ -18,7 +18,7 @@ use crate::executor::{Executor, KvLayout};
 use crate::kv_cache::KvCacheDtype;
 use crate::transformer::Transformer;
 
-pub use forward::{GpuTransformer, ShardComms, ShardLogits, StepLimits};
+pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StepLimits};
 pub use parallel::{ParallelExecutor, ParallelLayout};
 pub use shard::Shard;
 
@@ -38,6 +38,9 @@ pub struct GpuOptions {
     /// Fixed-order GEMMs: the same greedy output on one GPU, under TP and under PP (slower; see
     /// [`GpuTransformer::set_deterministic`]).
     pub deterministic: bool,
+    /// Kernels and products left out of every step (`bench-gpu --ablate`, timing only; see
+    /// [`check_ablation`]).
+    pub ablate: Vec<String>,
 }
 
 /// The model on a GPU, ready for the engine.
@@ -158,6 +161,7 @@ impl ProbedShard {
         model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, opts.kv_cache_dtype, opts.block_size, blocks)
             .map_err(cuda)?;
         model.use_graphs = !opts.enforce_eager;
+        model.ablate = opts.ablate.clone();
         model.tune_decode_gemms().map_err(cuda)?;
         let weight_bytes = model.weights.matrix_bytes as usize;
         tracing::info!(
