@@ -466,7 +466,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             let (w32, k32, t32, bf16_out) = (width as i32, k as i32, t as i32, 0i32);
             let (nh, nk, hd32, rot32, bs32, eps) =
                 (n_heads as i32, n_kv as i32, hd as i32, rot as i32, bs as i32, 1e-5f32);
-            let shared = ((n_heads / n_kv + 3) * hd * 4) as u32;
+            let rope_threads = ((n_heads / n_kv + 2) * 32) as u32;
             let (o0, kc0, vc0) = (outs[0].ptr(), caches[0].ptr(), caches[1].ptr());
             // SAFETY: the arguments of gemm.cu's gemv_t{T} / gemv_qkv_rope_t{T} and rope.cu's
             // qkv_rope_kv_write_bf16, buffers sized as above.
@@ -482,8 +482,8 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 gpu.launch(
                     kernels.get("qkv_rope_kv_write_bf16"),
                     (t as u32, n_kv as u32, 1),
-                    256,
-                    shared,
+                    rope_threads,
+                    0,
                     &mut kernel_args!(
                         o0, bp, none, none, pp, ip, nh, nk, hd32, rot32, neox, eps, sp, kc0, vc0, none, none, bs32
                     ),
@@ -521,6 +521,221 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 // contract to FMAs differently.
                 let rel = worst_relative(g, w);
                 assert!(rel <= 1.0 / 128.0, "{shape}: {what} off by {rel}");
+            }
+        }
+    }
+}
+
+/// One case of `qkv_rope_kv_write_*`: (heads, kv heads, head dim, rotary dims, halves layout,
+/// bias, q/k norms).
+type RopeCase = (usize, usize, usize, usize, bool, bool, bool);
+
+/// What rope.cu should leave for `case`: the rewritten q/k/v rows of `t` tokens and each
+/// token's K and V heads (kv head-major), from the CPU backend's norm and rotation on the
+/// same roundings (v rounded after its bias, q/k once after the rotation).
+fn rope_reference(
+    case: RopeCase,
+    qkv: &[f32],
+    bias: &[f32],
+    norms: (&[f32], &[f32]),
+    positions: &[i32],
+    inv_freq: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    use strata_runtime::cpu::ops::{rms_norm_inplace, rope, RopeLayout};
+    let (n_heads, n_kv, hd, _, neox, with_bias, with_norms) = case;
+    let width = (n_heads + 2 * n_kv) * hd;
+    let round = |v: f32| f32::from_bits((bf16_bits(v) as u32) << 16);
+    let layout = if neox {
+        RopeLayout::Neox
+    } else {
+        RopeLayout::Interleaved
+    };
+    let (mut out, mut k_heads, mut v_heads) = (qkv.to_vec(), Vec::new(), Vec::new());
+    for (t, &pos) in positions.iter().enumerate() {
+        let row = &mut out[t * width..(t + 1) * width];
+        if with_bias {
+            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+        }
+        let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
+            .iter()
+            .map(|f| ((pos as f32 * f).cos(), (pos as f32 * f).sin()))
+            .unzip();
+        for (h, head) in row.chunks_exact_mut(hd).enumerate() {
+            if h >= n_heads + n_kv {
+                head.iter_mut().for_each(|v| *v = round(*v));
+                continue;
+            }
+            if with_norms {
+                rms_norm_inplace(head, if h < n_heads { norms.0 } else { norms.1 }, 1e-6);
+            }
+            rope(head, hd, &cos, &sin, layout);
+            head.iter_mut().for_each(|v| *v = round(*v));
+        }
+        for kvh in 0..n_kv {
+            k_heads.extend_from_slice(&row[(n_heads + kvh) * hd..(n_heads + kvh + 1) * hd]);
+            v_heads.extend_from_slice(&row[(n_heads + n_kv + kvh) * hd..(n_heads + n_kv + kvh + 1) * hd]);
+        }
+    }
+    (out, k_heads, v_heads)
+}
+
+#[test]
+fn rope_and_cache_write_match_the_cpu_rotation() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let gpu = Gpu::open(0, &libs).unwrap();
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    let (bs, blocks, t) = (16usize, 8usize, 5usize);
+    // SmolLM2, Llama-3-8B, Qwen2 (bias), Qwen3 (q/k norms), partial rotary, adjacent pairs with
+    // one dim a lane (head_dim 32) and with a bias, head_dim 256.
+    let cases: [RopeCase; 8] = [
+        (9, 3, 64, 64, true, false, false),
+        (32, 8, 128, 128, true, false, false),
+        (28, 4, 128, 128, true, true, false),
+        (16, 8, 128, 128, true, false, true),
+        (4, 1, 128, 64, true, true, false),
+        (4, 2, 32, 32, false, false, true),
+        (4, 2, 64, 64, false, true, false),
+        (8, 1, 256, 256, true, false, false),
+    ];
+    for case in cases {
+        let (n_heads, n_kv, hd, rot, neox, with_bias, with_norms) = case;
+        let width = (n_heads + 2 * n_kv) * hd;
+        let qkv_bits = random_bf16(t * width, 71);
+        let qkv_f32: Vec<f32> = qkv_bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+        let bias = random_f32(width, 72);
+        let (q_norm, k_norm): (Vec<f32>, Vec<f32>) = (
+            random_f32(hd, 73).into_iter().map(|v| 0.5 + v.abs()).collect(),
+            random_f32(hd, 74).into_iter().map(|v| 0.5 + v.abs()).collect(),
+        );
+        let inv: Vec<f32> = (0..rot / 2)
+            .map(|i| 10000f32.powf(-2.0 * i as f32 / rot as f32))
+            .collect();
+        let positions: Vec<i32> = (0..t as i32).map(|j| 3 + 211 * j).collect();
+        let slots: Vec<i32> = (0..t as i32).map(|j| 1 + 19 * j).collect();
+        let (want_qkv, want_k, want_v) = rope_reference(case, &qkv_f32, &bias, (&q_norm, &k_norm), &positions, &inv);
+        let shape =
+            format!("heads {n_heads}/{n_kv} x {hd}, rot {rot}, neox {neox}, bias {with_bias}, norms {with_norms}");
+        for fp8 in [false, true] {
+            let elem = if fp8 { 1 } else { 2 };
+            let cache_bytes = blocks * n_kv * bs * hd * elem;
+            let up = |v: &[f32], what: &'static str| gpu.upload(v, what).unwrap();
+            let (b_buf, qn_buf, kn_buf, inv_buf) = (
+                up(&bias, "bias"),
+                up(&q_norm, "q_norm"),
+                up(&k_norm, "k_norm"),
+                up(&inv, "inv_freq"),
+            );
+            let qkv = gpu.upload(&qkv_bits, "qkv").unwrap();
+            let (pos, sl) = (
+                gpu.upload(&positions, "positions").unwrap(),
+                gpu.upload(&slots, "slots").unwrap(),
+            );
+            let zeros = vec![0u8; cache_bytes];
+            let (kc, vc) = (
+                gpu.upload(&zeros, "k cache").unwrap(),
+                gpu.upload(&zeros, "v cache").unwrap(),
+            );
+            let scales = vec![0f32; blocks * n_kv * bs];
+            let (ks, vs) = (
+                gpu.upload(&scales, "k scales").unwrap(),
+                gpu.upload(&scales, "v scales").unwrap(),
+            );
+            let none = 0u64;
+            let bp = if with_bias { b_buf.ptr() } else { none };
+            let (qn, kn) = if with_norms {
+                (qn_buf.ptr(), kn_buf.ptr())
+            } else {
+                (none, none)
+            };
+            let (qp, pp, ip, sp, kcp, vcp, ksp, vsp) = (
+                qkv.ptr(),
+                pos.ptr(),
+                inv_buf.ptr(),
+                sl.ptr(),
+                kc.ptr(),
+                vc.ptr(),
+                ks.ptr(),
+                vs.ptr(),
+            );
+            let (nh, nk, hd32, rot32, neox32, eps, bs32) = (
+                n_heads as i32,
+                n_kv as i32,
+                hd as i32,
+                rot as i32,
+                neox as i32,
+                1e-6f32,
+                bs as i32,
+            );
+            let kernel = if fp8 {
+                "qkv_rope_kv_write_fp8"
+            } else {
+                "qkv_rope_kv_write_bf16"
+            };
+            // SAFETY: the arguments of rope.cu's kernel, buffers sized as above.
+            unsafe {
+                gpu.launch(
+                    kernels.get(kernel),
+                    (t as u32, n_kv as u32, 1),
+                    ((n_heads / n_kv + 2) * 32) as u32,
+                    0,
+                    &mut kernel_args!(
+                        qp, bp, qn, kn, pp, ip, nh, nk, hd32, rot32, neox32, eps, sp, kcp, vcp, ksp, vsp, bs32
+                    ),
+                )
+            }
+            .unwrap();
+            let got_qkv = read_bf16(&gpu, &qkv, t * width);
+            let rel = worst_relative(&got_qkv, &want_qkv);
+            // One bf16 step of the largest value at most: sincosf and the norm's sum differ
+            // from the CPU's in the last bits.
+            assert!(rel <= 1.0 / 128.0, "{shape}: q/k/v off by {rel}");
+            // Each token's K and V heads from their cache slots.
+            let mut cache_k = Vec::new();
+            let mut cache_v = Vec::new();
+            let (k_raw, v_raw, k_sc, v_sc) = if fp8 {
+                let mut k = vec![0u8; cache_bytes];
+                let mut v = vec![0u8; cache_bytes];
+                let mut ksc = scales.clone();
+                let mut vsc = scales.clone();
+                gpu.read(&kc, 0, &mut k).unwrap();
+                gpu.read(&vc, 0, &mut v).unwrap();
+                gpu.read(&ks, 0, &mut ksc).unwrap();
+                gpu.read(&vs, 0, &mut vsc).unwrap();
+                (k, v, ksc, vsc)
+            } else {
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new())
+            };
+            let (k_bf, v_bf) = if fp8 {
+                (Vec::new(), Vec::new())
+            } else {
+                (
+                    read_bf16(&gpu, &kc, cache_bytes / 2),
+                    read_bf16(&gpu, &vc, cache_bytes / 2),
+                )
+            };
+            for &s in &slots {
+                let (block, slot) = (s as usize / bs, s as usize % bs);
+                for kvh in 0..n_kv {
+                    let vec = (block * n_kv + kvh) * bs + slot;
+                    for d in 0..hd {
+                        let i = vec * hd + d;
+                        if fp8 {
+                            cache_k.push(strata_model::kv_cache::e4m3_to_f32(k_raw[i]) * k_sc[vec]);
+                            cache_v.push(strata_model::kv_cache::e4m3_to_f32(v_raw[i]) * v_sc[vec]);
+                        } else {
+                            cache_k.push(k_bf[i]);
+                            cache_v.push(v_bf[i]);
+                        }
+                    }
+                }
+            }
+            // e4m3 keeps 3 bits of mantissa: half a step is 1/16 of a value, at most the largest.
+            let tol = if fp8 { 1.0 / 16.0 } else { 1.0 / 128.0 };
+            for (what, got, want) in [("k cache", &cache_k, &want_k), ("v cache", &cache_v, &want_v)] {
+                let rel = worst_relative(got, want);
+                assert!(rel <= tol, "{shape}, fp8 {fp8}: {what} off by {rel}");
             }
         }
     }

@@ -15,9 +15,7 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
     u32 packed[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const float a = g[2 * i] / (1.0f + __expf(-g[2 * i])) * u[2 * i];
-        const float b = g[2 * i + 1] / (1.0f + __expf(-g[2 * i + 1])) * u[2 * i + 1];
-        packed[i] = (u32)f2bf(a) | ((u32)f2bf(b) << 16);
+        packed[i] = (u32)f2bf(silu_times(g[2 * i], u[2 * i])) | ((u32)f2bf(silu_times(g[2 * i + 1], u[2 * i + 1])) << 16);
     }
     ((uint4*)(out + t * inter))[c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }

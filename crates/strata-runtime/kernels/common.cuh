@@ -38,6 +38,9 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// silu(g) * u, the activation of a gate/up pair (the division approximate: one reciprocal).
+__device__ __forceinline__ float silu_times(float g, float u) { return __fdividef(g, 1.0f + __expf(-g)) * u; }
+
 // Eight bf16 packed in 16 bytes (lowest first) as f32.
 __device__ __forceinline__ void unpack8(uint4 v, float* out) {
     const u32 words[4] = {v.x, v.y, v.z, v.w};

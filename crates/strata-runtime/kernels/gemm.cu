@@ -403,7 +403,7 @@ __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x
     for (int j = 0; j < T; j++) {
         if (j < t) {
             const float g = bf2f(f2bf(acc[0][j] * s[j])), u = bf2f(f2bf(acc[1][j] * s[j]));
-            out[(size_t)j * inter + row] = f2bf(g / (1.0f + __expf(-g)) * u);
+            out[(size_t)j * inter + row] = f2bf(silu_times(g, u));
         }
     }
 }

@@ -1,13 +1,18 @@
-// Post-processing of the fused QKV projection, one block per (token, KV head): bias (Qwen2),
-// per-head RMSNorm of q and k (Qwen3), rotary embeddings in either layout, then the write of the
-// token's K and V into its slot of the paged cache (bf16 as is, or fp8 e4m3 with one scale per
-// (token, head)). Cache layout per layer: [block][kv_head][slot][dim].
+// Post-processing of the fused QKV projection, one warp per head of a (token, KV head): bias
+// (Qwen2), per-head RMSNorm of q and k (Qwen3), rotary embeddings in either layout, then the write
+// of the token's K and V into its slot of the paged cache (bf16 as is, or fp8 e4m3 with one scale
+// per (token, head)). Cache layout per layer: [block][kv_head][slot][dim].
+
+// The most dims a lane holds: head_dim / 32 for head_dim up to 256.
+#define ROPE_MAX_PER_LANE 8
 
 // qkv: [tokens, (n_heads + 2 * n_kv) * head_dim] bf16, rewritten in place. bias: f32 of that
 // width, or null. q_norm / k_norm: f32 [head_dim] or null. inv_freq: f32 [rot_dim / 2]. neox: 1
 // for halves, 0 for adjacent pairs. slots[t] = block * block_size + slot.
-// Block (t, h) handles KV head h: its group's query heads, then its k head, then its v head, in
-// shared memory as local heads 0..group+1, plus the rotated k as written.
+// Block (t, h) has group + 2 warps for KV head h: its group's query heads, then its k head, then
+// its v head. Lane l holds dims l * per .. (per = head_dim / 32) in registers, so a rotation's
+// partner is in the same lane or (halves) in lane l ± half / per, which the host checks is whole
+// (rot_dim a multiple of 2 * per); nothing goes through shared memory.
 template <bool FP8>
 __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restrict__ bias,
                                   const float* __restrict__ q_norm, const float* __restrict__ k_norm,
@@ -16,94 +21,110 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
                                   const int* __restrict__ slots, void* __restrict__ k_cache,
                                   void* __restrict__ v_cache, float* __restrict__ k_scale,
                                   float* __restrict__ v_scale, int block_size) {
-    extern __shared__ float row[];
     const int t = blockIdx.x, kvh = blockIdx.y;
     const int group = n_heads / n_kv;
+    const int lh = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lh >= group + 2) return;
+    const bool is_k = lh == group, is_v = lh == group + 1;
+    const int per = head_dim >> 5;
+    const int h = lh < group ? kvh * group + lh : (is_k ? n_heads + kvh : n_heads + n_kv + kvh);
     const int width = (n_heads + 2 * n_kv) * head_dim;
-    const int local_heads = group + 2;
-    float* krot = row + local_heads * head_dim;
-    bf16* x = qkv + (size_t)t * width;
-    // The offset in the token's row of local head lh.
-    auto head_at = [&](int lh) {
-        const int h = lh < group ? kvh * group + lh : (lh == group ? n_heads + kvh : n_heads + n_kv + kvh);
-        return h * head_dim;
-    };
-    for (int i = threadIdx.x; i < local_heads * head_dim; i += blockDim.x) {
-        const int lh = i / head_dim, gi = head_at(lh) + i % head_dim;
-        float v = bf2f(x[gi]);
-        if (bias) v += bias[gi];
-        if (lh <= group) {
-            row[i] = v;
-        } else {
-            if (bias) x[gi] = f2bf(v);
-            row[i] = bf2f(f2bf(v));
+    bf16* x = qkv + (size_t)t * width + h * head_dim + lane * per;
+    const float* b = bias ? bias + h * head_dim + lane * per : nullptr;
+
+    float v[ROPE_MAX_PER_LANE];
+#pragma unroll
+    for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
+        if (e < per) {
+            v[e] = bf2f(x[e]);
+            if (b) v[e] += b[e];
+            // v as the cache and attention will see it: rounded once, after the bias.
+            if (is_v) v[e] = bf2f(f2bf(v[e]));
         }
     }
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    if (q_norm) {
-        for (int lh = warp; lh <= group; lh += warps) {
-            float* hr = row + lh * head_dim;
-            const float* w = lh < group ? q_norm : k_norm;
+    if (is_v) {
+        if (b) {
+#pragma unroll
+            for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+                if (e < per) x[e] = f2bf(v[e]);
+        }
+    } else {
+        const float* w = is_k ? k_norm : q_norm;
+        if (w) {
             float ss = 0.0f;
-            for (int i = lane; i < head_dim; i += 32) ss += hr[i] * hr[i];
+#pragma unroll
+            for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+                if (e < per) ss += v[e] * v[e];
             const float scale = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
-            for (int i = lane; i < head_dim; i += 32) hr[i] = hr[i] * scale * w[i];
+#pragma unroll
+            for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+                if (e < per) v[e] = v[e] * scale * w[lane * per + e];
         }
-        __syncthreads();
-    }
-    const int half = rot_dim / 2;
-    const float pos = (float)positions[t];
-    for (int j = threadIdx.x; j < (group + 1) * head_dim; j += blockDim.x) {
-        const int lh = j / head_dim, d = j % head_dim;
-        float v = row[j];
-        if (d < rot_dim) {
-            int i, partner;
-            bool first;
-            if (neox) {
-                first = d < half;
-                i = first ? d : d - half;
-                partner = first ? d + half : d - half;
-            } else {
-                first = (d & 1) == 0;
-                i = d >> 1;
-                partner = first ? d + 1 : d - 1;
+        const int half = rot_dim / 2;
+        const float pos = (float)positions[t];
+        const int d0 = lane * per;
+        // Halves: every dim of this lane is in the same half, so its partners are in one lane.
+        const bool first_half = d0 < half;
+        const int src = (neox && d0 < rot_dim) ? (first_half ? lane + half / per : lane - half / per) : lane;
+        float o[ROPE_MAX_PER_LANE];
+#pragma unroll
+        for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
+            if (e < per) {
+                if (neox) {
+                    o[e] = __shfl_sync(FULL_MASK, v[e], src);
+                } else {
+                    // Adjacent pairs: the partner is the neighbouring dim, in this lane unless a
+                    // lane holds one dim (head_dim 32; per is even otherwise, the host checks).
+                    o[e] = per == 1 ? __shfl_xor_sync(FULL_MASK, v[e], 1) : v[e ^ 1];
+                }
             }
-            float s, c;
-            sincosf(pos * inv_freq[i], &s, &c);
-            const float o = row[lh * head_dim + partner];
-            v = first ? v * c - o * s : o * s + v * c;
         }
-        const bf16 b = f2bf(v);
-        x[head_at(lh) + d] = b;
-        if (lh == group) krot[d] = bf2f(b);
+#pragma unroll
+        for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
+            const int d = d0 + e;
+            if (e < per && d < rot_dim) {
+                const bool first = neox ? first_half : (d & 1) == 0;
+                const int i = neox ? (first ? d : d - half) : d >> 1;
+                float s, c;
+                sincosf(pos * inv_freq[i], &s, &c);
+                v[e] = first ? v[e] * c - o[e] * s : o[e] * s + v[e] * c;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
+            if (e < per) {
+                const bf16 r = f2bf(v[e]);
+                x[e] = r;
+                v[e] = bf2f(r);
+            }
+        }
+        if (!is_k) return;
     }
-    __syncthreads();
+    // The k warp and the v warp write their head into the cache.
     const int s = slots[t];
     const int block = s / block_size, slot = s % block_size;
     const size_t vec = ((size_t)block * n_kv + kvh) * block_size + slot;
-    const float* vrow = row + (group + 1) * head_dim;
+    const size_t at = vec * head_dim + lane * per;
     if (!FP8) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            ((bf16*)k_cache)[vec * head_dim + d] = f2bf(krot[d]);
-            ((bf16*)v_cache)[vec * head_dim + d] = f2bf(vrow[d]);
-        }
+        bf16* dst = (bf16*)(is_v ? v_cache : k_cache) + at;
+#pragma unroll
+        for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+            if (e < per) dst[e] = f2bf(v[e]);
         return;
     }
-    // fp8: warp 0 encodes K, warp 1 V (the same warp both in a one-warp block): amax,
-    // scale = amax / 448, encode.
-    for (int job = warp; job < 2; job += warps) {
-        const bool is_v = job == 1;
-        const float* src = is_v ? vrow : krot;
-        float amax = 0.0f;
-        for (int d = lane; d < head_dim; d += 32) amax = fmaxf(amax, fabsf(src[d]));
-        amax = warp_max(amax);
-        const float scale = (amax > 0.0f && isfinite(amax)) ? amax / 448.0f : 1.0f;
-        const float inv = 1.0f / scale;
-        fp8* dst = (fp8*)(is_v ? v_cache : k_cache) + vec * head_dim;
-        for (int d = lane; d < head_dim; d += 32) dst[d] = f2e4m3(src[d] * inv);
-        if (lane == 0) (is_v ? v_scale : k_scale)[vec] = scale;
-    }
+    // fp8: amax over the head, scale = amax / 448, encode.
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+        if (e < per) amax = fmaxf(amax, fabsf(v[e]));
+    amax = warp_max(amax);
+    const float scale = (amax > 0.0f && isfinite(amax)) ? amax / 448.0f : 1.0f;
+    const float inv = 1.0f / scale;
+    fp8* dst = (fp8*)(is_v ? v_cache : k_cache) + at;
+#pragma unroll
+    for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+        if (e < per) dst[e] = f2e4m3(v[e] * inv);
+    if (lane == 0) (is_v ? v_scale : k_scale)[vec] = scale;
 }
 
 #define ROPE_ARGS                                                                                              \
@@ -114,7 +135,7 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
     qkv, bias, q_norm, k_norm, positions, inv_freq, n_heads, n_kv, head_dim, rot_dim, neox, eps, slots,      \
         k_cache, v_cache, k_scale, v_scale, block_size
 
-// Grid (tokens, n_kv); shared memory: (n_heads / n_kv + 3) * head_dim floats.
+// Grid (tokens, n_kv), (n_heads / n_kv + 2) * 32 threads, no shared memory.
 extern "C" __global__ void qkv_rope_kv_write_bf16(ROPE_ARGS) {
     wait_for_previous_kernel();
     qkv_rope_kv_write<false>(ROPE_CALL);

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::kernels::FAMILIES;
 use strata_runtime::cuda::{
     staged_attention_shared_bytes, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec,
@@ -30,8 +31,6 @@ const MAX_PARTS: usize = 16;
 const SPLIT_MAX_TOKENS: usize = 64;
 /// Threads of the row-wise kernels (norm.cu holds a row of up to 16 per thread in registers).
 const ROW_THREADS: u32 = 1024;
-/// Threads of a RoPE + KV-write block (one per token and KV head).
-const ROPE_THREADS: u32 = 256;
 /// Parts the reduction of every GEMM is cut into under `--deterministic` (gemm.cu's
 /// FO_MAX_CHUNKS): the largest TP size whose results equal one GPU's bit for bit.
 pub const DETERMINISTIC_CHUNKS: usize = 8;
@@ -288,6 +287,10 @@ impl GpuTransformer {
                 ),
             });
         }
+        rope_fits_the_lanes(&local).map_err(|log| CudaError::Compile {
+            family: "rope".into(),
+            log,
+        })?;
         let spec = KernelSpec {
             head_dim: local.head_dim,
             group: local.n_heads / local.n_kv_heads.max(1),
@@ -751,7 +754,7 @@ impl GpuTransformer {
         }
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let rot = c.rope.dim as i32;
-        let neox = matches!(c.rope.layout, strata_runtime::cpu::ops::RopeLayout::Neox) as i32;
+        let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
         let inv_freq = self.inv_freq.ptr();
         let bs = self.kv.block_size as i32;
         let max_blocks = self.limits.max_blocks(self.kv.block_size) as i32;
@@ -826,7 +829,6 @@ impl GpuTransformer {
                     Some(g) => self.gemv(g.plain, wqkv, xn, qkv, shape, GemmOut::Bf16, attn_norm_in)?,
                     None => self.matmul(wqkv, xn, qkv, shape, GemmOut::Bf16)?,
                 }
-                let shared = ((c.n_heads / c.n_kv_heads + 3) * c.head_dim * 4) as u32;
                 let rope_kernel = if fp8 {
                     "qkv_rope_kv_write_fp8"
                 } else {
@@ -835,8 +837,8 @@ impl GpuTransformer {
                 self.launch(
                     rope_kernel,
                     (t as u32, c.n_kv_heads as u32, 1),
-                    ROPE_THREADS,
-                    shared,
+                    ((c.n_heads / c.n_kv_heads + 2) * 32) as u32,
+                    0,
                     &mut kernel_args!(
                         qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,
                         vs, bs
@@ -1316,6 +1318,25 @@ pub fn check_ablation(entries: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// rope.cu gives each lane head_dim / 32 consecutive dims: a rotation's partner must be in the
+/// same lane or, for halves, a whole number of lanes away.
+fn rope_fits_the_lanes(c: &ModelConfig) -> Result<(), String> {
+    let per = (c.head_dim / 32).max(1);
+    let fits = match c.rope.layout {
+        RopeLayout::Neox => c.rope.dim.is_multiple_of(2 * per),
+        RopeLayout::Interleaved => per == 1 || per.is_multiple_of(2),
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(format!(
+        "rotary embeddings over {} of {} dims ({:?} layout) are not supported by the CUDA RoPE kernel \
+         (halves: rotary dims a multiple of head_dim / 16; adjacent pairs: head_dim / 32 of 1 or even); \
+         use --device cpu",
+        c.rope.dim, c.head_dim, c.rope.layout
+    ))
 }
 
 /// The padded batch size a decode step of `n` sequences runs as a graph: powers of two up to 8,
