@@ -245,6 +245,19 @@ struct NormIn {
     }
 };
 
+// gemv_rows over two rows, and each token's norm scale s from `norm_in` (NormIn; 1 when null).
+// True in thread 0, which holds both; every other thread is done.
+template <int T>
+__device__ __forceinline__ bool gemv_rows_normed(const bf16* __restrict__ w, const bf16* __restrict__ x, int k, int t,
+                                                 const int (&rows)[2], const u64* __restrict__ norm_in, float eps,
+                                                 float (&acc)[2][T], float (&s)[T]) {
+    NormIn<T> norm{norm_in};
+    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return false;
+    norm.scales(t, k, eps, s);
+    return threadIdx.x == 0;
+}
+
 // Adds one block's share ss (>= 0) of token j's sum of squares into its slot.
 __device__ __forceinline__ void norm_add(u64* __restrict__ sums, int j, float ss) {
     u64* slot = sums + ((size_t)j * NORM_SLOTS + blockIdx.x % NORM_SLOTS) * 2;
@@ -260,13 +273,8 @@ __device__ void gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, voi
     const int row = 2 * blockIdx.x;
     const bool pair = row + 1 < n;
     const int rows[2] = {row, pair ? row + 1 : row};
-    float acc[2][T];
-    NormIn<T> norm{norm_in};
-    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
-    if (threadIdx.x >= 32) return;
-    float s[T];
-    norm.scales(t, k, eps, s);
-    if (threadIdx.x != 0) return;
+    float acc[2][T], s[T];
+    if (!gemv_rows_normed<T>(w, x, k, t, rows, norm_in, eps, acc, s)) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (r == 1 && !pair) break;
@@ -346,13 +354,8 @@ __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict
         d1 = d0 + 1;
     }
     const int rows[2] = {head * head_dim + d0, head * head_dim + d1};
-    float acc[2][T];
-    NormIn<T> norm{norm_in};
-    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
-    if (threadIdx.x >= 32) return;
-    float s[T];
-    norm.scales(t, k, eps, s);
-    if (threadIdx.x != 0) return;
+    float acc[2][T], s[T];
+    if (!gemv_rows_normed<T>(w, x, k, t, rows, norm_in, eps, acc, s)) return;
     const int width = (n_heads + 2 * n_kv) * head_dim;
 #pragma unroll
     for (int j = 0; j < T; j++) {
@@ -392,13 +395,8 @@ __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x
                           int k, int t, const u64* __restrict__ norm_in, float eps) {
     const int row = blockIdx.x;
     const int rows[2] = {row, row + inter};
-    float acc[2][T];
-    NormIn<T> norm{norm_in};
-    gemv_rows<T, 2>(w, x, k, t, rows, acc, [&] { norm.load(t); });
-    if (threadIdx.x >= 32) return;
-    float s[T];
-    norm.scales(t, k, eps, s);
-    if (threadIdx.x != 0) return;
+    float acc[2][T], s[T];
+    if (!gemv_rows_normed<T>(w, x, k, t, rows, norm_in, eps, acc, s)) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
         if (j < t) {
