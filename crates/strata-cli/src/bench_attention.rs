@@ -4,9 +4,8 @@
 use std::path::Path;
 
 use serde::Serialize;
-use strata_runtime::cuda::kernels::{staged_attention_shared_bytes, KernelSpec, Kernels, ATTENTION_WARPS};
-use strata_runtime::cuda::{libraries, DeviceBuffer, Gpu};
-use strata_runtime::kernel_args;
+use strata_runtime::cuda::kernels::{KernelSpec, Kernels};
+use strata_runtime::cuda::{libraries, AttentionCall, DeviceBuffer, Gpu};
 
 /// Llama-3-8B's attention: head width, query heads per KV head, KV heads; the engine's block size.
 const HEAD_DIM: usize = 128;
@@ -191,46 +190,31 @@ fn launch_attention(
     stages: usize,
     parts: usize,
 ) -> anyhow::Result<()> {
-    let (qp, kp, vp, sp) = (b.q.ptr(), b.k.ptr(), b.v.ptr(), b.scales.ptr());
-    let (tp, tsp, pp, op, ap, mp) = (
-        b.tables.ptr(),
-        b.token_seq.ptr(),
-        b.positions.ptr(),
-        b.out.ptr(),
-        b.part_acc.ptr(),
-        b.part_ml.ptr(),
-    );
-    let (q_stride, mb, nkv, bs, scale, st) = (
-        (N_KV * GROUP * HEAD_DIM) as i32,
-        b.max_blocks as i32,
-        N_KV as i32,
-        BLOCK_SIZE as i32,
-        0.088f32,
-        stages as i32,
-    );
-    let mut args = kernel_args!(qp, q_stride, kp, vp, sp, sp, tp, mb, tsp, pp, op, ap, mp, nkv, bs, scale, st);
-    let n_args = args.len() - usize::from(stages == 0);
-    let args = &mut args[..n_args];
-    let shared = staged_attention_shared_bytes(HEAD_DIM, fp8, stages) as u32;
-    // SAFETY: attention.cu's argument list, buffers sized above for `seqs` tokens and 4 parts.
-    unsafe {
-        gpu.launch(
-            kernels.get(kernel),
-            (b.seqs as u32, N_KV as u32, parts as u32),
-            (ATTENTION_WARPS * 32) as u32,
-            shared,
-            args,
-        )?;
-        if parts > 1 {
-            let p = parts as i32;
-            gpu.launch(
-                kernels.get("attention_reduce"),
-                (b.seqs as u32, (N_KV * GROUP) as u32, 1),
-                HEAD_DIM as u32,
-                0,
-                &mut kernel_args!(ap, mp, op, p),
-            )?;
-        }
-    }
+    let call = AttentionCall {
+        q: b.q.ptr(),
+        q_stride: (N_KV * GROUP * HEAD_DIM) as i32,
+        k_cache: b.k.ptr(),
+        v_cache: b.v.ptr(),
+        k_scale: b.scales.ptr(),
+        v_scale: b.scales.ptr(),
+        block_tables: b.tables.ptr(),
+        max_blocks: b.max_blocks as i32,
+        token_seq: b.token_seq.ptr(),
+        positions: b.positions.ptr(),
+        out: b.out.ptr(),
+        part_acc: b.part_acc.ptr(),
+        part_ml: b.part_ml.ptr(),
+        n_kv: N_KV as i32,
+        block_size: BLOCK_SIZE as i32,
+        scale: 0.088,
+        stages: stages as i32,
+        tokens: b.seqs,
+        parts: parts as i32,
+        n_heads: N_KV * GROUP,
+        head_dim: HEAD_DIM,
+        fp8,
+    };
+    // SAFETY: buffers sized above for `seqs` tokens and 4 parts.
+    unsafe { call.launch(gpu, kernels, kernel) }?;
     Ok(())
 }

@@ -11,10 +11,9 @@ use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
 use strata_runtime::cuda::kernels::{
-    compile_all, nvrtc_available, staged_attention_shared_bytes, KernelSpec, Kernels, FAMILIES,
-    STAGED_ATTENTION_MAX_STAGES,
+    compile_all, nvrtc_available, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
 };
-use strata_runtime::cuda::{libraries, DeviceBuffer, Gemm, GemmOut, Gpu};
+use strata_runtime::cuda::{libraries, AttentionCall, DeviceBuffer, Gemm, GemmOut, Gpu};
 use strata_runtime::kernel_args;
 
 #[test]
@@ -906,45 +905,33 @@ fn run_attention(
     let out = gpu.alloc(tokens * width * 2, "out").unwrap();
     let part_acc = gpu.alloc(tokens * n_heads * parts * head_dim * 4, "partials").unwrap();
     let part_ml = gpu.alloc(tokens * n_heads * parts * 2 * 4, "partials").unwrap();
-    let (qp, kp, vp, tp, sp, pp) = (
-        q.ptr(),
-        cache.k.ptr(),
-        cache.v.ptr(),
-        tables.ptr(),
-        token_seq.ptr(),
-        positions.ptr(),
-    );
-    let (ksp, vsp) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
-    let (op, ap, mp) = (out.ptr(), part_acc.ptr(), part_ml.ptr());
-    let (q_stride, mb, nkv, bs, scale) = (width as i32, max_blocks as i32, n_kv as i32, block_size as i32, 0.3f32);
-    let st = stages as i32;
-    let shared = staged_attention_shared_bytes(head_dim, cache.scales.is_some(), stages) as u32;
-    let mut args = kernel_args!(qp, q_stride, kp, vp, ksp, vsp, tp, mb, sp, pp, op, ap, mp, nkv, bs, scale, st);
-    // The staged kernels take the stage count last; the others stop before it.
-    let n_args = args.len() - usize::from(stages == 0);
-    let args = &mut args[..n_args];
-    // SAFETY: the arguments of attention.cu's kernels, buffers sized by the caller for these shapes.
-    unsafe {
-        gpu.launch(
-            kernels.get(kernel),
-            (tokens as u32, n_kv as u32, parts as u32),
-            128,
-            shared,
-            args,
-        )
-        .unwrap();
-        if parts > 1 {
-            let p = parts as i32;
-            gpu.launch(
-                kernels.get("attention_reduce"),
-                (tokens as u32, n_heads as u32, 1),
-                head_dim as u32,
-                0,
-                &mut kernel_args!(ap, mp, op, p),
-            )
-            .unwrap();
-        }
-    }
+    let (k_scale, v_scale) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
+    let call = AttentionCall {
+        q: q.ptr(),
+        q_stride: width as i32,
+        k_cache: cache.k.ptr(),
+        v_cache: cache.v.ptr(),
+        k_scale,
+        v_scale,
+        block_tables: tables.ptr(),
+        max_blocks: max_blocks as i32,
+        token_seq: token_seq.ptr(),
+        positions: positions.ptr(),
+        out: out.ptr(),
+        part_acc: part_acc.ptr(),
+        part_ml: part_ml.ptr(),
+        n_kv: n_kv as i32,
+        block_size: block_size as i32,
+        scale: 0.3,
+        stages: stages as i32,
+        tokens,
+        parts: parts as i32,
+        n_heads,
+        head_dim,
+        fp8: cache.scales.is_some(),
+    };
+    // SAFETY: buffers sized by the caller for these shapes.
+    unsafe { call.launch(gpu, kernels, kernel) }.unwrap();
     let mut bits = vec![0u16; tokens * width];
     gpu.read(&out, 0, &mut bits).unwrap();
     bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect()

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::kernels::FAMILIES;
 use strata_runtime::cuda::{
-    staged_attention_shared_bytes, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec,
-    Kernels, ATTENTION_WARPS, STAGED_ATTENTION_MAX_STAGES,
+    AttentionCall, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels,
+    STAGED_ATTENTION_MAX_STAGES,
 };
 use strata_runtime::kernel_args;
 
@@ -851,30 +851,35 @@ impl GpuTransformer {
                 Some(staged) if t > SPLIT_MAX_TOKENS && self.decode_bucket.is_some() => staged,
                 _ => (self.attention_kernel, 0),
             };
-            let shared = staged_attention_shared_bytes(c.head_dim, fp8, stages) as u32;
-            let st = stages as i32;
-            let mut args = kernel_args!(
-                qkv, width, kc, vc, ks, vs, tables, max_blocks, token_seq, positions, attn, part_acc, part_ml, n_kv,
-                bs, scale, st
-            );
-            // The staged kernels take the stage count last; the others stop before it.
-            let n_args = args.len() - usize::from(stages == 0);
-            self.launch(
-                kernel,
-                (t as u32, c.n_kv_heads as u32, parts as u32),
-                (ATTENTION_WARPS * 32) as u32,
-                shared,
-                &mut args[..n_args],
-            )?;
+            let call = AttentionCall {
+                q: qkv,
+                q_stride: width,
+                k_cache: kc,
+                v_cache: vc,
+                k_scale: ks,
+                v_scale: vs,
+                block_tables: tables,
+                max_blocks,
+                token_seq,
+                positions,
+                out: attn,
+                part_acc,
+                part_ml,
+                n_kv,
+                block_size: bs,
+                scale,
+                stages: stages as i32,
+                tokens: t,
+                parts: parts as i32,
+                n_heads: c.n_heads,
+                head_dim: c.head_dim,
+                fp8,
+            };
+            let (grid, threads, shared) = call.shape();
+            self.launch(kernel, grid, threads, shared, &mut call.args())?;
             if parts > 1 {
-                let p = parts as i32;
-                self.launch(
-                    "attention_reduce",
-                    (t as u32, c.n_heads as u32, 1),
-                    c.head_dim as u32,
-                    0,
-                    &mut kernel_args!(part_acc, part_ml, attn, p),
-                )?;
+                let (grid, threads) = call.reduce_shape();
+                self.launch("attention_reduce", grid, threads, 0, &mut call.reduce_args())?;
             }
             let mlp_norm_in = if let Some(g) = gemv_norms {
                 self.gemv_residual(g, wo, attn, (c.hidden, c.q_dim(), t), sums(2 * li + 1))?;

@@ -1,12 +1,14 @@
 //! The CUDA backend (feature `cuda`): device, buffers and stream, NVRTC-compiled kernels,
 //! cuBLASLt GEMMs and CUDA graphs. Libraries are loaded at run time, so it builds without CUDA.
 
+pub mod attention_call;
 pub mod device;
 pub mod gemm;
 pub mod kernels;
 pub mod libraries;
 pub mod nccl;
 
+pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph};
 pub use gemm::{Gemm, GemmOut};
 pub use kernels::{staged_attention_shared_bytes, KernelSpec, Kernels, ATTENTION_WARPS, STAGED_ATTENTION_MAX_STAGES};

@@ -1,0 +1,197 @@
+//! One paged-attention call (attention.cu): its arguments in the one order its kernels take them,
+//! and its launch shape; the forward pass, the CUDA tests and `bench-gpu --attention` launch from it.
+
+use std::ffi::c_void;
+
+use super::device::Gpu;
+use super::kernels::{staged_attention_shared_bytes, Kernels, ATTENTION_WARPS};
+use super::CudaError;
+use crate::kernel_args;
+
+/// The device pointers and sizes of one attention call over `tokens` query tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionCall {
+    /// bf16 queries, `q_stride` elements a token (heads at `h * head_dim`).
+    pub q: u64,
+    pub q_stride: i32,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    /// fp8 caches' per-vector scales (0 for bf16).
+    pub k_scale: u64,
+    pub v_scale: u64,
+    /// `[seqs, max_blocks]` block tables; `token_seq[t]` is token t's row, `positions[t]` its
+    /// position (it attends keys 0..=position).
+    pub block_tables: u64,
+    pub max_blocks: i32,
+    pub token_seq: u64,
+    pub positions: u64,
+    /// bf16 output `[tokens, n_heads * head_dim]`.
+    pub out: u64,
+    /// f32 partial sums and (max, denominator) pairs of the context parts (parts > 1).
+    pub part_acc: u64,
+    pub part_ml: u64,
+    pub n_kv: i32,
+    pub block_size: i32,
+    /// Softmax scale, 1 / sqrt(head_dim).
+    pub scale: f32,
+    /// Shared-memory stages a warp for the `paged_attention_staged_*` kernels; 0 for the
+    /// others, which take one argument fewer.
+    pub stages: i32,
+    pub tokens: usize,
+    /// Context parts per token (a second kernel merges them when > 1).
+    pub parts: i32,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub fp8: bool,
+}
+
+impl AttentionCall {
+    /// Grid, threads a block and dynamic shared bytes of the attention kernel.
+    pub fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let shared = staged_attention_shared_bytes(self.head_dim, self.fp8, self.stages as usize);
+        (
+            (self.tokens as u32, self.n_kv as u32, self.parts as u32),
+            (ATTENTION_WARPS * 32) as u32,
+            shared as u32,
+        )
+    }
+
+    /// The attention kernel's arguments, pointing into `self`.
+    pub fn args(&self) -> Vec<*mut c_void> {
+        let mut args = kernel_args!(
+            self.q,
+            self.q_stride,
+            self.k_cache,
+            self.v_cache,
+            self.k_scale,
+            self.v_scale,
+            self.block_tables,
+            self.max_blocks,
+            self.token_seq,
+            self.positions,
+            self.out,
+            self.part_acc,
+            self.part_ml,
+            self.n_kv,
+            self.block_size,
+            self.scale,
+            self.stages
+        )
+        .to_vec();
+        if self.stages == 0 {
+            args.pop();
+        }
+        args
+    }
+
+    /// Grid and threads of `attention_reduce`, which merges the context parts.
+    pub fn reduce_shape(&self) -> ((u32, u32, u32), u32) {
+        ((self.tokens as u32, self.n_heads as u32, 1), self.head_dim as u32)
+    }
+
+    /// `attention_reduce`'s arguments, pointing into `self`.
+    pub fn reduce_args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.part_acc, self.part_ml, self.out, self.parts).to_vec()
+    }
+
+    /// Launches `kernel` (an attention.cu kernel that fits the call: staged when `stages` > 0,
+    /// fp8 when `fp8`) and the merge of its parts on `gpu`'s stream.
+    ///
+    /// # Safety
+    /// The pointers must be device buffers sized for the call (see attention.cu).
+    pub unsafe fn launch(&self, gpu: &Gpu, kernels: &Kernels, kernel: &str) -> Result<(), CudaError> {
+        let (grid, threads, shared) = self.shape();
+        gpu.launch(kernels.get(kernel), grid, threads, shared, &mut self.args())?;
+        if self.parts > 1 {
+            let (grid, threads) = self.reduce_shape();
+            gpu.launch(
+                kernels.get("attention_reduce"),
+                grid,
+                threads,
+                0,
+                &mut self.reduce_args(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(stages: i32, parts: i32) -> AttentionCall {
+        AttentionCall {
+            q: 1,
+            q_stride: 2,
+            k_cache: 3,
+            v_cache: 4,
+            k_scale: 5,
+            v_scale: 6,
+            block_tables: 7,
+            max_blocks: 8,
+            token_seq: 9,
+            positions: 10,
+            out: 11,
+            part_acc: 12,
+            part_ml: 13,
+            n_kv: 14,
+            block_size: 15,
+            scale: 16.0,
+            stages,
+            tokens: 17,
+            parts,
+            n_heads: 56,
+            head_dim: 128,
+            fp8: false,
+        }
+    }
+
+    fn at<T>(field: &T) -> *mut c_void {
+        field as *const T as *mut c_void
+    }
+
+    #[test]
+    fn the_arguments_come_in_attention_cu_order() {
+        let c = call(3, 1);
+        let want = vec![
+            at(&c.q),
+            at(&c.q_stride),
+            at(&c.k_cache),
+            at(&c.v_cache),
+            at(&c.k_scale),
+            at(&c.v_scale),
+            at(&c.block_tables),
+            at(&c.max_blocks),
+            at(&c.token_seq),
+            at(&c.positions),
+            at(&c.out),
+            at(&c.part_acc),
+            at(&c.part_ml),
+            at(&c.n_kv),
+            at(&c.block_size),
+            at(&c.scale),
+            at(&c.stages),
+        ];
+        assert_eq!(c.args(), want);
+        // The unstaged kernels stop before the stage count.
+        let unstaged = call(0, 4);
+        let args = unstaged.args();
+        assert_eq!((args.len(), args[15]), (16, at(&unstaged.scale)));
+        assert_eq!(
+            c.shape(),
+            ((17, 14, 1), 128, staged_attention_shared_bytes(128, false, 3) as u32)
+        );
+        assert_eq!(unstaged.shape().2, 0);
+        assert_eq!(unstaged.reduce_shape(), ((17, 56, 1), 128));
+        assert_eq!(
+            unstaged.reduce_args(),
+            vec![
+                at(&unstaged.part_acc),
+                at(&unstaged.part_ml),
+                at(&unstaged.out),
+                at(&unstaged.parts)
+            ]
+        );
+    }
+}
