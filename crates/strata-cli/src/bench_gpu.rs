@@ -58,7 +58,8 @@ pub struct BenchGpuArgs {
     pub attention: bool,
     /// Leave these kernels (a name or part of one, as the GPU profile prints them) or cuBLASLt
     /// products ("gemm NxK") out of every step, to time what each costs inside a CUDA graph:
-    /// the outputs are then wrong, only the times mean something.
+    /// the outputs are then wrong, only the times mean something (and only where nothing later
+    /// reads what the kernel writes: attention over a zero KV cache runs at a higher clock).
     #[arg(long, value_delimiter = ',', value_name = "KERNELS")]
     pub ablate: Vec<String>,
     /// Where to write the JSON report.
