@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use strata_runtime::cuda::kernels::{KernelSpec, Kernels};
-use strata_runtime::cuda::{libraries, AttentionCall, DeviceBuffer, Gpu};
+use strata_runtime::cuda::{libraries, AttentionCall, Gpu};
 
 /// Llama-3-8B's attention: head width, query heads per KV head, KV heads; the engine's block size.
 const HEAD_DIM: usize = 128;
@@ -88,19 +88,31 @@ pub fn bench_attention(
         copy_bandwidth_gb_s: bandwidth,
         rows: Vec::new(),
     };
-    let bufs = AttentionBuffers {
-        q: &q,
-        k: &k,
-        v: &v,
-        scales: &scales,
-        tables: &tb,
-        token_seq: &ts,
-        positions: &ps,
-        out: &out_buf,
-        part_acc: &part_acc,
-        part_ml: &part_ml,
-        max_blocks,
-        seqs,
+    // One call over these buffers; each variant below sets its kernel's cache type, stages and
+    // context parts.
+    let base = AttentionCall {
+        q: q.ptr(),
+        q_stride: width as i32,
+        k_cache: k.ptr(),
+        v_cache: v.ptr(),
+        k_scale: scales.ptr(),
+        v_scale: scales.ptr(),
+        block_tables: tb.ptr(),
+        max_blocks: max_blocks as i32,
+        token_seq: ts.ptr(),
+        positions: ps.ptr(),
+        out: out_buf.ptr(),
+        part_acc: part_acc.ptr(),
+        part_ml: part_ml.ptr(),
+        n_kv: N_KV as i32,
+        block_size: BLOCK_SIZE as i32,
+        scale: 0.088,
+        stages: 0,
+        tokens: seqs,
+        parts: 1,
+        n_heads: N_KV * GROUP,
+        head_dim: HEAD_DIM,
+        fp8: false,
     };
     for (dtype, fp8, mma, staged) in [
         ("bf16", false, "paged_attention_mma_bf16", "paged_attention_staged_bf16"),
@@ -116,7 +128,14 @@ pub fn bench_attention(
         let mut variants = vec![(mma, 0, 1), (mma, 0, 2), (mma, 0, 4)];
         variants.extend([(staged, 2, 1), (staged, 3, 1), (staged, 2, 2), (staged, 3, 2)]);
         for (kernel, stages, parts) in variants {
-            let run = || launch_attention(&gpu, &kernels, kernel, &bufs, fp8, stages, parts);
+            let call = AttentionCall {
+                stages: stages as i32,
+                parts: parts as i32,
+                fp8,
+                ..base
+            };
+            // SAFETY: buffers sized above for `seqs` tokens and up to `max_parts` parts.
+            let run = || unsafe { call.launch(&gpu, &kernels, kernel) };
             for _ in 0..WARM_UP {
                 run()?;
             }
@@ -162,59 +181,5 @@ pub fn bench_attention(
     }
     std::fs::write(out, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", out.display());
-    Ok(())
-}
-
-struct AttentionBuffers<'a> {
-    q: &'a DeviceBuffer,
-    k: &'a DeviceBuffer,
-    v: &'a DeviceBuffer,
-    scales: &'a DeviceBuffer,
-    tables: &'a DeviceBuffer,
-    token_seq: &'a DeviceBuffer,
-    positions: &'a DeviceBuffer,
-    out: &'a DeviceBuffer,
-    part_acc: &'a DeviceBuffer,
-    part_ml: &'a DeviceBuffer,
-    max_blocks: usize,
-    seqs: usize,
-}
-
-/// One attention call (and its merge of context parts) as forward.rs launches it.
-fn launch_attention(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    kernel: &str,
-    b: &AttentionBuffers,
-    fp8: bool,
-    stages: usize,
-    parts: usize,
-) -> anyhow::Result<()> {
-    let call = AttentionCall {
-        q: b.q.ptr(),
-        q_stride: (N_KV * GROUP * HEAD_DIM) as i32,
-        k_cache: b.k.ptr(),
-        v_cache: b.v.ptr(),
-        k_scale: b.scales.ptr(),
-        v_scale: b.scales.ptr(),
-        block_tables: b.tables.ptr(),
-        max_blocks: b.max_blocks as i32,
-        token_seq: b.token_seq.ptr(),
-        positions: b.positions.ptr(),
-        out: b.out.ptr(),
-        part_acc: b.part_acc.ptr(),
-        part_ml: b.part_ml.ptr(),
-        n_kv: N_KV as i32,
-        block_size: BLOCK_SIZE as i32,
-        scale: 0.088,
-        stages: stages as i32,
-        tokens: b.seqs,
-        parts: parts as i32,
-        n_heads: N_KV * GROUP,
-        head_dim: HEAD_DIM,
-        fp8,
-    };
-    // SAFETY: buffers sized above for `seqs` tokens and 4 parts.
-    unsafe { call.launch(gpu, kernels, kernel) }?;
     Ok(())
 }

@@ -11,7 +11,7 @@ pub mod nccl;
 pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph};
 pub use gemm::{Gemm, GemmOut};
-pub use kernels::{staged_attention_shared_bytes, KernelSpec, Kernels, ATTENTION_WARPS, STAGED_ATTENTION_MAX_STAGES};
+pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 
 /// Why the CUDA backend cannot do something.
