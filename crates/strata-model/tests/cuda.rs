@@ -79,6 +79,11 @@ fn gpu_libraries() -> Option<libraries::LibrarySearch> {
     }
 }
 
+/// GPU 0, or `None` (with the reason printed) without a GPU.
+fn first_gpu() -> Option<Gpu> {
+    gpu_libraries().map(|libs| Gpu::open(0, &libs).unwrap())
+}
+
 /// The GPU executor for the default model, or `None` (with the reason printed) without a GPU.
 fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool, deterministic: bool) -> Option<GpuExecutor> {
     let libs = gpu_libraries()?;
@@ -175,10 +180,9 @@ fn random_bf16(count: usize, seed: u64) -> Vec<u16> {
 
 #[test]
 fn decode_gemvs_match_cublaslt() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     let mut gemm = Gemm::new(&gpu).unwrap();
     // SmolLM2's k (576: not a multiple of 256), Llama-3-8B's, an odd row count, a long row.
@@ -260,10 +264,9 @@ fn decode_gemvs_match_cublaslt() {
 
 #[test]
 fn a_tuned_gemm_computes_what_the_heuristic_one_does() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let mut gemm = Gemm::new(&gpu).unwrap();
     let (n, k, t) = (1024usize, 2048usize, 96usize);
     let weights: Vec<DeviceBuffer> = (0..4)
@@ -296,10 +299,9 @@ fn a_tuned_gemm_computes_what_the_heuristic_one_does() {
 
 #[test]
 fn argmax_on_the_gpu_matches_the_cpu() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
                               // A vocabulary smaller than the slices, SmolLM2's, Llama-3's, Qwen2.5's.
@@ -421,10 +423,9 @@ fn worst_relative(got: &[f32], want: &[f32]) -> f32 {
 
 #[test]
 fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     let (bs, blocks) = (16usize, 8usize);
     // (heads, kv heads, head dim, rotary dims, halves layout, bias, k): SmolLM2, Llama-3-8B,
@@ -580,10 +581,9 @@ fn rope_reference(
 
 #[test]
 fn rope_and_cache_write_match_the_cpu_rotation() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     let (bs, blocks, t) = (16usize, 8usize, 5usize);
     // SmolLM2, Llama-3-8B, Qwen2 (bias), Qwen3 (q/k norms), partial rotary, adjacent pairs with
@@ -748,10 +748,9 @@ fn bf16_bits(v: f32) -> u16 {
 
 #[test]
 fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     let eps = 1e-5f32;
     let (none, no_eps) = (0u64, 0f32);
@@ -939,10 +938,9 @@ fn run_attention(
 
 #[test]
 fn tensor_core_attention_matches_the_cuda_core_kernel() {
-    let Some(libs) = gpu_libraries() else {
+    let Some(gpu) = first_gpu() else {
         return;
     };
-    let gpu = Gpu::open(0, &libs).unwrap();
     let n_kv = 2usize;
     // SmolLM2's heads (64 wide, 3 per KV head) and Llama-3's (128, 4) and Qwen2.5-7B's (128, 7).
     for (head_dim, group) in [(64usize, 3usize), (128, 4), (128, 7)] {
