@@ -11,11 +11,12 @@
 # the build as is (default: the decode GEMVs off); LEVELS the concurrency levels (default
 # 1,64,256), AB_LEVELS the variants' (default LEVELS). HOST_PROFILE_LEVELS="256 ..." adds the host
 # time of each phase of a step with graphs (STRATA_GPU_PROFILE=1 without --enforce-eager), and
-# ATTENTION_SWEEP=1 times the attention kernels alone first. BASELINE=gpu-bin/NAME benches that
-# binary too (an earlier version, carried gzipped like strata.gz) at AB_LEVELS, before the variants.
-# ABLATE="name:KERNELS ..." benches the build at AB_LEVELS (bf16 KV) once per entry with those
-# kernels left out of every step (bench-gpu --ablate; "+" for a space: o:gemm+4096x4096): what each
-# costs inside a graph. HOST_PROFILE_AB="name:VAR=value ..." the same for variants.
+# HOST_PROFILE_AB="name:VAR=value ..." the same for variants. ATTENTION_SWEEP=1 times the attention
+# kernels alone first. BASELINE=gpu-bin/NAME benches that binary too (an earlier version, carried
+# gzipped like strata.gz) at AB_LEVELS, before the variants. ABLATE="name:KERNELS ..." benches the
+# build at AB_LEVELS (bf16 KV) once per entry with those kernels left out of every step
+# (bench-gpu --ablate; "+" for a space: o:gemm+4096x4096): what each costs inside a graph, where
+# nothing later reads what they write.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
