@@ -16,7 +16,7 @@
 # gzipped like strata.gz) at AB_LEVELS, before the variants. ABLATE="name:KERNELS ..." benches the
 # build at AB_LEVELS (bf16 KV) once per entry with those kernels left out of every step
 # (bench-gpu --ablate; "+" for a space: o:gemm+4096x4096): what each costs inside a graph, where
-# nothing later reads what they write.
+# nothing later reads what they write. KV_DTYPES=auto benches only the default (bf16) KV cache.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -42,7 +42,7 @@ fi
 bench() { # NAME, LEVELS, then env assignments (VAR=value[,VAR=value])
     local name=$1 levels=$2; shift 2
     env ${*//,/ } timeout 240 ${BIN:-$S} bench-gpu --model $L8 --levels $levels --prompt-tokens 512 --output-tokens 256 \
-        --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
+        ${KV_DTYPES:+--kv-cache-dtypes $KV_DTYPES} --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
     echo "== bench-gpu llama3-8b, $name"; grep -v "^\s*$" "$OUT/bench_$name.log" | grep -v -E "^\[|loading" | tail -12
 }
 LEVELS=${LEVELS:-1,64,256}

@@ -588,7 +588,11 @@ impl GpuTransformer {
                         run.map_err(gpu_err)?;
                         self.graphs.insert(b, graph.map_err(gpu_err)?);
                     }
+                    // Profiled: the graph's GPU time, against the step's wall time.
+                    let timer = self.profile_start().map_err(gpu_err)?;
                     self.graphs[&b].launch().map_err(gpu_err)?;
+                    self.profile_end(timer, || "the whole step's CUDA graph".to_string())
+                        .map_err(gpu_err)?;
                 }
                 self.profile_phase("launch (graph or eager kernels)");
                 self.collect_logits(&plan, true).map_err(gpu_err)

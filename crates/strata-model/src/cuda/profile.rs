@@ -1,5 +1,5 @@
-//! `STRATA_GPU_PROFILE=1`: the GPU time of every kernel of eager steps (CUDA events around each
-//! launch, no host synchronisation in between) and the host time of each phase of every step.
+//! `STRATA_GPU_PROFILE=1`: the GPU time of every kernel of eager steps and of every graph launch
+//! (CUDA events around each, no host synchronisation in between) and the host time of each phase.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -106,7 +106,10 @@ impl KernelProfile {
         let mut rows: Vec<_> = self.totals.borrow().iter().map(|(k, v)| (k.clone(), *v)).collect();
         rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
         let total: f64 = rows.iter().map(|r| r.1 .0).sum();
-        eprintln!("GPU profile (eager steps, GPU time of each kernel by CUDA events): {total:.1} ms in all");
+        eprintln!(
+            "GPU profile (GPU time by CUDA events of each kernel of eager steps, of each graph launch \
+             otherwise): {total:.1} ms in all"
+        );
         for (name, (ms, n)) in rows {
             eprintln!(
                 "  {name:<40} {ms:>9.2} ms {:>5.1}% {n:>7} calls {:>8.1} us/call",
