@@ -66,7 +66,7 @@ for lv in ${HOST_PROFILE_LEVELS:-}; do
         a=${v#*:}
         env ${a//,/ } STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $L8 --levels $lv --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --out "$OUT/host_${lv}_${v%%:*}.json" 2>&1 |
-            grep -A8 "host time per step" | tee "$OUT/host_${lv}_${v%%:*}.log"
+            grep -E "CUDA graph|host time per step|us/step|longest gap" | tee "$OUT/host_${lv}_${v%%:*}.log"
         rm -f "$OUT/host_${lv}_${v%%:*}.json"
     done
 done
