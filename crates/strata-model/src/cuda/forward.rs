@@ -879,12 +879,9 @@ impl GpuTransformer {
                 head_dim: c.head_dim,
                 fp8,
             };
-            let (grid, threads, shared) = call.shape();
-            self.launch(kernel, grid, threads, shared, &mut call.args())?;
-            if parts > 1 {
-                let (grid, threads) = call.reduce_shape();
-                self.launch("attention_reduce", grid, threads, 0, &mut call.reduce_args())?;
-            }
+            call.launch_with(kernel, |name, grid, threads, shared, args| {
+                self.launch(name, grid, threads, shared, args)
+            })?;
             let mlp_norm_in = if let Some(g) = gemv_norms {
                 self.gemv_residual(g, wo, attn, (c.hidden, c.q_dim(), t), sums(2 * li + 1))?;
                 sums(2 * li + 1)

@@ -47,7 +47,7 @@ pub struct AttentionCall {
 
 impl AttentionCall {
     /// Grid, threads a block and dynamic shared bytes of the attention kernel.
-    pub fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
         let shared = staged_attention_shared_bytes(self.head_dim, self.fp8, self.stages as usize);
         (
             (self.tokens as u32, self.n_kv as u32, self.parts as u32),
@@ -57,7 +57,7 @@ impl AttentionCall {
     }
 
     /// The attention kernel's arguments, pointing into `self`.
-    pub fn args(&self) -> Vec<*mut c_void> {
+    fn args(&self) -> Vec<*mut c_void> {
         let mut args = kernel_args!(
             self.q,
             self.q_stride,
@@ -85,34 +85,41 @@ impl AttentionCall {
     }
 
     /// Grid and threads of `attention_reduce`, which merges the context parts.
-    pub fn reduce_shape(&self) -> ((u32, u32, u32), u32) {
+    fn reduce_shape(&self) -> ((u32, u32, u32), u32) {
         ((self.tokens as u32, self.n_heads as u32, 1), self.head_dim as u32)
     }
 
     /// `attention_reduce`'s arguments, pointing into `self`.
-    pub fn reduce_args(&self) -> Vec<*mut c_void> {
+    fn reduce_args(&self) -> Vec<*mut c_void> {
         kernel_args!(self.part_acc, self.part_ml, self.out, self.parts).to_vec()
     }
 
     /// Launches `kernel` (an attention.cu kernel that fits the call: staged when `stages` > 0,
-    /// fp8 when `fp8`) and the merge of its parts on `gpu`'s stream.
+    /// fp8 when `fp8`) and the merge of its parts, each through `launch(name, grid, threads a
+    /// block, dynamic shared bytes, arguments)`: the forward pass's launcher profiles and ablates.
+    pub fn launch_with<E>(
+        &self,
+        kernel: &str,
+        mut launch: impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut c_void]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let (grid, threads, shared) = self.shape();
+        launch(kernel, grid, threads, shared, &mut self.args())?;
+        if self.parts > 1 {
+            let (grid, threads) = self.reduce_shape();
+            launch("attention_reduce", grid, threads, 0, &mut self.reduce_args())?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::launch_with`] straight on `gpu`'s stream.
     ///
     /// # Safety
     /// The pointers must be device buffers sized for the call (see attention.cu).
     pub unsafe fn launch(&self, gpu: &Gpu, kernels: &Kernels, kernel: &str) -> Result<(), CudaError> {
-        let (grid, threads, shared) = self.shape();
-        gpu.launch(kernels.get(kernel), grid, threads, shared, &mut self.args())?;
-        if self.parts > 1 {
-            let (grid, threads) = self.reduce_shape();
-            gpu.launch(
-                kernels.get("attention_reduce"),
-                grid,
-                threads,
-                0,
-                &mut self.reduce_args(),
-            )?;
-        }
-        Ok(())
+        self.launch_with(kernel, |name, grid, threads, shared, args| {
+            // SAFETY: the caller's promise; the arguments are the kernel's, in attention.cu's order.
+            unsafe { gpu.launch(kernels.get(name), grid, threads, shared, args) }
+        })
     }
 }
 
