@@ -11,7 +11,7 @@ use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
 use strata_runtime::cuda::kernels::{
-    compile_all, nvrtc_available, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
+    compile_all, nvrtc_available, rope_block_threads, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
 };
 use strata_runtime::cuda::{libraries, AttentionCall, DeviceBuffer, Gemm, GemmOut, Gpu};
 use strata_runtime::kernel_args;
@@ -466,7 +466,6 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             let (w32, k32, t32, bf16_out) = (width as i32, k as i32, t as i32, 0i32);
             let (nh, nk, hd32, rot32, bs32, eps) =
                 (n_heads as i32, n_kv as i32, hd as i32, rot as i32, bs as i32, 1e-5f32);
-            let rope_threads = ((n_heads / n_kv + 2) * 32) as u32;
             let (o0, kc0, vc0) = (outs[0].ptr(), caches[0].ptr(), caches[1].ptr());
             // SAFETY: the arguments of gemm.cu's gemv_t{T} / gemv_qkv_rope_t{T} and rope.cu's
             // qkv_rope_kv_write_bf16, buffers sized as above.
@@ -482,7 +481,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 gpu.launch(
                     kernels.get("qkv_rope_kv_write_bf16"),
                     (t as u32, n_kv as u32, 1),
-                    rope_threads,
+                    rope_block_threads(n_heads / n_kv),
                     0,
                     &mut kernel_args!(
                         o0, bp, none, none, pp, ip, nh, nk, hd32, rot32, neox, eps, sp, kc0, vc0, none, none, bs32
@@ -677,7 +676,7 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
                 gpu.launch(
                     kernels.get(kernel),
                     (t as u32, n_kv as u32, 1),
-                    ((n_heads / n_kv + 2) * 32) as u32,
+                    rope_block_threads(n_heads / n_kv),
                     0,
                     &mut kernel_args!(
                         qp, bp, qn, kn, pp, ip, nh, nk, hd32, rot32, neox32, eps, sp, kcp, vcp, ksp, vsp, bs32

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use strata_runtime::cpu::ops::RopeLayout;
-use strata_runtime::cuda::kernels::FAMILIES;
+use strata_runtime::cuda::kernels::{rope_block_threads, FAMILIES};
 use strata_runtime::cuda::{
     AttentionCall, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels,
     STAGED_ATTENTION_MAX_STAGES,
@@ -841,7 +841,7 @@ impl GpuTransformer {
                 self.launch(
                     rope_kernel,
                     (t as u32, c.n_kv_heads as u32, 1),
-                    ((c.n_heads / c.n_kv_heads + 2) * 32) as u32,
+                    rope_block_threads(c.n_heads / c.n_kv_heads),
                     0,
                     &mut kernel_args!(
                         qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,

@@ -97,6 +97,12 @@ pub fn staged_attention_shared_bytes(head_dim: usize, fp8: bool, stages: usize) 
     ATTENTION_WARPS * stages * stage
 }
 
+/// Threads of a `qkv_rope_kv_write_*` block (rope.cu): a warp for each of the KV head's `group`
+/// query heads, then one for its k head and one for its v head.
+pub fn rope_block_threads(group: usize) -> u32 {
+    ((group + 2) * 32) as u32
+}
+
 /// The model constants compiled into the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelSpec {
