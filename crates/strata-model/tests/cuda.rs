@@ -690,42 +690,32 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             // from the CPU's in the last bits.
             assert!(rel <= 1.0 / 128.0, "{shape}: q/k/v off by {rel}");
             // Each token's K and V heads from their cache slots.
-            let mut cache_k = Vec::new();
-            let mut cache_v = Vec::new();
-            let (k_raw, v_raw, k_sc, v_sc) = if fp8 {
-                let mut k = vec![0u8; cache_bytes];
+            let read_bytes = |b: &DeviceBuffer| {
                 let mut v = vec![0u8; cache_bytes];
-                let mut ksc = scales.clone();
-                let mut vsc = scales.clone();
-                gpu.read(&kc, 0, &mut k).unwrap();
-                gpu.read(&vc, 0, &mut v).unwrap();
-                gpu.read(&ks, 0, &mut ksc).unwrap();
-                gpu.read(&vs, 0, &mut vsc).unwrap();
-                (k, v, ksc, vsc)
-            } else {
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new())
+                gpu.read(b, 0, &mut v).unwrap();
+                v
             };
-            let (k_bf, v_bf) = if fp8 {
-                (Vec::new(), Vec::new())
-            } else {
-                (
-                    read_bf16(&gpu, &kc, cache_bytes / 2),
-                    read_bf16(&gpu, &vc, cache_bytes / 2),
-                )
+            let (k_raw, v_raw) = (read_bytes(&kc), read_bytes(&vc));
+            let (mut k_sc, mut v_sc) = (scales.clone(), scales.clone());
+            gpu.read(&ks, 0, &mut k_sc).unwrap();
+            gpu.read(&vs, 0, &mut v_sc).unwrap();
+            // Element i of a cache as f32: e4m3 times its vector's scale, or bf16.
+            let value = |raw: &[u8], sc: &[f32], i: usize, vec: usize| {
+                if fp8 {
+                    strata_model::kv_cache::e4m3_to_f32(raw[i]) * sc[vec]
+                } else {
+                    f32::from_bits((u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]) as u32) << 16)
+                }
             };
+            let (mut cache_k, mut cache_v) = (Vec::new(), Vec::new());
             for &s in &slots {
                 let (block, slot) = (s as usize / bs, s as usize % bs);
                 for kvh in 0..n_kv {
                     let vec = (block * n_kv + kvh) * bs + slot;
                     for d in 0..hd {
                         let i = vec * hd + d;
-                        if fp8 {
-                            cache_k.push(strata_model::kv_cache::e4m3_to_f32(k_raw[i]) * k_sc[vec]);
-                            cache_v.push(strata_model::kv_cache::e4m3_to_f32(v_raw[i]) * v_sc[vec]);
-                        } else {
-                            cache_k.push(k_bf[i]);
-                            cache_v.push(v_bf[i]);
-                        }
+                        cache_k.push(value(&k_raw, &k_sc, i, vec));
+                        cache_v.push(value(&v_raw, &v_sc, i, vec));
                     }
                 }
             }
