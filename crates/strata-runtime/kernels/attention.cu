@@ -296,38 +296,49 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_fp
 
 // ---- Tensor-core attention (HEAD_DIM 64 or 128; bf16 from sm_80, fp8 e4m3 from sm_89) ----
 // The same grid, blocks and results as the kernels above, but each warp takes tiles of 16 keys and
-// computes both products with mma.sync m16n8k16 (f32 sums): S = Q Kᵀ with the group's query heads
-// as the rows of A (padded to 16 with zeros), then O += P V with P straight from S's accumulator
-// registers (FlashAttention-2's layout trick: the C fragment of S is the A fragment of P).
-// Lane (g, c) = (lane / 4, lane % 4) works for query head g. A dot product may sum its dims in any
-// order and P V its keys in any order, as long as both operands agree: so each lane loads whole
-// pieces (K: dims 32i + 8c.. of keys g and g + 8; V: dims g * MMA_NT.. of keys 2c, 2c + 1, 2c + 8,
-// 2c + 9) and the fragments are their words as they come.
+// computes both products with mma.sync m16n8k16 (f32 sums), keys as the 16 rows and the group's
+// query heads as the 8 columns (padded with zeros), so no product pads its rows:
+// Sᵀ = K Qᵀ, then Oᵀ += Vᵀ Pᵀ with Pᵀ from Sᵀ's accumulator registers by one 8x8 transpose a half.
+// Lane (g, c) = (lane / 4, lane % 4). A dot product may sum its dims in any order and Vᵀ Pᵀ its
+// keys in any order, as long as both operands agree: so each lane loads whole pieces (K: dims
+// 32i + 8c.. of keys g and g + 8, Q the same dims of head g; V: dims g * MMA_NT.. of keys 2c,
+// 2c + 1, 2c + 8, 2c + 9) and the fragments are their words as they come (V's paired by key).
 // bf16 cache: both products in bf16. fp8 cache: K is widened to bf16 (exact) and S scaled by each
-// key's scale; V is widened to f16 (exact) and P V runs in f16, each key's V scale folded into P.
+// key's scale; V is widened to f16 (exact) and Vᵀ Pᵀ runs in f16, each key's V scale folded into P.
 
+// Dims of O a lane holds for each of its query heads: rows g and g + 8 of each of the MMA_NT / 2
+// m-tiles of Oᵀ (dims g * MMA_NT + 2u and + 2u + 1 of m-tile u).
 #define MMA_NT (HEAD_DIM / 8)
 
-// d += a b for one m16n8k16 tile of bf16 (or f16) operands; rows 8-15 of A are zero here
-// (a1 = a3 = 0), so d[2], d[3] stay 0.
+// d += a b for one m16n8k16 tile of bf16 (or f16) operands (A row-major, B column-major).
 template <bool F16>
-__device__ __forceinline__ void mma_rows8(float (&d)[4], u32 a0, u32 a2, u32 b0, u32 b1) {
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
 #if __CUDA_ARCH__ >= 800
     if (F16) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%0, %1, %2, %3};"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     } else {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%0, %1, %2, %3};"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 #endif
 }
+
+#if __CUDA_ARCH__ >= 800
+// The warp's 8x8 matrix of 16-bit pairs (lane (g, c) holds row g, columns 2c and 2c + 1),
+// transposed in the same layout.
+__device__ __forceinline__ u32 transpose_8x8(u32 x) {
+    u32 r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+#endif
 
 #if __CUDA_ARCH__ >= 800
 // Two f32 as a bf16 (or f16) pair, lo in the low half, round to nearest even.
@@ -437,14 +448,15 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
     for (int i = 0; i < HEAD_DIM / 32; i++)
         qf[i] = g < GROUP ? *(const uint4*)(qh + 32 * i + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
 
-    // acc[n][h]: output dim (2c + h) * MMA_NT + n of head g; m: the running maximum of head g's
-    // scores (the same on its 4 lanes); l: this lane's share of the denominator.
-    float acc[MMA_NT][2];
+    // acc[u]: Oᵀ's C fragment of m-tile u: dims g * MMA_NT + 2u ([0], [1]) and + 2u + 1 ([2], [3])
+    // of query heads 2c ([0], [2]) and 2c + 1 ([1], [3]). m[h]: head 2c + h's running maximum (the
+    // same on the 8 lanes of a c); l[h]: this lane's keys' share of its denominator.
+    float acc[MMA_NT / 2][4];
 #pragma unroll
-    for (int n = 0; n < MMA_NT; n++) acc[n][0] = acc[n][1] = 0.0f;
-    float m = NEG_INF, l = 0.0f;
-    // This lane's keys of a tile, as offsets from its first: scores S[g][2c + {0, 1}] of n-tile 0
-    // and of n-tile 1, which are also the keys of its value loads.
+    for (int u = 0; u < MMA_NT / 2; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    // The keys of this lane's value loads, as offsets from a tile's first: A's columns 2c, 2c + 1,
+    // 2c + 8, 2c + 9 in Vᵀ Pᵀ.
     const int own[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
     // Value words per key: MMA_NT elements of the cache type.
     constexpr int VW = MMA_NT * ELEM / 4;
@@ -488,7 +500,8 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
         uint4 kfa[HEAD_DIM / 32], kfb[HEAD_DIM / 32];
         uint2 k8a[HEAD_DIM / 32], k8b[HEAD_DIM / 32];
         u32 vf[4][VW];
-        float ks[4] = {1.0f, 1.0f, 1.0f, 1.0f}, vs[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        // fp8: the scales of keys g and g + 8 (the rows of Sᵀ this lane holds).
+        float ks[2] = {1.0f, 1.0f}, vs[2] = {1.0f, 1.0f};
         if (STAGED) {
             issue(j0 + (stages - 1) * ATTN_WARPS * 16);
             cp_async_wait(stages - 1);
@@ -520,9 +533,9 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
             if (FP8) {
                 const float* sc = (const float*)(st + 2 * Stage::TILE_CH);
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    ks[k] = sc[own[k]];
-                    vs[k] = sc[16 + own[k]];
+                for (int k = 0; k < 2; k++) {
+                    ks[k] = sc[g + 8 * k];
+                    vs[k] = sc[16 + g + 8 * k];
                 }
             }
         } else {
@@ -555,11 +568,10 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
                 }
             }
             if (FP8) {
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    ks[k] = k_scale[vown[k]];
-                    vs[k] = v_scale[vown[k]];
-                }
+                ks[0] = k_scale[va];
+                ks[1] = k_scale[vb];
+                vs[0] = v_scale[va];
+                vs[1] = v_scale[vb];
             }
         }
 #if __CUDA_ARCH__ >= 890
@@ -573,70 +585,78 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
             }
         }
 #endif
-        // S: n-tile 0 holds keys j0..j0+7, n-tile 1 keys j0+8..j0+15.
-        float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // Sᵀ (keys g and g + 8 in this lane's rows, heads 2c and 2c + 1 in its columns); two
+        // accumulators halve the chain of dependent products.
+        float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < HEAD_DIM / 32; i++) {
-            mma_rows8<false>(s0, qf[i].x, qf[i].y, kfa[i].x, kfa[i].y);
-            mma_rows8<false>(s0, qf[i].z, qf[i].w, kfa[i].z, kfa[i].w);
-            mma_rows8<false>(s1, qf[i].x, qf[i].y, kfb[i].x, kfb[i].y);
-            mma_rows8<false>(s1, qf[i].z, qf[i].w, kfb[i].z, kfb[i].w);
+            mma_16x8x16<false>(sa, kfa[i].x, kfb[i].x, kfa[i].y, kfb[i].y, qf[i].x, qf[i].y);
+            mma_16x8x16<false>(sb, kfa[i].z, kfb[i].z, kfa[i].w, kfb[i].w, qf[i].z, qf[i].w);
         }
-        float s[4] = {s0[0], s0[1], s1[0], s1[1]};
-        float mx = NEG_INF;
+        // s[2r + h]: key g + 8r, head 2c + h.
+        float s[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            s[k] = j0 + own[k] < end ? s[k] * scale * ks[k] : NEG_INF;
-            mx = fmaxf(mx, s[k]);
+        for (int k = 0; k < 4; k++) s[k] = j0 + g + 8 * (k >> 1) < end ? (sa[k] + sb[k]) * scale * ks[k >> 1] : NEG_INF;
+        // Each head's maximum over the tile: this lane's two keys, then the 8 lanes of its c.
+        float corr[2], p[4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = fmaxf(s[h], s[2 + h]);
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
+            // Key j0 is valid, so m_new is finite.
+            const float m_new = fmaxf(m[h], mx);
+            corr[h] = __expf(m[h] - m_new);
+            p[h] = __expf(s[h] - m_new);
+            p[2 + h] = __expf(s[2 + h] - m_new);
+            l[h] = l[h] * corr[h] + (p[h] + p[2 + h]);
+            m[h] = m_new;
         }
-        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-        // Key j0 is valid, so m_new is finite.
-        const float m_new = fmaxf(m, mx);
-        const float corr = __expf(m - m_new);
-        float p[4];
+        // Pᵀ as B (keys 2c, 2c + 1 and 2c + 8, 2c + 9 of head g), each key's value scale folded in.
+        const u32 pb0 = transpose_8x8(pack_pair<FP8>(p[0] * vs[0], p[1] * vs[0]));
+        const u32 pb1 = transpose_8x8(pack_pair<FP8>(p[2] * vs[1], p[3] * vs[1]));
 #pragma unroll
-        for (int k = 0; k < 4; k++) p[k] = __expf(s[k] - m_new);
-        l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
-        m = m_new;
-        const u32 pa0 = pack_pair<FP8>(p[0] * vs[0], p[1] * vs[1]), pa2 = pack_pair<FP8>(p[2] * vs[2], p[3] * vs[3]);
-#pragma unroll
-        for (int n = 0; n < MMA_NT; n++) {
-            // B[k][g] = V[key own[k]][dim g * MMA_NT + n]: element n of this lane's value pieces
-            // (fp8: widened to f16 pairs here).
+        for (int u = 0; u < MMA_NT / 2; u++) {
+            // Dims 2u, 2u + 1 of this lane's value pieces, per key (fp8: widened to an f16 pair);
+            // A's rows g and g + 8 are those dims, its columns the keys, so pairs of keys per dim.
             u32 w[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
 #if __CUDA_ARCH__ >= 890
                 if (FP8) {
-                    w[k] = e4m3x2_to_f16x2(vf[k][n / 4] >> (8 * (n % 4 & 2)));
+                    w[k] = e4m3x2_to_f16x2(vf[k][u / 2] >> (16 * (u & 1)));
                     continue;
                 }
 #endif
-                w[k] = vf[k][n / 2];
+                w[k] = vf[k][u];
             }
-            const u32 sel = (n % 2) ? 0x7632u : 0x5410u;
-            float d[4] = {acc[n][0] * corr, acc[n][1] * corr, 0.0f, 0.0f};
-            mma_rows8<FP8>(d, pa0, pa2, __byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel));
-            acc[n][0] = d[0];
-            acc[n][1] = d[1];
+            float d[4] = {acc[u][0] * corr[0], acc[u][1] * corr[1], acc[u][2] * corr[0], acc[u][3] * corr[1]};
+            mma_16x8x16<FP8>(d, __byte_perm(w[0], w[1], 0x5410u), __byte_perm(w[0], w[1], 0x7632u),
+                             __byte_perm(w[2], w[3], 0x5410u), __byte_perm(w[2], w[3], 0x7632u), pb0, pb1);
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[u][e] = d[e];
         }
         // Every lane is done with this stage before the next issue refills it.
         if (STAGED) __syncwarp();
     }
-    l += __shfl_xor_sync(FULL_MASK, l, 1);
-    l += __shfl_xor_sync(FULL_MASK, l, 2);
-
     __shared__ WarpResults r;
-    if (g < GROUP) {
 #pragma unroll
-        for (int n = 0; n < MMA_NT; n++) {
-            r.acc[warp][g][2 * c * MMA_NT + n] = acc[n][0];
-            r.acc[warp][g][(2 * c + 1) * MMA_NT + n] = acc[n][1];
-        }
-        if (c == 0) {
-            r.m[warp][g] = m;
-            r.l[warp][g] = l;
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 4);
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 8);
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 16);
+        const int head = 2 * c + h;
+        if (head < GROUP) {
+#pragma unroll
+            for (int u = 0; u < MMA_NT / 2; u++) {
+                r.acc[warp][head][g * MMA_NT + 2 * u] = acc[u][h];
+                r.acc[warp][head][g * MMA_NT + 2 * u + 1] = acc[u][2 + h];
+            }
+            if (g == 0) {
+                r.m[warp][head] = m[h];
+                r.l[warp][head] = l[h];
+            }
         }
     }
     merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml);
