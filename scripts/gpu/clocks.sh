@@ -34,10 +34,18 @@ for l in open(f"{out}/clocks.csv"):
         rows.append((parse(f[0]), float(f[1].split()[0]), float(f[2].split()[0]), float(f[3].split()[0])))
     except (ValueError, IndexError):
         pass
+# A phase's loading and idle samples would set its medians, so the samples under load are
+# also counted apart by power: the cap (700 W) lowers the SM clock in the top band.
+def summary(sel):
+    return (f"{len(sel)} samples, SM clock median {statistics.median(r[1] for r in sel):.0f} MHz "
+            f"(min {min(r[1] for r in sel):.0f}), memory {statistics.median(r[2] for r in sel):.0f} MHz, "
+            f"power median {statistics.median(r[3] for r in sel):.0f} W (max {max(r[3] for r in sel):.0f})")
 for (t0, name), (t1, _) in zip(phases, phases[1:]):
     sel = [r for r in rows if t0 <= r[0] < t1]
     if sel:
-        print(f"{name}: {len(sel)} samples, SM clock median {statistics.median(r[1] for r in sel):.0f} MHz "
-              f"(min {min(r[1] for r in sel):.0f}), memory {statistics.median(r[2] for r in sel):.0f} MHz, "
-              f"power median {statistics.median(r[3] for r in sel):.0f} W (max {max(r[3] for r in sel):.0f})")
+        print(f"{name}: {summary(sel)}")
+    for label, lo, hi in [("400-600 W", 400, 600), ("600 W and more", 600, float("inf"))]:
+        band = [r for r in sel if lo <= r[3] < hi]
+        if band:
+            print(f"  at {label}: {summary(band)}")
 PY

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One H200: Nsight Compute's speed-of-light, memory, scheduler, warp-state, launch and occupancy
+# sections for launches of the kernels NCU_KERNELS (a regex) into $OUT/ncu_$NCU_NAME.log, either
+# inside `strata bench-gpu --attention` (NCU_RUN=attention, the default: 240 sequences, contexts
+# 512..768) or inside eager steps of the engine serving 256 users on Llama-3-8B (NCU_RUN=step: every
+# kernel of a step, so a small kernel's own time shows apart from its launch). NCU_SKIP launches of
+# the kernels are passed over first (attention: 3, the sweep's warm-ups; step: past the prompts, into
+# decode steps of ~256 sequences), then NCU_COUNT (default 1) are profiled. ncu locks the clocks at
+# base, so its times are not a step's; its ratios (occupancy, stalls, bandwidth) are.
+set -u
+OUT=${OUT:-/tmp/out}
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "ncu not found"; exit 0; }
+source "$(dirname "$0")/libs.sh"
+RUN=${NCU_RUN:-attention}
+NAME=${NCU_NAME:-$RUN}
+if [ "$RUN" = step ]; then
+    [ -f $L8/config.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 --prompts-only 2>&1 | grep -v -i warn
+    ARGS="bench-gpu --model $L8 --enforce-eager --levels 256 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 256"
+    SKIP=${NCU_SKIP:-12000}
+else
+    ARGS="bench-gpu --attention --levels 240 --prompt-tokens 512 --output-tokens 256"
+    SKIP=${NCU_SKIP:-3}
+fi
+timeout 400 "$NCU" -k "regex:${NCU_KERNELS:-paged_attention_staged_bf16}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
+    --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section SchedulerStats $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
+    > "$OUT/ncu_$NAME.log"
+grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Grid Size|Block Size" \
+    "$OUT/ncu_$NAME.log" | head -${NCU_SUMMARY_LINES:-80}
