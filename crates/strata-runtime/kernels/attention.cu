@@ -301,14 +301,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_fp
 // Sᵀ = K Qᵀ, then Oᵀ += Vᵀ Pᵀ with Pᵀ from Sᵀ's accumulator registers by one 8x8 transpose a half.
 // Lane (g, c) = (lane / 4, lane % 4). A dot product may sum its dims in any order and Vᵀ Pᵀ its
 // keys in any order, as long as both operands agree: so each lane loads whole pieces (K: dims
-// 32i + 8c.. of keys g and g + 8, Q the same dims of head g; V: dims g * MMA_NT.. of keys 2c,
+// 32i + 8c.. of keys g and g + 8, Q the same dims of head g; V: dims g * LANE_DIMS.. of keys 2c,
 // 2c + 1, 2c + 8, 2c + 9) and the fragments are their words as they come (V's paired by key).
 // bf16 cache: both products in bf16. fp8 cache: K is widened to bf16 (exact) and S scaled by each
 // key's scale; V is widened to f16 (exact) and Vᵀ Pᵀ runs in f16, each key's V scale folded into P.
 
-// Dims of O a lane holds for each of its query heads: rows g and g + 8 of each of the MMA_NT / 2
-// m-tiles of Oᵀ (dims g * MMA_NT + 2u and + 2u + 1 of m-tile u).
-#define MMA_NT (HEAD_DIM / 8)
+// Dims of O a lane holds for each of its query heads, and of V it loads for each of its keys:
+// rows g and g + 8 of each of the LANE_DIMS / 2 m-tiles of Oᵀ (dims g * LANE_DIMS + 2u and
+// + 2u + 1 of m-tile u).
+#define LANE_DIMS (HEAD_DIM / 8)
 
 // d += a b for one m16n8k16 tile of bf16 (or f16) operands (A row-major, B column-major).
 template <bool F16>
@@ -448,18 +449,18 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
     for (int i = 0; i < HEAD_DIM / 32; i++)
         qf[i] = g < GROUP ? *(const uint4*)(qh + 32 * i + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
 
-    // acc[u]: Oᵀ's C fragment of m-tile u: dims g * MMA_NT + 2u ([0], [1]) and + 2u + 1 ([2], [3])
+    // acc[u]: Oᵀ's C fragment of m-tile u: dims g * LANE_DIMS + 2u ([0], [1]) and + 2u + 1 ([2], [3])
     // of query heads 2c ([0], [2]) and 2c + 1 ([1], [3]). m[h]: head 2c + h's running maximum (the
     // same on the 8 lanes of a c); l[h]: this lane's keys' share of its denominator.
-    float acc[MMA_NT / 2][4];
+    float acc[LANE_DIMS / 2][4];
 #pragma unroll
-    for (int u = 0; u < MMA_NT / 2; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+    for (int u = 0; u < LANE_DIMS / 2; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
     // The keys of this lane's value loads, as offsets from a tile's first: A's columns 2c, 2c + 1,
     // 2c + 8, 2c + 9 in Vᵀ Pᵀ.
     const int own[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
-    // Value words per key: MMA_NT elements of the cache type.
-    constexpr int VW = MMA_NT * ELEM / 4;
+    // Value words per key: LANE_DIMS elements of the cache type.
+    constexpr int VW = LANE_DIMS * ELEM / 4;
 
     using Stage = KvStage<FP8>;
     extern __shared__ uint4 staged[];
@@ -517,8 +518,8 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
                     kfb[i] = st[Stage::at(g + 8, 4 * i + c)];
                 }
             }
-            // This lane's value piece: bytes g * MMA_NT * ELEM.. of each of its keys.
-            constexpr int VBYTES = MMA_NT * ELEM;
+            // This lane's value piece: bytes g * LANE_DIMS * ELEM.. of each of its keys.
+            constexpr int VBYTES = LANE_DIMS * ELEM;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const uint4* vt = st + Stage::TILE_CH;
@@ -559,7 +560,7 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
             }
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const u32* vr = (const u32*)(vc + (vown[k] * HEAD_DIM + g * MMA_NT) * ELEM);
+                const u32* vr = (const u32*)(vc + (vown[k] * HEAD_DIM + g * LANE_DIMS) * ELEM);
                 if (VW >= 4) {
 #pragma unroll
                     for (int u = 0; u < VW; u += 4) *(uint4*)&vf[k][u] = *(const uint4*)(vr + u);
@@ -617,7 +618,7 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
         const u32 pb0 = transpose_8x8(pack_pair<FP8>(p[0] * vs[0], p[1] * vs[0]));
         const u32 pb1 = transpose_8x8(pack_pair<FP8>(p[2] * vs[1], p[3] * vs[1]));
 #pragma unroll
-        for (int u = 0; u < MMA_NT / 2; u++) {
+        for (int u = 0; u < LANE_DIMS / 2; u++) {
             // Dims 2u, 2u + 1 of this lane's value pieces, per key (fp8: widened to an f16 pair);
             // A's rows g and g + 8 are those dims, its columns the keys, so pairs of keys per dim.
             u32 w[4];
@@ -649,9 +650,9 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
         const int head = 2 * c + h;
         if (head < GROUP) {
 #pragma unroll
-            for (int u = 0; u < MMA_NT / 2; u++) {
-                r.acc[warp][head][g * MMA_NT + 2 * u] = acc[u][h];
-                r.acc[warp][head][g * MMA_NT + 2 * u + 1] = acc[u][2 + h];
+            for (int u = 0; u < LANE_DIMS / 2; u++) {
+                r.acc[warp][head][g * LANE_DIMS + 2 * u] = acc[u][h];
+                r.acc[warp][head][g * LANE_DIMS + 2 * u + 1] = acc[u][2 + h];
             }
             if (g == 0) {
                 r.m[warp][head] = m[h];
