@@ -242,14 +242,14 @@ fn decode_gemvs_match_cublaslt() {
             .unwrap();
             let mut got = vec![0u16; t * n];
             gpu.read(&act, 0, &mut got).unwrap();
-            let bf = |v: f32| f32::from_bits(((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) << 16);
+            let bf = |v: f32| bf16_value(bf16_bits(v));
             let mut worst = 0f32;
             let mut largest = 0f32;
             for j in 0..t {
                 for r in 0..n {
                     let (g, u) = (bf(want[j * 2 * n + r]), bf(want[j * 2 * n + n + r]));
                     let expect = g / (1.0 + (-g).exp()) * u;
-                    let a = f32::from_bits((got[j * n + r] as u32) << 16);
+                    let a = bf16_value(got[j * n + r]);
                     worst = worst.max((a - expect).abs());
                     largest = largest.max(expect.abs());
                 }
@@ -309,7 +309,7 @@ fn argmax_on_the_gpu_matches_the_cpu() {
         let rows = 5;
         let mut logits: Vec<f32> = random_bf16(rows * vocab, vocab as u64)
             .into_iter()
-            .map(|b| f32::from_bits((b as u32) << 16))
+            .map(bf16_value)
             .collect();
         // Row 1: the maximum twice, in two slices (the lower id wins); row 2: every logit -inf
         // but a NaN (id 0 of the -inf ones); row 3: a NaN beside the maximum; row 4: all equal.
@@ -377,10 +377,7 @@ fn argmax_on_the_gpu_matches_the_cpu() {
 
 /// `count` f32 values uniform in [-1, 1) from a fixed seed (bf16-exact).
 fn random_f32(count: usize, seed: u64) -> Vec<f32> {
-    random_bf16(count, seed)
-        .into_iter()
-        .map(|b| f32::from_bits((b as u32) << 16))
-        .collect()
+    random_bf16(count, seed).into_iter().map(bf16_value).collect()
 }
 
 /// Runs `rms_norm` (norm.cu) over the t rows of the f32 `x` into a new bf16 buffer.
@@ -411,7 +408,7 @@ fn rms_norm_rows_of(
 fn read_bf16(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<f32> {
     let mut v = vec![0u16; n];
     gpu.read(b, 0, &mut v).unwrap();
-    v.into_iter().map(|b| f32::from_bits((b as u32) << 16)).collect()
+    v.into_iter().map(bf16_value).collect()
 }
 
 /// Largest difference between `got` and `want`, over the largest magnitude of `want`.
@@ -543,7 +540,7 @@ fn rope_reference(
     use strata_runtime::cpu::ops::{rms_norm_inplace, rope, RopeLayout};
     let (n_heads, n_kv, hd, _, neox, with_bias, with_norms) = case;
     let width = (n_heads + 2 * n_kv) * hd;
-    let round = |v: f32| f32::from_bits((bf16_bits(v) as u32) << 16);
+    let round = |v: f32| bf16_value(bf16_bits(v));
     let layout = if neox {
         RopeLayout::Neox
     } else {
@@ -601,7 +598,7 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
         let (n_heads, n_kv, hd, rot, neox, with_bias, with_norms) = case;
         let width = (n_heads + 2 * n_kv) * hd;
         let qkv_bits = random_bf16(t * width, 71);
-        let qkv_f32: Vec<f32> = qkv_bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+        let qkv_f32: Vec<f32> = qkv_bits.iter().map(|&b| bf16_value(b)).collect();
         let bias = random_f32(width, 72);
         let (q_norm, k_norm): (Vec<f32>, Vec<f32>) = (
             random_f32(hd, 73).into_iter().map(|v| 0.5 + v.abs()).collect(),
@@ -704,7 +701,7 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
                 if fp8 {
                     strata_model::kv_cache::e4m3_to_f32(raw[i]) * sc[vec]
                 } else {
-                    f32::from_bits((u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]) as u32) << 16)
+                    bf16_value(u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]))
                 }
             };
             let (mut cache_k, mut cache_v) = (Vec::new(), Vec::new());
@@ -735,6 +732,11 @@ fn bf16_bits(v: f32) -> u16 {
     ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
 }
 
+/// The f32 a bf16 holds (exact).
+fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
 #[test]
 fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
     let Some(gpu) = first_gpu() else {
@@ -753,7 +755,7 @@ fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
         let folded: Vec<u16> = w_next
             .iter()
             .enumerate()
-            .map(|(i, &b)| bf16_bits(f32::from_bits((b as u32) << 16) * gamma[i % h]))
+            .map(|(i, &b)| bf16_bits(bf16_value(b) * gamma[i % h]))
             .collect();
         let (g, w_next, folded) = (
             gpu.upload(&gamma, "gamma").unwrap(),
@@ -849,10 +851,7 @@ fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
                     let case = format!("hidden {h}, magnitude {magnitude}, t {t}");
                     assert_eq!(got_x, want_x, "{case}: the residual differs from add_rms_norm's");
                     let got_xb = read_bf16(&gpu, &xb, t * h);
-                    let rounded: Vec<f32> = want_x
-                        .iter()
-                        .map(|&v| f32::from_bits((bf16_bits(v) as u32) << 16))
-                        .collect();
+                    let rounded: Vec<f32> = want_x.iter().map(|&v| bf16_value(bf16_bits(v))).collect();
                     assert_eq!(got_xb, rounded, "{case}: the bf16 residual is not the f32 one rounded");
                     let got_y = read_bf16(&gpu, &y, t * n_out);
                     let rel = worst_relative(&got_y, &want_y);
@@ -920,9 +919,7 @@ fn run_attention(
     };
     // SAFETY: buffers sized by the caller for these shapes.
     unsafe { call.launch(gpu, kernels, kernel) }.unwrap();
-    let mut bits = vec![0u16; tokens * width];
-    gpu.read(&out, 0, &mut bits).unwrap();
-    bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect()
+    read_bf16(gpu, &out, tokens * width)
 }
 
 #[test]
@@ -972,7 +969,7 @@ fn check_tensor_core_attention(
     let scales = |seed| -> Vec<f32> {
         random_bf16(vectors, seed)
             .iter()
-            .map(|&b| 1.0 + 0.5 * f32::from_bits((b as u32) << 16))
+            .map(|&b| 1.0 + 0.5 * bf16_value(b))
             .collect()
     };
     let fp8_cache = TestCache {
