@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
-[ -f $L8/config.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 --prompts-only 2>&1 | grep -v -i warn
+llama3_8b_checkpoint
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader -lms 100 > "$OUT/clocks.csv" &
 smi=$!
 phase() { echo "$(date +%Y/%m/%d\ %H:%M:%S.%3N) $1" >> "$OUT/phases.txt"; }

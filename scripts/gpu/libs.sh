@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by the GPU scripts: makes the CUDA and NCCL libraries loadable for strata's binaries and
 # test binaries (in the scratch folder $shim, /tmp/strata-libshim unless set), unpacks what gpu-bin/
-# carries, and names the binary ($S) and the checkpoints' folder ($CK, Llama-3-8B's in $L8).
+# carries, names the binary ($S) and the checkpoints' folder ($CK, Llama-3-8B's in $L8), and makes that
+# checkpoint on demand (llama3_8b_checkpoint).
 # cudarc dlopens bare names (libcuda.so.1, libnccl.so): put every likely folder on the path,
 # including Python's site-packages/nvidia/*/lib, and give libnccl.so.2 the bare name it wants.
 libdirs=(/usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu)
@@ -31,3 +32,9 @@ for f in gpu-bin/*.gz; do [ -e "$f" ] && gunzip -kf "$f" && chmod +x "${f%.gz}";
 S=gpu-bin/strata
 CK=/root/ckpt
 L8=$CK/llama3-8b
+# Makes the random-weight Llama-3-8B checkpoint in $L8 (transformers, no reference logits) unless
+# one is there: for the scripts that only measure.
+llama3_8b_checkpoint() {
+    [ -f $L8/config.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 --prompts-only 2>&1 |
+        grep -v -i warn
+}

@@ -15,7 +15,7 @@ source "$(dirname "$0")/libs.sh"
 RUN=${NCU_RUN:-attention}
 NAME=${NCU_NAME:-$RUN}
 if [ "$RUN" = step ]; then
-    [ -f $L8/config.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 --prompts-only 2>&1 | grep -v -i warn
+    llama3_8b_checkpoint
     ARGS="bench-gpu --model $L8 --enforce-eager --levels 256 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 256"
     SKIP=${NCU_SKIP:-12000}
 else
