@@ -6,6 +6,7 @@ mod gpu_common;
 
 use gpu_common::argmax;
 
+use strata_model::config::{rope_cos_sin, rope_cos_sin_table};
 use strata_model::cuda::{GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
@@ -440,7 +441,8 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
         let inv: Vec<f32> = (0..rot / 2)
             .map(|i| 10000f32.powf(-2.0 * i as f32 / rot as f32))
             .collect();
-        let inv_freq = gpu.upload(&inv, "inv_freq").unwrap();
+        // Positions below reach 5 + 997 * 7.
+        let rope_table = gpu.upload(&rope_cos_sin_table(&inv, 7000), "rope table").unwrap();
         let cache_elems = blocks * n_kv * bs * hd;
         for t in [1usize, 3, 8] {
             // A GEMV input as rms_norm writes it (bf16) from a residual stream (f32).
@@ -459,7 +461,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             let compiled = [1usize, 2, 4, 8].into_iter().find(|&c| c >= t).unwrap();
             let (wp, xnp) = (w.ptr(), xn.ptr());
             let bp = if with_bias { bias.ptr() } else { 0u64 };
-            let (pp, ip, sp, none) = (pos.ptr(), inv_freq.ptr(), sl.ptr(), 0u64);
+            let (pp, ip, sp, none) = (pos.ptr(), rope_table.ptr(), sl.ptr(), 0u64);
             let (w32, k32, t32, bf16_out) = (width as i32, k as i32, t as i32, 0i32);
             let (nh, nk, hd32, rot32, bs32, eps) =
                 (n_heads as i32, n_kv as i32, hd as i32, rot as i32, bs as i32, 1e-5f32);
@@ -552,10 +554,7 @@ fn rope_reference(
         if with_bias {
             row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
         }
-        let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
-            .iter()
-            .map(|f| ((pos as f32 * f).cos(), (pos as f32 * f).sin()))
-            .unzip();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = rope_cos_sin(inv_freq, pos as usize).unzip();
         for (h, head) in row.chunks_exact_mut(hd).enumerate() {
             if h >= n_heads + n_kv {
                 head.iter_mut().for_each(|v| *v = round(*v));
@@ -616,11 +615,14 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             let elem = if fp8 { 1 } else { 2 };
             let cache_bytes = blocks * n_kv * bs * hd * elem;
             let up = |v: &[f32], what: &'static str| gpu.upload(v, what).unwrap();
-            let (b_buf, qn_buf, kn_buf, inv_buf) = (
+            let (b_buf, qn_buf, kn_buf, table_buf) = (
                 up(&bias, "bias"),
                 up(&q_norm, "q_norm"),
                 up(&k_norm, "k_norm"),
-                up(&inv, "inv_freq"),
+                up(
+                    &rope_cos_sin_table(&inv, 1 + *positions.last().unwrap() as usize),
+                    "rope table",
+                ),
             );
             let qkv = gpu.upload(&qkv_bits, "qkv").unwrap();
             let (pos, sl) = (
@@ -647,7 +649,7 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             let (qp, pp, ip, sp, kcp, vcp, ksp, vsp) = (
                 qkv.ptr(),
                 pos.ptr(),
-                inv_buf.ptr(),
+                table_buf.ptr(),
                 sl.ptr(),
                 kc.ptr(),
                 vc.ptr(),
@@ -683,8 +685,8 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             .unwrap();
             let got_qkv = read_bf16(&gpu, &qkv, t * width);
             let rel = worst_relative(&got_qkv, &want_qkv);
-            // One bf16 step of the largest value at most: sincosf and the norm's sum differ
-            // from the CPU's in the last bits.
+            // One bf16 step of the largest value at most: the rotation's products and the
+            // norm's sum may round differently from the CPU's in the last bits.
             assert!(rel <= 1.0 / 128.0, "{shape}: q/k/v off by {rel}");
             // Each token's K and V heads from their cache slots.
             let read_bytes = |b: &DeviceBuffer| {

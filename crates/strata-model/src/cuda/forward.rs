@@ -12,7 +12,7 @@ use strata_runtime::cuda::{
 use strata_runtime::kernel_args;
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
-use crate::config::ModelConfig;
+use crate::config::{rope_cos_sin_table, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::KvCacheDtype;
 
@@ -198,7 +198,9 @@ pub struct GpuTransformer {
     pub kv: GpuKvCache,
     kernels: Kernels,
     gemm: Gemm,
-    inv_freq: DeviceBuffer,
+    /// cos and sin of every rotated pair at every position up to `max_model_len`
+    /// ([`rope_cos_sin_table`]), read by rope.cu and the QKV GEMV.
+    rope_table: DeviceBuffer,
     limits: StepLimits,
     layout: InputLayout,
     bufs: StepBuffers,
@@ -324,7 +326,8 @@ impl GpuTransformer {
             (name, stages)
         });
         let gemm = Gemm::new(&gpu)?;
-        let inv_freq = gpu.upload(&config.rope.inv_freq(), "the RoPE frequencies")?;
+        let table = rope_cos_sin_table(&config.rope.inv_freq(), limits.max_model_len);
+        let rope_table = gpu.upload(&table, "the RoPE cos/sin table")?;
         let layout = InputLayout::largest(&limits, kv.block_size);
         let c = &local;
         let t = limits.max_tokens;
@@ -358,7 +361,7 @@ impl GpuTransformer {
             kv,
             kernels,
             gemm,
-            inv_freq,
+            rope_table,
             limits,
             layout,
             bufs,
@@ -759,7 +762,7 @@ impl GpuTransformer {
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let rot = c.rope.dim as i32;
         let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
-        let inv_freq = self.inv_freq.ptr();
+        let rope_table = self.rope_table.ptr();
         let bs = self.kv.block_size as i32;
         let max_blocks = self.limits.max_blocks(self.kv.block_size) as i32;
         let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
@@ -813,7 +816,7 @@ impl GpuTransformer {
                         t32,
                         bias,
                         positions,
-                        inv_freq,
+                        rope_table,
                         n_heads,
                         n_kv,
                         hd,
@@ -844,7 +847,7 @@ impl GpuTransformer {
                     rope_block_threads(c.n_heads / c.n_kv_heads),
                     0,
                     &mut kernel_args!(
-                        qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,
+                        qkv, bias, qn, kn, positions, rope_table, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,
                         vs, bs
                     ),
                 )?;
