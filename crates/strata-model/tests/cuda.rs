@@ -1104,6 +1104,109 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     );
 }
 
+/// Greedy decoding of `PROMPTS` on `exec`, `steps` steps after the prompts, sequence 2 leaving
+/// after step `steps / 2`: plainly (`forward`, tokens from the host) or overlapped (each step
+/// submitted before the previous one is collected, its tokens taken on the GPU). Returns each
+/// sequence's tokens.
+fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, overlapped: bool) -> Vec<Vec<u32>> {
+    let mut chunks: Vec<SeqChunk> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| prompt_chunk(p.clone(), i))
+        .collect();
+    let mut tokens: Vec<Vec<u32>> = Vec::new();
+    for c in &chunks {
+        let logits = exec.forward(std::slice::from_ref(c)).unwrap();
+        tokens.push(vec![argmax(logits.last_of(0).unwrap())]);
+    }
+    // The sequences of each step, and the step's chunks one position on.
+    let mut running: Vec<usize> = (0..prompts.len()).collect();
+    let mut previous: Option<Vec<usize>> = None;
+    for step in 0..steps {
+        if step == steps / 2 {
+            running.retain(|&s| s != 2);
+        }
+        let batch: Vec<SeqChunk> = running
+            .iter()
+            .map(|&s| {
+                let c = &mut chunks[s];
+                c.first_pos += c.tokens.len();
+                c.tokens = vec![if overlapped && step > 0 {
+                    0
+                } else {
+                    *tokens[s].last().unwrap()
+                }];
+                c.logits = LogitsWanted::LastArgmax;
+                c.clone()
+            })
+            .collect();
+        if !overlapped {
+            let logits = exec.forward(&batch).unwrap();
+            for (j, &s) in running.iter().enumerate() {
+                tokens[s].push(logits.argmax_of(j).unwrap());
+            }
+            continue;
+        }
+        // Each sequence's row in the step before.
+        let from = previous.as_ref().map(|prev| {
+            running
+                .iter()
+                .map(|s| prev.iter().position(|p| p == s).unwrap())
+                .collect()
+        });
+        exec.submit(batch, from).unwrap();
+        if let Some(prev) = previous.replace(running.clone()) {
+            let logits = exec.collect().unwrap();
+            for (j, &s) in prev.iter().enumerate() {
+                tokens[s].push(logits.argmax_of(j).unwrap());
+            }
+        }
+    }
+    if let Some(prev) = previous {
+        let logits = exec.collect().unwrap();
+        for (j, &s) in prev.iter().enumerate() {
+            tokens[s].push(logits.argmax_of(j).unwrap());
+        }
+    }
+    tokens
+}
+
+#[test]
+fn overlapped_decode_steps_take_their_tokens_on_the_gpu_and_match_plain_steps() {
+    let Some(mut plain) = gpu_executor(KvCacheDtype::F32, false, false) else {
+        return;
+    };
+    let mut overlapped = gpu_executor(KvCacheDtype::F32, false, false).unwrap();
+    let mut overlapped_eager = gpu_executor(KvCacheDtype::F32, true, false).unwrap();
+    assert!(overlapped.overlaps_steps(), "one GPU overlaps greedy decode steps");
+    let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let steps = 12;
+    let want = greedy_decode(&mut plain, &prompts, steps, false);
+    assert_eq!(want[2].len(), 1 + steps / 2, "sequence 2 left half way");
+    assert_eq!(want[0].len(), 1 + steps);
+    for (name, exec) in [("graphs", &mut overlapped), ("eager", &mut overlapped_eager)] {
+        let got = greedy_decode(exec, &prompts, steps, true);
+        eprintln!("overlapped ({name}) vs plain decode steps: {got:?}");
+        assert_eq!(got, want, "overlapped steps ({name}) decode other tokens");
+    }
+    // Taking tokens from a step that is not there is an error, not a wrong answer.
+    let chunk = prompt_chunk(prompts[0].clone(), 0);
+    let err = overlapped.submit(
+        vec![SeqChunk {
+            logits: LogitsWanted::LastArgmax,
+            tokens: vec![0],
+            first_pos: 40,
+            ..chunk
+        }],
+        Some(vec![7]),
+    );
+    assert!(err.is_err(), "row 7 of a step of 4 sequences");
+}
+
 /// A whole prompt as one chunk of sequence `slot`, which owns cache blocks `16 * slot..16 * slot + 16`.
 fn prompt_chunk(ids: Vec<u32>, slot: usize) -> SeqChunk {
     let first = slot as u32 * 16;
