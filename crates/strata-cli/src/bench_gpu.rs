@@ -88,6 +88,11 @@ struct Level {
     pure_decode_batch: f64,
     pure_decode_roofline_ms: f64,
     pure_decode_roofline_fraction: f64,
+    /// Steps queued behind the one running, tokens taken on the GPU (overlapped steps).
+    overlapped_steps: u64,
+    /// FNV-1a of every request's output tokens in request order: equal when two runs (say with
+    /// and without overlapped steps) decode the same tokens.
+    output_tokens_fnv1a: u64,
     kv_capacity_tokens: usize,
 }
 
@@ -219,6 +224,11 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             let pure_ms = (after.decode_step_seconds_total - before.decode_step_seconds_total) * 1e3 / pure_steps;
             let pure_batch = (after.decode_step_seqs_total - before.decode_step_seqs_total) as f64 / pure_steps;
             let pure_roof = roofline_ms(pure_batch);
+            let fnv = done.iter().flat_map(|c| &c.tokens).fold(0xcbf29ce484222325u64, |h, &t| {
+                t.to_le_bytes()
+                    .iter()
+                    .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+            });
             let level = Level {
                 kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype).to_string(),
                 concurrency: n,
@@ -234,17 +244,22 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                 pure_decode_batch: pure_batch,
                 pure_decode_roofline_ms: pure_roof,
                 pure_decode_roofline_fraction: pure_roof / pure_ms,
+                overlapped_steps: after.overlapped_steps_total - before.overlapped_steps_total,
+                output_tokens_fnv1a: fnv,
                 kv_capacity_tokens: kv_tokens,
             };
             eprintln!(
-                "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms",
+                "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms; {} of {} overlapped; output tokens fnv1a {:016x}",
                 strata_model::cuda::kv_cache::value_type_name(dtype),
                 level.output_tok_s,
                 step_ms,
                 roof_ms,
                 pure_ms,
                 pure_batch,
-                pure_roof
+                pure_roof,
+                level.overlapped_steps,
+                pure_steps,
+                level.output_tokens_fnv1a
             );
             report.levels.push(level);
         }

@@ -167,6 +167,9 @@ pub struct EngineStats {
     pub decode_steps_total: u64,
     pub decode_step_seconds_total: f64,
     pub decode_step_seqs_total: u64,
+    /// Decode steps queued behind the one running, their tokens taken from its argmax on the
+    /// device (overlapped steps, on executors that can).
+    pub overlapped_steps_total: u64,
 }
 
 impl EngineStats {
@@ -314,8 +317,11 @@ impl EngineHandle {
             max_model_len,
         };
         let depth = executor.pipeline_depth().max(1);
+        let overlap = depth == 1 && executor.overlaps_steps();
         if depth > 1 {
             tracing::info!("engine on {}, {depth} batches in flight", executor.device());
+        } else if overlap {
+            tracing::info!("engine on {}, greedy decode steps overlapped", executor.device());
         } else {
             tracing::info!("engine on {}", executor.device());
         }
@@ -333,6 +339,8 @@ impl EngineHandle {
         let worker = EngineLoop {
             executor,
             depth,
+            overlap,
+            results_taken: Instant::now(),
             in_flight: VecDeque::new(),
             blocks: BlockManager::new(blocks, block_size, config.enable_prefix_caching),
             scheduler: Scheduler::new(SchedulerConfig {
@@ -494,11 +502,14 @@ impl EngineHandle {
     }
 }
 
-/// A batch handed to a pipelined executor whose logits have not been collected yet.
+/// A batch handed to a pipelined (or overlapping) executor whose logits have not been collected
+/// yet.
 struct InFlightBatch {
     chunks: Vec<ScheduledChunk>,
     /// When it was scheduled (for `last_step_seconds`).
     started: Instant,
+    /// Every chunk is a greedy decode: the next step may take its tokens on the device.
+    greedy_decode: bool,
 }
 
 /// The devices can no longer run the model; holds the executor's reason.
@@ -509,7 +520,12 @@ struct EngineLoop {
     executor: Box<dyn Executor>,
     /// Batches the executor can hold in flight (its pipeline depth); 1 = one `forward` per step.
     depth: usize,
-    /// Submitted batches, oldest first (only when `depth > 1`).
+    /// At depth 1 on an executor that overlaps steps: a greedy decode step is queued behind the
+    /// one running before the host takes that one's results ([`Self::overlapped_step`]).
+    overlap: bool,
+    /// When the last batch's results were taken.
+    results_taken: Instant,
+    /// Submitted batches, oldest first (only when `depth > 1` or `overlap`).
     in_flight: VecDeque<InFlightBatch>,
     blocks: BlockManager,
     scheduler: Scheduler,
@@ -525,6 +541,10 @@ struct EngineLoop {
 impl EngineLoop {
     fn run(mut self) {
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve()));
+        // Batches still in flight finish on the devices before the executor goes.
+        while self.in_flight.pop_front().is_some() {
+            let _ = self.executor.collect();
+        }
         let why = match outcome {
             Ok(()) => "shut down".to_string(),
             Err(p) => {
@@ -673,6 +693,9 @@ impl EngineLoop {
     /// that are not in flight until `depth` batches are (or nothing more can run), then take the
     /// results of the oldest. `Err` when the devices are lost.
     fn step(&mut self) -> Result<(), DevicesLost> {
+        if self.overlap {
+            return self.overlapped_step();
+        }
         if self.depth == 1 {
             let started = Instant::now();
             let Some((chunks, batch)) = self.schedule() else {
@@ -686,8 +709,12 @@ impl EngineLoop {
             let Some((chunks, batch)) = self.schedule() else {
                 break;
             };
-            match self.executor.submit(batch) {
-                Ok(()) => self.in_flight.push_back(InFlightBatch { chunks, started }),
+            match self.executor.submit(batch, None) {
+                Ok(()) => self.in_flight.push_back(InFlightBatch {
+                    chunks,
+                    started,
+                    greedy_decode: false,
+                }),
                 Err(e) => self.fail_batch(&chunks, e)?,
             }
         }
@@ -696,6 +723,101 @@ impl EngineLoop {
         };
         let result = self.executor.collect();
         self.take_results(&oldest.chunks, oldest.started, result)
+    }
+
+    /// One step on an executor that overlaps steps. A batch of greedy decodes is submitted; while
+    /// one runs, the next decode of the same sequences ([`Self::next_decode`]) is queued behind it,
+    /// then the host takes the running one's results, so the GPU does not wait for the host
+    /// between decode steps. Any other batch runs as at depth 1, once nothing is in flight.
+    fn overlapped_step(&mut self) -> Result<(), DevicesLost> {
+        if self.in_flight.is_empty() {
+            let started = Instant::now();
+            let Some((chunks, batch)) = self.schedule() else {
+                return Ok(());
+            };
+            if !batch.iter().all(is_greedy_decode) {
+                let result = self.executor.forward(&batch);
+                return self.take_results(&chunks, started, result);
+            }
+            match self.executor.submit(batch, None) {
+                Ok(()) => self.in_flight.push_back(InFlightBatch {
+                    chunks,
+                    started,
+                    greedy_decode: true,
+                }),
+                Err(e) => return self.fail_batch(&chunks, e),
+            }
+        }
+        if self.in_flight.len() == 1 {
+            let started = Instant::now();
+            if let Some((chunks, batch, from)) = self.next_decode() {
+                match self.executor.submit(batch, Some(from)) {
+                    Ok(()) => {
+                        self.stats.overlapped_steps_total += 1;
+                        self.in_flight.push_back(InFlightBatch {
+                            chunks,
+                            started,
+                            greedy_decode: true,
+                        });
+                    }
+                    Err(e) => self.fail_batch(&chunks, e)?,
+                }
+            }
+        }
+        let Some(oldest) = self.in_flight.pop_front() else {
+            return Ok(());
+        };
+        let result = self.executor.collect();
+        // A batch queued behind another took its step from that one's results on.
+        let started = oldest.started.max(self.results_taken);
+        self.take_results(&oldest.chunks, started, result)
+    }
+
+    /// The decode step to queue behind the only batch in flight, a greedy decode one: its
+    /// sequences one position on, each token the argmax of the sequence's row there. Only when
+    /// nothing waits, no running sequence is left out and the cache has room. A sequence that
+    /// the step in flight ends by length is left out; one it ends on a stop token or string is
+    /// computed once more and dropped.
+    #[allow(clippy::type_complexity)]
+    fn next_decode(&mut self) -> Option<(Vec<ScheduledChunk>, Vec<SeqChunk>, Vec<usize>)> {
+        let current = self.in_flight.back()?;
+        if !current.greedy_decode || self.scheduler.num_waiting() > 0 {
+            return None;
+        }
+        let mut alive = 0;
+        let mut next = Vec::new();
+        for (row, c) in current.chunks.iter().enumerate() {
+            let Some(seq) = self.seqs.get(&c.id) else { continue };
+            alive += 1;
+            let ends = seq.output.len() + 1 >= seq.request.max_tokens || seq.num_tokens() + 1 >= self.max_model_len;
+            if !ends {
+                next.push((row, c.id));
+            }
+        }
+        if next.is_empty() || alive != self.scheduler.num_running() {
+            return None;
+        }
+        let mut chunks = Vec::with_capacity(next.len());
+        let mut batch = Vec::with_capacity(next.len());
+        let mut from = Vec::with_capacity(next.len());
+        for (row, id) in next {
+            let seq = self.seqs.get_mut(&id)?;
+            // The step in flight computes position num_computed; this one the next.
+            let pos = seq.num_computed + 1;
+            let need = (pos + 1).saturating_sub(seq.table.num_tokens);
+            self.blocks.grow(&mut seq.table, need).ok()?;
+            chunks.push(ScheduledChunk { id, num_tokens: 1 });
+            batch.push(SeqChunk {
+                // A placeholder: the token is taken on the device.
+                tokens: vec![0],
+                first_pos: pos,
+                block_table: seq.table.blocks.clone(),
+                logits: LogitsWanted::LastArgmax,
+                prompt_len: seq.request.prompt.len(),
+            });
+            from.push(row);
+        }
+        Some((chunks, batch, from))
     }
 
     /// Plans the next batch from the sequences not in flight, at most an even share of them when
@@ -783,7 +905,8 @@ impl EngineLoop {
             self.release(id);
         }
         self.stats.steps_total += 1;
-        self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+        self.results_taken = Instant::now();
+        self.stats.last_step_seconds = (self.results_taken - started).as_secs_f64();
         if all_decode {
             self.stats.decode_steps_total += 1;
             self.stats.decode_step_seconds_total += self.stats.last_step_seconds;
@@ -834,4 +957,9 @@ impl EngineLoop {
             *s = self.stats.clone();
         }
     }
+}
+
+/// A chunk that decodes one generated token and wants only its argmax.
+fn is_greedy_decode(c: &SeqChunk) -> bool {
+    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits == LogitsWanted::LastArgmax
 }

@@ -10,7 +10,7 @@ use strata_engine::{
     RequestOutput, RequestStream, SamplingParams, SubmitError,
 };
 use strata_model::loader::{default_model_path, load_model, LoadedModel};
-use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
+use strata_model::{CpuExecutor, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk};
 
 fn default_model() -> LoadedModel {
     let path = default_model_path();
@@ -425,8 +425,11 @@ impl Executor for PipelinedCpu {
         self.depth
     }
 
-    fn submit(&mut self, batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         let mut log = self.log.lock().unwrap();
+        if tokens_from.is_some() {
+            log.violations.push("tokens from the device asked of a pipeline".into());
+        }
         if self.queued.len() >= self.depth {
             log.violations.push(format!(
                 "a batch submitted with {} already in flight",
@@ -466,6 +469,198 @@ fn two_stage_engine(config: EngineConfig) -> (EngineHandle, Arc<Mutex<PipelineLo
         Box::new(exec)
     });
     (engine, log.expect("the executor was built"))
+}
+
+/// What an [`OverlappingCpu`] saw: the batches submitted behind another, and every broken rule
+/// of overlapped steps.
+#[derive(Default)]
+struct OverlapLog {
+    overlapped: usize,
+    violations: Vec<String>,
+}
+
+/// The CPU executor behind the overlapping interface, as one GPU presents itself: `submit` runs
+/// a greedy decode batch at once, with each token taken from the previous batch's result when
+/// asked (where the GPU takes the argmax on the device), and `collect` returns results in order.
+struct OverlappingCpu {
+    cpu: CpuExecutor,
+    /// Results not yet collected, with the positions each batch computed.
+    results: VecDeque<(Result<Logits, ModelError>, Vec<usize>)>,
+    log: Arc<Mutex<OverlapLog>>,
+}
+
+/// The greedy token of a logits row (ties to the lowest id, as the sampler's).
+fn greedy_token(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Executor for OverlappingCpu {
+    fn config(&self) -> &ModelConfig {
+        self.cpu.config()
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        if !self.results.is_empty() {
+            let mut log = self.log.lock().unwrap();
+            log.violations.push("forward called with a batch in flight".into());
+        }
+        self.cpu.forward(batch)
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.cpu.kv_layout()
+    }
+
+    fn device(&self) -> String {
+        format!("{} overlapping steps", self.cpu.device())
+    }
+
+    fn overlaps_steps(&self) -> bool {
+        true
+    }
+
+    fn submit(&mut self, mut batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
+        let mut log = self.log.lock().unwrap();
+        if self.results.len() >= 2 {
+            log.violations.push("a third batch submitted".into());
+        }
+        if !batch
+            .iter()
+            .all(|c| c.tokens.len() == 1 && c.logits == LogitsWanted::LastArgmax)
+        {
+            log.violations
+                .push("a batch other than greedy decodes submitted".into());
+        }
+        if let Some(from) = tokens_from {
+            log.overlapped += 1;
+            let Some((Ok(previous), positions)) = self.results.back() else {
+                log.violations
+                    .push("tokens taken from a batch that is not in flight".into());
+                return Err(ModelError::BadBatch("no batch in flight".into()));
+            };
+            for (c, &row) in batch.iter_mut().zip(&from) {
+                if positions.get(row) != Some(&(c.first_pos - 1)) {
+                    log.violations.push(format!(
+                        "position {} after row {row} at {:?}",
+                        c.first_pos,
+                        positions.get(row)
+                    ));
+                }
+                c.tokens = vec![greedy_token(previous.row(row))];
+            }
+        }
+        let positions = batch.iter().map(|c| c.first_pos).collect();
+        self.results.push_back((self.cpu.forward(&batch), positions));
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        match self.results.pop_front() {
+            Some((result, _)) => result,
+            None => Err(ModelError::BadBatch("collect without a submitted batch".into())),
+        }
+    }
+}
+
+/// An engine on the CPU executor posing as one that overlaps steps, and the log of its batches.
+fn overlapping_engine(config: EngineConfig) -> (EngineHandle, Arc<Mutex<OverlapLog>>) {
+    let log = Arc::new(Mutex::new(OverlapLog::default()));
+    let engine = engine_on(config, |cpu| {
+        Box::new(OverlappingCpu {
+            cpu,
+            results: VecDeque::new(),
+            log: Arc::clone(&log),
+        })
+    });
+    (engine, log)
+}
+
+#[test]
+fn overlapped_decode_steps_give_the_tokens_of_plain_steps() {
+    let config = small_config();
+    let (overlapped, log) = overlapping_engine(config.clone());
+    let plain = engine(config);
+    let mut reqs: Vec<GenerationRequest> = (0..6)
+        .map(|i| GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(
+                prompt(&plain, &format!("Story {i}: once upon a time, in town number {i},")),
+                6 + 3 * i,
+            )
+        })
+        .collect();
+    // Request 1 stops on a token of its free output (its next step is then in flight already);
+    // a sampled request runs alongside at first (no overlap while it does).
+    let free = run_alone(&plain, reqs[1].clone());
+    reqs[1].stop_token_ids = vec![free.tokens[4]];
+    reqs.push(GenerationRequest {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            seed: 5,
+            ..Default::default()
+        },
+        ..reqs[0].clone()
+    });
+    let want = run_together(&plain, reqs.clone());
+    let got = run_together(&overlapped, reqs);
+    assert_eq!(want[1].finish, FinishReason::Stop);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.tokens, g.tokens, "request {i} differs with overlapped steps");
+        assert_eq!((&w.text, w.finish), (&g.text, g.finish));
+    }
+    let log = log.lock().unwrap();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    assert!(log.overlapped > 0, "greedy decode steps were queued behind one another");
+    assert!(overlapped.wait_idle(Duration::from_secs(10)));
+    let stats = overlapped.stats();
+    assert_eq!(stats.overlapped_steps_total, log.overlapped as u64);
+    assert_eq!(stats.kv_blocks_used, 0, "every block is back");
+    // The plain engine also ran request 1 alone.
+    assert_eq!(
+        stats.generation_tokens_total,
+        plain.stats().generation_tokens_total - free.tokens.len() as u64,
+        "a row computed past a stop token counts no token"
+    );
+}
+
+#[test]
+fn streams_dropped_while_overlapped_steps_run_leave_nothing_behind() {
+    let (e, log) = overlapping_engine(small_config());
+    let req = |text: &str| GenerationRequest {
+        ignore_eos: true,
+        ..GenerationRequest::greedy(prompt(&e, text), 500)
+    };
+    let mut a = e.submit(req("Count with me: one, two, three,")).unwrap();
+    let mut b = e.submit(req("The alphabet goes a, b, c,")).unwrap();
+    for _ in 0..4 {
+        assert!(matches!(a.blocking_next(), Some(RequestOutput::Delta { .. })));
+        assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
+    }
+    drop(a);
+    assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
+    drop(b);
+    assert!(
+        e.wait_idle(Duration::from_secs(10)),
+        "the aborted requests left the engine"
+    );
+    assert!(e.is_alive(), "{:?}", e.death());
+    assert_eq!(e.stats().kv_blocks_used, 0);
+    let alone = engine(small_config());
+    let next = GenerationRequest::greedy(prompt(&e, "My favourite colour is"), 6);
+    assert_eq!(
+        run_alone(&e, next.clone()).tokens,
+        run_alone(&alone, next).tokens,
+        "the engine serves on"
+    );
+    let log = log.lock().unwrap();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    assert!(log.overlapped > 0);
 }
 
 #[test]
@@ -642,9 +837,9 @@ impl Executor for LosesDevices {
         self.inner.pipeline_depth()
     }
 
-    fn submit(&mut self, batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         self.check(Call::Submit)?;
-        self.inner.submit(batch)
+        self.inner.submit(batch, tokens_from)
     }
 
     fn collect(&mut self) -> Result<Logits, ModelError> {

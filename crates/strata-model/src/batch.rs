@@ -62,9 +62,13 @@ impl Logits {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
     }
 
-    /// The greedy token of sequence `seq`, when only its argmax was returned.
+    /// The greedy token of sequence `seq`, when only its argmax was returned (looked up at index
+    /// `seq` first: a decode step returns one id a sequence, in batch order).
     pub fn argmax_of(&self, seq: usize) -> Option<u32> {
-        self.argmax.iter().find(|&&(s, _)| s == seq).map(|&(_, t)| t)
+        match self.argmax.get(seq) {
+            Some(&(s, t)) if s == seq => Some(t),
+            _ => self.argmax.iter().find(|&&(s, _)| s == seq).map(|&(_, t)| t),
+        }
     }
 
     /// The last row of sequence `seq`, if it asked for logits.

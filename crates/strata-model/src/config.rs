@@ -108,6 +108,29 @@ impl RopeConfig {
     }
 }
 
+/// The cosine and sine of each rotated pair's angle at `pos` (position times inverse frequency,
+/// in f64, then rounded to f32): the one rule the CPU backend's rotation and the CUDA kernels'
+/// table ([`rope_cos_sin_table`]) follow.
+pub fn rope_cos_sin(inv_freq: &[f32], pos: usize) -> impl Iterator<Item = (f32, f32)> + '_ {
+    inv_freq.iter().map(move |&f| {
+        let angle = pos as f64 * f as f64;
+        (angle.cos() as f32, angle.sin() as f32)
+    })
+}
+
+/// [`rope_cos_sin`] of every position below `positions`, as `[position][pair][cos, sin]`: what
+/// the CUDA kernels rotate by (one lookup a pair instead of a `sincosf`).
+pub fn rope_cos_sin_table(inv_freq: &[f32], positions: usize) -> Vec<f32> {
+    let mut table = Vec::with_capacity(positions * inv_freq.len() * 2);
+    for pos in 0..positions {
+        for (c, s) in rope_cos_sin(inv_freq, pos) {
+            table.push(c);
+            table.push(s);
+        }
+    }
+    table
+}
+
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {

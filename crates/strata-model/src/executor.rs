@@ -34,9 +34,18 @@ pub trait Executor: Send {
     fn pipeline_depth(&self) -> usize {
         1
     }
-    /// Starts `batch` without waiting for its logits (executors with `pipeline_depth() > 1`);
-    /// `collect` returns results in submission order.
-    fn submit(&mut self, _batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+    /// Whether a batch of greedy decodes (one token each, `LogitsWanted::LastArgmax`) may be
+    /// submitted while the one before it runs, with its tokens taken from that one's argmax on
+    /// the device (overlapped steps: the host reads a step while the next runs).
+    fn overlaps_steps(&self) -> bool {
+        false
+    }
+    /// Starts `batch` without waiting for its logits (executors with `pipeline_depth() > 1`, or
+    /// greedy decodes on executors that [`Self::overlaps_steps`]); `collect` returns results in
+    /// submission order. With `tokens_from` (overlapped steps only), chunk i's token is the
+    /// argmax of row `tokens_from[i]` of the batch submitted just before, and its own token is a
+    /// placeholder.
+    fn submit(&mut self, _batch: Vec<SeqChunk>, _tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         Err(ModelError::BadBatch(
             "this executor runs one batch at a time; call forward".into(),
         ))

@@ -5,7 +5,7 @@ use strata_runtime::cpu::ops;
 use strata_runtime::cpu::{matmul, matmul_many, ActPrecision, DisjointMut, MatmulScratch, RowPaths, ThreadPool};
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
-use crate::config::ModelConfig;
+use crate::config::{rope_cos_sin, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::PagedKvCache;
 use crate::prompt_attention::{PromptTile, TILE_SCRATCH, TILE_TOKENS};
@@ -199,10 +199,9 @@ impl Transformer {
         s.cos.resize(t * half, 0.0);
         s.sin.resize(t * half, 0.0);
         for (i, slot) in slots.iter().enumerate() {
-            for (j, &f) in self.inv_freq.iter().enumerate() {
-                let angle = slot.pos as f64 * f as f64;
-                s.cos[i * half + j] = angle.cos() as f32;
-                s.sin[i * half + j] = angle.sin() as f32;
+            for (j, (cos, sin)) in rope_cos_sin(&self.inv_freq, slot.pos).enumerate() {
+                s.cos[i * half + j] = cos;
+                s.sin[i * half + j] = sin;
             }
         }
 

@@ -6,6 +6,7 @@ mod gpu_common;
 
 use gpu_common::argmax;
 
+use strata_model::config::{rope_cos_sin, rope_cos_sin_table};
 use strata_model::cuda::{GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
@@ -440,7 +441,8 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
         let inv: Vec<f32> = (0..rot / 2)
             .map(|i| 10000f32.powf(-2.0 * i as f32 / rot as f32))
             .collect();
-        let inv_freq = gpu.upload(&inv, "inv_freq").unwrap();
+        // Positions below reach 5 + 997 * 7.
+        let rope_table = gpu.upload(&rope_cos_sin_table(&inv, 7000), "rope table").unwrap();
         let cache_elems = blocks * n_kv * bs * hd;
         for t in [1usize, 3, 8] {
             // A GEMV input as rms_norm writes it (bf16) from a residual stream (f32).
@@ -459,7 +461,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             let compiled = [1usize, 2, 4, 8].into_iter().find(|&c| c >= t).unwrap();
             let (wp, xnp) = (w.ptr(), xn.ptr());
             let bp = if with_bias { bias.ptr() } else { 0u64 };
-            let (pp, ip, sp, none) = (pos.ptr(), inv_freq.ptr(), sl.ptr(), 0u64);
+            let (pp, ip, sp, none) = (pos.ptr(), rope_table.ptr(), sl.ptr(), 0u64);
             let (w32, k32, t32, bf16_out) = (width as i32, k as i32, t as i32, 0i32);
             let (nh, nk, hd32, rot32, bs32, eps) =
                 (n_heads as i32, n_kv as i32, hd as i32, rot as i32, bs as i32, 1e-5f32);
@@ -552,10 +554,7 @@ fn rope_reference(
         if with_bias {
             row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
         }
-        let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
-            .iter()
-            .map(|f| ((pos as f32 * f).cos(), (pos as f32 * f).sin()))
-            .unzip();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = rope_cos_sin(inv_freq, pos as usize).unzip();
         for (h, head) in row.chunks_exact_mut(hd).enumerate() {
             if h >= n_heads + n_kv {
                 head.iter_mut().for_each(|v| *v = round(*v));
@@ -616,11 +615,14 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             let elem = if fp8 { 1 } else { 2 };
             let cache_bytes = blocks * n_kv * bs * hd * elem;
             let up = |v: &[f32], what: &'static str| gpu.upload(v, what).unwrap();
-            let (b_buf, qn_buf, kn_buf, inv_buf) = (
+            let (b_buf, qn_buf, kn_buf, table_buf) = (
                 up(&bias, "bias"),
                 up(&q_norm, "q_norm"),
                 up(&k_norm, "k_norm"),
-                up(&inv, "inv_freq"),
+                up(
+                    &rope_cos_sin_table(&inv, 1 + *positions.last().unwrap() as usize),
+                    "rope table",
+                ),
             );
             let qkv = gpu.upload(&qkv_bits, "qkv").unwrap();
             let (pos, sl) = (
@@ -647,7 +649,7 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             let (qp, pp, ip, sp, kcp, vcp, ksp, vsp) = (
                 qkv.ptr(),
                 pos.ptr(),
-                inv_buf.ptr(),
+                table_buf.ptr(),
                 sl.ptr(),
                 kc.ptr(),
                 vc.ptr(),
@@ -683,8 +685,8 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             .unwrap();
             let got_qkv = read_bf16(&gpu, &qkv, t * width);
             let rel = worst_relative(&got_qkv, &want_qkv);
-            // One bf16 step of the largest value at most: sincosf and the norm's sum differ
-            // from the CPU's in the last bits.
+            // One bf16 step of the largest value at most: the rotation's products and the
+            // norm's sum may round differently from the CPU's in the last bits.
             assert!(rel <= 1.0 / 128.0, "{shape}: q/k/v off by {rel}");
             // Each token's K and V heads from their cache slots.
             let read_bytes = |b: &DeviceBuffer| {
@@ -1100,6 +1102,109 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         topd * 100 >= n * 95,
         "deterministic top-1 agrees on only {topd} of {n} rows"
     );
+}
+
+/// Greedy decoding of `PROMPTS` on `exec`, `steps` steps after the prompts, sequence 2 leaving
+/// after step `steps / 2`: plainly (`forward`, tokens from the host) or overlapped (each step
+/// submitted before the previous one is collected, its tokens taken on the GPU). Returns each
+/// sequence's tokens.
+fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, overlapped: bool) -> Vec<Vec<u32>> {
+    let mut chunks: Vec<SeqChunk> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| prompt_chunk(p.clone(), i))
+        .collect();
+    let mut tokens: Vec<Vec<u32>> = Vec::new();
+    for c in &chunks {
+        let logits = exec.forward(std::slice::from_ref(c)).unwrap();
+        tokens.push(vec![argmax(logits.last_of(0).unwrap())]);
+    }
+    // The sequences of each step, and the step's chunks one position on.
+    let mut running: Vec<usize> = (0..prompts.len()).collect();
+    let mut previous: Option<Vec<usize>> = None;
+    for step in 0..steps {
+        if step == steps / 2 {
+            running.retain(|&s| s != 2);
+        }
+        let batch: Vec<SeqChunk> = running
+            .iter()
+            .map(|&s| {
+                let c = &mut chunks[s];
+                c.first_pos += c.tokens.len();
+                c.tokens = vec![if overlapped && step > 0 {
+                    0
+                } else {
+                    *tokens[s].last().unwrap()
+                }];
+                c.logits = LogitsWanted::LastArgmax;
+                c.clone()
+            })
+            .collect();
+        if !overlapped {
+            let logits = exec.forward(&batch).unwrap();
+            for (j, &s) in running.iter().enumerate() {
+                tokens[s].push(logits.argmax_of(j).unwrap());
+            }
+            continue;
+        }
+        // Each sequence's row in the step before.
+        let from = previous.as_ref().map(|prev| {
+            running
+                .iter()
+                .map(|s| prev.iter().position(|p| p == s).unwrap())
+                .collect()
+        });
+        exec.submit(batch, from).unwrap();
+        if let Some(prev) = previous.replace(running.clone()) {
+            let logits = exec.collect().unwrap();
+            for (j, &s) in prev.iter().enumerate() {
+                tokens[s].push(logits.argmax_of(j).unwrap());
+            }
+        }
+    }
+    if let Some(prev) = previous {
+        let logits = exec.collect().unwrap();
+        for (j, &s) in prev.iter().enumerate() {
+            tokens[s].push(logits.argmax_of(j).unwrap());
+        }
+    }
+    tokens
+}
+
+#[test]
+fn overlapped_decode_steps_take_their_tokens_on_the_gpu_and_match_plain_steps() {
+    let Some(mut plain) = gpu_executor(KvCacheDtype::F32, false, false) else {
+        return;
+    };
+    let mut overlapped = gpu_executor(KvCacheDtype::F32, false, false).unwrap();
+    let mut overlapped_eager = gpu_executor(KvCacheDtype::F32, true, false).unwrap();
+    assert!(overlapped.overlaps_steps(), "one GPU overlaps greedy decode steps");
+    let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let steps = 12;
+    let want = greedy_decode(&mut plain, &prompts, steps, false);
+    assert_eq!(want[2].len(), 1 + steps / 2, "sequence 2 left half way");
+    assert_eq!(want[0].len(), 1 + steps);
+    for (name, exec) in [("graphs", &mut overlapped), ("eager", &mut overlapped_eager)] {
+        let got = greedy_decode(exec, &prompts, steps, true);
+        eprintln!("overlapped ({name}) vs plain decode steps: {got:?}");
+        assert_eq!(got, want, "overlapped steps ({name}) decode other tokens");
+    }
+    // Taking tokens from a step that is not there is an error, not a wrong answer.
+    let chunk = prompt_chunk(prompts[0].clone(), 0);
+    let err = overlapped.submit(
+        vec![SeqChunk {
+            logits: LogitsWanted::LastArgmax,
+            tokens: vec![0],
+            first_pos: 40,
+            ..chunk
+        }],
+        Some(vec![7]),
+    );
+    assert!(err.is_err(), "row 7 of a step of 4 sequences");
 }
 
 /// A whole prompt as one chunk of sequence `slot`, which owns cache blocks `16 * slot..16 * slot + 16`.

@@ -51,6 +51,51 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
     }
 }
 
+// n (at most 8) consecutive bf16 at p as f32 into out[0..n): one 16-, 8- or 4-byte load when n is
+// 8, 4 or 2 (p then aligned to 2n bytes), one load a value otherwise.
+__device__ __forceinline__ void load_bf16s(const bf16* __restrict__ p, int n, float (&out)[8]) {
+    u32 w[4] = {0u, 0u, 0u, 0u};
+    if (n == 8) {
+        const uint4 q = *(const uint4*)p;
+        w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
+    } else if (n == 4) {
+        const uint2 q = *(const uint2*)p;
+        w[0] = q.x, w[1] = q.y;
+    } else if (n == 2) {
+        w[0] = *(const u32*)p;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e < n) w[e >> 1] |= (u32)p[e] << (16 * (e & 1));
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) out[e] = __uint_as_float((e & 1) ? (w[e >> 1] & 0xffff0000u) : (w[e >> 1] << 16));
+}
+
+// in[0..n) rounded to bf16 and stored at p, as load_bf16s reads them.
+__device__ __forceinline__ void store_bf16s(bf16* __restrict__ p, int n, const float (&in)[8]) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = 2 * i < n ? (u32)f2bf(in[2 * i]) | ((u32)f2bf(in[2 * i + 1]) << 16) : 0u;
+    if (n == 8) {
+        *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if (n == 4) {
+        *(uint2*)p = make_uint2(w[0], w[1]);
+    } else if (n == 2) {
+        *(u32*)p = w[0];
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e < n) p[e] = (bf16)(w[e >> 1] >> (16 * (e & 1)));
+    }
+}
+
+// The rotary embedding of one element of a pair: v rotated by the angle whose (cos, sin) is cs,
+// its partner in the pair being `partner`; `first` for the pair's first element.
+__device__ __forceinline__ float rope_rotate(float v, float partner, bool first, float2 cs) {
+    return first ? v * cs.x - partner * cs.y : partner * cs.y + v * cs.x;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

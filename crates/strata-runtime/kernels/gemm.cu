@@ -335,7 +335,7 @@ __device__ void gemv_residual(const bf16* __restrict__ w, const bf16* __restrict
 template <int T>
 __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ qkv, int k,
                               int t, const float* __restrict__ bias, const int* __restrict__ positions,
-                              const float* __restrict__ inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim,
+                              const float2* __restrict__ rope_table, int n_heads, int n_kv, int head_dim, int rot_dim,
                               int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
                               bf16* __restrict__ v_cache, int block_size, const u64* __restrict__ norm_in,
                               float eps) {
@@ -366,9 +366,8 @@ __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict
             v1 += bias[rows[1]];
         }
         if (rotated) {
-            float s, c;
-            sincosf((float)positions[j] * inv_freq[m], &s, &c);
-            const float r0 = v0 * c - v1 * s, r1 = v0 * s + v1 * c;
+            const float2 cs = rope_table[(size_t)positions[j] * half + m];
+            const float r0 = rope_rotate(v0, v1, true, cs), r1 = rope_rotate(v1, v0, false, cs);
             v0 = r0;
             v1 = r1;
         }
@@ -424,9 +423,9 @@ __device__ void gemv_silu(const bf16* __restrict__ w, const bf16* __restrict__ x
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS(T)) gemv_qkv_rope_t##T(                            \
         const bf16* w, const bf16* x, bf16* qkv, int k, int t, const float* bias, const int* positions,        \
-        const float* inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, const int* slots,   \
+        const float2* rope_table, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, const int* slots, \
         bf16* k_cache, bf16* v_cache, int block_size, const u64* norm_in, float eps) {                         \
-        gemv_qkv_rope<T>(w, x, qkv, k, t, bias, positions, inv_freq, n_heads, n_kv, head_dim, rot_dim, neox,  \
+        gemv_qkv_rope<T>(w, x, qkv, k, t, bias, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, neox,  \
                          slots, k_cache, v_cache, block_size, norm_in, eps);                                  \
     }
 GEMV_KERNELS(1)

@@ -3,20 +3,18 @@
 // of the token's K and V into its slot of the paged cache (bf16 as is, or fp8 e4m3 with one scale
 // per (token, head)). Cache layout per layer: [block][kv_head][slot][dim].
 
-// The most dims a lane holds: head_dim / 32 for head_dim up to 256.
-#define ROPE_MAX_PER_LANE 8
-
 // qkv: [tokens, (n_heads + 2 * n_kv) * head_dim] bf16, rewritten in place. bias: f32 of that
-// width, or null. q_norm / k_norm: f32 [head_dim] or null. inv_freq: f32 [rot_dim / 2]. neox: 1
-// for halves, 0 for adjacent pairs. slots[t] = block * block_size + slot.
+// width, or null. q_norm / k_norm: f32 [head_dim] or null. rope_table: [position][rot_dim / 2]
+// (cos, sin) of each rotated pair. neox: 1 for halves, 0 for adjacent pairs. slots[t] = block *
+// block_size + slot.
 // Block (t, h) has group + 2 warps for KV head h: its group's query heads, then its k head, then
-// its v head. Lane l holds dims l * per .. (per = head_dim / 32) in registers, so a rotation's
-// partner is in the same lane or (halves) in lane l ± half / per, which the host checks is whole
-// (rot_dim a multiple of 2 * per); nothing goes through shared memory.
+// its v head. Lane l holds dims l * per .. (per = head_dim / 32) in registers, read and written in
+// one access, so a rotation's partner is in the same lane or (halves) in lane l ± half / per, which
+// the host checks is whole (rot_dim a multiple of 2 * per); nothing goes through shared memory.
 template <bool FP8>
 __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restrict__ bias,
                                   const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                  const int* __restrict__ positions, const float* __restrict__ inv_freq, int n_heads,
+                                  const int* __restrict__ positions, const float2* __restrict__ rope_table, int n_heads,
                                   int n_kv, int head_dim, int rot_dim, int neox, float eps,
                                   const int* __restrict__ slots, void* __restrict__ k_cache,
                                   void* __restrict__ v_cache, float* __restrict__ k_scale,
@@ -32,43 +30,39 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
     bf16* x = qkv + (size_t)t * width + h * head_dim + lane * per;
     const float* b = bias ? bias + h * head_dim + lane * per : nullptr;
 
-    float v[ROPE_MAX_PER_LANE];
+    float v[8];
+    load_bf16s(x, per, v);
+    if (b) {
 #pragma unroll
-    for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
-        if (e < per) {
-            v[e] = bf2f(x[e]);
-            if (b) v[e] += b[e];
-            // v as the cache and attention will see it: rounded once, after the bias.
-            if (is_v) v[e] = bf2f(f2bf(v[e]));
-        }
+        for (int e = 0; e < 8; e++)
+            if (e < per) v[e] += b[e];
     }
     if (is_v) {
-        if (b) {
+        // v as the cache and attention will see it: rounded once, after the bias.
 #pragma unroll
-            for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
-                if (e < per) x[e] = f2bf(v[e]);
-        }
+        for (int e = 0; e < 8; e++) v[e] = bf2f(f2bf(v[e]));
+        if (b) store_bf16s(x, per, v);
     } else {
         const float* w = is_k ? k_norm : q_norm;
         if (w) {
             float ss = 0.0f;
 #pragma unroll
-            for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+            for (int e = 0; e < 8; e++)
                 if (e < per) ss += v[e] * v[e];
             const float scale = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
 #pragma unroll
-            for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+            for (int e = 0; e < 8; e++)
                 if (e < per) v[e] = v[e] * scale * w[lane * per + e];
         }
         const int half = rot_dim / 2;
-        const float pos = (float)positions[t];
+        const float2* cs = rope_table + (size_t)positions[t] * half;
         const int d0 = lane * per;
         // Halves: every dim of this lane is in the same half, so its partners are in one lane.
         const bool first_half = d0 < half;
         const int src = (neox && d0 < rot_dim) ? (first_half ? lane + half / per : lane - half / per) : lane;
-        float o[ROPE_MAX_PER_LANE];
+        float o[8];
 #pragma unroll
-        for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
+        for (int e = 0; e < 8; e++) {
             if (e < per) {
                 if (neox) {
                     o[e] = __shfl_sync(FULL_MASK, v[e], src);
@@ -80,24 +74,16 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
             }
         }
 #pragma unroll
-        for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
+        for (int e = 0; e < 8; e++) {
             const int d = d0 + e;
             if (e < per && d < rot_dim) {
                 const bool first = neox ? first_half : (d & 1) == 0;
-                const int i = neox ? (first ? d : d - half) : d >> 1;
-                float s, c;
-                sincosf(pos * inv_freq[i], &s, &c);
-                v[e] = first ? v[e] * c - o[e] * s : o[e] * s + v[e] * c;
+                v[e] = rope_rotate(v[e], o[e], first, cs[neox ? (first ? d : d - half) : d >> 1]);
             }
         }
 #pragma unroll
-        for (int e = 0; e < ROPE_MAX_PER_LANE; e++) {
-            if (e < per) {
-                const bf16 r = f2bf(v[e]);
-                x[e] = r;
-                v[e] = bf2f(r);
-            }
-        }
+        for (int e = 0; e < 8; e++) v[e] = bf2f(f2bf(v[e]));
+        store_bf16s(x, per, v);
         if (!is_k) return;
     }
     // The k warp and the v warp write their head into the cache.
@@ -106,33 +92,30 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
     const size_t vec = ((size_t)block * n_kv + kvh) * block_size + slot;
     const size_t at = vec * head_dim + lane * per;
     if (!FP8) {
-        bf16* dst = (bf16*)(is_v ? v_cache : k_cache) + at;
-#pragma unroll
-        for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
-            if (e < per) dst[e] = f2bf(v[e]);
+        store_bf16s((bf16*)(is_v ? v_cache : k_cache) + at, per, v);
         return;
     }
     // fp8: amax over the head, scale = amax / 448, encode.
     float amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+    for (int e = 0; e < 8; e++)
         if (e < per) amax = fmaxf(amax, fabsf(v[e]));
     amax = warp_max(amax);
     const float scale = (amax > 0.0f && isfinite(amax)) ? amax / 448.0f : 1.0f;
     const float inv = 1.0f / scale;
     fp8* dst = (fp8*)(is_v ? v_cache : k_cache) + at;
 #pragma unroll
-    for (int e = 0; e < ROPE_MAX_PER_LANE; e++)
+    for (int e = 0; e < 8; e++)
         if (e < per) dst[e] = f2e4m3(v[e] * inv);
     if (lane == 0) (is_v ? v_scale : k_scale)[vec] = scale;
 }
 
 #define ROPE_ARGS                                                                                              \
     bf16 *qkv, const float *bias, const float *q_norm, const float *k_norm, const int *positions,             \
-        const float *inv_freq, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, float eps,          \
+        const float2 *rope_table, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, float eps,          \
         const int *slots, void *k_cache, void *v_cache, float *k_scale, float *v_scale, int block_size
 #define ROPE_CALL                                                                                              \
-    qkv, bias, q_norm, k_norm, positions, inv_freq, n_heads, n_kv, head_dim, rot_dim, neox, eps, slots,      \
+    qkv, bias, q_norm, k_norm, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, neox, eps, slots,      \
         k_cache, v_cache, k_scale, v_scale, block_size
 
 // Grid (tokens, n_kv), (n_heads / n_kv + 2) * 32 threads, no shared memory.

@@ -71,3 +71,13 @@ extern "C" __global__ void argmax_merge(const float* __restrict__ part_vals, con
         vals[blockIdx.x] = best;
     }
 }
+
+// Overlapped decoding: a greedy decode step starts before the host has read the step before it,
+// so its input tokens are that step's argmax ids, taken here on the device. The host staged the
+// row of each token's sequence in the step before in place of the token: tokens[i] = ids[tokens[i]]
+// for i < n (ids as argmax_merge writes them, still those of the step before). One thread a token.
+extern "C" __global__ void tokens_from_argmax(int* __restrict__ tokens, const unsigned* __restrict__ ids, int n) {
+    wait_for_previous_kernel();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) tokens[i] = (int)ids[tokens[i]];
+}

@@ -7,12 +7,12 @@ use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::kernels::{rope_block_threads, FAMILIES};
 use strata_runtime::cuda::{
     AttentionCall, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels,
-    STAGED_ATTENTION_MAX_STAGES,
+    PinnedBuffer, STAGED_ATTENTION_MAX_STAGES,
 };
 use strata_runtime::kernel_args;
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
-use crate::config::ModelConfig;
+use crate::config::{rope_cos_sin_table, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::KvCacheDtype;
 
@@ -198,11 +198,27 @@ pub struct GpuTransformer {
     pub kv: GpuKvCache,
     kernels: Kernels,
     gemm: Gemm,
-    inv_freq: DeviceBuffer,
+    /// cos and sin of every rotated pair at every position up to `max_model_len`
+    /// ([`rope_cos_sin_table`]), read by rope.cu and the QKV GEMV.
+    rope_table: DeviceBuffer,
     limits: StepLimits,
     layout: InputLayout,
     bufs: StepBuffers,
-    host_inputs: Vec<i32>,
+    /// Host staging of a step's inputs: two page-locked buffers, filled in turn, so that one is
+    /// filled while the upload of a started step ([`Self::start_decode`]) from the other may
+    /// still be queued; `staging` is the next one, `uploaded` the mark after each one's upload.
+    host_inputs: [PinnedBuffer<i32>; 2],
+    staging: usize,
+    uploaded: [Option<Event>; 2],
+    /// The argmax ids of a started decode step come back into the buffer of its staging slot.
+    started_ids: [PinnedBuffer<u32>; 2],
+    /// Decode steps started and not yet finished (at most two), and the rows of the last one
+    /// started when the argmax buffer still holds its ids (the next may take its tokens there).
+    started: usize,
+    argmax_rows_of_started: Option<usize>,
+    /// Greedy decode steps may start before the previous one is read ([`Self::overlaps_steps`]);
+    /// `STRATA_OVERLAP=0` turns it off, for measurements.
+    overlap: bool,
     /// Decode graphs by padded batch size.
     graphs: HashMap<usize, Graph>,
     /// Capture decode steps as CUDA graphs (off with `--enforce-eager`).
@@ -247,6 +263,16 @@ impl Drop for GpuTransformer {
             p.report();
         }
     }
+}
+
+/// A decode step started by [`GpuTransformer::start_decode`], not yet read back.
+pub struct StartedDecode {
+    /// The batch index of the sequence of each argmax row.
+    seqs: Vec<usize>,
+    /// Its staging slot, where its ids come back.
+    slot: usize,
+    /// Marked after the ids' copy back.
+    done: Event,
 }
 
 /// Host-side description of one step.
@@ -324,7 +350,8 @@ impl GpuTransformer {
             (name, stages)
         });
         let gemm = Gemm::new(&gpu)?;
-        let inv_freq = gpu.upload(&config.rope.inv_freq(), "the RoPE frequencies")?;
+        let table = rope_cos_sin_table(&config.rope.inv_freq(), limits.max_model_len);
+        let rope_table = gpu.upload(&table, "the RoPE cos/sin table")?;
         let layout = InputLayout::largest(&limits, kv.block_size);
         let c = &local;
         let t = limits.max_tokens;
@@ -348,6 +375,14 @@ impl GpuTransformer {
             gathered: None,
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
         };
+        let host_inputs = [
+            gpu.alloc_pinned(layout.len, "step inputs")?,
+            gpu.alloc_pinned(layout.len, "step inputs")?,
+        ];
+        let started_ids = [
+            gpu.alloc_pinned(limits.logit_rows, "greedy token ids")?,
+            gpu.alloc_pinned(limits.logit_rows, "greedy token ids")?,
+        ];
         Ok(GpuTransformer {
             config,
             local,
@@ -358,11 +393,17 @@ impl GpuTransformer {
             kv,
             kernels,
             gemm,
-            inv_freq,
+            rope_table,
             limits,
             layout,
             bufs,
-            host_inputs: vec![0; layout.len],
+            host_inputs,
+            staging: 0,
+            uploaded: [None, None],
+            started_ids,
+            started: 0,
+            argmax_rows_of_started: None,
+            overlap: std::env::var("STRATA_OVERLAP").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
             use_graphs: true,
             deterministic: false,
@@ -464,14 +505,18 @@ impl GpuTransformer {
         Ok(())
     }
 
-    /// Lays out and fills the host staging array for `batch`, padded to `padded` tokens for a graph.
-    fn stage(&mut self, batch: &[SeqChunk], padded: usize) -> StepPlan {
+    /// Lays out and fills the host staging array for `batch`, padded to `padded` tokens for a graph,
+    /// once the array's previous upload is done.
+    fn stage(&mut self, batch: &[SeqChunk], padded: usize) -> Result<StepPlan, CudaError> {
+        if let Some(mark) = self.uploaded[self.staging].take() {
+            mark.synchronize()?;
+        }
         let bs = self.kv.block_size;
         let max_blocks = self.limits.max_blocks(bs);
         self.layout = InputLayout::for_step(padded, batch.len(), max_blocks);
         let l = self.layout;
         let pad_row = batch.len(); // a table row that points at the padding block
-        let h = &mut self.host_inputs;
+        let h = &mut self.host_inputs[self.staging];
         let mut t = 0;
         let mut rows = Vec::new();
         let mut max_ctx = 0;
@@ -514,11 +559,11 @@ impl GpuTransformer {
         for j in rows.len()..padded {
             h[l.rows + j] = j as i32;
         }
-        StepPlan {
+        Ok(StepPlan {
             tokens: real,
             rows,
             max_ctx,
-        }
+        })
     }
 
     /// Runs the batch: appends every new token's K/V to the cache and returns the logits asked for.
@@ -556,44 +601,20 @@ impl GpuTransformer {
         };
         self.decode_bucket = bucket;
         let padded = bucket.unwrap_or_else(|| batch.iter().map(|c| c.tokens.len()).sum());
-        let plan = self.stage(batch, padded);
+        let plan = self.stage(batch, padded).map_err(gpu_err)?;
         if plan.tokens == 0 {
             return Ok(self.no_logits());
         }
-        let last = self.shard.is_last_stage();
         let l = self.layout;
         self.gpu
-            .write(&self.bufs.inputs, 0, &self.host_inputs[..l.len])
+            .write(&self.bufs.inputs, 0, &self.host_inputs[self.staging][..l.len])
             .map_err(gpu_err)?;
+        // The argmax buffer is about to hold this step's ids.
+        self.argmax_rows_of_started = None;
         self.profile_phase("stage and upload inputs");
         match bucket {
             Some(b) => {
-                let parts = self.attention_parts(b);
-                let step = |m: &mut Self| {
-                    m.layers(b, parts)?;
-                    if last {
-                        m.logits_chunk(0, b)?;
-                    }
-                    Ok(())
-                };
-                if !self.use_graphs {
-                    step(self).map_err(gpu_err)?;
-                } else {
-                    if !self.graphs.contains_key(&b) {
-                        self.gpu.begin_capture().map_err(gpu_err)?;
-                        self.capturing = true;
-                        let run = step(self);
-                        self.capturing = false;
-                        let graph = self.gpu.end_capture();
-                        run.map_err(gpu_err)?;
-                        self.graphs.insert(b, graph.map_err(gpu_err)?);
-                    }
-                    // Profiled: the graph's GPU time, against the step's wall time.
-                    let timer = self.profile_start().map_err(gpu_err)?;
-                    self.graphs[&b].launch().map_err(gpu_err)?;
-                    self.profile_end(timer, || "the whole step's CUDA graph".to_string())
-                        .map_err(gpu_err)?;
-                }
+                self.run_decode(b).map_err(gpu_err)?;
                 self.profile_phase("launch (graph or eager kernels)");
                 self.collect_logits(&plan, true).map_err(gpu_err)
             }
@@ -605,6 +626,151 @@ impl GpuTransformer {
                 self.collect_logits(&plan, false).map_err(gpu_err)
             }
         }
+    }
+
+    /// Queues a decode step padded to bucket `b` (its inputs uploaded): its layers and, on the last
+    /// stage, its logits rows and their argmax, as the bucket's CUDA graph (captured on first use)
+    /// or kernel by kernel.
+    fn run_decode(&mut self, b: usize) -> Result<(), CudaError> {
+        let parts = self.attention_parts(b);
+        let last = self.shard.is_last_stage();
+        let step = |m: &mut Self| {
+            m.layers(b, parts)?;
+            if last {
+                m.logits_chunk(0, b)?;
+            }
+            Ok(())
+        };
+        if !self.use_graphs {
+            return step(self);
+        }
+        if !self.graphs.contains_key(&b) {
+            self.gpu.begin_capture()?;
+            self.capturing = true;
+            let run = step(self);
+            self.capturing = false;
+            let graph = self.gpu.end_capture();
+            run?;
+            self.graphs.insert(b, graph?);
+        }
+        // Profiled: the graph's GPU time, against the step's wall time.
+        let timer = self.profile_start()?;
+        self.graphs[&b].launch()?;
+        self.profile_end(timer, || "the whole step's CUDA graph".to_string())
+    }
+
+    /// Whether greedy decode steps may be started before the host has read the previous one
+    /// ([`Self::start_decode`]): the whole model on this GPU, not profiled, not turned off by
+    /// `STRATA_OVERLAP=0`.
+    pub fn overlaps_steps(&self) -> bool {
+        self.overlap
+            && self.profile.is_none()
+            && self.comms.tp.is_none()
+            && self.comms.pp.is_none()
+            && self.shard.is_first_stage()
+            && self.shard.is_last_stage()
+    }
+
+    /// Starts a decode step of greedy sequences (one token each, `LogitsWanted::LastArgmax`)
+    /// without waiting for it: inputs uploaded from pinned memory, the step queued, its argmax
+    /// ids queued to come back. With `tokens_from`, chunk i's token is not known on the host yet:
+    /// it is the argmax of row `tokens_from[i]` of the decode step started just before, taken on
+    /// the device (sampling.cu's `tokens_from_argmax`), and the chunk's own token is a
+    /// placeholder (any id of the vocabulary).
+    /// At most two steps are started and not finished; [`Self::finish_decode`] returns each.
+    pub fn start_decode(
+        &mut self,
+        batch: &[SeqChunk],
+        tokens_from: Option<&[usize]>,
+    ) -> Result<StartedDecode, ModelError> {
+        let bad = |m: &str| Err(ModelError::BadBatch(m.to_string()));
+        if !self.overlaps_steps() {
+            return bad(
+                "this GPU runs one step at a time here (several GPUs, profiling or STRATA_OVERLAP=0); call forward",
+            );
+        }
+        if self.started >= 2 {
+            return bad("two decode steps are started already; finish one first");
+        }
+        let greedy_decode = batch
+            .iter()
+            .all(|c| c.tokens.len() == 1 && c.logits == LogitsWanted::LastArgmax);
+        if batch.is_empty() || !greedy_decode {
+            return bad("only steps of greedy decodes (one token, argmax only) start without waiting");
+        }
+        let Some(b) = graph_bucket(batch.len(), self.limits.max_seqs) else {
+            return bad("more sequences than --max-num-seqs in one decode step");
+        };
+        if let Some(from) = tokens_from {
+            let rows = self.argmax_rows_of_started.unwrap_or(0);
+            if from.len() != batch.len() || from.iter().any(|&r| r >= rows) {
+                return bad("tokens taken from rows the decode step started before does not have");
+            }
+        }
+        let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
+        self.gpu.bind().map_err(gpu_err)?;
+        self.decode_bucket = Some(b);
+        self.validate(batch)?;
+        let plan = self.stage(batch, b).map_err(gpu_err)?;
+        let (slot, l) = (self.staging, self.layout);
+        // Tokens that come from the device: their rows take the placeholders' place.
+        if let Some(from) = tokens_from {
+            for (i, &row) in from.iter().enumerate() {
+                self.host_inputs[slot][l.tokens + i] = row as i32;
+            }
+        }
+        // SAFETY: the staging buffer is not written again before `uploaded[slot]` has passed
+        // (stage waits for it); `started_ids[slot]` is read only after `done`, and no other step
+        // starts in this slot before this one is finished (at most two started, slots in turn).
+        unsafe {
+            self.gpu
+                .write_async(&self.bufs.inputs, 0, &self.host_inputs[slot], l.len)
+                .map_err(gpu_err)?;
+        }
+        self.uploaded[slot] = Some(self.gpu.mark().map_err(gpu_err)?);
+        if tokens_from.is_some() {
+            let (tokens, ids, n) = (
+                self.bufs.inputs.at(l.tokens * 4),
+                self.bufs.argmax.ptr(),
+                batch.len() as i32,
+            );
+            self.launch(
+                "tokens_from_argmax",
+                (batch.len().div_ceil(128) as u32, 1, 1),
+                128,
+                0,
+                &mut kernel_args!(tokens, ids, n),
+            )
+            .map_err(gpu_err)?;
+        }
+        self.run_decode(b).map_err(gpu_err)?;
+        let rows = plan.rows.len();
+        unsafe {
+            self.gpu
+                .read_async(&self.bufs.argmax, 0, &mut self.started_ids[slot], rows)
+                .map_err(gpu_err)?;
+        }
+        let done = self.gpu.mark().map_err(gpu_err)?;
+        self.staging ^= 1;
+        self.started += 1;
+        self.argmax_rows_of_started = Some(rows);
+        Ok(StartedDecode {
+            seqs: plan.rows.iter().map(|r| r.0).collect(),
+            slot,
+            done,
+        })
+    }
+
+    /// Waits for a step of [`Self::start_decode`] and returns its greedy tokens.
+    pub fn finish_decode(&mut self, step: StartedDecode) -> Result<Logits, ModelError> {
+        self.started = self.started.saturating_sub(1);
+        step.done.synchronize().map_err(|e| ModelError::Device(e.to_string()))?;
+        let ids = &self.started_ids[step.slot];
+        Ok(Logits {
+            vocab: self.local.vocab_size,
+            argmax: step.seqs.iter().enumerate().map(|(j, &seq)| (seq, ids[j])).collect(),
+            ..Default::default()
+        })
     }
 
     /// Times cuBLASLt's candidate algorithms (gemm.rs's `tune`) for the products of every
@@ -759,7 +925,7 @@ impl GpuTransformer {
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let rot = c.rope.dim as i32;
         let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
-        let inv_freq = self.inv_freq.ptr();
+        let rope_table = self.rope_table.ptr();
         let bs = self.kv.block_size as i32;
         let max_blocks = self.limits.max_blocks(self.kv.block_size) as i32;
         let fp8 = self.kv.dtype == KvCacheDtype::Fp8E4m3;
@@ -813,7 +979,7 @@ impl GpuTransformer {
                         t32,
                         bias,
                         positions,
-                        inv_freq,
+                        rope_table,
                         n_heads,
                         n_kv,
                         hd,
@@ -844,7 +1010,7 @@ impl GpuTransformer {
                     rope_block_threads(c.n_heads / c.n_kv_heads),
                     0,
                     &mut kernel_args!(
-                        qkv, bias, qn, kn, positions, inv_freq, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,
+                        qkv, bias, qn, kn, positions, rope_table, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks,
                         vs, bs
                     ),
                 )?;

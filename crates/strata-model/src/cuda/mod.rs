@@ -8,6 +8,8 @@ pub mod profile;
 pub mod shard;
 pub mod weights;
 
+use std::collections::VecDeque;
+
 use strata_runtime::cuda::libraries::LibrarySearch;
 use strata_runtime::cuda::{CudaError, Gpu};
 
@@ -18,7 +20,7 @@ use crate::executor::{Executor, KvLayout};
 use crate::kv_cache::KvCacheDtype;
 use crate::transformer::Transformer;
 
-pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StepLimits};
+pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StartedDecode, StepLimits};
 pub use parallel::{ParallelExecutor, ParallelLayout};
 pub use shard::Shard;
 
@@ -46,6 +48,8 @@ pub struct GpuOptions {
 /// The model on a GPU, ready for the engine.
 pub struct GpuExecutor {
     model: GpuTransformer,
+    /// Decode steps submitted and not yet collected (overlapped steps), oldest first.
+    started: VecDeque<StartedDecode>,
 }
 
 /// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows.
@@ -199,6 +203,7 @@ impl GpuExecutor {
         let blocks = probed.blocks;
         Ok(GpuExecutor {
             model: probed.allocate(blocks, opts)?,
+            started: VecDeque::new(),
         })
     }
 
@@ -222,6 +227,24 @@ impl Executor for GpuExecutor {
 
     fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
         self.model.forward(batch)
+    }
+
+    fn overlaps_steps(&self) -> bool {
+        self.model.overlaps_steps()
+    }
+
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
+        let step = self.model.start_decode(&batch, tokens_from.as_deref())?;
+        self.started.push_back(step);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        let step = self
+            .started
+            .pop_front()
+            .ok_or_else(|| ModelError::BadBatch("no decode step was submitted; call forward".into()))?;
+        self.model.finish_decode(step)
     }
 
     fn kv_layout(&self) -> KvLayout {

@@ -513,7 +513,7 @@ impl Executor for ParallelExecutor {
                 "forward called while batches are in flight; collect them first".into(),
             ));
         }
-        self.submit(batch.to_vec())?;
+        self.submit(batch.to_vec(), None)?;
         self.collect()
     }
 
@@ -523,9 +523,14 @@ impl Executor for ParallelExecutor {
         self.layout.pp()
     }
 
-    fn submit(&mut self, batch: Vec<SeqChunk>) -> Result<(), ModelError> {
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         if let Some(e) = self.dead() {
             return Err(e);
+        }
+        if tokens_from.is_some() {
+            return Err(ModelError::BadBatch(
+                "steps over several GPUs take their tokens from the host; submit them without tokens_from".into(),
+            ));
         }
         self.next_step += 1;
         let step = self.next_step;

@@ -163,6 +163,74 @@ impl Gpu {
         self.sync()
     }
 
+    /// Page-locked host memory for `len` values of `T`, zeroed: what the stream copies to and
+    /// from without waiting ([`Self::write_async`], [`Self::read_async`]).
+    pub fn alloc_pinned<T: Copy + Default>(&self, len: usize, what: &str) -> Result<PinnedBuffer<T>, CudaError> {
+        self.bind()?;
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        // SAFETY: plain allocation, filled below before any read, freed on drop.
+        let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| CudaError::OutOfMemory {
+            what: format!("{what} (pinned host memory)"),
+            bytes,
+            err: e.to_string(),
+        })? as *mut T;
+        // SAFETY: `ptr` holds `len` values of T.
+        unsafe { std::slice::from_raw_parts_mut(ptr, len) }.fill(T::default());
+        Ok(PinnedBuffer {
+            ptr,
+            len,
+            ctx: Arc::clone(&self.ctx),
+        })
+    }
+
+    /// Queues a copy of `src[..n]` into `buf` at byte `offset` behind the stream's work and
+    /// returns at once.
+    ///
+    /// # Safety
+    /// `src[..n]` must stay unchanged, and `src` alive, until the stream has done the copy (an
+    /// event marked after this call has completed).
+    pub unsafe fn write_async<T: Copy>(
+        &self,
+        buf: &DeviceBuffer,
+        offset: usize,
+        src: &PinnedBuffer<T>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        assert!(
+            offset + n * std::mem::size_of::<T>() <= buf.bytes,
+            "write past the end of a device buffer"
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        result::memcpy_htod_async(buf.ptr + offset as u64, &src[..n], self.stream.cu_stream())
+            .map_err(driver("cuMemcpyHtoDAsync"))
+    }
+
+    /// Queues a copy of `buf[offset..]` into `dst[..n]` behind the stream's work and returns at
+    /// once.
+    ///
+    /// # Safety
+    /// `dst` must stay alive and unread until the stream has done the copy (an event marked
+    /// after this call has completed).
+    pub unsafe fn read_async<T: Copy>(
+        &self,
+        buf: &DeviceBuffer,
+        offset: usize,
+        dst: &mut PinnedBuffer<T>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        assert!(
+            offset + n * std::mem::size_of::<T>() <= buf.bytes,
+            "read past the end of a device buffer"
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        result::memcpy_dtoh_async(&mut dst[..n], buf.ptr + offset as u64, self.stream.cu_stream())
+            .map_err(driver("cuMemcpyDtoHAsync"))
+    }
+
     /// Sets `bytes` bytes of `buf` from `offset` to zero, asynchronously on the stream.
     pub fn zero(&self, buf: &DeviceBuffer, offset: usize, bytes: usize) -> Result<(), CudaError> {
         assert!(offset + bytes <= buf.bytes, "memset past the end of a device buffer");
@@ -250,6 +318,14 @@ impl Gpu {
             .map_err(driver("cuEventRecord"))
     }
 
+    /// Marks the point the stream has reached, to wait for it ([`Event::synchronize`]).
+    pub fn mark(&self) -> Result<Event, CudaError> {
+        self.stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map(Event)
+            .map_err(driver("cuEventRecord"))
+    }
+
     /// Starts recording the stream's work into a graph instead of running it.
     pub fn begin_capture(&self) -> Result<(), CudaError> {
         self.stream
@@ -277,6 +353,45 @@ impl Event {
     /// GPU milliseconds from `self` to `end` (waits for both).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
         self.0.elapsed_ms(&end.0).map_err(driver("cuEventElapsedTime"))
+    }
+
+    /// Waits until the stream has passed this mark.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.0.synchronize().map_err(driver("cuEventSynchronize"))
+    }
+}
+
+/// Page-locked host memory ([`Gpu::alloc_pinned`]), freed on drop; reads and writes like a slice.
+pub struct PinnedBuffer<T: Copy> {
+    ptr: *mut T,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the memory is owned by this value alone; the context is thread-safe.
+unsafe impl<T: Copy + Send> Send for PinnedBuffer<T> {}
+
+impl<T: Copy> std::ops::Deref for PinnedBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised values for as long as self lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> std::ops::DerefMut for PinnedBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in deref, and `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by malloc_host in alloc_pinned, freed once.
+            let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+        }
     }
 }
 
