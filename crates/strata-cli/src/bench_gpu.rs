@@ -224,11 +224,14 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             let pure_ms = (after.decode_step_seconds_total - before.decode_step_seconds_total) * 1e3 / pure_steps;
             let pure_batch = (after.decode_step_seqs_total - before.decode_step_seqs_total) as f64 / pure_steps;
             let pure_roof = roofline_ms(pure_batch);
-            let fnv = done.iter().flat_map(|c| &c.tokens).fold(0xcbf29ce484222325u64, |h, &t| {
-                t.to_le_bytes()
-                    .iter()
-                    .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
-            });
+            let fnv = done
+                .iter()
+                .flat_map(|c| &c.tokens)
+                .fold(0xcbf29ce484222325u64, |h, &t| {
+                    t.to_le_bytes()
+                        .iter()
+                        .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+                });
             let level = Level {
                 kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype).to_string(),
                 concurrency: n,

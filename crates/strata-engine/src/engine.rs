@@ -1,5 +1,5 @@
 //! The engine: one OS thread that owns the model, the KV cache and every sequence, and runs schedule ->
-//! forward -> sample steps (batches overlap on a pipelined executor); callers use an [`EngineHandle`].
+//! forward -> sample steps (overlapped on pipelined and overlapping executors); callers use an [`EngineHandle`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -512,6 +512,14 @@ struct InFlightBatch {
     greedy_decode: bool,
 }
 
+/// A decode step planned to run behind the one in flight ([`EngineLoop::next_decode`]).
+struct QueuedDecode {
+    chunks: Vec<ScheduledChunk>,
+    batch: Vec<SeqChunk>,
+    /// Each chunk's row in the step in flight, whose argmax is its token.
+    tokens_from: Vec<usize>,
+}
+
 /// The devices can no longer run the model; holds the executor's reason.
 struct DevicesLost(String);
 
@@ -750,17 +758,17 @@ impl EngineLoop {
         }
         if self.in_flight.len() == 1 {
             let started = Instant::now();
-            if let Some((chunks, batch, from)) = self.next_decode() {
-                match self.executor.submit(batch, Some(from)) {
+            if let Some(next) = self.next_decode() {
+                match self.executor.submit(next.batch, Some(next.tokens_from)) {
                     Ok(()) => {
                         self.stats.overlapped_steps_total += 1;
                         self.in_flight.push_back(InFlightBatch {
-                            chunks,
+                            chunks: next.chunks,
                             started,
                             greedy_decode: true,
                         });
                     }
-                    Err(e) => self.fail_batch(&chunks, e)?,
+                    Err(e) => self.fail_batch(&next.chunks, e)?,
                 }
             }
         }
@@ -778,8 +786,7 @@ impl EngineLoop {
     /// nothing waits, no running sequence is left out and the cache has room. A sequence that
     /// the step in flight ends by length is left out; one it ends on a stop token or string is
     /// computed once more and dropped.
-    #[allow(clippy::type_complexity)]
-    fn next_decode(&mut self) -> Option<(Vec<ScheduledChunk>, Vec<SeqChunk>, Vec<usize>)> {
+    fn next_decode(&mut self) -> Option<QueuedDecode> {
         let current = self.in_flight.back()?;
         if !current.greedy_decode || self.scheduler.num_waiting() > 0 {
             return None;
@@ -797,17 +804,19 @@ impl EngineLoop {
         if next.is_empty() || alive != self.scheduler.num_running() {
             return None;
         }
-        let mut chunks = Vec::with_capacity(next.len());
-        let mut batch = Vec::with_capacity(next.len());
-        let mut from = Vec::with_capacity(next.len());
+        let mut queued = QueuedDecode {
+            chunks: Vec::with_capacity(next.len()),
+            batch: Vec::with_capacity(next.len()),
+            tokens_from: Vec::with_capacity(next.len()),
+        };
         for (row, id) in next {
             let seq = self.seqs.get_mut(&id)?;
             // The step in flight computes position num_computed; this one the next.
             let pos = seq.num_computed + 1;
             let need = (pos + 1).saturating_sub(seq.table.num_tokens);
             self.blocks.grow(&mut seq.table, need).ok()?;
-            chunks.push(ScheduledChunk { id, num_tokens: 1 });
-            batch.push(SeqChunk {
+            queued.chunks.push(ScheduledChunk { id, num_tokens: 1 });
+            queued.batch.push(SeqChunk {
                 // A placeholder: the token is taken on the device.
                 tokens: vec![0],
                 first_pos: pos,
@@ -815,9 +824,9 @@ impl EngineLoop {
                 logits: LogitsWanted::LastArgmax,
                 prompt_len: seq.request.prompt.len(),
             });
-            from.push(row);
+            queued.tokens_from.push(row);
         }
-        Some((chunks, batch, from))
+        Some(queued)
     }
 
     /// Plans the next batch from the sequences not in flight, at most an even share of them when
