@@ -38,3 +38,24 @@ llama3_8b_checkpoint() {
     [ -f $L8/config.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 --prompts-only 2>&1 |
         grep -v -i warn
 }
+SM=$CK/smollm2
+# The default model's reference with its real weights (smollm2_reference.py) in $SM, once the model
+# is staged (stage_model.sh) and the `gguf` wheel carried: gpu-bin/gguf-0.17.1-py3-none-any.whl,
+# from `pip download --no-deps gguf==0.17.1`. Returns non-zero when it cannot be made.
+smollm2_reference() {
+    local model=${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    local whl=gpu-bin/gguf-0.17.1-py3-none-any.whl
+    [ -f $SM/reference.json ] && return 0
+    [ -f "$model" ] && [ -f $whl ] || return 1
+    echo "7bc5aa7eeb1931f7d39b48fdc5b38fda6b294b9dca75cf607ac69557840a3943  $whl" | sha256sum -c --status ||
+        { echo "$whl: sha256 differs"; return 1; }
+    pip install -q --no-deps --no-index --target /tmp/gguf-py $whl 2>&1 | grep -v -i warn
+    # cuda.rs's PROMPTS.
+    $S tokenize --model "$model" "The capital of France is" \
+        $'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n' \
+        "Photosynthesis converts light energy into" \
+        "Once upon a time, in a village by the sea, there lived" > /tmp/smollm2_prompts.json
+    PYTHONPATH=/tmp/gguf-py${PYTHONPATH:+:$PYTHONPATH} python3 scripts/gpu/smollm2_reference.py "$model" \
+        /tmp/smollm2_prompts.json $SM 2>&1 | grep -v -i warn
+    [ -f $SM/reference.json ]
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200, issue 6's checks and speed figures in one call (outputs in $OUT):
 #   random Llama-3-8B and Qwen2.5-7B checkpoints (transformers) with reference logits and greedy text;
-#   the CUDA tests (kernels against cuBLASLt, checkpoints against transformers; SmolLM2's when staged);
+#   the CUDA tests (kernels against cuBLASLt, checkpoints against transformers; SmolLM2's when staged,
+#   against transformers too when the gguf wheel is carried: libs.sh's smollm2_reference);
 #   strata bench-gpu on Llama-3-8B as built, then once per AB variant, side by side in this run;
 #   the eager per-kernel profile at each of PROFILE_LEVELS (default "1 256") streams.
 # Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
@@ -29,6 +30,7 @@ if [ -z "${SKIP_QWEN:-}${SKIP_TESTS:-}" ]; then
     [ -f $Q7/reference.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 2>&1 | grep -v -i warn
     CKS=$L8:$Q7
 fi
+[ -n "${SKIP_TESTS:-}" ] || ! smollm2_reference || CKS=$CKS:$SM
 if [ -z "${SKIP_TESTS:-}" ]; then
     echo "== CUDA tests"
     STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |

@@ -1220,8 +1220,10 @@ fn prompt_chunk(ids: Vec<u32>, slot: usize) -> SeqChunk {
 }
 
 /// Random-weight HF checkpoints made on the GPU machine by scripts/gpu/hf_reference.py, each with
-/// transformers' greedy continuations and last-position logits in `reference.json`. Directories
-/// come from `STRATA_HF_CHECKPOINTS` (colon-separated); without it the test says so and passes.
+/// transformers' greedy continuations and last-position logits in `reference.json`, and the
+/// default model with its real weights (`model.gguf` in the directory, smollm2_reference.py).
+/// Directories come from `STRATA_HF_CHECKPOINTS` (colon-separated); without it the test says so
+/// and passes.
 #[test]
 fn hf_checkpoints_on_the_gpu_match_transformers() {
     let Some(dirs) = std::env::var_os("STRATA_HF_CHECKPOINTS") else {
@@ -1233,6 +1235,9 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
     for dir in std::env::split_paths(&dirs) {
         let reference: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let gguf = dir.join("model.gguf");
+        let model_path = if gguf.exists() { gguf } else { dir.clone() };
+        let real_weights = reference["real_weights"].as_bool().unwrap_or(false);
         let prompts = reference["prompts"].as_array().unwrap();
         let ids_of = |p: &serde_json::Value, key: &str| -> Vec<u32> {
             p[key]
@@ -1252,7 +1257,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
         };
         // The CPU backend (f32 activations) against transformers in float32: the loader and the
         // architecture, without bf16 rounding in the way.
-        let model = load_model(&dir, &|_, _| {}).expect("checkpoint loads");
+        let model = load_model(&model_path, &|_, _| {}).expect("checkpoint loads");
         let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 16);
         for (pi, p) in prompts.iter().enumerate() {
             let chunk = prompt_chunk(ids_of(p, "ids"), pi);
@@ -1269,7 +1274,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
         }
         drop(cpu);
         for dtype in [KvCacheDtype::F32, KvCacheDtype::Fp8E4m3] {
-            let model = load_model(&dir, &|_, _| {}).expect("checkpoint loads");
+            let model = load_model(&model_path, &|_, _| {}).expect("checkpoint loads");
             let libs = libraries::search(&libraries::candidate_dirs());
             let opts = GpuOptions {
                 ordinal: 0,
@@ -1284,6 +1289,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 ablate: Vec::new(),
             };
             let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
+            let mut whole_runs = 0;
             for (pi, p) in prompts.iter().enumerate() {
                 let ids = ids_of(p, "ids");
                 let mut chunk = prompt_chunk(ids.clone(), pi);
@@ -1300,6 +1306,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                     got.push(l.argmax_of(0).unwrap());
                 }
                 let same = |key: &str| got.iter().zip(ids_of(p, key)).take_while(|(a, b)| **a == *b).count();
+                whole_runs += usize::from(same("greedy_f32") == 64);
                 eprintln!(
                     "{} GPU kv {}: prompt {pi} ({} tokens): logits max rel {rel16:.4} vs transformers bf16, {rel32:.4} vs f32; greedy equal for {}/64 (bf16) {}/64 (f32)",
                     dir.display(),
@@ -1322,6 +1329,16 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                         "GPU logits differ from transformers f32 by {rel32}, bf16 itself by {bf16_err}"
                     );
                 }
+            }
+            // Real weights pick clear winners: greedy text is compared token for token, and 64
+            // tokens must equal transformers' float32 run on at least 3 prompts.
+            if real_weights && dtype == KvCacheDtype::F32 {
+                eprintln!(
+                    "{}: greedy 64 tokens equal to transformers f32 on {whole_runs} of {} prompts",
+                    dir.display(),
+                    prompts.len()
+                );
+                assert!(whole_runs >= 3, "greedy 64 tokens equal on only {whole_runs} prompts");
             }
         }
     }
