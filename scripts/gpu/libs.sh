@@ -59,3 +59,11 @@ smollm2_reference() {
         /tmp/smollm2_prompts.json $SM 2>&1 | grep -v -i warn
     [ -f $SM/reference.json ]
 }
+# Waits up to 4 minutes for a server on 127.0.0.1:$1 to answer /health.
+wait_up() {
+    for _ in $(seq 480); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+        sleep 0.5
+    done
+    return 1
+}

@@ -17,15 +17,7 @@ source "$(dirname "$0")/libs.sh"
 make_ckpt() { # ARCH DIR TOKENIZER
     [ -f "$2/reference.json" ] || python3 scripts/gpu/hf_reference.py "$1" "$2" "gpu-bin/tokenizers/$3" --prompts-only 2>&1 | grep -v -i warn
 }
-# wait_up PORT: until /health answers 200 (or 240 s).
-wait_up() {
-    for _ in $(seq 480); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-        sleep 0.5
-    done
-    return 1
-}
-make_ckpt llama3-8b "$L8" llama3
+llama3_8b_checkpoint
 
 case $PHASE in
 correct)
