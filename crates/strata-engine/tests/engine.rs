@@ -629,22 +629,24 @@ fn overlapped_decode_steps_give_the_tokens_of_plain_steps() {
     );
 }
 
-#[test]
-fn streams_dropped_while_overlapped_steps_run_leave_nothing_behind() {
-    let (e, log) = overlapping_engine(small_config());
+/// Two requests for 500 tokens past end-of-generation, each past its first `deltas` deltas.
+fn two_long_streams(e: &EngineHandle, deltas: usize) -> (RequestStream, RequestStream) {
     let req = |text: &str| GenerationRequest {
         ignore_eos: true,
-        ..GenerationRequest::greedy(prompt(&e, text), 500)
+        ..GenerationRequest::greedy(prompt(e, text), 500)
     };
     let mut a = e.submit(req("Count with me: one, two, three,")).unwrap();
     let mut b = e.submit(req("The alphabet goes a, b, c,")).unwrap();
-    for _ in 0..4 {
+    for _ in 0..deltas {
         assert!(matches!(a.blocking_next(), Some(RequestOutput::Delta { .. })));
         assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
     }
-    drop(a);
-    assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
-    drop(b);
+    (a, b)
+}
+
+/// After aborted requests: the engine is idle, alive, holds no block, and serves the next request
+/// as an engine of its own does.
+fn assert_serves_on_after_aborts(e: &EngineHandle) {
     assert!(
         e.wait_idle(Duration::from_secs(10)),
         "the aborted requests left the engine"
@@ -652,12 +654,22 @@ fn streams_dropped_while_overlapped_steps_run_leave_nothing_behind() {
     assert!(e.is_alive(), "{:?}", e.death());
     assert_eq!(e.stats().kv_blocks_used, 0);
     let alone = engine(small_config());
-    let next = GenerationRequest::greedy(prompt(&e, "My favourite colour is"), 6);
+    let next = GenerationRequest::greedy(prompt(e, "My favourite colour is"), 6);
     assert_eq!(
-        run_alone(&e, next.clone()).tokens,
+        run_alone(e, next.clone()).tokens,
         run_alone(&alone, next).tokens,
         "the engine serves on"
     );
+}
+
+#[test]
+fn streams_dropped_while_overlapped_steps_run_leave_nothing_behind() {
+    let (e, log) = overlapping_engine(small_config());
+    let (a, mut b) = two_long_streams(&e, 4);
+    drop(a);
+    assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
+    drop(b);
+    assert_serves_on_after_aborts(&e);
     let log = log.lock().unwrap();
     assert!(log.violations.is_empty(), "{:?}", log.violations);
     assert!(log.overlapped > 0);
@@ -708,34 +720,12 @@ fn a_two_stage_pipeline_alternates_two_batches_of_different_sequences_with_the_s
 
 #[test]
 fn streams_dropped_while_their_batch_is_in_flight_are_skipped_when_it_returns() {
-    let config = small_config();
-    let (e, _) = two_stage_engine(config);
-    let req = |text: &str| GenerationRequest {
-        ignore_eos: true,
-        ..GenerationRequest::greedy(prompt(&e, text), 500)
-    };
-    let mut a = e.submit(req("Count with me: one, two, three,")).unwrap();
-    let mut b = e.submit(req("The alphabet goes a, b, c,")).unwrap();
-    for _ in 0..3 {
-        assert!(matches!(a.blocking_next(), Some(RequestOutput::Delta { .. })));
-        assert!(matches!(b.blocking_next(), Some(RequestOutput::Delta { .. })));
-    }
+    let (e, _) = two_stage_engine(small_config());
+    let (a, b) = two_long_streams(&e, 3);
     // Each runs in its own batch and one of the two is always in flight between steps.
     drop(a);
     drop(b);
-    assert!(
-        e.wait_idle(Duration::from_secs(10)),
-        "the aborted requests left the engine"
-    );
-    assert!(e.is_alive(), "{:?}", e.death());
-    assert_eq!(e.stats().kv_blocks_used, 0);
-    let alone = engine(small_config());
-    let next = GenerationRequest::greedy(prompt(&e, "My favourite colour is"), 6);
-    assert_eq!(
-        run_alone(&e, next.clone()).tokens,
-        run_alone(&alone, next).tokens,
-        "the engine serves on"
-    );
+    assert_serves_on_after_aborts(&e);
 }
 
 #[test]

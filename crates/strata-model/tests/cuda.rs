@@ -1122,6 +1122,13 @@ fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, ove
     // The sequences of each step, and the step's chunks one position on.
     let mut running: Vec<usize> = (0..prompts.len()).collect();
     let mut previous: Option<Vec<usize>> = None;
+    // The tokens of the oldest overlapped step, whose rows are the sequences `rows`.
+    let collect = |exec: &mut GpuExecutor, rows: &[usize], tokens: &mut [Vec<u32>]| {
+        let logits = exec.collect().unwrap();
+        for (j, &s) in rows.iter().enumerate() {
+            tokens[s].push(logits.argmax_of(j).unwrap());
+        }
+    };
     for step in 0..steps {
         if step == steps / 2 {
             running.retain(|&s| s != 2);
@@ -1156,17 +1163,11 @@ fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, ove
         });
         exec.submit(batch, from).unwrap();
         if let Some(prev) = previous.replace(running.clone()) {
-            let logits = exec.collect().unwrap();
-            for (j, &s) in prev.iter().enumerate() {
-                tokens[s].push(logits.argmax_of(j).unwrap());
-            }
+            collect(exec, &prev, &mut tokens);
         }
     }
     if let Some(prev) = previous {
-        let logits = exec.collect().unwrap();
-        for (j, &s) in prev.iter().enumerate() {
-            tokens[s].push(logits.argmax_of(j).unwrap());
-        }
+        collect(exec, &prev, &mut tokens);
     }
     tokens
 }
