@@ -72,6 +72,12 @@ impl SamplingParams {
         (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties()
     }
 
+    /// Temperature sampling over the whole vocabulary and nothing else (what an executor may
+    /// sample on its device: `LogitsWanted::LastSampled`).
+    pub fn is_plain_temperature(&self) -> bool {
+        self.temperature > 0.0 && self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0 && !self.has_penalties()
+    }
+
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
@@ -89,6 +95,12 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = SplitMix64(params.seed ^ 0x9E37_79B9_7F4A_7C15);
         Sampler { params, rng }
+    }
+
+    /// The next draw of this sequence's random stream, as the seed of a token sampled on the
+    /// device; the stream stays the sequence's own.
+    pub fn next_seed(&mut self) -> u64 {
+        self.rng.next_u64()
     }
 
     /// The next token for these logits, given the prompt and the tokens generated so far

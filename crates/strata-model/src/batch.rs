@@ -11,6 +11,11 @@ pub enum LogitsWanted {
     /// Only the argmax of the last token (greedy sampling with no penalties and no logprobs):
     /// an executor may return the id alone (in [`Logits::argmax`]) instead of the row.
     LastArgmax,
+    /// A token of the last position drawn from softmax(logits / temperature) with the random
+    /// stream `seed` (temperature sampling with nothing else: no top-k, top-p, min-p, penalties
+    /// or logprobs): an executor that samples on its device ([`crate::Executor::samples_on_device`])
+    /// returns the id alone (in [`Logits::argmax`]), any other the row, as for `Last`.
+    LastSampled { temperature_bits: u32, seed: u64 },
     /// Every token of the chunk (scoring, tests).
     All,
 }

@@ -304,8 +304,7 @@ fn argmax_on_the_gpu_matches_the_cpu() {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
-                              // A vocabulary smaller than the slices, SmolLM2's, Llama-3's, Qwen2.5's.
+    // A vocabulary smaller than the slices, SmolLM2's, Llama-3's, Qwen2.5's.
     for vocab in [17usize, 49152, 128256, 151936] {
         let rows = 5;
         let mut logits: Vec<f32> = random_bf16(rows * vocab, vocab as u64)
@@ -338,32 +337,7 @@ fn argmax_on_the_gpu_matches_the_cpu() {
                 best as u32
             })
             .collect();
-        let dev = gpu.upload(&logits, "logits").unwrap();
-        let parts = gpu.alloc(2 * rows * SLICES * 4, "parts").unwrap();
-        let out = gpu.alloc(2 * rows * 4, "ids").unwrap();
-        let (lp, v32, pv, pi) = (dev.ptr(), vocab as i32, parts.ptr(), parts.at(rows * SLICES * 4));
-        let (ids, vals) = (out.ptr(), out.at(rows * 4));
-        // SAFETY: the arguments of sampling.cu's kernels, buffers sized as above.
-        unsafe {
-            gpu.launch(
-                kernels.get("argmax_slices"),
-                (rows as u32, SLICES as u32, 1),
-                256,
-                0,
-                &mut kernel_args!(lp, v32, pv, pi),
-            )
-            .unwrap();
-            gpu.launch(
-                kernels.get("argmax_merge"),
-                (rows as u32, 1, 1),
-                32,
-                0,
-                &mut kernel_args!(pv, pi, ids, vals),
-            )
-            .unwrap();
-        }
-        let mut got = vec![0u32; 2 * rows];
-        gpu.read(&out, 0, &mut got).unwrap();
+        let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, None);
         assert_eq!(&got[..rows], &want[..], "vocab {vocab}: argmax ids");
         for i in 0..rows {
             let v = f32::from_bits(got[rows + i]);
@@ -374,6 +348,98 @@ fn argmax_on_the_gpu_matches_the_cpu() {
             );
         }
     }
+}
+
+/// sampling.cu's argmax_slices then argmax_merge over rows of `vocab` logits, with per-row
+/// (1 / temperature bits, seed low, seed high) when sampling: each row's chosen id, then each
+/// one's (perturbed) logit as f32 bits.
+fn choose_on_the_gpu(gpu: &Gpu, kernels: &Kernels, logits: &[f32], vocab: usize, sampling: Option<&[u32]>) -> Vec<u32> {
+    const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
+    let rows = logits.len() / vocab;
+    let dev = gpu.upload(logits, "logits").unwrap();
+    let params = sampling.map(|s| gpu.upload(s, "sampling").unwrap());
+    let parts = gpu.alloc(2 * rows * SLICES * 4, "parts").unwrap();
+    let out = gpu.alloc(2 * rows * 4, "ids").unwrap();
+    let (lp, v32, pv, pi) = (dev.ptr(), vocab as i32, parts.ptr(), parts.at(rows * SLICES * 4));
+    let (ids, vals) = (out.ptr(), out.at(rows * 4));
+    let (sp, vocab_start) = (params.as_ref().map_or(0u64, |p| p.ptr()), 0i32);
+    // SAFETY: the arguments of sampling.cu's kernels, buffers sized as above.
+    unsafe {
+        gpu.launch(
+            kernels.get("argmax_slices"),
+            (rows as u32, SLICES as u32, 1),
+            256,
+            0,
+            &mut kernel_args!(lp, v32, pv, pi, sp, vocab_start),
+        )
+        .unwrap();
+        gpu.launch(
+            kernels.get("argmax_merge"),
+            (rows as u32, 1, 1),
+            32,
+            0,
+            &mut kernel_args!(pv, pi, ids, vals),
+        )
+        .unwrap();
+    }
+    let mut got = vec![0u32; 2 * rows];
+    gpu.read(&out, 0, &mut got).unwrap();
+    got
+}
+
+#[test]
+fn temperature_sampling_on_the_gpu_draws_from_the_softmax() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // Llama-3's vocabulary: four likely ids spread over the slices, the rest far below.
+    let vocab = 128256;
+    let likely = [(7usize, 2.0f32), (40_000, 1.0), (90_001, 0.5), (128_255, 0.0)];
+    let mut row = vec![-30.0f32; vocab];
+    for &(id, l) in &likely {
+        row[id] = l;
+    }
+    let rows = 512;
+    let logits: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+    for temperature in [1.0f32, 0.5] {
+        let mut counts = [0usize; 4];
+        let draws = 8;
+        for draw in 0..draws {
+            // Every row its own seed, as every sequence's own stream gives.
+            let sampling: Vec<u32> = (0..rows as u64)
+                .flat_map(|r| {
+                    let seed = (draw * rows as u64 + r).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
+                    [(1.0 / temperature).to_bits(), seed as u32, (seed >> 32) as u32]
+                })
+                .collect();
+            let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&sampling));
+            for &id in &got[..rows] {
+                let k = likely.iter().position(|&(l, _)| l == id as usize);
+                counts[k.expect("a likely id (the others have e^-30 of the weight)")] += 1;
+            }
+        }
+        let n = (draws as usize * rows) as f64;
+        let z: f64 = likely.iter().map(|&(_, l)| (l as f64 / temperature as f64).exp()).sum();
+        for (k, &(id, l)) in likely.iter().enumerate() {
+            let p = (l as f64 / temperature as f64).exp() / z;
+            let seen = counts[k] as f64 / n;
+            // Five standard deviations of a frequency over n draws.
+            let tol = 5.0 * (p * (1.0 - p) / n).sqrt();
+            eprintln!("temperature {temperature}: id {id} drawn {seen:.4} of {n} times, softmax {p:.4}");
+            assert!(
+                (seen - p).abs() <= tol,
+                "temperature {temperature}: id {id} at {seen}, softmax {p}"
+            );
+        }
+    }
+    // 1 / temperature 0 in a row's parameters: its plain argmax, whatever the seed.
+    let greedy: Vec<u32> = (0..rows as u32).flat_map(|r| [0u32, r, !r]).collect();
+    let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&greedy));
+    assert!(
+        got[..rows].iter().all(|&id| id == 7),
+        "rows with 1 / temperature 0 take the argmax"
+    );
 }
 
 /// `count` f32 values uniform in [-1, 1) from a fixed seed (bf16-exact).

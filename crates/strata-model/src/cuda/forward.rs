@@ -119,6 +119,8 @@ struct InputLayout {
     token_seq: usize,
     slots: usize,
     rows: usize,
+    /// Per logits row: 1 / temperature (f32 bits, 0 for an argmax) and the seed's two words.
+    sampling: usize,
     tables: usize,
     len: usize,
 }
@@ -135,8 +137,9 @@ impl InputLayout {
             token_seq: 2 * t,
             slots: 3 * t,
             rows: 4 * t,
-            tables: 5 * t,
-            len: 5 * t + (seqs + 1) * max_blocks,
+            sampling: 5 * t,
+            tables: 8 * t,
+            len: 8 * t + (seqs + 1) * max_blocks,
         }
     }
 
@@ -210,7 +213,7 @@ pub struct GpuTransformer {
     host_inputs: [PinnedBuffer<i32>; 2],
     staging: usize,
     uploaded: [Option<Event>; 2],
-    /// The argmax ids of a started decode step come back into the buffer of its staging slot.
+    /// The chosen ids of a started decode step come back into the buffer of its staging slot.
     started_ids: [PinnedBuffer<u32>; 2],
     /// Decode steps started and not yet finished (at most two), and the rows of the last one
     /// started when the argmax buffer still holds its ids (the next may take its tokens there).
@@ -532,12 +535,27 @@ impl GpuTransformer {
                 h[l.token_seq + t] = si as i32;
                 h[l.slots + t] = (ch.block_table[pos / bs] as usize * bs + pos % bs) as i32;
                 let last = i + 1 == ch.tokens.len();
+                let row = rows.len();
+                let (inv_t, seed) = match ch.logits {
+                    LogitsWanted::LastSampled { temperature_bits, seed } => {
+                        (1.0 / f32::from_bits(temperature_bits), seed)
+                    }
+                    _ => (0.0, 0),
+                };
                 match ch.logits {
                     LogitsWanted::None => {}
                     LogitsWanted::Last if last => rows.push((si, pos, t, true)),
-                    LogitsWanted::LastArgmax if last => rows.push((si, pos, t, false)),
+                    LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. } if last => {
+                        rows.push((si, pos, t, false))
+                    }
                     LogitsWanted::All => rows.push((si, pos, t, true)),
                     _ => {}
+                }
+                if rows.len() > row {
+                    let at = l.sampling + 3 * row;
+                    h[at] = inv_t.to_bits() as i32;
+                    h[at + 1] = seed as u32 as i32;
+                    h[at + 2] = (seed >> 32) as u32 as i32;
                 }
                 t += 1;
             }
@@ -555,9 +573,11 @@ impl GpuTransformer {
         for (j, &(_, _, ti, _)) in rows.iter().enumerate() {
             h[l.rows + j] = ti as i32;
         }
-        // A captured decode step computes logits for every padded token, row j = token j.
+        // A captured decode step computes logits for every padded token, row j = token j: their
+        // argmax, for rows no sequence reads.
         for j in rows.len()..padded {
             h[l.rows + j] = j as i32;
+            h[l.sampling + 3 * j..l.sampling + 3 * j + 3].fill(0);
         }
         Ok(StepPlan {
             tokens: real,
@@ -589,9 +609,13 @@ impl GpuTransformer {
         let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.gpu.bind().map_err(gpu_err)?;
         let decode = !batch.is_empty()
-            && batch
-                .iter()
-                .all(|c| c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::Last | LogitsWanted::LastArgmax));
+            && batch.iter().all(|c| {
+                c.tokens.len() == 1
+                    && matches!(
+                        c.logits,
+                        LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. }
+                    )
+            });
         // Decode steps run padded to a bucket size, captured as a graph or eagerly: the same
         // shapes either way, so the same numbers.
         let bucket = if decode {
@@ -671,13 +695,13 @@ impl GpuTransformer {
             && self.shard.is_last_stage()
     }
 
-    /// Starts a decode step of greedy sequences (one token each, `LogitsWanted::LastArgmax`)
-    /// without waiting for it: inputs uploaded from pinned memory, the step queued, its argmax
-    /// ids queued to come back. With `tokens_from`, chunk i's token is not known on the host yet:
-    /// it is the argmax of row `tokens_from[i]` of the decode step started just before, taken on
-    /// the device (sampling.cu's `tokens_from_argmax`), and the chunk's own token is a
-    /// placeholder (any id of the vocabulary).
-    /// At most two steps are started and not finished; [`Self::finish_decode`] returns each.
+    /// Starts a decode step whose tokens are chosen on the GPU (one each, `LogitsWanted::LastArgmax`
+    /// or `LastSampled`) without waiting for it: inputs uploaded from pinned memory, the step
+    /// queued, its chosen ids queued to come back. With `tokens_from`, chunk i's token is not
+    /// known on the host yet: it is the id chosen for row `tokens_from[i]` of the decode step
+    /// started just before, taken on the device (sampling.cu's `tokens_from_argmax`), and the
+    /// chunk's own token is a placeholder (any id of the vocabulary). At most two steps are
+    /// started and not finished; [`Self::finish_decode`] returns each.
     pub fn start_decode(
         &mut self,
         batch: &[SeqChunk],
@@ -692,11 +716,13 @@ impl GpuTransformer {
         if self.started >= 2 {
             return bad("two decode steps are started already; finish one first");
         }
-        let greedy_decode = batch
-            .iter()
-            .all(|c| c.tokens.len() == 1 && c.logits == LogitsWanted::LastArgmax);
-        if batch.is_empty() || !greedy_decode {
-            return bad("only steps of greedy decodes (one token, argmax only) start without waiting");
+        let tokens_on_device = batch.iter().all(|c| {
+            c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. })
+        });
+        if batch.is_empty() || !tokens_on_device {
+            return bad(
+                "only steps of decodes whose token is chosen on the GPU (argmax or sampled) start without waiting",
+            );
         }
         let Some(b) = graph_bucket(batch.len(), self.limits.max_seqs) else {
             return bad("more sequences than --max-num-seqs in one decode step");
@@ -1211,12 +1237,14 @@ impl GpuTransformer {
             self.bufs.argmax_parts.ptr(),
             self.bufs.argmax_parts.at(self.limits.logit_rows * ARGMAX_SLICES * 4),
         );
+        let sampling = self.bufs.inputs.at((self.layout.sampling + 3 * first) * 4);
+        let vocab_start = self.shard.vocab(&self.config).start as i32;
         self.launch(
             "argmax_slices",
             (n as u32, ARGMAX_SLICES as u32, 1),
             256,
             0,
-            &mut kernel_args!(logits, v, part_vals, part_ids),
+            &mut kernel_args!(logits, v, part_vals, part_ids, sampling, vocab_start),
         )?;
         self.launch(
             "argmax_merge",

@@ -233,6 +233,10 @@ impl Executor for GpuExecutor {
         self.model.overlaps_steps()
     }
 
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
     fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         let step = self.model.start_decode(&batch, tokens_from.as_deref())?;
         self.started.push_back(step);
