@@ -484,9 +484,48 @@ struct OverlapLog {
 /// asked (where the GPU takes the argmax on the device), and `collect` returns results in order.
 struct OverlappingCpu {
     cpu: CpuExecutor,
+    /// Whether it says it overlaps steps, and whether it samples `LastSampled` rows itself (as
+    /// the GPU does, by the Gumbel-max trick).
+    overlap: bool,
+    on_device: bool,
     /// Results not yet collected, with the positions each batch computed.
     results: VecDeque<(Result<Logits, ModelError>, Vec<usize>)>,
     log: Arc<Mutex<OverlapLog>>,
+}
+
+impl OverlappingCpu {
+    /// The CPU's forward pass, then the `LastSampled` rows' tokens drawn here when `on_device`.
+    fn run(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        let mut logits = self.cpu.forward(batch)?;
+        if self.on_device {
+            for (i, c) in batch.iter().enumerate() {
+                if let LogitsWanted::LastSampled { temperature_bits, seed } = c.logits {
+                    let row = logits.last_of(i).expect("a row for the sampled chunk");
+                    let token = gumbel_max(row, f32::from_bits(temperature_bits), seed);
+                    logits.argmax.push((i, token));
+                }
+            }
+        }
+        Ok(logits)
+    }
+}
+
+/// A draw from softmax(row / temperature) by the Gumbel-max trick, its variates from `seed`.
+fn gumbel_max(row: &[f32], temperature: f32, seed: u64) -> u32 {
+    let gumbel = |i: usize| {
+        let mut z = seed.wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let u = ((z >> 40) as f32 + 0.5) / 16_777_216.0;
+        -(-u.ln()).ln()
+    };
+    let scored: Vec<f32> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| l / temperature + gumbel(i))
+        .collect();
+    greedy_token(&scored)
 }
 
 /// The greedy token of a logits row (ties to the lowest id, as the sampler's).
@@ -510,7 +549,7 @@ impl Executor for OverlappingCpu {
             let mut log = self.log.lock().unwrap();
             log.violations.push("forward called with a batch in flight".into());
         }
-        self.cpu.forward(batch)
+        self.run(batch)
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -522,7 +561,11 @@ impl Executor for OverlappingCpu {
     }
 
     fn overlaps_steps(&self) -> bool {
-        true
+        self.overlap
+    }
+
+    fn samples_on_device(&self) -> bool {
+        self.on_device
     }
 
     fn submit(&mut self, mut batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
@@ -530,12 +573,11 @@ impl Executor for OverlappingCpu {
         if self.results.len() >= 2 {
             log.violations.push("a third batch submitted".into());
         }
-        if !batch
-            .iter()
-            .all(|c| c.tokens.len() == 1 && c.logits == LogitsWanted::LastArgmax)
-        {
+        if !batch.iter().all(|c| {
+            c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. })
+        }) {
             log.violations
-                .push("a batch other than greedy decodes submitted".into());
+                .push("a batch other than decodes of tokens chosen on the device submitted".into());
         }
         if let Some(from) = tokens_from {
             log.overlapped += 1;
@@ -552,11 +594,14 @@ impl Executor for OverlappingCpu {
                         positions.get(row)
                     ));
                 }
-                c.tokens = vec![greedy_token(previous.row(row))];
+                let chosen = previous.argmax_of(row);
+                c.tokens = vec![chosen.unwrap_or_else(|| greedy_token(previous.row(row)))];
             }
         }
+        drop(log);
         let positions = batch.iter().map(|c| c.first_pos).collect();
-        self.results.push_back((self.cpu.forward(&batch), positions));
+        let result = self.run(&batch);
+        self.results.push_back((result, positions));
         Ok(())
     }
 
@@ -570,15 +615,52 @@ impl Executor for OverlappingCpu {
 
 /// An engine on the CPU executor posing as one that overlaps steps, and the log of its batches.
 fn overlapping_engine(config: EngineConfig) -> (EngineHandle, Arc<Mutex<OverlapLog>>) {
+    device_engine(config, true, false)
+}
+
+/// An engine on the CPU executor posing as a device that overlaps steps (`overlap`) and samples
+/// plain temperature requests itself (`on_device`), and the log of its batches.
+fn device_engine(config: EngineConfig, overlap: bool, on_device: bool) -> (EngineHandle, Arc<Mutex<OverlapLog>>) {
     let log = Arc::new(Mutex::new(OverlapLog::default()));
     let engine = engine_on(config, |cpu| {
         Box::new(OverlappingCpu {
             cpu,
+            overlap,
+            on_device,
             results: VecDeque::new(),
             log: Arc::clone(&log),
         })
     });
     (engine, log)
+}
+
+#[test]
+fn temperature_sampled_on_the_device_repeats_alone_together_and_overlapped() {
+    let mut got = Vec::new();
+    for overlap in [false, true] {
+        let (e, log) = device_engine(small_config(), overlap, true);
+        let req = |i: u64| GenerationRequest {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                seed: i,
+                ..Default::default()
+            },
+            ignore_eos: true,
+            ..GenerationRequest::greedy(prompt(&e, &format!("Story {i}: once upon a time,")), 12)
+        };
+        let together = run_together(&e, (0..4).map(req).collect());
+        assert_eq!(run_alone(&e, req(2)).tokens, together[2].tokens, "a seed repeats alone");
+        assert_ne!(together[0].tokens, together[1].tokens);
+        let log = log.lock().unwrap();
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert_eq!(
+            log.overlapped > 0,
+            overlap,
+            "sampled decode steps overlap when the device can"
+        );
+        got.push(together.into_iter().map(|c| c.tokens).collect::<Vec<_>>());
+    }
+    assert_eq!(got[0], got[1], "overlapped steps draw the same tokens");
 }
 
 #[test]
