@@ -13,7 +13,9 @@ use strata_model::chat_template::ChatTemplate;
 use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{CpuExecutor, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer};
+use strata_model::{
+    CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer,
+};
 use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -971,22 +973,23 @@ impl EngineLoop {
 }
 
 /// What a chunk that ends at `seq`'s last token asks for: the argmax alone for plain greedy
-/// requests without logprobs; a token sampled on the device for plain temperature sampling when
+/// requests without logprobs; a token sampled on the device for sampling without penalties when
 /// the executor can (`on_device`), its seed the next draw of the sequence's own random stream;
 /// the row otherwise (the host samples).
 fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     let sampling = &seq.request.sampling;
     if seq.request.logprobs.is_some() {
-        LogitsWanted::Last
-    } else if sampling.is_plain_greedy() {
-        LogitsWanted::LastArgmax
-    } else if on_device && sampling.is_plain_temperature() {
-        LogitsWanted::LastSampled {
-            temperature_bits: sampling.temperature.to_bits(),
+        return LogitsWanted::Last;
+    }
+    if sampling.is_plain_greedy() {
+        return LogitsWanted::LastArgmax;
+    }
+    match sampling.on_device() {
+        Some(device) if on_device => LogitsWanted::LastSampled(DeviceSampling {
             seed: seq.sampler.next_seed(),
-        }
-    } else {
-        LogitsWanted::Last
+            ..device
+        }),
+        _ => LogitsWanted::Last,
     }
 }
 
@@ -994,5 +997,5 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
 fn is_device_token_decode(c: &SeqChunk) -> bool {
     c.tokens.len() == 1
         && c.first_pos >= c.prompt_len
-        && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. })
+        && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_))
 }

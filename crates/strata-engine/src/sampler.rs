@@ -2,6 +2,7 @@
 //! top-p / min-p and a seed. Each sequence owns its random stream, so its output does not depend on what else runs.
 
 use crate::request::TokenLogprob;
+use strata_model::DeviceSampling;
 
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,10 +73,16 @@ impl SamplingParams {
         (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties()
     }
 
-    /// Temperature sampling over the whole vocabulary and nothing else (what an executor may
-    /// sample on its device: `LogitsWanted::LastSampled`).
-    pub fn is_plain_temperature(&self) -> bool {
-        self.temperature > 0.0 && self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0 && !self.has_penalties()
+    /// What an executor that samples on its device draws for these parameters (its `seed` still
+    /// 0): temperature with top-k / top-p / min-p, nothing else (no penalties).
+    pub fn on_device(&self) -> Option<DeviceSampling> {
+        (self.temperature > 0.0 && !self.has_penalties()).then(|| DeviceSampling {
+            temperature: self.temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: 0,
+        })
     }
 
     fn has_penalties(&self) -> bool {

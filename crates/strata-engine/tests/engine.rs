@@ -10,7 +10,9 @@ use strata_engine::{
     RequestOutput, RequestStream, SamplingParams, SubmitError,
 };
 use strata_model::loader::{default_model_path, load_model, LoadedModel};
-use strata_model::{CpuExecutor, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk};
+use strata_model::{
+    CpuExecutor, DeviceSampling, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk,
+};
 
 fn default_model() -> LoadedModel {
     let path = default_model_path();
@@ -499,9 +501,9 @@ impl OverlappingCpu {
         let mut logits = self.cpu.forward(batch)?;
         if self.on_device {
             for (i, c) in batch.iter().enumerate() {
-                if let LogitsWanted::LastSampled { temperature_bits, seed } = c.logits {
+                if let LogitsWanted::LastSampled(sampling) = c.logits {
                     let row = logits.last_of(i).expect("a row for the sampled chunk");
-                    let token = gumbel_max(row, f32::from_bits(temperature_bits), seed);
+                    let token = gumbel_max(row, &sampling);
                     logits.argmax.push((i, token));
                 }
             }
@@ -510,21 +512,24 @@ impl OverlappingCpu {
     }
 }
 
-/// A draw from softmax(row / temperature) by the Gumbel-max trick, its variates from `seed`.
-fn gumbel_max(row: &[f32], temperature: f32, seed: u64) -> u32 {
+/// A draw as `sampling` says by the Gumbel-max trick over the tokens it keeps, its variates
+/// from the seed.
+fn gumbel_max(row: &[f32], sampling: &DeviceSampling) -> u32 {
     let gumbel = |i: usize| {
-        let mut z = seed.wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut z = sampling
+            .seed
+            .wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
         let u = ((z >> 40) as f32 + 0.5) / 16_777_216.0;
         -(-u.ln()).ln()
     };
-    let scored: Vec<f32> = row
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| l / temperature + gumbel(i))
-        .collect();
+    let mut scored = vec![f32::NEG_INFINITY; row.len()];
+    for i in sampling.kept_tokens(row) {
+        let i = i as usize;
+        scored[i] = row[i] / sampling.temperature + gumbel(i);
+    }
     greedy_token(&scored)
 }
 
@@ -573,9 +578,10 @@ impl Executor for OverlappingCpu {
         if self.results.len() >= 2 {
             log.violations.push("a third batch submitted".into());
         }
-        if !batch.iter().all(|c| {
-            c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. })
-        }) {
+        if !batch
+            .iter()
+            .all(|c| c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_)))
+        {
             log.violations
                 .push("a batch other than decodes of tokens chosen on the device submitted".into());
         }
@@ -635,13 +641,17 @@ fn device_engine(config: EngineConfig, overlap: bool, on_device: bool) -> (Engin
 }
 
 #[test]
-fn temperature_sampled_on_the_device_repeats_alone_together_and_overlapped() {
+fn sampled_on_the_device_repeats_alone_together_and_overlapped() {
     let mut got = Vec::new();
     for overlap in [false, true] {
         let (e, log) = device_engine(small_config(), overlap, true);
+        // Temperature alone, with top-k, with top-p, with min-p.
         let req = |i: u64| GenerationRequest {
             sampling: SamplingParams {
                 temperature: 0.8,
+                top_k: if i == 1 { 20 } else { 0 },
+                top_p: if i == 2 { 0.9 } else { 1.0 },
+                min_p: if i == 3 { 0.05 } else { 0.0 },
                 seed: i,
                 ..Default::default()
             },

@@ -266,7 +266,7 @@ impl Transformer {
         for (si, ch) in batch.iter().enumerate() {
             let positions = match ch.logits {
                 LogitsWanted::None => continue,
-                LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled { .. } => {
+                LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) => {
                     ch.end_pos() - 1..ch.end_pos()
                 }
                 LogitsWanted::All => ch.first_pos..ch.end_pos(),

@@ -7,10 +7,11 @@ mod gpu_common;
 use gpu_common::argmax;
 
 use strata_model::config::{rope_cos_sin, rope_cos_sin_table};
+use strata_model::cuda::forward::sampling_words;
 use strata_model::cuda::{GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
-use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
+use strata_model::{CpuExecutor, DeviceSampling, Executor, LogitsWanted, SeqChunk};
 use strata_runtime::cuda::kernels::{
     compile_all, nvrtc_available, rope_block_threads, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
 };
@@ -338,9 +339,9 @@ fn argmax_on_the_gpu_matches_the_cpu() {
             })
             .collect();
         let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, None);
-        assert_eq!(&got[..rows], &want[..], "vocab {vocab}: argmax ids");
+        assert_eq!(&got.ids, &want, "vocab {vocab}: argmax ids");
         for i in 0..rows {
-            let v = f32::from_bits(got[rows + i]);
+            let v = got.values[i];
             assert_eq!(
                 v,
                 logits[r(i, want[i] as usize)],
@@ -350,27 +351,52 @@ fn argmax_on_the_gpu_matches_the_cpu() {
     }
 }
 
-/// sampling.cu's argmax_slices then argmax_merge over rows of `vocab` logits, with per-row
-/// (1 / temperature bits, seed low, seed high) when sampling: each row's chosen id, then each
-/// one's (perturbed) logit as f32 bits.
-fn choose_on_the_gpu(gpu: &Gpu, kernels: &Kernels, logits: &[f32], vocab: usize, sampling: Option<&[u32]>) -> Vec<u32> {
+/// What sampling.cu chose for each row: its id, its (perturbed) logit, and for sampled rows the
+/// limit `sampling_limits` set (the row's best logit and the largest key kept).
+struct Chosen {
+    ids: Vec<u32>,
+    values: Vec<f32>,
+    limits: Vec<(f32, u32)>,
+}
+
+/// sampling.cu's sampling_limits (when sampling), argmax_slices then argmax_merge over rows of
+/// `vocab` logits, each row sampled as `sampling[row]` says (or its argmax).
+fn choose_on_the_gpu(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    logits: &[f32],
+    vocab: usize,
+    sampling: Option<&[LogitsWanted]>,
+) -> Chosen {
     const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
     let rows = logits.len() / vocab;
     let dev = gpu.upload(logits, "logits").unwrap();
-    let params = sampling.map(|s| gpu.upload(s, "sampling").unwrap());
+    let words: Option<Vec<i32>> = sampling.map(|s| s.iter().flat_map(|&w| sampling_words(w)).collect());
+    let params = words.map(|w| gpu.upload(&w, "sampling").unwrap());
     let parts = gpu.alloc(2 * rows * SLICES * 4, "parts").unwrap();
     let out = gpu.alloc(2 * rows * 4, "ids").unwrap();
+    let limits = gpu.alloc(2 * rows * 4, "limits").unwrap();
     let (lp, v32, pv, pi) = (dev.ptr(), vocab as i32, parts.ptr(), parts.at(rows * SLICES * 4));
-    let (ids, vals) = (out.ptr(), out.at(rows * 4));
+    let (ids, vals, lim) = (out.ptr(), out.at(rows * 4), limits.ptr());
     let (sp, vocab_start) = (params.as_ref().map_or(0u64, |p| p.ptr()), 0i32);
     // SAFETY: the arguments of sampling.cu's kernels, buffers sized as above.
     unsafe {
+        if params.is_some() {
+            gpu.launch(
+                kernels.get("sampling_limits"),
+                (rows as u32, 1, 1),
+                512,
+                0,
+                &mut kernel_args!(lp, v32, sp, lim),
+            )
+            .unwrap();
+        }
         gpu.launch(
             kernels.get("argmax_slices"),
             (rows as u32, SLICES as u32, 1),
             256,
             0,
-            &mut kernel_args!(lp, v32, pv, pi, sp, vocab_start),
+            &mut kernel_args!(lp, v32, pv, pi, sp, lim, vocab_start),
         )
         .unwrap();
         gpu.launch(
@@ -384,62 +410,220 @@ fn choose_on_the_gpu(gpu: &Gpu, kernels: &Kernels, logits: &[f32], vocab: usize,
     }
     let mut got = vec![0u32; 2 * rows];
     gpu.read(&out, 0, &mut got).unwrap();
-    got
+    let mut lims = vec![0u32; 2 * rows];
+    gpu.read(&limits, 0, &mut lims).unwrap();
+    Chosen {
+        ids: got[..rows].to_vec(),
+        values: got[rows..].iter().map(|&b| f32::from_bits(b)).collect(),
+        limits: lims.chunks(2).map(|l| (f32::from_bits(l[0]), l[1])).collect(),
+    }
+}
+
+/// The ids of `row` within a limit of sampling_limits, by sampling.cu's rule: the distance
+/// (best - logit) / temperature as a 6.26 fixed-point key at most the limit.
+fn kept_by_the_limit(row: &[f32], temperature: f32, (best, limit): (f32, u32)) -> Vec<u32> {
+    let inv_t = 1.0 / temperature;
+    let key = |l: f32| {
+        let d = (best - l) * inv_t;
+        if d < 64.0 {
+            (d * 67_108_864.0) as u32
+        } else {
+            u32::MAX
+        }
+    };
+    (0..row.len() as u32)
+        .filter(|&i| key(row[i as usize]) <= limit)
+        .collect()
+}
+
+/// `rows` sampled rows of `sampling`, each with its own seed (as each sequence's own stream gives).
+fn seeded(sampling: DeviceSampling, rows: usize, draw: u64) -> Vec<LogitsWanted> {
+    (0..rows as u64)
+        .map(|r| {
+            LogitsWanted::LastSampled(DeviceSampling {
+                seed: (draw * rows as u64 + r).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678,
+                ..sampling
+            })
+        })
+        .collect()
 }
 
 #[test]
-fn temperature_sampling_on_the_gpu_draws_from_the_softmax() {
+fn sampling_on_the_gpu_draws_from_the_softmax_of_the_kept_tokens() {
     let Some(gpu) = first_gpu() else {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    // Llama-3's vocabulary: four likely ids spread over the slices, the rest far below.
+    // Llama-3's vocabulary: six likely ids spread over the slices, the rest far below.
     let vocab = 128256;
-    let likely = [(7usize, 2.0f32), (40_000, 1.0), (90_001, 0.5), (128_255, 0.0)];
+    let likely = [
+        (7usize, 2.0f32),
+        (40_000, 1.0),
+        (90_001, 0.5),
+        (128_255, 0.0),
+        (3, -0.5),
+        (64_000, -1.0),
+    ];
     let mut row = vec![-30.0f32; vocab];
     for &(id, l) in &likely {
         row[id] = l;
     }
     let rows = 512;
     let logits: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
-    for temperature in [1.0f32, 0.5] {
-        let mut counts = [0usize; 4];
+    let plain = DeviceSampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+    };
+    let cases = [
+        plain,
+        DeviceSampling {
+            temperature: 0.5,
+            ..plain
+        },
+        DeviceSampling { top_k: 3, ..plain },
+        DeviceSampling { top_p: 0.8, ..plain },
+        DeviceSampling { min_p: 0.2, ..plain },
+        DeviceSampling {
+            temperature: 0.7,
+            top_k: 5,
+            top_p: 0.9,
+            min_p: 0.05,
+            ..plain
+        },
+    ];
+    for case in cases {
+        let kept = case.kept_tokens(&row);
+        let weight = |id: usize| ((row[id] - row[7]) / case.temperature).exp() as f64;
+        let z: f64 = kept.iter().map(|&id| weight(id as usize)).sum();
+        let mut counts = vec![0usize; vocab];
         let draws = 8;
         for draw in 0..draws {
-            // Every row its own seed, as every sequence's own stream gives.
-            let sampling: Vec<u32> = (0..rows as u64)
-                .flat_map(|r| {
-                    let seed = (draw * rows as u64 + r).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
-                    [(1.0 / temperature).to_bits(), seed as u32, (seed >> 32) as u32]
-                })
-                .collect();
-            let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&sampling));
-            for &id in &got[..rows] {
-                let k = likely.iter().position(|&(l, _)| l == id as usize);
-                counts[k.expect("a likely id (the others have e^-30 of the weight)")] += 1;
+            let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&seeded(case, rows, draw)));
+            for (&id, &limit) in got.ids.iter().zip(&got.limits) {
+                counts[id as usize] += 1;
+                if case.top_k > 0 || case.top_p < 1.0 || case.min_p > 0.0 {
+                    assert_eq!(
+                        kept_by_the_limit(&row, case.temperature, limit),
+                        sorted(&kept),
+                        "{case:?}: the kept ids"
+                    );
+                }
             }
         }
         let n = (draws as usize * rows) as f64;
-        let z: f64 = likely.iter().map(|&(_, l)| (l as f64 / temperature as f64).exp()).sum();
-        for (k, &(id, l)) in likely.iter().enumerate() {
-            let p = (l as f64 / temperature as f64).exp() / z;
-            let seen = counts[k] as f64 / n;
+        for &(id, _) in &likely {
+            let p = if kept.contains(&(id as u32)) {
+                weight(id) / z
+            } else {
+                0.0
+            };
+            let seen = counts[id] as f64 / n;
             // Five standard deviations of a frequency over n draws.
             let tol = 5.0 * (p * (1.0 - p) / n).sqrt();
-            eprintln!("temperature {temperature}: id {id} drawn {seen:.4} of {n} times, softmax {p:.4}");
-            assert!(
-                (seen - p).abs() <= tol,
-                "temperature {temperature}: id {id} at {seen}, softmax {p}"
-            );
+            eprintln!("{case:?}: id {id} drawn {seen:.4} of {n} times, softmax of the kept {p:.4}");
+            assert!((seen - p).abs() <= tol, "{case:?}: id {id} at {seen}, want {p}");
         }
+        let unlikely: usize = counts.iter().sum::<usize>() - likely.iter().map(|&(id, _)| counts[id]).sum::<usize>();
+        assert_eq!(unlikely, 0, "{case:?}: the others have e^-30 of the weight");
     }
     // 1 / temperature 0 in a row's parameters: its plain argmax, whatever the seed.
-    let greedy: Vec<u32> = (0..rows as u32).flat_map(|r| [0u32, r, !r]).collect();
+    let greedy: Vec<LogitsWanted> = (0..rows).map(|_| LogitsWanted::LastArgmax).collect();
     let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&greedy));
-    assert!(
-        got[..rows].iter().all(|&id| id == 7),
-        "rows with 1 / temperature 0 take the argmax"
-    );
+    assert!(got.ids.iter().all(|&id| id == 7), "argmax rows take the argmax");
+}
+
+#[test]
+fn sampling_limits_on_the_gpu_keep_the_tokens_the_host_keeps() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // Rows of Qwen's vocabulary spread like a model's logits (no ties), each with other limits:
+    // the key's bits are found over all four passes of the radix selection.
+    let vocab = 151_936;
+    let plain = DeviceSampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 9,
+    };
+    let cases = [
+        DeviceSampling { top_k: 1, ..plain },
+        DeviceSampling { top_k: 50, ..plain },
+        DeviceSampling { top_k: 40_000, ..plain },
+        DeviceSampling { top_p: 0.5, ..plain },
+        DeviceSampling {
+            top_p: 0.95,
+            temperature: 0.6,
+            ..plain
+        },
+        DeviceSampling {
+            top_p: 0.999,
+            temperature: 1.5,
+            ..plain
+        },
+        DeviceSampling { min_p: 0.1, ..plain },
+        DeviceSampling {
+            top_k: 200,
+            top_p: 0.9,
+            min_p: 0.01,
+            temperature: 0.8,
+            ..plain
+        },
+    ];
+    let mut state = 0x5EED_u64;
+    let mut uniform = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (state ^ (state >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        ((z >> 40) as f32 / 8_388_608.0) - 1.0
+    };
+    let logits: Vec<f32> = (0..cases.len() * vocab)
+        .map(|_| {
+            let x = uniform();
+            12.0 * x * x * x
+        })
+        .collect();
+    let wanted: Vec<LogitsWanted> = cases.iter().map(|&c| LogitsWanted::LastSampled(c)).collect();
+    let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&wanted));
+    for (i, case) in cases.iter().enumerate() {
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        let want = case.kept_tokens(row);
+        let kept = kept_by_the_limit(row, case.temperature, got.limits[i]);
+        eprintln!("{case:?}: {} kept, the host keeps {}", kept.len(), want.len());
+        if case.top_p < 1.0 {
+            // Both keep a best-first run; where the weights reach top_p depends on how the sums
+            // round (the host's in f32, the GPU's in fixed point) by a token or two at most.
+            let (short, long) = if kept.len() <= want.len() {
+                (&kept, &want)
+            } else {
+                (&want, &kept)
+            };
+            assert!(
+                long.len() - short.len() <= 2,
+                "{case:?}: {} kept, the host keeps {}",
+                kept.len(),
+                want.len()
+            );
+            assert!(short.iter().all(|id| long.contains(id)), "{case:?}: the kept ids");
+        } else {
+            assert_eq!(kept, sorted(&want), "{case:?}: the kept ids");
+        }
+        assert!(
+            kept.contains(&got.ids[i]),
+            "{case:?}: the drawn id {} is kept",
+            got.ids[i]
+        );
+    }
+}
+
+fn sorted(ids: &[u32]) -> Vec<u32> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids
 }
 
 /// `count` f32 values uniform in [-1, 1) from a fixed seed (bf16-exact).
