@@ -38,6 +38,11 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
                     "{family}.cu: kernel {name} missing from the PTX"
                 );
             }
+            // And every kernel in the PTX is listed, so Kernels::get finds it.
+            for entry in text.split(".entry ").skip(1) {
+                let name = entry.split('(').next().unwrap_or_default().trim();
+                assert!(names.contains(&name), "{family}.cu: kernel {name} is not in FAMILIES");
+            }
         }
     }
 }
