@@ -522,8 +522,9 @@ fn gumbel_max(row: &[f32], sampling: &DeviceSampling) -> u32 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
-        let u = ((z >> 40) as f32 + 0.5) / 16_777_216.0;
-        -(-u.ln()).ln()
+        let u = ((z >> 41) as f32 + 0.5) / 8_388_608.0;
+        let e = if u < 0.5 { -u.ln() } else { -(u - 1.0).ln_1p() };
+        -e.ln()
     };
     let mut scored = vec![f32::NEG_INFINITY; row.len()];
     for i in sampling.kept_tokens(row) {

@@ -34,7 +34,8 @@ pub struct DeviceSampling {
 impl DeviceSampling {
     /// The ids this draws from in `row`, best first, by the host sampler's rule: the `top_k`
     /// best (ties to the lower id), then those with at least `min_p` of the best one's
-    /// probability, then the fewest best ones holding `top_p` of what is left.
+    /// probability, then the fewest best ones holding `top_p` of what is left (top_p 1 and min_p
+    /// 0 are off: an f32 sum of a whole vocabulary stops growing before its tail).
     pub fn kept_tokens(&self, row: &[f32]) -> Vec<u32> {
         let inv_t = 1.0 / self.temperature;
         let mut kept: Vec<u32> = (0..row.len() as u32).collect();
@@ -44,14 +45,18 @@ impl DeviceSampling {
         }
         let best = row[kept[0] as usize];
         let weight = |i: u32| ((row[i as usize] - best) * inv_t).exp();
-        kept.retain(|&i| weight(i) >= self.min_p);
-        let total: f32 = kept.iter().map(|&i| weight(i)).sum();
-        let mut acc = 0.0;
-        let holding_top_p = kept.iter().position(|&i| {
-            acc += weight(i);
-            acc >= self.top_p * total
-        });
-        kept.truncate(holding_top_p.map_or(kept.len(), |p| p + 1));
+        if self.min_p > 0.0 {
+            kept.retain(|&i| weight(i) >= self.min_p);
+        }
+        if self.top_p < 1.0 {
+            let total: f32 = kept.iter().map(|&i| weight(i)).sum();
+            let mut acc = 0.0;
+            let holding_top_p = kept.iter().position(|&i| {
+                acc += weight(i);
+                acc >= self.top_p * total
+            });
+            kept.truncate(holding_top_p.map_or(kept.len(), |p| p + 1));
+        }
         kept
     }
 }
@@ -134,6 +139,9 @@ mod tests {
             seed: 0,
         };
         assert_eq!(plain.kept_tokens(&row), [2, 0, 4, 3, 1]);
+        // Off is off, also over a vocabulary whose f32 weight sum stops growing before its tail.
+        let wide: Vec<f32> = (0..150_000).map(|i| -(i as f32) * 0.001).collect();
+        assert_eq!(plain.kept_tokens(&wide).len(), wide.len());
         assert_eq!(DeviceSampling { top_k: 2, ..plain }.kept_tokens(&row), [2, 0]);
         assert_eq!(DeviceSampling { min_p: 0.3, ..plain }.kept_tokens(&row), [2, 0, 4]);
         // Weights 1 + 2 e^-1 = 1.736 of 1.921 in all: 0.9 of it (1.729) is in the first three,

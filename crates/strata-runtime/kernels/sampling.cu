@@ -21,15 +21,18 @@ __device__ __forceinline__ void warp_keep_best(float& best, int& best_i) {
     }
 }
 
-// A standard Gumbel variate for element i of the stream `seed`: -log(-log(u)), u uniform in (0, 1)
-// from the splitmix64 finalizer of seed + i (24 bits).
+// A standard Gumbel variate for element i of the stream `seed`: -log(e), e = -log(u) exponential,
+// u = (k + 0.5) / 2^23 uniform in (0, 1) from 23 bits of the splitmix64 finalizer of seed + i.
+// Precise logs, and -log(u) for u >= 1/2 as -log1p(u - 1) (u - 1 exact): u near 1 must not give
+// e = 0 (a variate of +inf, which would draw a token of any weight).
 __device__ __forceinline__ float gumbel(u64 seed, u32 i) {
     u64 z = seed + (u64)(i + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    const float u = ((float)(u32)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
-    return -__logf(-__logf(u));
+    const float u = ((float)(u32)(z >> 41) + 0.5f) * (1.0f / 8388608.0f);
+    const float e = u < 0.5f ? -logf(u) : -log1pf(u - 1.0f);
+    return -logf(e);
 }
 
 // A sampled row's parameters (the host's InputLayout::sampling): 1 / temperature (f32 bits, 0 for
