@@ -35,7 +35,7 @@ impl DeviceSampling {
     /// The ids this draws from in `row`, best first, by the host sampler's rule: the `top_k`
     /// best (ties to the lower id), then those with at least `min_p` of the best one's
     /// probability, then the fewest best ones holding `top_p` of what is left (top_p 1 and min_p
-    /// 0 are off: an f32 sum of a whole vocabulary stops growing before its tail).
+    /// 0 are off). Weights are summed in f64: this is the reference the samplers approximate.
     pub fn kept_tokens(&self, row: &[f32]) -> Vec<u32> {
         let inv_t = 1.0 / self.temperature;
         let mut kept: Vec<u32> = (0..row.len() as u32).collect();
@@ -44,16 +44,16 @@ impl DeviceSampling {
             kept.truncate(self.top_k as usize);
         }
         let best = row[kept[0] as usize];
-        let weight = |i: u32| ((row[i as usize] - best) * inv_t).exp();
+        let weight = |i: u32| (((row[i as usize] - best) * inv_t) as f64).exp();
         if self.min_p > 0.0 {
-            kept.retain(|&i| weight(i) >= self.min_p);
+            kept.retain(|&i| weight(i) >= self.min_p as f64);
         }
         if self.top_p < 1.0 {
-            let total: f32 = kept.iter().map(|&i| weight(i)).sum();
+            let total: f64 = kept.iter().map(|&i| weight(i)).sum();
             let mut acc = 0.0;
             let holding_top_p = kept.iter().position(|&i| {
                 acc += weight(i);
-                acc >= self.top_p * total
+                acc >= self.top_p as f64 * total
             });
             kept.truncate(holding_top_p.map_or(kept.len(), |p| p + 1));
         }

@@ -596,26 +596,38 @@ fn sampling_limits_on_the_gpu_keep_the_tokens_the_host_keeps() {
     let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&wanted));
     for (i, case) in cases.iter().enumerate() {
         let row = &logits[i * vocab..(i + 1) * vocab];
-        let want = case.kept_tokens(row);
+        let want = sorted(&case.kept_tokens(row));
         let kept = kept_by_the_limit(row, case.temperature, got.limits[i]);
         eprintln!("{case:?}: {} kept, the host keeps {}", kept.len(), want.len());
         if case.top_p < 1.0 {
-            // Both keep a best-first run; where the weights reach top_p depends on how the sums
-            // round (the host's in f32, the GPU's in fixed point) by a token or two at most.
+            // Both keep a best-first run; where the weights reach top_p depends on how they are
+            // summed (the host's in f64, the GPU's in 32-bit fixed point): the runs may differ
+            // only by tokens of at most 1e-5 of the weight.
             let (short, long) = if kept.len() <= want.len() {
                 (&kept, &want)
             } else {
                 (&want, &kept)
             };
             assert!(
-                long.len() - short.len() <= 2,
-                "{case:?}: {} kept, the host keeps {}",
-                kept.len(),
-                want.len()
+                short.iter().all(|id| long.binary_search(id).is_ok()),
+                "{case:?}: the kept ids"
             );
-            assert!(short.iter().all(|id| long.contains(id)), "{case:?}: the kept ids");
+            let best = got.limits[i].0;
+            let weight = |id: u32| (((row[id as usize] - best) / case.temperature) as f64).exp();
+            let total: f64 = long.iter().map(|&id| weight(id)).sum();
+            let apart: f64 = long
+                .iter()
+                .filter(|id| short.binary_search(id).is_err())
+                .map(|&id| weight(id))
+                .sum();
+            eprintln!(
+                "  the kept differ by {} tokens, {:.2e} of the weight",
+                long.len() - short.len(),
+                apart / total
+            );
+            assert!(apart <= 1e-5 * total, "{case:?}: the kept differ by {apart} of {total}");
         } else {
-            assert_eq!(kept, sorted(&want), "{case:?}: the kept ids");
+            assert_eq!(kept, want, "{case:?}: the kept ids");
         }
         assert!(
             kept.contains(&got.ids[i]),

@@ -57,7 +57,7 @@ __device__ __forceinline__ u32 sampling_key(float distance) {
 }
 
 __device__ __forceinline__ u64 sampling_weight(float distance) {
-    return distance < 64.0f ? (u64)(__expf(-distance) * 4294967296.0f) : 0ull;
+    return distance < 64.0f ? (u64)(expf(-distance) * 4294967296.0f) : 0ull;
 }
 
 // The histograms of one 8-bit digit of the keys (one per pair of warps, against atomics' contention)
