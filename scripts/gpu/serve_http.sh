@@ -3,7 +3,8 @@
 # steps overlapped) under `strata bench` through HTTP with streaming, closed loops of 32 users
 # (512-token prompts, 128-token answers) and 256 users (512 / 256) at the API's default sampling
 # (temperature 1), then 256 users with temperature 0.7 and top_p 0.9, and greedy: TTFT percentiles,
-# throughput and errors, JSON and text in $OUT. Carries gpu-bin/strata.gz and gpu-bin/tokenizers.tgz.
+# throughput and errors, JSON and text in $OUT. Each run is warmed up with as many requests as it
+# has users (the first steps of a batch size capture its CUDA graph). Carries gpu-bin/strata.gz and gpu-bin/tokenizers.tgz.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -22,7 +23,7 @@ if wait_up 8040; then
         name="${users}_$sampling"
         echo "== $users users, $requests requests, 512-token prompts, $answer-token answers (streamed completions), sampling: $sampling ${flags[*]}"
         timeout 200 $S bench --base-url http://127.0.0.1:8040 --endpoint completions --concurrency "$users" \
-            --num-requests "$requests" --warmup 8 --input-len 512 --output-len "$answer" --ignore-eos "${flags[@]}" \
+            --num-requests "$requests" --warmup "$users" --input-len 512 --output-len "$answer" --ignore-eos "${flags[@]}" \
             --output "$OUT/http_bench_$name.json" > "$OUT/http_bench_$name.txt" 2>&1
         echo "exit $?"
         tail -25 "$OUT/http_bench_$name.txt"

@@ -156,6 +156,7 @@ impl Executor for MockGpu {
             block_size: 16,
             bytes: self.blocks * 16 * 128 * 1024,
             dtype: KvCacheDtype::F32,
+            value_type: "f32",
         }
     }
 

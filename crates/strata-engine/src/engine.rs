@@ -75,6 +75,8 @@ pub struct KvCapacity {
     pub block_size: usize,
     pub bytes: usize,
     pub dtype: KvCacheDtype,
+    /// What one cached value is on the device (`KvLayout::value_type`).
+    pub value_type: &'static str,
     pub max_model_len: usize,
 }
 
@@ -316,6 +318,7 @@ impl EngineHandle {
             block_size,
             bytes: kv.bytes,
             dtype: kv.dtype,
+            value_type: kv.value_type,
             max_model_len,
         };
         let depth = executor.pipeline_depth().max(1);

@@ -16,6 +16,8 @@ pub struct KvLayout {
     pub block_size: usize,
     pub bytes: usize,
     pub dtype: KvCacheDtype,
+    /// What one cached value is on the device ("f32" on the CPU; "bf16" for `auto` on a GPU).
+    pub value_type: &'static str,
 }
 
 /// Runs forward passes of one model over its own paged KV cache.
@@ -113,6 +115,7 @@ impl Executor for CpuExecutor {
             block_size: self.kv.block_size,
             bytes: self.kv.memory_bytes(),
             dtype: self.kv.dtype(),
+            value_type: self.kv.dtype().as_str(),
         }
     }
 

@@ -1337,6 +1337,9 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         .map(|p| model.tokenizer.encode(p, true, false).unwrap())
         .collect();
     let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 2);
+    // `auto` is f32 on the CPU and bf16 on the GPU, and the layouts say so.
+    let value_types = [&cpu.kv_layout(), &graphs.kv_layout(), &fp8.kv_layout()].map(|l| l.value_type);
+    assert_eq!(value_types, ["f32", "bf16", "fp8_e4m3"]);
     let steps = 24;
     let rows = run_lockstep(
         &mut [&mut cpu, &mut graphs, &mut eager, &mut fp8, &mut fixed_order],

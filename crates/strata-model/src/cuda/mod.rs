@@ -257,6 +257,7 @@ impl Executor for GpuExecutor {
             block_size: self.model.kv.block_size,
             bytes: self.model.kv.memory_bytes(),
             dtype: self.model.kv.dtype,
+            value_type: kv_cache::value_type_name(self.model.kv.dtype),
         }
     }
 
