@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use clap::Args;
 
-use crate::config::{Arrival, BenchConfig, Endpoint, InputSource, LoadShape};
+use crate::config::{Arrival, BenchConfig, Endpoint, InputSource, LoadShape, Sampling};
 use crate::plot::{sweep_svg, SweepSeries};
 use crate::report::{BenchReport, BenchResults};
 use crate::table::{compare_table, run_details, summary_table};
@@ -65,6 +65,16 @@ pub struct BenchArgs {
     /// Ask the server to ignore end-of-sequence so every answer has max_tokens tokens (vLLM, SGLang, llama.cpp, strata).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Sampling temperature sent with every request (default: none sent, the server's own, 1.0 in
+    /// the OpenAI API; 0 = greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// top_p sent with every request (default: none sent).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// top_k sent with every request (default: none sent; vLLM, SGLang, llama.cpp, strata).
+    #[arg(long)]
+    pub top_k: Option<u32>,
     /// Bearer token (else $STRATA_API_KEY, else $OPENAI_API_KEY).
     #[arg(long, env = "STRATA_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -149,6 +159,11 @@ impl BenchArgs {
             output_len: self.output_len,
             stream: !self.no_stream,
             ignore_eos: self.ignore_eos,
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+            },
             api_key,
             timeout_s: self.timeout,
             seed: self.seed,

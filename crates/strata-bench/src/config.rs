@@ -111,6 +111,9 @@ pub struct BenchConfig {
     pub output_len: Option<u32>,
     pub stream: bool,
     pub ignore_eos: bool,
+    /// Sampling parameters sent with every request (those left None are not sent).
+    #[serde(default)]
+    pub sampling: Sampling,
     /// Sent as `Authorization: Bearer`; never written to the report.
     #[serde(skip)]
     pub api_key: Option<String>,
@@ -124,6 +127,14 @@ pub struct BenchConfig {
     /// Draw a progress bar on stderr (the CLI turns it on for terminals).
     #[serde(skip)]
     pub progress: bool,
+}
+
+/// Sampling parameters of the requests; None leaves the server's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
 }
 
 /// Output length used when neither `--output-len` nor a dataset reply says otherwise.
@@ -144,6 +155,7 @@ impl BenchConfig {
             output_len: None,
             stream: true,
             ignore_eos: false,
+            sampling: Sampling::default(),
             api_key: None,
             timeout_s: 600.0,
             seed: 0,
@@ -174,6 +186,16 @@ impl BenchConfig {
         }
         if self.num_requests == Some(0) {
             bail!("--num-requests is 0; pass at least 1");
+        }
+        if let Some(t) = self.sampling.temperature {
+            if !(t.is_finite() && t >= 0.0) {
+                bail!("--temperature {t} is not a temperature; pass a number >= 0, e.g. --temperature 0.7");
+            }
+        }
+        if let Some(p) = self.sampling.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                bail!("--top-p {p} is not in (0, 1]; pass e.g. --top-p 0.9");
+            }
         }
         if let Some(d) = self.duration_s {
             if !(d.is_finite() && d > 0.0) {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 pub use args::{compare_files, run, BenchArgs};
 pub use client::ErrorKind;
-pub use config::{Arrival, BenchConfig, Endpoint, InputSource, LoadShape};
+pub use config::{Arrival, BenchConfig, Endpoint, InputSource, LoadShape, Sampling};
 pub use report::{BenchReport, BenchResults, ErrorBreakdown, LatencySummary, RequestCounts, TokenTotals};
 pub use workload::CountSource;
 

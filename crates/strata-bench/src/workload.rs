@@ -322,6 +322,16 @@ pub fn request_body(cfg: &BenchConfig, model: &str, prompt: &str, max_tokens: u3
     if cfg.ignore_eos {
         body["ignore_eos"] = json!(true);
     }
+    let s = &cfg.sampling;
+    if let Some(t) = s.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(p) = s.top_p {
+        body["top_p"] = json!(p);
+    }
+    if let Some(k) = s.top_k {
+        body["top_k"] = json!(k);
+    }
     Bytes::from(body.to_string())
 }
 
@@ -584,5 +594,17 @@ mod tests {
         let completion: Value = serde_json::from_slice(&request_body(&cfg, "m", "hi", 5)).unwrap();
         assert_eq!(completion["prompt"], "hi");
         assert!(completion.get("stream_options").is_none() && completion.get("ignore_eos").is_none());
+        assert!(completion.get("temperature").is_none() && completion.get("top_p").is_none());
+        cfg.sampling.temperature = Some(0.5);
+        cfg.sampling.top_p = Some(0.9);
+        cfg.sampling.top_k = Some(40);
+        let sampled: Value = serde_json::from_slice(&request_body(&cfg, "m", "hi", 5)).unwrap();
+        assert_eq!(
+            (&sampled["temperature"], &sampled["top_p"], &sampled["top_k"]),
+            (&json!(0.5), &json!(0.9f32), &json!(40))
+        );
+        cfg.sampling.top_p = Some(1.5);
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("--top-p 1.5"), "{err}");
     }
 }

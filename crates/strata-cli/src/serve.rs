@@ -146,12 +146,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let engine = crate::device::start_engine(model, engine_config, &args.device, steps)?;
     let cap = engine.capacity();
     tracing::info!(
-        "KV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB, {:?}); {:.1} sequences of --max-model-len {} fit at once",
+        "KV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB, {}); {:.1} sequences of --max-model-len {} fit at once",
         cap.blocks,
         cap.block_size,
         cap.tokens(),
         cap.bytes as f64 / (1024.0 * 1024.0),
-        cap.dtype,
+        cap.value_type,
         cap.max_len_sequences(),
         cap.max_model_len
     );

@@ -138,7 +138,7 @@ impl Executor for MockGpu {
             match c.logits {
                 LogitsWanted::None => {}
                 LogitsWanted::LastArgmax => logits.argmax.push((i, token)),
-                LogitsWanted::Last | LogitsWanted::All => {
+                LogitsWanted::Last | LogitsWanted::LastSampled(_) | LogitsWanted::All => {
                     let row = logits.data.len();
                     logits.data.resize(row + vocab, 0.0);
                     logits.data[row + token as usize] = 10.0;
@@ -156,6 +156,7 @@ impl Executor for MockGpu {
             block_size: 16,
             bytes: self.blocks * 16 * 128 * 1024,
             dtype: KvCacheDtype::F32,
+            value_type: "f32",
         }
     }
 

@@ -13,7 +13,9 @@ use strata_model::chat_template::ChatTemplate;
 use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{CpuExecutor, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer};
+use strata_model::{
+    CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer,
+};
 use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -73,6 +75,8 @@ pub struct KvCapacity {
     pub block_size: usize,
     pub bytes: usize,
     pub dtype: KvCacheDtype,
+    /// What one cached value is on the device (`KvLayout::value_type`).
+    pub value_type: &'static str,
     pub max_model_len: usize,
 }
 
@@ -314,6 +318,7 @@ impl EngineHandle {
             block_size,
             bytes: kv.bytes,
             dtype: kv.dtype,
+            value_type: kv.value_type,
             max_model_len,
         };
         let depth = executor.pipeline_depth().max(1);
@@ -321,7 +326,7 @@ impl EngineHandle {
         if depth > 1 {
             tracing::info!("engine on {}, {depth} batches in flight", executor.device());
         } else if overlap {
-            tracing::info!("engine on {}, greedy decode steps overlapped", executor.device());
+            tracing::info!("engine on {}, decode steps overlapped", executor.device());
         } else {
             tracing::info!("engine on {}", executor.device());
         }
@@ -508,8 +513,9 @@ struct InFlightBatch {
     chunks: Vec<ScheduledChunk>,
     /// When it was scheduled (for `last_step_seconds`).
     started: Instant,
-    /// Every chunk is a greedy decode: the next step may take its tokens on the device.
-    greedy_decode: bool,
+    /// Every chunk decodes a token chosen on the device (greedy, or sampled there): the next
+    /// step may take its tokens there.
+    tokens_on_device: bool,
 }
 
 /// A decode step planned to run behind the one in flight ([`EngineLoop::next_decode`]).
@@ -528,7 +534,7 @@ struct EngineLoop {
     executor: Box<dyn Executor>,
     /// Batches the executor can hold in flight (its pipeline depth); 1 = one `forward` per step.
     depth: usize,
-    /// At depth 1 on an executor that overlaps steps: a greedy decode step is queued behind the
+    /// At depth 1 on an executor that overlaps steps: a decode step is queued behind the
     /// one running before the host takes that one's results ([`Self::overlapped_step`]).
     overlap: bool,
     /// When the last batch's results were taken.
@@ -721,7 +727,7 @@ impl EngineLoop {
                 Ok(()) => self.in_flight.push_back(InFlightBatch {
                     chunks,
                     started,
-                    greedy_decode: false,
+                    tokens_on_device: false,
                 }),
                 Err(e) => self.fail_batch(&chunks, e)?,
             }
@@ -733,17 +739,18 @@ impl EngineLoop {
         self.take_results(&oldest.chunks, oldest.started, result)
     }
 
-    /// One step on an executor that overlaps steps. A batch of greedy decodes is submitted; while
-    /// one runs, the next decode of the same sequences ([`Self::next_decode`]) is queued behind it,
-    /// then the host takes the running one's results, so the GPU does not wait for the host
-    /// between decode steps. Any other batch runs as at depth 1, once nothing is in flight.
+    /// One step on an executor that overlaps steps. A batch of decodes whose tokens are chosen on
+    /// the device (greedy, or sampled there) is submitted; while one runs, the next decode of the
+    /// same sequences ([`Self::next_decode`]) is queued behind it, then the host takes the running
+    /// one's results, so the GPU does not wait for the host between decode steps. Any other batch
+    /// runs as at depth 1, once nothing is in flight.
     fn overlapped_step(&mut self) -> Result<(), DevicesLost> {
         if self.in_flight.is_empty() {
             let started = Instant::now();
             let Some((chunks, batch)) = self.schedule() else {
                 return Ok(());
             };
-            if !batch.iter().all(is_greedy_decode) {
+            if !batch.iter().all(is_device_token_decode) {
                 let result = self.executor.forward(&batch);
                 return self.take_results(&chunks, started, result);
             }
@@ -751,7 +758,7 @@ impl EngineLoop {
                 Ok(()) => self.in_flight.push_back(InFlightBatch {
                     chunks,
                     started,
-                    greedy_decode: true,
+                    tokens_on_device: true,
                 }),
                 Err(e) => return self.fail_batch(&chunks, e),
             }
@@ -765,7 +772,7 @@ impl EngineLoop {
                         self.in_flight.push_back(InFlightBatch {
                             chunks: next.chunks,
                             started,
-                            greedy_decode: true,
+                            tokens_on_device: true,
                         });
                     }
                     Err(e) => self.fail_batch(&next.chunks, e)?,
@@ -781,14 +788,14 @@ impl EngineLoop {
         self.take_results(&oldest.chunks, started, result)
     }
 
-    /// The decode step to queue behind the only batch in flight, a greedy decode one: its
-    /// sequences one position on, each token the argmax of the sequence's row there. Only when
+    /// The decode step to queue behind the only batch in flight, one of tokens chosen on the
+    /// device: its sequences one position on, each token the one chosen for the sequence there. Only when
     /// nothing waits, no running sequence is left out and the cache has room. A sequence that
     /// the step in flight ends by length is left out; one it ends on a stop token or string is
     /// computed once more and dropped.
     fn next_decode(&mut self) -> Option<QueuedDecode> {
         let current = self.in_flight.back()?;
-        if !current.greedy_decode || self.scheduler.num_waiting() > 0 {
+        if !current.tokens_on_device || self.scheduler.num_waiting() > 0 {
             return None;
         }
         let mut alive = 0;
@@ -804,6 +811,7 @@ impl EngineLoop {
         if next.is_empty() || alive != self.scheduler.num_running() {
             return None;
         }
+        let on_device = self.executor.samples_on_device();
         let mut queued = QueuedDecode {
             chunks: Vec::with_capacity(next.len()),
             batch: Vec::with_capacity(next.len()),
@@ -821,7 +829,7 @@ impl EngineLoop {
                 tokens: vec![0],
                 first_pos: pos,
                 block_table: seq.table.blocks.clone(),
-                logits: LogitsWanted::LastArgmax,
+                logits: next_token_logits(seq, on_device),
                 prompt_len: seq.request.prompt.len(),
             });
             queued.tokens_from.push(row);
@@ -845,11 +853,12 @@ impl EngineLoop {
         if plan.chunks.is_empty() {
             return None;
         }
+        let on_device = self.executor.samples_on_device();
         let batch: Vec<SeqChunk> = plan
             .chunks
             .iter()
             .map(|c| {
-                let seq = &self.seqs[&c.id];
+                let seq = self.seqs.get_mut(&c.id).expect("scheduled sequence exists");
                 let end = seq.num_computed + c.num_tokens;
                 SeqChunk {
                     tokens: seq.tokens(seq.num_computed..end),
@@ -857,10 +866,8 @@ impl EngineLoop {
                     block_table: seq.table.blocks.clone(),
                     logits: if end < seq.num_tokens() {
                         LogitsWanted::None
-                    } else if seq.request.sampling.is_plain_greedy() && seq.request.logprobs.is_none() {
-                        LogitsWanted::LastArgmax
                     } else {
-                        LogitsWanted::Last
+                        next_token_logits(seq, on_device)
                     },
                     prompt_len: seq.request.prompt.len(),
                 }
@@ -968,7 +975,30 @@ impl EngineLoop {
     }
 }
 
-/// A chunk that decodes one generated token and wants only its argmax.
-fn is_greedy_decode(c: &SeqChunk) -> bool {
-    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits == LogitsWanted::LastArgmax
+/// What a chunk that ends at `seq`'s last token asks for: the argmax alone for plain greedy
+/// requests without logprobs; a token sampled on the device for sampling without penalties when
+/// the executor can (`on_device`), its seed the next draw of the sequence's own random stream;
+/// the row otherwise (the host samples).
+fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
+    let sampling = &seq.request.sampling;
+    if seq.request.logprobs.is_some() {
+        return LogitsWanted::Last;
+    }
+    if sampling.is_plain_greedy() {
+        return LogitsWanted::LastArgmax;
+    }
+    match sampling.on_device() {
+        Some(device) if on_device => LogitsWanted::LastSampled(DeviceSampling {
+            seed: seq.sampler.next_seed(),
+            ..device
+        }),
+        _ => LogitsWanted::Last,
+    }
+}
+
+/// A chunk that decodes one generated token whose id is chosen on the device.
+fn is_device_token_decode(c: &SeqChunk) -> bool {
+    c.tokens.len() == 1
+        && c.first_pos >= c.prompt_len
+        && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_))
 }

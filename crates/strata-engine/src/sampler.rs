@@ -2,6 +2,7 @@
 //! top-p / min-p and a seed. Each sequence owns its random stream, so its output does not depend on what else runs.
 
 use crate::request::TokenLogprob;
+use strata_model::DeviceSampling;
 
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +73,18 @@ impl SamplingParams {
         (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties()
     }
 
+    /// What an executor that samples on its device draws for these parameters (its `seed` still
+    /// 0): temperature with top-k / top-p / min-p, nothing else (no penalties).
+    pub fn on_device(&self) -> Option<DeviceSampling> {
+        (self.temperature > 0.0 && !self.has_penalties()).then(|| DeviceSampling {
+            temperature: self.temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: 0,
+        })
+    }
+
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
@@ -89,6 +102,12 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = SplitMix64(params.seed ^ 0x9E37_79B9_7F4A_7C15);
         Sampler { params, rng }
+    }
+
+    /// The next draw of this sequence's random stream, as the seed of a token sampled on the
+    /// device; the stream stays the sequence's own.
+    pub fn next_seed(&mut self) -> u64 {
+        self.rng.next_u64()
     }
 
     /// The next token for these logits, given the prompt and the tokens generated so far

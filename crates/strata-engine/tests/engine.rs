@@ -10,7 +10,9 @@ use strata_engine::{
     RequestOutput, RequestStream, SamplingParams, SubmitError,
 };
 use strata_model::loader::{default_model_path, load_model, LoadedModel};
-use strata_model::{CpuExecutor, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk};
+use strata_model::{
+    CpuExecutor, DeviceSampling, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk,
+};
 
 fn default_model() -> LoadedModel {
     let path = default_model_path();
@@ -484,9 +486,52 @@ struct OverlapLog {
 /// asked (where the GPU takes the argmax on the device), and `collect` returns results in order.
 struct OverlappingCpu {
     cpu: CpuExecutor,
+    /// Whether it says it overlaps steps, and whether it samples `LastSampled` rows itself (as
+    /// the GPU does, by the Gumbel-max trick).
+    overlap: bool,
+    on_device: bool,
     /// Results not yet collected, with the positions each batch computed.
     results: VecDeque<(Result<Logits, ModelError>, Vec<usize>)>,
     log: Arc<Mutex<OverlapLog>>,
+}
+
+impl OverlappingCpu {
+    /// The CPU's forward pass, then the `LastSampled` rows' tokens drawn here when `on_device`.
+    fn run(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        let mut logits = self.cpu.forward(batch)?;
+        if self.on_device {
+            for (i, c) in batch.iter().enumerate() {
+                if let LogitsWanted::LastSampled(sampling) = c.logits {
+                    let row = logits.last_of(i).expect("a row for the sampled chunk");
+                    let token = gumbel_max(row, &sampling);
+                    logits.argmax.push((i, token));
+                }
+            }
+        }
+        Ok(logits)
+    }
+}
+
+/// A draw as `sampling` says by the Gumbel-max trick over the tokens it keeps, its variates
+/// from the seed.
+fn gumbel_max(row: &[f32], sampling: &DeviceSampling) -> u32 {
+    let gumbel = |i: usize| {
+        let mut z = sampling
+            .seed
+            .wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let u = ((z >> 41) as f32 + 0.5) / 8_388_608.0;
+        let e = if u < 0.5 { -u.ln() } else { -(u - 1.0).ln_1p() };
+        -e.ln()
+    };
+    let mut scored = vec![f32::NEG_INFINITY; row.len()];
+    for i in sampling.kept_tokens(row) {
+        let i = i as usize;
+        scored[i] = row[i] / sampling.temperature + gumbel(i);
+    }
+    greedy_token(&scored)
 }
 
 /// The greedy token of a logits row (ties to the lowest id, as the sampler's).
@@ -510,7 +555,7 @@ impl Executor for OverlappingCpu {
             let mut log = self.log.lock().unwrap();
             log.violations.push("forward called with a batch in flight".into());
         }
-        self.cpu.forward(batch)
+        self.run(batch)
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -522,7 +567,11 @@ impl Executor for OverlappingCpu {
     }
 
     fn overlaps_steps(&self) -> bool {
-        true
+        self.overlap
+    }
+
+    fn samples_on_device(&self) -> bool {
+        self.on_device
     }
 
     fn submit(&mut self, mut batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
@@ -532,10 +581,10 @@ impl Executor for OverlappingCpu {
         }
         if !batch
             .iter()
-            .all(|c| c.tokens.len() == 1 && c.logits == LogitsWanted::LastArgmax)
+            .all(|c| c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_)))
         {
             log.violations
-                .push("a batch other than greedy decodes submitted".into());
+                .push("a batch other than decodes of tokens chosen on the device submitted".into());
         }
         if let Some(from) = tokens_from {
             log.overlapped += 1;
@@ -552,11 +601,14 @@ impl Executor for OverlappingCpu {
                         positions.get(row)
                     ));
                 }
-                c.tokens = vec![greedy_token(previous.row(row))];
+                let chosen = previous.argmax_of(row);
+                c.tokens = vec![chosen.unwrap_or_else(|| greedy_token(previous.row(row)))];
             }
         }
+        drop(log);
         let positions = batch.iter().map(|c| c.first_pos).collect();
-        self.results.push_back((self.cpu.forward(&batch), positions));
+        let result = self.run(&batch);
+        self.results.push_back((result, positions));
         Ok(())
     }
 
@@ -570,15 +622,56 @@ impl Executor for OverlappingCpu {
 
 /// An engine on the CPU executor posing as one that overlaps steps, and the log of its batches.
 fn overlapping_engine(config: EngineConfig) -> (EngineHandle, Arc<Mutex<OverlapLog>>) {
+    device_engine(config, true, false)
+}
+
+/// An engine on the CPU executor posing as a device that overlaps steps (`overlap`) and samples
+/// plain temperature requests itself (`on_device`), and the log of its batches.
+fn device_engine(config: EngineConfig, overlap: bool, on_device: bool) -> (EngineHandle, Arc<Mutex<OverlapLog>>) {
     let log = Arc::new(Mutex::new(OverlapLog::default()));
     let engine = engine_on(config, |cpu| {
         Box::new(OverlappingCpu {
             cpu,
+            overlap,
+            on_device,
             results: VecDeque::new(),
             log: Arc::clone(&log),
         })
     });
     (engine, log)
+}
+
+#[test]
+fn sampled_on_the_device_repeats_alone_together_and_overlapped() {
+    let mut got = Vec::new();
+    for overlap in [false, true] {
+        let (e, log) = device_engine(small_config(), overlap, true);
+        // Temperature alone, with top-k, with top-p, with min-p.
+        let req = |i: u64| GenerationRequest {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_k: if i == 1 { 20 } else { 0 },
+                top_p: if i == 2 { 0.9 } else { 1.0 },
+                min_p: if i == 3 { 0.05 } else { 0.0 },
+                seed: i,
+                ..Default::default()
+            },
+            ignore_eos: true,
+            ..GenerationRequest::greedy(prompt(&e, &format!("Story {i}: once upon a time,")), 12)
+        };
+        let together = run_together(&e, (0..4).map(req).collect());
+        assert_eq!(run_alone(&e, req(2)).tokens, together[2].tokens, "a seed repeats alone");
+        assert_ne!(together[0].tokens, together[1].tokens);
+        let log = log.lock().unwrap();
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert_eq!(
+            log.overlapped > 0,
+            overlap,
+            "sampled decode steps overlap when the device can"
+        );
+        got.push(together.into_iter().map(|c| c.tokens).collect::<Vec<_>>());
+    }
+    assert_eq!(got[0], got[1], "overlapped steps draw the same tokens");
 }
 
 #[test]

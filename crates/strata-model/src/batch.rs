@@ -2,7 +2,7 @@
 //! Prefill chunks and single decode tokens mix freely; each sequence brings its block table.
 
 /// Which positions of a sequence chunk need logits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LogitsWanted {
     /// None (a prefill chunk that is not the last).
     None,
@@ -11,8 +11,54 @@ pub enum LogitsWanted {
     /// Only the argmax of the last token (greedy sampling with no penalties and no logprobs):
     /// an executor may return the id alone (in [`Logits::argmax`]) instead of the row.
     LastArgmax,
+    /// A token of the last position drawn as [`DeviceSampling`] says (sampling without penalties
+    /// or logprobs): an executor that samples on its device ([`crate::Executor::samples_on_device`])
+    /// returns the id alone (in [`Logits::argmax`]), any other the row, as for `Last`.
+    LastSampled(DeviceSampling),
     /// Every token of the chunk (scoring, tests).
     All,
+}
+
+/// A token drawn on the device: from softmax(logits / temperature) over the `top_k` best tokens
+/// (0 = all), then those with at least `min_p` of the best one's probability, then the fewest best
+/// ones that hold `top_p` of what is left (the host sampler's rule), with the random stream `seed`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceSampling {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u64,
+}
+
+impl DeviceSampling {
+    /// The ids this draws from in `row`, best first, by the host sampler's rule: the `top_k`
+    /// best (ties to the lower id), then those with at least `min_p` of the best one's
+    /// probability, then the fewest best ones holding `top_p` of what is left (top_p 1 and min_p
+    /// 0 are off). Weights are summed in f64: this is the reference the samplers approximate.
+    pub fn kept_tokens(&self, row: &[f32]) -> Vec<u32> {
+        let inv_t = 1.0 / self.temperature;
+        let mut kept: Vec<u32> = (0..row.len() as u32).collect();
+        kept.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        if self.top_k > 0 {
+            kept.truncate(self.top_k as usize);
+        }
+        let best = row[kept[0] as usize];
+        let weight = |i: u32| (((row[i as usize] - best) * inv_t) as f64).exp();
+        if self.min_p > 0.0 {
+            kept.retain(|&i| weight(i) >= self.min_p as f64);
+        }
+        if self.top_p < 1.0 {
+            let total: f64 = kept.iter().map(|&i| weight(i)).sum();
+            let mut acc = 0.0;
+            let holding_top_p = kept.iter().position(|&i| {
+                acc += weight(i);
+                acc >= self.top_p as f64 * total
+            });
+            kept.truncate(holding_top_p.map_or(kept.len(), |p| p + 1));
+        }
+        kept
+    }
 }
 
 /// One sequence's slice of the batch.
@@ -74,5 +120,59 @@ impl Logits {
     /// The last row of sequence `seq`, if it asked for logits.
     pub fn last_of(&self, seq: usize) -> Option<&[f32]> {
         self.rows.iter().rposition(|&(s, _)| s == seq).map(|i| self.row(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceSampling;
+
+    #[test]
+    fn kept_tokens_follow_top_k_then_min_p_then_top_p() {
+        // Weights relative to the best (id 2): 1, e^-1, e^-1 (a tie: ids 0 and 4), e^-2, e^-3.
+        let row = [2.0f32, 0.0, 3.0, 1.0, 2.0];
+        let plain = DeviceSampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+        };
+        assert_eq!(plain.kept_tokens(&row), [2, 0, 4, 3, 1]);
+        // Off is off, also over a vocabulary whose f32 weight sum stops growing before its tail.
+        let wide: Vec<f32> = (0..150_000).map(|i| -(i as f32) * 0.001).collect();
+        assert_eq!(plain.kept_tokens(&wide).len(), wide.len());
+        assert_eq!(DeviceSampling { top_k: 2, ..plain }.kept_tokens(&row), [2, 0]);
+        assert_eq!(DeviceSampling { min_p: 0.3, ..plain }.kept_tokens(&row), [2, 0, 4]);
+        // Weights 1 + 2 e^-1 = 1.736 of 1.921 in all: 0.9 of it (1.729) is in the first three,
+        // 0.95 (1.825) needs the fourth.
+        assert_eq!(DeviceSampling { top_p: 0.9, ..plain }.kept_tokens(&row), [2, 0, 4]);
+        assert_eq!(DeviceSampling { top_p: 0.95, ..plain }.kept_tokens(&row), [2, 0, 4, 3]);
+        assert_eq!(DeviceSampling { top_p: 0.5, ..plain }.kept_tokens(&row), [2]);
+        // At temperature 2 the weights flatten: min_p 0.3 keeps down to e^-1 (logit 1).
+        let hot = DeviceSampling {
+            temperature: 2.0,
+            ..plain
+        };
+        assert_eq!(DeviceSampling { min_p: 0.3, ..hot }.kept_tokens(&row), [2, 0, 4, 3]);
+        // top_k first: top_p then counts only the two kept.
+        assert_eq!(
+            DeviceSampling {
+                top_k: 2,
+                top_p: 0.7,
+                ..plain
+            }
+            .kept_tokens(&row),
+            [2]
+        );
+        assert_eq!(
+            DeviceSampling {
+                top_k: 2,
+                top_p: 0.75,
+                ..plain
+            }
+            .kept_tokens(&row),
+            [2, 0]
+        );
     }
 }

@@ -16,6 +16,8 @@ pub struct KvLayout {
     pub block_size: usize,
     pub bytes: usize,
     pub dtype: KvCacheDtype,
+    /// What one cached value is on the device ("f32" on the CPU; "bf16" for `auto` on a GPU).
+    pub value_type: &'static str,
 }
 
 /// Runs forward passes of one model over its own paged KV cache.
@@ -34,10 +36,16 @@ pub trait Executor: Send {
     fn pipeline_depth(&self) -> usize {
         1
     }
-    /// Whether a batch of greedy decodes (one token each, `LogitsWanted::LastArgmax`) may be
-    /// submitted while the one before it runs, with its tokens taken from that one's argmax on
-    /// the device (overlapped steps: the host reads a step while the next runs).
+    /// Whether a batch of decodes whose tokens are chosen on the device (one token each,
+    /// `LogitsWanted::LastArgmax` or `LastSampled`) may be submitted while the one before it
+    /// runs, with its tokens taken from that one's chosen ids on the device (overlapped steps:
+    /// the host reads a step while the next runs).
     fn overlaps_steps(&self) -> bool {
+        false
+    }
+    /// Whether `LogitsWanted::LastSampled` rows are sampled on the device (only the id comes
+    /// back); otherwise they come back as rows and the host samples.
+    fn samples_on_device(&self) -> bool {
         false
     }
     /// Starts `batch` without waiting for its logits (executors with `pipeline_depth() > 1`, or
@@ -107,6 +115,7 @@ impl Executor for CpuExecutor {
             block_size: self.kv.block_size,
             bytes: self.kv.memory_bytes(),
             dtype: self.kv.dtype(),
+            value_type: self.kv.dtype().as_str(),
         }
     }
 

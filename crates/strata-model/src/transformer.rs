@@ -266,7 +266,9 @@ impl Transformer {
         for (si, ch) in batch.iter().enumerate() {
             let positions = match ch.logits {
                 LogitsWanted::None => continue,
-                LogitsWanted::Last | LogitsWanted::LastArgmax => ch.end_pos() - 1..ch.end_pos(),
+                LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) => {
+                    ch.end_pos() - 1..ch.end_pos()
+                }
                 LogitsWanted::All => ch.first_pos..ch.end_pos(),
             };
             rows.extend(positions.map(|p| (si, p, flat.index(batch, si, p))));

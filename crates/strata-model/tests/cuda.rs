@@ -7,10 +7,11 @@ mod gpu_common;
 use gpu_common::argmax;
 
 use strata_model::config::{rope_cos_sin, rope_cos_sin_table};
+use strata_model::cuda::forward::sampling_words;
 use strata_model::cuda::{GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
-use strata_model::{CpuExecutor, Executor, LogitsWanted, SeqChunk};
+use strata_model::{CpuExecutor, DeviceSampling, Executor, LogitsWanted, SeqChunk};
 use strata_runtime::cuda::kernels::{
     compile_all, nvrtc_available, rope_block_threads, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
 };
@@ -36,6 +37,11 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
                     text.contains(&format!(".entry {name}(")),
                     "{family}.cu: kernel {name} missing from the PTX"
                 );
+            }
+            // And every kernel in the PTX is listed, so Kernels::get finds it.
+            for entry in text.split(".entry ").skip(1) {
+                let name = entry.split('(').next().unwrap_or_default().trim();
+                assert!(names.contains(&name), "{family}.cu: kernel {name} is not in FAMILIES");
             }
         }
     }
@@ -304,8 +310,7 @@ fn argmax_on_the_gpu_matches_the_cpu() {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
-                              // A vocabulary smaller than the slices, SmolLM2's, Llama-3's, Qwen2.5's.
+    // A vocabulary smaller than the slices, SmolLM2's, Llama-3's, Qwen2.5's.
     for vocab in [17usize, 49152, 128256, 151936] {
         let rows = 5;
         let mut logits: Vec<f32> = random_bf16(rows * vocab, vocab as u64)
@@ -338,35 +343,10 @@ fn argmax_on_the_gpu_matches_the_cpu() {
                 best as u32
             })
             .collect();
-        let dev = gpu.upload(&logits, "logits").unwrap();
-        let parts = gpu.alloc(2 * rows * SLICES * 4, "parts").unwrap();
-        let out = gpu.alloc(2 * rows * 4, "ids").unwrap();
-        let (lp, v32, pv, pi) = (dev.ptr(), vocab as i32, parts.ptr(), parts.at(rows * SLICES * 4));
-        let (ids, vals) = (out.ptr(), out.at(rows * 4));
-        // SAFETY: the arguments of sampling.cu's kernels, buffers sized as above.
-        unsafe {
-            gpu.launch(
-                kernels.get("argmax_slices"),
-                (rows as u32, SLICES as u32, 1),
-                256,
-                0,
-                &mut kernel_args!(lp, v32, pv, pi),
-            )
-            .unwrap();
-            gpu.launch(
-                kernels.get("argmax_merge"),
-                (rows as u32, 1, 1),
-                32,
-                0,
-                &mut kernel_args!(pv, pi, ids, vals),
-            )
-            .unwrap();
-        }
-        let mut got = vec![0u32; 2 * rows];
-        gpu.read(&out, 0, &mut got).unwrap();
-        assert_eq!(&got[..rows], &want[..], "vocab {vocab}: argmax ids");
+        let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, None);
+        assert_eq!(&got.ids, &want, "vocab {vocab}: argmax ids");
         for i in 0..rows {
-            let v = f32::from_bits(got[rows + i]);
+            let v = got.values[i];
             assert_eq!(
                 v,
                 logits[r(i, want[i] as usize)],
@@ -374,6 +354,293 @@ fn argmax_on_the_gpu_matches_the_cpu() {
             );
         }
     }
+}
+
+/// What sampling.cu chose for each row: its id, its (perturbed) logit, and for sampled rows the
+/// limit `sampling_limits` set (the row's best logit and the largest key kept).
+struct Chosen {
+    ids: Vec<u32>,
+    values: Vec<f32>,
+    limits: Vec<(f32, u32)>,
+}
+
+/// sampling.cu's sampling_limits (when sampling), argmax_slices then argmax_merge over rows of
+/// `vocab` logits, each row sampled as `sampling[row]` says (or its argmax).
+fn choose_on_the_gpu(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    logits: &[f32],
+    vocab: usize,
+    sampling: Option<&[LogitsWanted]>,
+) -> Chosen {
+    const SLICES: usize = 32; // sampling.cu's ARGMAX_SLICES
+    let rows = logits.len() / vocab;
+    let dev = gpu.upload(logits, "logits").unwrap();
+    let words: Option<Vec<i32>> = sampling.map(|s| s.iter().flat_map(|&w| sampling_words(w)).collect());
+    let params = words.map(|w| gpu.upload(&w, "sampling").unwrap());
+    let parts = gpu.alloc(2 * rows * SLICES * 4, "parts").unwrap();
+    let out = gpu.alloc(2 * rows * 4, "ids").unwrap();
+    let limits = gpu.alloc(2 * rows * 4, "limits").unwrap();
+    let (lp, v32, pv, pi) = (dev.ptr(), vocab as i32, parts.ptr(), parts.at(rows * SLICES * 4));
+    let (ids, vals, lim) = (out.ptr(), out.at(rows * 4), limits.ptr());
+    let (sp, vocab_start) = (params.as_ref().map_or(0u64, |p| p.ptr()), 0i32);
+    // SAFETY: the arguments of sampling.cu's kernels, buffers sized as above.
+    unsafe {
+        if params.is_some() {
+            gpu.launch(
+                kernels.get("sampling_limits"),
+                (rows as u32, 1, 1),
+                512,
+                0,
+                &mut kernel_args!(lp, v32, sp, lim),
+            )
+            .unwrap();
+        }
+        gpu.launch(
+            kernels.get("argmax_slices"),
+            (rows as u32, SLICES as u32, 1),
+            256,
+            0,
+            &mut kernel_args!(lp, v32, pv, pi, sp, lim, vocab_start),
+        )
+        .unwrap();
+        gpu.launch(
+            kernels.get("argmax_merge"),
+            (rows as u32, 1, 1),
+            32,
+            0,
+            &mut kernel_args!(pv, pi, ids, vals),
+        )
+        .unwrap();
+    }
+    let mut got = vec![0u32; 2 * rows];
+    gpu.read(&out, 0, &mut got).unwrap();
+    let mut lims = vec![0u32; 2 * rows];
+    gpu.read(&limits, 0, &mut lims).unwrap();
+    Chosen {
+        ids: got[..rows].to_vec(),
+        values: got[rows..].iter().map(|&b| f32::from_bits(b)).collect(),
+        limits: lims.chunks(2).map(|l| (f32::from_bits(l[0]), l[1])).collect(),
+    }
+}
+
+/// The ids of `row` within a limit of sampling_limits, by sampling.cu's rule: the distance
+/// (best - logit) / temperature as a 6.26 fixed-point key at most the limit.
+fn kept_by_the_limit(row: &[f32], temperature: f32, (best, limit): (f32, u32)) -> Vec<u32> {
+    let inv_t = 1.0 / temperature;
+    let key = |l: f32| {
+        let d = (best - l) * inv_t;
+        if d < 64.0 {
+            (d * 67_108_864.0) as u32
+        } else {
+            u32::MAX
+        }
+    };
+    (0..row.len() as u32)
+        .filter(|&i| key(row[i as usize]) <= limit)
+        .collect()
+}
+
+/// `rows` sampled rows of `sampling`, each with its own seed (as each sequence's own stream gives).
+fn seeded(sampling: DeviceSampling, rows: usize, draw: u64) -> Vec<LogitsWanted> {
+    (0..rows as u64)
+        .map(|r| {
+            LogitsWanted::LastSampled(DeviceSampling {
+                seed: (draw * rows as u64 + r).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678,
+                ..sampling
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn sampling_on_the_gpu_draws_from_the_softmax_of_the_kept_tokens() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // Llama-3's vocabulary: six likely ids spread over the slices, the rest far below.
+    let vocab = 128256;
+    let likely = [
+        (7usize, 2.0f32),
+        (40_000, 1.0),
+        (90_001, 0.5),
+        (128_255, 0.0),
+        (3, -0.5),
+        (64_000, -1.0),
+    ];
+    let mut row = vec![-30.0f32; vocab];
+    for &(id, l) in &likely {
+        row[id] = l;
+    }
+    let rows = 512;
+    let logits: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+    let plain = DeviceSampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+    };
+    let cases = [
+        plain,
+        DeviceSampling {
+            temperature: 0.5,
+            ..plain
+        },
+        DeviceSampling { top_k: 3, ..plain },
+        DeviceSampling { top_p: 0.8, ..plain },
+        DeviceSampling { min_p: 0.2, ..plain },
+        DeviceSampling {
+            temperature: 0.7,
+            top_k: 5,
+            top_p: 0.9,
+            min_p: 0.05,
+            ..plain
+        },
+    ];
+    for case in cases {
+        let kept = case.kept_tokens(&row);
+        let weight = |id: usize| ((row[id] - row[7]) / case.temperature).exp() as f64;
+        let z: f64 = kept.iter().map(|&id| weight(id as usize)).sum();
+        let mut counts = vec![0usize; vocab];
+        let draws = 8;
+        for draw in 0..draws {
+            let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&seeded(case, rows, draw)));
+            for (&id, &limit) in got.ids.iter().zip(&got.limits) {
+                counts[id as usize] += 1;
+                if case.top_k > 0 || case.top_p < 1.0 || case.min_p > 0.0 {
+                    assert_eq!(
+                        kept_by_the_limit(&row, case.temperature, limit),
+                        sorted(&kept),
+                        "{case:?}: the kept ids"
+                    );
+                }
+            }
+        }
+        let n = (draws as usize * rows) as f64;
+        for &(id, _) in &likely {
+            let p = if kept.contains(&(id as u32)) {
+                weight(id) / z
+            } else {
+                0.0
+            };
+            let seen = counts[id] as f64 / n;
+            // Five standard deviations of a frequency over n draws.
+            let tol = 5.0 * (p * (1.0 - p) / n).sqrt();
+            eprintln!("{case:?}: id {id} drawn {seen:.4} of {n} times, softmax of the kept {p:.4}");
+            assert!((seen - p).abs() <= tol, "{case:?}: id {id} at {seen}, want {p}");
+        }
+        let unlikely: usize = counts.iter().sum::<usize>() - likely.iter().map(|&(id, _)| counts[id]).sum::<usize>();
+        assert_eq!(unlikely, 0, "{case:?}: the others have e^-30 of the weight");
+    }
+    // 1 / temperature 0 in a row's parameters: its plain argmax, whatever the seed.
+    let greedy: Vec<LogitsWanted> = (0..rows).map(|_| LogitsWanted::LastArgmax).collect();
+    let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&greedy));
+    assert!(got.ids.iter().all(|&id| id == 7), "argmax rows take the argmax");
+}
+
+#[test]
+fn sampling_limits_on_the_gpu_keep_the_tokens_the_host_keeps() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // Rows of Qwen's vocabulary spread like a model's logits (no ties), each with other limits:
+    // the key's bits are found over all four passes of the radix selection.
+    let vocab = 151_936;
+    let plain = DeviceSampling {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 9,
+    };
+    let cases = [
+        DeviceSampling { top_k: 1, ..plain },
+        DeviceSampling { top_k: 50, ..plain },
+        DeviceSampling { top_k: 40_000, ..plain },
+        DeviceSampling { top_p: 0.5, ..plain },
+        DeviceSampling {
+            top_p: 0.95,
+            temperature: 0.6,
+            ..plain
+        },
+        DeviceSampling {
+            top_p: 0.999,
+            temperature: 1.5,
+            ..plain
+        },
+        DeviceSampling { min_p: 0.1, ..plain },
+        DeviceSampling {
+            top_k: 200,
+            top_p: 0.9,
+            min_p: 0.01,
+            temperature: 0.8,
+            ..plain
+        },
+    ];
+    let mut state = 0x5EED_u64;
+    let mut uniform = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (state ^ (state >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        ((z >> 40) as f32 / 8_388_608.0) - 1.0
+    };
+    let logits: Vec<f32> = (0..cases.len() * vocab)
+        .map(|_| {
+            let x = uniform();
+            12.0 * x * x * x
+        })
+        .collect();
+    let wanted: Vec<LogitsWanted> = cases.iter().map(|&c| LogitsWanted::LastSampled(c)).collect();
+    let got = choose_on_the_gpu(&gpu, &kernels, &logits, vocab, Some(&wanted));
+    for (i, case) in cases.iter().enumerate() {
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        let want = sorted(&case.kept_tokens(row));
+        let kept = kept_by_the_limit(row, case.temperature, got.limits[i]);
+        eprintln!("{case:?}: {} kept, the host keeps {}", kept.len(), want.len());
+        if case.top_p < 1.0 {
+            // Both keep a best-first run; where the weights reach top_p depends on how they are
+            // summed (the host's in f64, the GPU's in 32-bit fixed point): the runs may differ
+            // only by tokens of at most 1e-5 of the weight.
+            let (short, long) = if kept.len() <= want.len() {
+                (&kept, &want)
+            } else {
+                (&want, &kept)
+            };
+            assert!(
+                short.iter().all(|id| long.binary_search(id).is_ok()),
+                "{case:?}: the kept ids"
+            );
+            let best = got.limits[i].0;
+            let weight = |id: u32| (((row[id as usize] - best) / case.temperature) as f64).exp();
+            let total: f64 = long.iter().map(|&id| weight(id)).sum();
+            let apart: f64 = long
+                .iter()
+                .filter(|id| short.binary_search(id).is_err())
+                .map(|&id| weight(id))
+                .sum();
+            eprintln!(
+                "  the kept differ by {} tokens, {:.2e} of the weight",
+                long.len() - short.len(),
+                apart / total
+            );
+            assert!(apart <= 1e-5 * total, "{case:?}: the kept differ by {apart} of {total}");
+        } else {
+            assert_eq!(kept, want, "{case:?}: the kept ids");
+        }
+        assert!(
+            kept.contains(&got.ids[i]),
+            "{case:?}: the drawn id {} is kept",
+            got.ids[i]
+        );
+    }
+}
+
+fn sorted(ids: &[u32]) -> Vec<u32> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids
 }
 
 /// `count` f32 values uniform in [-1, 1) from a fixed seed (bf16-exact).
@@ -1070,6 +1337,9 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         .map(|p| model.tokenizer.encode(p, true, false).unwrap())
         .collect();
     let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 2);
+    // `auto` is f32 on the CPU and bf16 on the GPU, and the layouts say so.
+    let value_types = [&cpu.kv_layout(), &graphs.kv_layout(), &fp8.kv_layout()].map(|l| l.value_type);
+    assert_eq!(value_types, ["f32", "bf16", "fp8_e4m3"]);
     let steps = 24;
     let rows = run_lockstep(
         &mut [&mut cpu, &mut graphs, &mut eager, &mut fp8, &mut fixed_order],

@@ -108,17 +108,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
+// warp_op (warp_sum, warp_max) over the whole block (blockDim.x a multiple of 32, at most 1024),
+// `none` its identity; every thread gets it.
+template <float (*warp_op)(float)>
+__device__ float block_reduce(float v, float none) {
     __shared__ float partial[32];
     __shared__ float total;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = warp_op(v);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.0f;
-        s = warp_sum(s);
+        float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : none;
+        s = warp_op(s);
         if (lane == 0) total = s;
     }
     __syncthreads();
@@ -126,6 +128,9 @@ __device__ float block_sum(float v) {
     __syncthreads();
     return r;
 }
+
+__device__ float block_sum(float v) { return block_reduce<warp_sum>(v, 0.0f); }
+__device__ float block_max(float v) { return block_reduce<warp_max>(v, NEG_INF); }
 
 // FP8 E4M3 (OCP "fn": no infinities, max 448), ties to even, saturating: the CPU cache's rule.
 __device__ __forceinline__ fp8 f2e4m3(float x) {

@@ -322,6 +322,7 @@ mod tests {
             block_size: 16,
             bytes: 0,
             dtype: strata_engine::KvCacheDtype::F32,
+            value_type: "f32",
             max_model_len: 64,
         };
         let text = m.render(&stats, &cap, true);

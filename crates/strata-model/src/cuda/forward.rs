@@ -91,6 +91,10 @@ const NORM_SUMS_BYTES: usize = GEMV_KERNEL_TOKENS * NORM_SLOTS * 2 * 8;
 const GEMV_THREADS: usize = 128;
 /// Blocks a row's argmax is split over (sampling.cu's ARGMAX_SLICES).
 const ARGMAX_SLICES: usize = 32;
+/// Words of a logits row's sampling parameters (sampling.cu's SAMPLING_WORDS).
+pub const SAMPLING_WORDS: usize = 6;
+/// Threads of sampling.cu's `sampling_limits` (its LIMIT_THREADS).
+const LIMIT_THREADS: u32 = 512;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
 /// overrides it for measurements; 0 turns them off).
 const GEMV_MAX_TOKENS: usize = 8;
@@ -119,6 +123,9 @@ struct InputLayout {
     token_seq: usize,
     slots: usize,
     rows: usize,
+    /// Per logits row, SAMPLING_WORDS words (sampling.cu's): 1 / temperature (f32 bits, 0 for an
+    /// argmax), the seed's two words, top_k, top_p and min_p (f32 bits).
+    sampling: usize,
     tables: usize,
     len: usize,
 }
@@ -135,8 +142,9 @@ impl InputLayout {
             token_seq: 2 * t,
             slots: 3 * t,
             rows: 4 * t,
-            tables: 5 * t,
-            len: 5 * t + (seqs + 1) * max_blocks,
+            sampling: 5 * t,
+            tables: (5 + SAMPLING_WORDS) * t,
+            len: (5 + SAMPLING_WORDS) * t + (seqs + 1) * max_blocks,
         }
     }
 
@@ -162,6 +170,8 @@ struct StepBuffers {
     argmax: DeviceBuffer,
     /// The best logit and its id of each slice of each row (`argmax_slices`), values first.
     argmax_parts: DeviceBuffer,
+    /// Each sampled row's best logit and the limit of top-k / top-p / min-p (`sampling_limits`).
+    sampling_limits: DeviceBuffer,
     part_acc: DeviceBuffer,
     part_ml: DeviceBuffer,
     /// Every TP rank's row-parallel partial sums, under `--deterministic`.
@@ -210,7 +220,7 @@ pub struct GpuTransformer {
     host_inputs: [PinnedBuffer<i32>; 2],
     staging: usize,
     uploaded: [Option<Event>; 2],
-    /// The argmax ids of a started decode step come back into the buffer of its staging slot.
+    /// The chosen ids of a started decode step come back into the buffer of its staging slot.
     started_ids: [PinnedBuffer<u32>; 2],
     /// Decode steps started and not yet finished (at most two), and the rows of the last one
     /// started when the argmax buffer still holds its ids (the next may take its tokens there).
@@ -370,6 +380,7 @@ impl GpuTransformer {
             logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
             argmax: gpu.alloc(2 * limits.logit_rows * 4, "greedy token ids")?,
             argmax_parts: gpu.alloc(2 * limits.logit_rows * ARGMAX_SLICES * 4, "greedy token ids")?,
+            sampling_limits: gpu.alloc(2 * limits.logit_rows * 4, "sampling limits")?,
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
             gathered: None,
@@ -532,12 +543,17 @@ impl GpuTransformer {
                 h[l.token_seq + t] = si as i32;
                 h[l.slots + t] = (ch.block_table[pos / bs] as usize * bs + pos % bs) as i32;
                 let last = i + 1 == ch.tokens.len();
+                let row = rows.len();
                 match ch.logits {
                     LogitsWanted::None => {}
                     LogitsWanted::Last if last => rows.push((si, pos, t, true)),
-                    LogitsWanted::LastArgmax if last => rows.push((si, pos, t, false)),
+                    LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) if last => rows.push((si, pos, t, false)),
                     LogitsWanted::All => rows.push((si, pos, t, true)),
                     _ => {}
+                }
+                if rows.len() > row {
+                    let at = l.sampling + SAMPLING_WORDS * row;
+                    h[at..at + SAMPLING_WORDS].copy_from_slice(&sampling_words(ch.logits));
                 }
                 t += 1;
             }
@@ -555,9 +571,11 @@ impl GpuTransformer {
         for (j, &(_, _, ti, _)) in rows.iter().enumerate() {
             h[l.rows + j] = ti as i32;
         }
-        // A captured decode step computes logits for every padded token, row j = token j.
+        // A captured decode step computes logits for every padded token, row j = token j: their
+        // argmax, for rows no sequence reads.
         for j in rows.len()..padded {
             h[l.rows + j] = j as i32;
+            h[l.sampling + SAMPLING_WORDS * j..l.sampling + SAMPLING_WORDS * (j + 1)].fill(0);
         }
         Ok(StepPlan {
             tokens: real,
@@ -589,9 +607,13 @@ impl GpuTransformer {
         let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.gpu.bind().map_err(gpu_err)?;
         let decode = !batch.is_empty()
-            && batch
-                .iter()
-                .all(|c| c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::Last | LogitsWanted::LastArgmax));
+            && batch.iter().all(|c| {
+                c.tokens.len() == 1
+                    && matches!(
+                        c.logits,
+                        LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_)
+                    )
+            });
         // Decode steps run padded to a bucket size, captured as a graph or eagerly: the same
         // shapes either way, so the same numbers.
         let bucket = if decode {
@@ -671,13 +693,13 @@ impl GpuTransformer {
             && self.shard.is_last_stage()
     }
 
-    /// Starts a decode step of greedy sequences (one token each, `LogitsWanted::LastArgmax`)
-    /// without waiting for it: inputs uploaded from pinned memory, the step queued, its argmax
-    /// ids queued to come back. With `tokens_from`, chunk i's token is not known on the host yet:
-    /// it is the argmax of row `tokens_from[i]` of the decode step started just before, taken on
-    /// the device (sampling.cu's `tokens_from_argmax`), and the chunk's own token is a
-    /// placeholder (any id of the vocabulary).
-    /// At most two steps are started and not finished; [`Self::finish_decode`] returns each.
+    /// Starts a decode step whose tokens are chosen on the GPU (one each, `LogitsWanted::LastArgmax`
+    /// or `LastSampled`) without waiting for it: inputs uploaded from pinned memory, the step
+    /// queued, its chosen ids queued to come back. With `tokens_from`, chunk i's token is not
+    /// known on the host yet: it is the id chosen for row `tokens_from[i]` of the decode step
+    /// started just before, taken on the device (sampling.cu's `tokens_from_argmax`), and the
+    /// chunk's own token is a placeholder (any id of the vocabulary). At most two steps are
+    /// started and not finished; [`Self::finish_decode`] returns each.
     pub fn start_decode(
         &mut self,
         batch: &[SeqChunk],
@@ -692,11 +714,13 @@ impl GpuTransformer {
         if self.started >= 2 {
             return bad("two decode steps are started already; finish one first");
         }
-        let greedy_decode = batch
-            .iter()
-            .all(|c| c.tokens.len() == 1 && c.logits == LogitsWanted::LastArgmax);
-        if batch.is_empty() || !greedy_decode {
-            return bad("only steps of greedy decodes (one token, argmax only) start without waiting");
+        let tokens_on_device = batch.iter().all(|c| {
+            c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_))
+        });
+        if batch.is_empty() || !tokens_on_device {
+            return bad(
+                "only steps of decodes whose token is chosen on the GPU (argmax or sampled) start without waiting",
+            );
         }
         let Some(b) = graph_bucket(batch.len(), self.limits.max_seqs) else {
             return bad("more sequences than --max-num-seqs in one decode step");
@@ -1211,12 +1235,22 @@ impl GpuTransformer {
             self.bufs.argmax_parts.ptr(),
             self.bufs.argmax_parts.at(self.limits.logit_rows * ARGMAX_SLICES * 4),
         );
+        let sampling = self.bufs.inputs.at((self.layout.sampling + SAMPLING_WORDS * first) * 4);
+        let sampling_limits = self.bufs.sampling_limits.ptr();
+        let vocab_start = self.shard.vocab(&self.config).start as i32;
+        self.launch(
+            "sampling_limits",
+            (n as u32, 1, 1),
+            LIMIT_THREADS,
+            0,
+            &mut kernel_args!(logits, v, sampling, sampling_limits),
+        )?;
         self.launch(
             "argmax_slices",
             (n as u32, ARGMAX_SLICES as u32, 1),
             256,
             0,
-            &mut kernel_args!(logits, v, part_vals, part_ids),
+            &mut kernel_args!(logits, v, part_vals, part_ids, sampling, sampling_limits, vocab_start),
         )?;
         self.launch(
             "argmax_merge",
@@ -1509,6 +1543,22 @@ fn rope_fits_the_lanes(c: &ModelConfig) -> Result<(), String> {
          use --device cpu",
         c.rope.dim, c.head_dim, c.rope.layout
     ))
+}
+
+/// A logits row's SAMPLING_WORDS parameters: zeros (the argmax) unless the row is sampled.
+pub fn sampling_words(wanted: LogitsWanted) -> [i32; SAMPLING_WORDS] {
+    let LogitsWanted::LastSampled(s) = wanted else {
+        return [0; SAMPLING_WORDS];
+    };
+    [
+        (1.0 / s.temperature).to_bits(),
+        s.seed as u32,
+        (s.seed >> 32) as u32,
+        s.top_k,
+        s.top_p.to_bits(),
+        s.min_p.to_bits(),
+    ]
+    .map(|w| w as i32)
 }
 
 /// The padded batch size a decode step of `n` sequences runs as a graph: powers of two up to 8,

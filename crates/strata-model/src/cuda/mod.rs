@@ -233,6 +233,10 @@ impl Executor for GpuExecutor {
         self.model.overlaps_steps()
     }
 
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
     fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         let step = self.model.start_decode(&batch, tokens_from.as_deref())?;
         self.started.push_back(step);
@@ -253,6 +257,7 @@ impl Executor for GpuExecutor {
             block_size: self.model.kv.block_size,
             bytes: self.model.kv.memory_bytes(),
             dtype: self.model.kv.dtype,
+            value_type: kv_cache::value_type_name(self.model.kv.dtype),
         }
     }
 

@@ -46,7 +46,7 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
     (
         "sampling",
         include_str!("../../kernels/sampling.cu"),
-        &["argmax_slices", "argmax_merge", "tokens_from_argmax"],
+        &["sampling_limits", "argmax_slices", "argmax_merge", "tokens_from_argmax"],
     ),
     (
         "gemm",
