@@ -803,8 +803,7 @@ impl EngineLoop {
         for (row, c) in current.chunks.iter().enumerate() {
             let Some(seq) = self.seqs.get(&c.id) else { continue };
             alive += 1;
-            let ends = seq.output.len() + 1 >= seq.request.max_tokens || seq.num_tokens() + 1 >= self.max_model_len;
-            if !ends {
+            if !seq.ends_by_length(1, self.max_model_len) {
                 next.push((row, c.id));
             }
         }
@@ -909,7 +908,7 @@ impl EngineLoop {
             };
             self.stats.generation_tokens_total += 1;
             let mut progress = seq.push_token(token, lp, &mut self.outbox);
-            if progress == Progress::Running && seq.num_tokens() >= self.max_model_len {
+            if progress == Progress::Running && seq.ends_by_length(0, self.max_model_len) {
                 progress = seq.finish(FinishReason::Length, None, &mut self.outbox);
             }
             if progress != Progress::Running {

@@ -81,6 +81,12 @@ impl Sequence {
         self.request.prompt.len() + self.output.len()
     }
 
+    /// Whether `more` generated tokens from now the sequence ends by length: its max_tokens, or
+    /// `max_model_len` tokens in all. The one rule for ending by length (`more` 0: now).
+    pub fn ends_by_length(&self, more: usize, max_model_len: usize) -> bool {
+        self.output.len() + more >= self.request.max_tokens || self.num_tokens() + more >= max_model_len
+    }
+
     /// Token at position `pos` of prompt + output.
     pub fn token(&self, pos: usize) -> u32 {
         let p = self.request.prompt.len();
@@ -125,7 +131,7 @@ impl Sequence {
         if let Some(s) = stop {
             return self.finish(FinishReason::Stop, Some(s), outbox);
         }
-        if self.output.len() >= self.request.max_tokens {
+        if self.ends_by_length(0, usize::MAX) {
             return self.finish(FinishReason::Length, None, outbox);
         }
         Progress::Running
