@@ -810,6 +810,14 @@ impl EngineLoop {
         if next.is_empty() || alive != self.scheduler.num_running() {
             return None;
         }
+        // Room for every position first: a step given up for want of blocks must not have drawn
+        // any sequence's next seed.
+        for &(_, id) in &next {
+            let seq = self.seqs.get_mut(&id)?;
+            // The step in flight computes position num_computed; this one the next.
+            let need = (seq.num_computed + 2).saturating_sub(seq.table.num_tokens);
+            self.blocks.grow(&mut seq.table, need).ok()?;
+        }
         let on_device = self.executor.samples_on_device();
         let mut queued = QueuedDecode {
             chunks: Vec::with_capacity(next.len()),
@@ -818,10 +826,7 @@ impl EngineLoop {
         };
         for (row, id) in next {
             let seq = self.seqs.get_mut(&id)?;
-            // The step in flight computes position num_computed; this one the next.
             let pos = seq.num_computed + 1;
-            let need = (pos + 1).saturating_sub(seq.table.num_tokens);
-            self.blocks.grow(&mut seq.table, need).ok()?;
             queued.chunks.push(ScheduledChunk { id, num_tokens: 1 });
             queued.batch.push(SeqChunk {
                 // A placeholder: the token is taken on the device.
