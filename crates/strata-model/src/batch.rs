@@ -31,6 +31,19 @@ pub struct DeviceSampling {
     pub seed: u64,
 }
 
+/// Temperature 1 over the whole vocabulary (the OpenAI API's default), seed 0.
+impl Default for DeviceSampling {
+    fn default() -> Self {
+        DeviceSampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+        }
+    }
+}
+
 impl DeviceSampling {
     /// The ids this draws from in `row`, best first, by the host sampler's rule: the `top_k`
     /// best (ties to the lower id), then those with at least `min_p` of the best one's
@@ -131,13 +144,7 @@ mod tests {
     fn kept_tokens_follow_top_k_then_min_p_then_top_p() {
         // Weights relative to the best (id 2): 1, e^-1, e^-1 (a tie: ids 0 and 4), e^-2, e^-3.
         let row = [2.0f32, 0.0, 3.0, 1.0, 2.0];
-        let plain = DeviceSampling {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 0,
-        };
+        let plain = DeviceSampling::default();
         assert_eq!(plain.kept_tokens(&row), [2, 0, 4, 3, 1]);
         // Off is off, also over a vocabulary whose f32 weight sum stops growing before its tail.
         let wide: Vec<f32> = (0..150_000).map(|i| -(i as f32) * 0.001).collect();

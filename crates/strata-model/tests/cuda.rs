@@ -475,13 +475,7 @@ fn sampling_on_the_gpu_draws_from_the_softmax_of_the_kept_tokens() {
     }
     let rows = 512;
     let logits: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
-    let plain = DeviceSampling {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-    };
+    let plain = DeviceSampling::default();
     let cases = [
         plain,
         DeviceSampling {
@@ -550,11 +544,8 @@ fn sampling_limits_on_the_gpu_keep_the_tokens_the_host_keeps() {
     // the key's bits are found over all four passes of the radix selection.
     let vocab = 151_936;
     let plain = DeviceSampling {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
         seed: 9,
+        ..Default::default()
     };
     let cases = [
         DeviceSampling { top_k: 1, ..plain },
