@@ -171,7 +171,7 @@ pub struct EngineStats {
     pub decode_steps_total: u64,
     pub decode_step_seconds_total: f64,
     pub decode_step_seqs_total: u64,
-    /// Decode steps queued behind the one running, their tokens taken from its argmax on the
+    /// Decode steps queued behind the one running, their tokens taken from its chosen ids on the
     /// device (overlapped steps, on executors that can).
     pub overlapped_steps_total: u64,
 }
@@ -522,7 +522,7 @@ struct InFlightBatch {
 struct QueuedDecode {
     chunks: Vec<ScheduledChunk>,
     batch: Vec<SeqChunk>,
-    /// Each chunk's row in the step in flight, whose argmax is its token.
+    /// Each chunk's row in the step in flight, whose chosen id is its token.
     tokens_from: Vec<usize>,
 }
 
@@ -1002,7 +1002,5 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
 
 /// A chunk that decodes one generated token whose id is chosen on the device.
 fn is_device_token_decode(c: &SeqChunk) -> bool {
-    c.tokens.len() == 1
-        && c.first_pos >= c.prompt_len
-        && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_))
+    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only()
 }

@@ -579,10 +579,7 @@ impl Executor for OverlappingCpu {
         if self.results.len() >= 2 {
             log.violations.push("a third batch submitted".into());
         }
-        if !batch
-            .iter()
-            .all(|c| c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_)))
-        {
+        if !batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only()) {
             log.violations
                 .push("a batch other than decodes of tokens chosen on the device submitted".into());
         }

@@ -19,6 +19,13 @@ pub enum LogitsWanted {
     All,
 }
 
+impl LogitsWanted {
+    /// Only the last token's id is wanted, chosen by the executor (`LastArgmax`, `LastSampled`).
+    pub fn wants_id_only(self) -> bool {
+        matches!(self, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_))
+    }
+}
+
 /// A token drawn on the device: from softmax(logits / temperature) over the `top_k` best tokens
 /// (0 = all), then those with at least `min_p` of the best one's probability, then the fewest best
 /// ones that hold `top_p` of what is left (the host sampler's rule), with the random stream `seed`.
@@ -110,8 +117,8 @@ pub struct Logits {
     pub rows: Vec<(usize, usize)>,
     pub vocab: usize,
     pub data: Vec<f32>,
-    /// `(sequence index in the batch, token id)` for `LastArgmax` sequences whose row was not
-    /// returned (ties go to the lowest id).
+    /// `(sequence index in the batch, token id)` for `LastArgmax` (ties go to the lowest id) and
+    /// `LastSampled` sequences whose row was not returned.
     pub argmax: Vec<(usize, u32)>,
 }
 

@@ -49,10 +49,10 @@ pub trait Executor: Send {
         false
     }
     /// Starts `batch` without waiting for its logits (executors with `pipeline_depth() > 1`, or
-    /// greedy decodes on executors that [`Self::overlaps_steps`]); `collect` returns results in
-    /// submission order. With `tokens_from` (overlapped steps only), chunk i's token is the
-    /// argmax of row `tokens_from[i]` of the batch submitted just before, and its own token is a
-    /// placeholder.
+    /// decodes of ids chosen on the device on executors that [`Self::overlaps_steps`]); `collect`
+    /// returns results in submission order. With `tokens_from` (overlapped steps only), chunk i's
+    /// token is the id chosen for row `tokens_from[i]` of the batch submitted just before, and
+    /// its own token is a placeholder.
     fn submit(&mut self, _batch: Vec<SeqChunk>, _tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         Err(ModelError::BadBatch(
             "this executor runs one batch at a time; call forward".into(),

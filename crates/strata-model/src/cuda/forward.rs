@@ -226,7 +226,7 @@ pub struct GpuTransformer {
     /// started when the argmax buffer still holds its ids (the next may take its tokens there).
     started: usize,
     argmax_rows_of_started: Option<usize>,
-    /// Greedy decode steps may start before the previous one is read ([`Self::overlaps_steps`]);
+    /// Decode steps may start before the previous one is read ([`Self::overlaps_steps`]);
     /// `STRATA_OVERLAP=0` turns it off, for measurements.
     overlap: bool,
     /// Decode graphs by padded batch size.
@@ -547,7 +547,7 @@ impl GpuTransformer {
                 match ch.logits {
                     LogitsWanted::None => {}
                     LogitsWanted::Last if last => rows.push((si, pos, t, true)),
-                    LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) if last => rows.push((si, pos, t, false)),
+                    w if last && w.wants_id_only() => rows.push((si, pos, t, false)),
                     LogitsWanted::All => rows.push((si, pos, t, true)),
                     _ => {}
                 }
@@ -681,7 +681,8 @@ impl GpuTransformer {
         self.profile_end(timer, || "the whole step's CUDA graph".to_string())
     }
 
-    /// Whether greedy decode steps may be started before the host has read the previous one
+    /// Whether decode steps of ids chosen on the GPU may be started before the host has read the
+    /// previous one
     /// ([`Self::start_decode`]): the whole model on this GPU, not profiled, not turned off by
     /// `STRATA_OVERLAP=0`.
     pub fn overlaps_steps(&self) -> bool {
@@ -714,9 +715,7 @@ impl GpuTransformer {
         if self.started >= 2 {
             return bad("two decode steps are started already; finish one first");
         }
-        let tokens_on_device = batch.iter().all(|c| {
-            c.tokens.len() == 1 && matches!(c.logits, LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_))
-        });
+        let tokens_on_device = batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only());
         if batch.is_empty() || !tokens_on_device {
             return bad(
                 "only steps of decodes whose token is chosen on the GPU (argmax or sampled) start without waiting",
@@ -785,7 +784,7 @@ impl GpuTransformer {
         })
     }
 
-    /// Waits for a step of [`Self::start_decode`] and returns its greedy tokens.
+    /// Waits for a step of [`Self::start_decode`] and returns its chosen tokens.
     pub fn finish_decode(&mut self, step: StartedDecode) -> Result<Logits, ModelError> {
         self.started = self.started.saturating_sub(1);
         step.done.synchronize().map_err(|e| ModelError::Device(e.to_string()))?;
