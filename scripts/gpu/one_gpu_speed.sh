@@ -7,8 +7,9 @@
 #   the eager per-kernel profile at each of PROFILE_LEVELS (default "1 256") streams.
 # Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
 # SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_TESTS=1 the tests (and the references they
-# need); SKIP_PROFILE=1 the profiles; WITH_TRANSFORMERS=1 adds transformers' own speed on the same
-# checkpoint after strata's. AB="name:VAR=value[,VAR=value] ..." lists the variants benched after
+# need; TEST_TIMEOUT their limit in seconds, default 300); SKIP_BENCH=1 stops after the tests;
+# SKIP_PROFILE=1 leaves out the profiles; WITH_TRANSFORMERS=1 adds transformers' own speed on the
+# same checkpoint after strata's. AB="name:VAR=value[,VAR=value] ..." lists the variants benched after
 # the build as is (default: the decode GEMVs off); LEVELS the concurrency levels (default
 # 1,64,256), AB_LEVELS the variants' (default LEVELS). HOST_PROFILE_LEVELS="256 ..." adds the host
 # time of each phase of a step with graphs (STRATA_GPU_PROFILE=1 without --enforce-eager), and
@@ -33,8 +34,11 @@ fi
 [ -n "${SKIP_TESTS:-}" ] || ! smollm2_reference || CKS=$CKS:$SM
 if [ -z "${SKIP_TESTS:-}" ]; then
     echo "== CUDA tests"
-    STRATA_HF_CHECKPOINTS=$CKS timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 | tee "$OUT/cuda_tests.log" |
-        grep -E "^test |GPU kv|vs CPU|vs bf16|panicked|result|skipped"
+    STRATA_HF_CHECKPOINTS=$CKS timeout ${TEST_TIMEOUT:-300} gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 |
+        tee "$OUT/cuda_tests.log" | grep -E "^test |GPU (bf16|f32)|vs CPU|vs bf16|float32|panicked|result|skipped"
+fi
+if [ -n "${SKIP_BENCH:-}" ]; then
+    exit 0
 fi
 if [ -n "${ATTENTION_SWEEP:-}" ]; then
     echo "== attention kernels alone, 240 sequences, contexts 512..768"

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype};
+use strata_model::cuda::ComputeDtype;
 use strata_model::loader::{default_model_path, LoadedModel};
 use strata_runtime::cuda::{libraries, Gpu};
 
@@ -214,7 +215,8 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             // The roofline of one decode step of `seqs` sequences at the mean context.
             let ctx = args.prompt_tokens as f64 + args.output_tokens as f64 / 2.0;
             let roofline_ms = |seqs: f64| {
-                let kv_bytes = seqs * ctx * strata_model::cuda::kv_cache::bytes_per_token(&c, dtype) as f64;
+                let kv_bytes =
+                    seqs * ctx * strata_model::cuda::kv_cache::bytes_per_token(&c, dtype, ComputeDtype::Bf16) as f64;
                 let flops = 2.0 * seqs * weight_bytes as f64 / 2.0;
                 ((weight_bytes as f64 + kv_bytes) / (bandwidth * 1e9)).max(flops / PEAK_BF16_FLOPS) * 1e3
             };
@@ -233,7 +235,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                         .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
                 });
             let level = Level {
-                kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype).to_string(),
+                kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype, ComputeDtype::Bf16).to_string(),
                 concurrency: n,
                 output_tok_s: out_tokens as f64 / wall,
                 total_tok_s: (out_tokens + n * args.prompt_tokens) as f64 / wall,
@@ -253,7 +255,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             };
             eprintln!(
                 "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms; {} of {} overlapped; output tokens fnv1a {:016x}",
-                strata_model::cuda::kv_cache::value_type_name(dtype),
+                strata_model::cuda::kv_cache::value_type_name(dtype, ComputeDtype::Bf16),
                 level.output_tok_s,
                 step_ms,
                 roof_ms,

@@ -62,9 +62,24 @@ pub struct DeviceArgs {
     /// backend always sums in a fixed order).
     #[arg(long)]
     pub deterministic: bool,
+    /// What the GPU computes in: auto (bfloat16 on a GPU, float32 on the CPU), bfloat16, or
+    /// float32 (one GPU; weights, activations and KV cache in f32: twice the memory, much slower,
+    /// and rounded like a float32 framework, for checking outputs).
+    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    pub dtype: DtypeArg,
     /// Kernels left out of every GPU step (`bench-gpu --ablate`; not a flag of serve or run).
     #[arg(skip)]
     pub ablate: Vec<String>,
+}
+
+/// `--dtype` values (vLLM's names, with short aliases).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeArg {
+    Auto,
+    #[value(alias = "bf16")]
+    Bfloat16,
+    #[value(alias = "f32", alias = "float")]
+    Float32,
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -85,6 +100,7 @@ impl Default for DeviceArgs {
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
             deterministic: false,
+            dtype: DtypeArg::Auto,
             ablate: Vec::new(),
         }
     }
@@ -137,13 +153,21 @@ pub fn start_engine(
     steps: StepFlags,
 ) -> anyhow::Result<EngineHandle> {
     match dev.device {
-        Device::Cpu => start_cpu(model, config, steps),
+        Device::Cpu => start_cpu(model, config, dev, steps),
         Device::Auto | Device::Gpus | Device::Cuda(_) => start_gpu_or_cpu(model, config, dev, steps),
     }
 }
 
 /// The CPU engine with the CPU's step defaults.
-fn start_cpu(model: LoadedModel, mut config: EngineConfig, steps: StepFlags) -> anyhow::Result<EngineHandle> {
+fn start_cpu(
+    model: LoadedModel,
+    mut config: EngineConfig,
+    dev: &DeviceArgs,
+    steps: StepFlags,
+) -> anyhow::Result<EngineHandle> {
+    if dev.dtype == DtypeArg::Bfloat16 {
+        anyhow::bail!("the CPU backend computes in float32; drop --dtype bfloat16 (or use --device cuda)");
+    }
     steps.apply(&mut config, false);
     Ok(EngineHandle::start(model, config)?)
 }
@@ -160,7 +184,7 @@ fn start_gpu_or_cpu(
             "this strata was built without the `cuda` feature; rebuild with --features cuda or pass --device cpu"
         );
     }
-    start_cpu(model, config, steps)
+    start_cpu(model, config, dev, steps)
 }
 
 #[cfg(feature = "cuda")]
@@ -187,7 +211,7 @@ fn start_gpu_or_cpu(
         };
         if let Some(why) = why {
             tracing::info!("running on the CPU: {why}");
-            return start_cpu(model, config, steps);
+            return start_cpu(model, config, dev, steps);
         }
     }
     steps.apply(&mut config, true);
@@ -216,6 +240,10 @@ fn gpu_options(
     strata_model::cuda::GpuOptions {
         ordinal,
         gpu_memory_utilization: dev.gpu_memory_utilization,
+        dtype: match dev.dtype {
+            DtypeArg::Auto | DtypeArg::Bfloat16 => strata_model::cuda::ComputeDtype::Bf16,
+            DtypeArg::Float32 => strata_model::cuda::ComputeDtype::F32,
+        },
         kv_cache_dtype: config.kv_cache_dtype,
         block_size: config.block_size,
         max_num_batched_tokens: config.max_num_batched_tokens,

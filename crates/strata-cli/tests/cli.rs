@@ -153,6 +153,13 @@ fn multi_gpu_flags_are_checked_with_a_way_out() {
         msg.contains("runs on that one GPU") && msg.contains("--device cuda with --tensor-parallel-size"),
         "{msg}"
     );
+    let msg = one_line_error(&[
+        "run", "--model", m, "--prompt", "hi", "--device", "cpu", "--dtype", "bf16",
+    ]);
+    assert!(
+        msg.contains("computes in float32") && msg.contains("drop --dtype bfloat16"),
+        "{msg}"
+    );
     let out = strata()
         .args(["run", "--model", m, "--prompt", "hi", "--collective-timeout", "0"])
         .output()

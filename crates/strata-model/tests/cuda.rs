@@ -8,14 +8,14 @@ use gpu_common::argmax;
 
 use strata_model::config::{rope_cos_sin, rope_cos_sin_table};
 use strata_model::cuda::forward::sampling_words;
-use strata_model::cuda::{GpuExecutor, GpuOptions};
+use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{CpuExecutor, DeviceSampling, Executor, LogitsWanted, SeqChunk};
 use strata_runtime::cuda::kernels::{
     compile_all, nvrtc_available, rope_block_threads, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
 };
-use strata_runtime::cuda::{libraries, AttentionCall, DeviceBuffer, Gemm, GemmOut, Gpu};
+use strata_runtime::cuda::{libraries, AttentionCall, DeviceBuffer, Gemm, GemmOperands, GemmOut, Gpu};
 use strata_runtime::kernel_args;
 
 #[test]
@@ -91,22 +91,25 @@ fn first_gpu() -> Option<Gpu> {
     gpu_libraries().map(|libs| Gpu::open(0, &libs).unwrap())
 }
 
-/// The GPU executor for the default model, or `None` (with the reason printed) without a GPU.
-fn gpu_executor(dtype: KvCacheDtype, enforce_eager: bool, deterministic: bool) -> Option<GpuExecutor> {
+/// The GPU executor for the default model with `change`'s options (from bf16, the `auto` KV
+/// cache, CUDA graphs), or `None` (with the reason printed) without a GPU.
+fn gpu_executor(change: impl FnOnce(&mut GpuOptions)) -> Option<GpuExecutor> {
     let libs = gpu_libraries()?;
     let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads (make fetch)");
-    let opts = GpuOptions {
+    let mut opts = GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.2,
-        kv_cache_dtype: dtype,
+        dtype: ComputeDtype::Bf16,
+        kv_cache_dtype: KvCacheDtype::F32,
         block_size: 16,
         max_num_batched_tokens: 512,
         max_num_seqs: 16,
         max_model_len: 1024,
-        enforce_eager,
-        deterministic,
+        enforce_eager: false,
+        deterministic: false,
         ablate: Vec::new(),
     };
+    change(&mut opts);
     Some(GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts"))
 }
 
@@ -191,7 +194,7 @@ fn decode_gemvs_match_cublaslt() {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    let mut gemm = Gemm::new(&gpu).unwrap();
+    let mut gemm = Gemm::new(&gpu, GemmOperands::Bf16).unwrap();
     // SmolLM2's k (576: not a multiple of 256), Llama-3-8B's, an odd row count, a long row.
     for (n, k) in [(1000usize, 576usize), (4096, 4096), (333, 1536), (257, 14336)] {
         let w = gpu.upload(&random_bf16(2 * n * k, 1), "w").unwrap();
@@ -274,7 +277,7 @@ fn a_tuned_gemm_computes_what_the_heuristic_one_does() {
     let Some(gpu) = first_gpu() else {
         return;
     };
-    let mut gemm = Gemm::new(&gpu).unwrap();
+    let mut gemm = Gemm::new(&gpu, GemmOperands::Bf16).unwrap();
     let (n, k, t) = (1024usize, 2048usize, 96usize);
     let weights: Vec<DeviceBuffer> = (0..4)
         .map(|i| gpu.upload(&random_bf16(n * k, 90 + i), "w").unwrap())
@@ -1316,24 +1319,38 @@ fn check_tensor_core_attention(
 
 #[test]
 fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
-    let Some(mut graphs) = gpu_executor(KvCacheDtype::F32, false, false) else {
+    let Some(mut graphs) = gpu_executor(|_| {}) else {
         return;
     };
-    let mut eager = gpu_executor(KvCacheDtype::F32, true, false).unwrap();
-    let mut fp8 = gpu_executor(KvCacheDtype::Fp8E4m3, false, false).unwrap();
-    let mut fixed_order = gpu_executor(KvCacheDtype::F32, false, true).unwrap();
+    let mut eager = gpu_executor(|o| o.enforce_eager = true).unwrap();
+    let mut fp8 = gpu_executor(|o| o.kv_cache_dtype = KvCacheDtype::Fp8E4m3).unwrap();
+    let mut fixed_order = gpu_executor(|o| o.deterministic = true).unwrap();
+    let mut float32 = gpu_executor(|o| o.dtype = ComputeDtype::F32).unwrap();
     let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
         .map(|p| model.tokenizer.encode(p, true, false).unwrap())
         .collect();
     let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 2);
-    // `auto` is f32 on the CPU and bf16 on the GPU, and the layouts say so.
-    let value_types = [&cpu.kv_layout(), &graphs.kv_layout(), &fp8.kv_layout()].map(|l| l.value_type);
-    assert_eq!(value_types, ["f32", "bf16", "fp8_e4m3"]);
+    // `auto` is f32 on the CPU and the compute dtype on the GPU, and the layouts say so.
+    let value_types = [
+        &cpu.kv_layout(),
+        &graphs.kv_layout(),
+        &fp8.kv_layout(),
+        &float32.kv_layout(),
+    ]
+    .map(|l| l.value_type);
+    assert_eq!(value_types, ["f32", "bf16", "fp8_e4m3", "f32"]);
     let steps = 24;
     let rows = run_lockstep(
-        &mut [&mut cpu, &mut graphs, &mut eager, &mut fp8, &mut fixed_order],
+        &mut [
+            &mut cpu,
+            &mut graphs,
+            &mut eager,
+            &mut fp8,
+            &mut fixed_order,
+            &mut float32,
+        ],
         &prompts,
         steps,
     );
@@ -1362,6 +1379,19 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     assert!(
         topd * 100 >= n * 95,
         "deterministic top-1 agrees on only {topd} of {n} rows"
+    );
+    // --dtype float32 keeps f32 activations and cache and the same dequantized weights as the
+    // CPU backend (whose integer dot products round activations to ~14 bits): far closer to it
+    // than bf16 is.
+    let (relf, meanf, topf) = compare(&rows[0], &rows[5]);
+    eprintln!("float32 GPU vs CPU: max rel {relf:.6}, mean abs {meanf:.6}, top-1 equal {topf}/{n}");
+    assert!(
+        relf * 4.0 <= rel,
+        "float32 GPU logits differ from the CPU's by {relf}, bf16 ones by {rel}"
+    );
+    assert!(
+        topf >= top1,
+        "float32 top-1 agrees on {topf} of {n} rows, bf16 on {top1}"
     );
 }
 
@@ -1435,11 +1465,11 @@ fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, ove
 
 #[test]
 fn overlapped_decode_steps_take_their_tokens_on_the_gpu_and_match_plain_steps() {
-    let Some(mut plain) = gpu_executor(KvCacheDtype::F32, false, false) else {
+    let Some(mut plain) = gpu_executor(|_| {}) else {
         return;
     };
-    let mut overlapped = gpu_executor(KvCacheDtype::F32, false, false).unwrap();
-    let mut overlapped_eager = gpu_executor(KvCacheDtype::F32, true, false).unwrap();
+    let mut overlapped = gpu_executor(|_| {}).unwrap();
+    let mut overlapped_eager = gpu_executor(|o| o.enforce_eager = true).unwrap();
     assert!(overlapped.overlaps_steps(), "one GPU overlaps greedy decode steps");
     let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
     let prompts: Vec<Vec<u32>> = PROMPTS
@@ -1467,6 +1497,14 @@ fn overlapped_decode_steps_take_their_tokens_on_the_gpu_and_match_plain_steps() 
         Some(vec![7]),
     );
     assert!(err.is_err(), "row 7 of a step of 4 sequences");
+    drop((plain, overlapped, overlapped_eager));
+    // --dtype float32 overlaps its steps too (its own tokens: it rounds differently).
+    let mut plain32 = gpu_executor(|o| o.dtype = ComputeDtype::F32).unwrap();
+    let mut overlapped32 = gpu_executor(|o| o.dtype = ComputeDtype::F32).unwrap();
+    let want32 = greedy_decode(&mut plain32, &prompts, steps, false);
+    let got32 = greedy_decode(&mut overlapped32, &prompts, steps, true);
+    eprintln!("float32: overlapped vs plain decode steps: {got32:?}");
+    assert_eq!(got32, want32, "overlapped float32 steps decode other tokens");
 }
 
 /// A whole prompt as one chunk of sequence `slot`, which owns cache blocks `16 * slot..16 * slot + 16`.
@@ -1535,12 +1573,17 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
             );
         }
         drop(cpu);
-        for dtype in [KvCacheDtype::F32, KvCacheDtype::Fp8E4m3] {
+        for (dtype, compute) in [
+            (KvCacheDtype::F32, ComputeDtype::Bf16),
+            (KvCacheDtype::Fp8E4m3, ComputeDtype::Bf16),
+            (KvCacheDtype::F32, ComputeDtype::F32),
+        ] {
             let model = load_model(&model_path, &|_, _| {}).expect("checkpoint loads");
             let libs = libraries::search(&libraries::candidate_dirs());
             let opts = GpuOptions {
                 ordinal: 0,
                 gpu_memory_utilization: 0.5,
+                dtype: compute,
                 kv_cache_dtype: dtype,
                 block_size: 16,
                 max_num_batched_tokens: 256,
@@ -1570,9 +1613,10 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 let same = |key: &str| got.iter().zip(ids_of(p, key)).take_while(|(a, b)| **a == *b).count();
                 whole_runs += usize::from(same("greedy_f32") == 64);
                 eprintln!(
-                    "{} GPU kv {}: prompt {pi} ({} tokens): logits max rel {rel16:.4} vs transformers bf16, {rel32:.4} vs f32; greedy equal for {}/64 (bf16) {}/64 (f32)",
+                    "{} GPU {} kv {}: prompt {pi} ({} tokens): logits max rel {rel16:.4} vs transformers bf16, {rel32:.6} vs f32; greedy equal for {}/64 (bf16) {}/64 (f32)",
                     dir.display(),
-                    dtype.as_str(),
+                    compute.as_str(),
+                    gpu.kv_layout().value_type,
                     ids.len(),
                     same("greedy"),
                     same("greedy_f32"),
@@ -1585,19 +1629,28 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 eprintln!(
                     "  (transformers bf16 vs f32: logits max rel {bf16_err:.4}; top-1 vs bf16 {t16}, vs f32 {t32})"
                 );
-                if dtype == KvCacheDtype::F32 {
-                    assert!(
+                match (compute, dtype) {
+                    (ComputeDtype::Bf16, KvCacheDtype::F32) => assert!(
                         rel32 <= 1.25 * bf16_err,
                         "GPU logits differ from transformers f32 by {rel32}, bf16 itself by {bf16_err}"
-                    );
+                    ),
+                    // float32 rounds like transformers' float32: only the order of sums differs.
+                    (ComputeDtype::F32, _) => assert!(
+                        rel32 < 1e-3 && t32 == 1,
+                        "float32 GPU logits differ from transformers f32 by {rel32} (top-1 equal: {t32})"
+                    ),
+                    _ => {}
                 }
             }
-            // Real weights pick clear winners: greedy text is compared token for token, and 64
-            // tokens must equal transformers' float32 run on at least 3 prompts.
-            if real_weights && dtype == KvCacheDtype::F32 {
+            // Greedy text is compared token for token: 64 tokens must equal transformers'
+            // float32 run on at least 3 prompts with float32 on the GPU (random weights too,
+            // whose near-uniform logits part bf16 runs from f32 ones at near-ties), and with
+            // bf16 for real weights, which pick clear winners.
+            if compute == ComputeDtype::F32 || (real_weights && dtype == KvCacheDtype::F32) {
                 eprintln!(
-                    "{}: greedy 64 tokens equal to transformers f32 on {whole_runs} of {} prompts",
+                    "{} GPU {}: greedy 64 tokens equal to transformers f32 on {whole_runs} of {} prompts",
                     dir.display(),
+                    compute.as_str(),
                     prompts.len()
                 );
                 assert!(whole_runs >= 3, "greedy 64 tokens equal on only {whole_runs} prompts");

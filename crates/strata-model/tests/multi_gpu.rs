@@ -9,7 +9,7 @@ use gpu_common::argmax;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use strata_model::cuda::{GpuExecutor, GpuOptions, ParallelExecutor, ParallelLayout, Shard};
+use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions, ParallelExecutor, ParallelLayout, Shard};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{Executor, LogitsWanted, ModelConfig, ModelError, SeqChunk};
@@ -45,6 +45,7 @@ fn options(deterministic: bool) -> GpuOptions {
     GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.45,
+        dtype: ComputeDtype::Bf16,
         kv_cache_dtype: KvCacheDtype::F32,
         block_size: BLOCK,
         max_num_batched_tokens: 512,

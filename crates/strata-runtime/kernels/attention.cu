@@ -7,6 +7,8 @@
 // every context evenly whatever its length;
 // each warp walks tiles of 32 keys with an online softmax for all GROUP query heads at once (a
 // key is read once for its whole group), then the warps merge in shared memory.
+// `paged_attention_f32` and `attention_reduce_f32`: the same for `--dtype float32`, q, out and
+// the cache in f32 (CUDA cores only; the tensor-core kernels are bf16 and fp8).
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -46,16 +48,25 @@ __device__ __forceinline__ void e4m3x4_to_f32(u32 w, float* out) {
 }
 
 // Lane `lane`'s PER_LANE elements of a value vector, undecoded: loaded for a whole batch of keys
-// before any is used, so the loads are in flight together.
-template <bool FP8>
+// before any is used, so the loads are in flight together. The cache holds T (bf16 or f32) unless
+// FP8.
+template <typename T, bool FP8>
 struct ValueSlice {
-    static constexpr int BYTES = PER_LANE * (FP8 ? 1 : 2);
+    static constexpr int ELEM = FP8 ? 1 : (int)sizeof(T);
+    static constexpr int BYTES = PER_LANE * ELEM;
     static constexpr int WORDS = BYTES >= 4 ? BYTES / 4 : 1;
     u32 w[WORDS];
 
     __device__ __forceinline__ void load(const void* cache, size_t vec, int lane) {
-        const unsigned char* p = (const unsigned char*)cache + (vec * HEAD_DIM + lane * PER_LANE) * (FP8 ? 1 : 2);
-        if (BYTES >= 4) {
+        const unsigned char* p = (const unsigned char*)cache + (vec * HEAD_DIM + lane * PER_LANE) * ELEM;
+        if (ELEM == 4 && PER_LANE % 4 == 0) {
+            // f32, PER_LANE a multiple of 4: p is 16-byte aligned.
+#pragma unroll
+            for (int i = 0; i < WORDS / 4; i++) {
+                const uint4 q = ((const uint4*)p)[i];
+                w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
+            }
+        } else if (BYTES >= 4) {
 #pragma unroll
             for (int i = 0; i < WORDS; i++) w[i] = ((const u32*)p)[i];
         } else if (BYTES == 2) {
@@ -67,7 +78,10 @@ struct ValueSlice {
 
     // The PER_LANE values as f32 (fp8 unscaled: the caller folds the scale in).
     __device__ __forceinline__ void decode(float* out) const {
-        if (FP8) {
+        if (ELEM == 4) {
+#pragma unroll
+            for (int d = 0; d < PER_LANE; d++) out[d] = __uint_as_float(w[d]);
+        } else if (FP8) {
             if (BYTES >= 4) {
 #pragma unroll
                 for (int i = 0; i < WORDS; i++) e4m3x4_to_f32(w[i], out + 4 * i);
@@ -83,8 +97,8 @@ struct ValueSlice {
 };
 
 // s[g] = q_g · k for the whole key vector `vec` (read by this lane alone, 16 bytes at a time) and
-// every query head g of the group (q pre-scaled, in shared memory).
-template <bool FP8>
+// every query head g of the group (q pre-scaled, in shared memory). The cache holds T unless FP8.
+template <typename T, bool FP8>
 __device__ __forceinline__ void key_scores(const void* cache, const float* scales, size_t vec,
                                            const float (*s_q)[HEAD_DIM], float* s) {
 #pragma unroll
@@ -109,6 +123,19 @@ __device__ __forceinline__ void key_scores(const void* cache, const float* scale
         const float ks = scales[vec];
 #pragma unroll
         for (int g = 0; g < GROUP; g++) s[g] *= ks;
+    } else if (sizeof(T) == 4) {
+        const float4* kp = (const float4*)((const float*)cache + vec * HEAD_DIM);
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 8; c++) {
+            const float4 k0 = kp[2 * c], k1 = kp[2 * c + 1];
+#pragma unroll
+            for (int g = 0; g < GROUP; g++) {
+                const float4 q0 = *(const float4*)&s_q[g][c * 8];
+                const float4 q1 = *(const float4*)&s_q[g][c * 8 + 4];
+                s[g] += q0.x * k0.x + q0.y * k0.y + q0.z * k0.z + q0.w * k0.w + q1.x * k1.x + q1.y * k1.y +
+                        q1.z * k1.z + q1.w * k1.w;
+            }
+        }
     } else {
         const uint4* kp = (const uint4*)((const bf16*)cache + vec * HEAD_DIM);
 #pragma unroll
@@ -139,9 +166,10 @@ struct WarpResults {
 };
 
 // The end of both attention kernels, once every warp has filled its part of `r`: the warps merge
-// and the block writes the normalised output (parts == 1) or its context part's partial sums.
+// and the block writes the normalised output as T (parts == 1) or its context part's partial sums.
+template <typename T>
 __device__ __forceinline__ void merge_warps_and_store(const WarpResults& r, int t, int kvh, int part, int parts,
-                                                      int n_kv, bf16* __restrict__ out, float* __restrict__ part_acc,
+                                                      int n_kv, T* __restrict__ out, float* __restrict__ part_acc,
                                                       float* __restrict__ part_ml) {
     const int n_heads = n_kv * GROUP;
     __syncthreads();
@@ -159,7 +187,7 @@ __device__ __forceinline__ void merge_warps_and_store(const WarpResults& r, int 
         }
         const int head = kvh * GROUP + g;
         if (parts == 1) {
-            out[(size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d] = f2bf(den > 0.0f ? num / den : 0.0f);
+            out[(size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d] = from_f32<T>(den > 0.0f ? num / den : 0.0f);
         } else {
             const size_t p = ((size_t)t * n_heads + head) * parts + part;
             part_acc[p * HEAD_DIM + d] = num;
@@ -179,12 +207,13 @@ __device__ __forceinline__ void merge_warps_and_store(const WarpResults& r, int 
 // Scores: lane l reads key l of the tile whole and scores it against every query head of the
 // group, so a tile's keys are all in flight at once and no sum crosses lanes. Values: lane l
 // owns dims l*PER_LANE.., and each key's probability reaches the lanes by a shuffle.
-template <bool FP8>
-__device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const void* __restrict__ k_cache,
+// q and out hold T (bf16 or f32), and so does the cache unless FP8.
+template <typename T, bool FP8>
+__device__ void paged_attention(const T* __restrict__ q, int q_stride, const void* __restrict__ k_cache,
                                 const void* __restrict__ v_cache, const float* __restrict__ k_scale,
                                 const float* __restrict__ v_scale, const int* __restrict__ block_tables,
                                 int max_blocks, const int* __restrict__ token_seq,
-                                const int* __restrict__ positions, bf16* __restrict__ out, float* __restrict__ part_acc,
+                                const int* __restrict__ positions, T* __restrict__ out, float* __restrict__ part_acc,
                                 float* __restrict__ part_ml, int n_kv, int block_size, float scale) {
     const int t = blockIdx.x, kvh = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -197,7 +226,7 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
     __shared__ __align__(16) float s_q[GROUP][HEAD_DIM];
     for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
         const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-        s_q[g][d] = bf2f(q[(size_t)t * q_stride + (kvh * GROUP + g) * HEAD_DIM + d]) * scale;
+        s_q[g][d] = to_f32(q[(size_t)t * q_stride + (kvh * GROUP + g) * HEAD_DIM + d]) * scale;
     }
     __syncthreads();
 
@@ -215,7 +244,7 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
         const bool valid = j0 + lane < end;
         const size_t vec = cache_vec(table, j, kvh, n_kv, block_size);
         float s[GROUP], p[GROUP];
-        key_scores<FP8>(k_cache, k_scale, vec, s_q, s);
+        key_scores<T, FP8>(k_cache, k_scale, vec, s_q, s);
 #pragma unroll
         for (int g = 0; g < GROUP; g++) {
             const float sg = valid ? s[g] : NEG_INF;
@@ -234,12 +263,12 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
             for (int g = 0; g < GROUP; g++) p[g] *= vs;
         }
         // Values in batches of V_BATCH keys, every load of a batch issued before its first use.
-        constexpr int V_BATCH = ValueSlice<FP8>::WORDS <= 2 ? 32 : 16;
+        constexpr int V_BATCH = ValueSlice<T, FP8>::WORDS <= 2 ? 32 : 16;
         const int n_keys = min(32, end - j0);
 #pragma unroll
         for (int kb = 0; kb < 32; kb += V_BATCH) {
             if (kb >= n_keys) break;
-            ValueSlice<FP8> vals[V_BATCH];
+            ValueSlice<T, FP8> vals[V_BATCH];
 #pragma unroll
             for (int kk = 0; kk < V_BATCH; kk++) {
                 const int jk = j0 + min(kb + kk, n_keys - 1);
@@ -276,22 +305,29 @@ __device__ void paged_attention(const bf16* __restrict__ q, int q_stride, const 
     merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml);
 }
 
-#define ATTENTION_ARGS                                                                                        \
-    const bf16 *q, int q_stride, const void *k_cache, const void *v_cache, const float *k_scale,             \
+// The kernels' arguments, q and out of element type T.
+#define ATTENTION_ARGS(T)                                                                                     \
+    const T *q, int q_stride, const void *k_cache, const void *v_cache, const float *k_scale,                \
         const float *v_scale, const int *block_tables, int max_blocks, const int *token_seq, const int *positions, \
-        bf16 *out, float *part_acc, float *part_ml, int n_kv, int block_size, float scale
+        T *out, float *part_acc, float *part_ml, int n_kv, int block_size, float scale
 #define ATTENTION_CALL                                                                                     \
     q, q_stride, k_cache, v_cache, k_scale, v_scale, block_tables, max_blocks, token_seq, positions, out, \
         part_acc, part_ml, n_kv, block_size, scale
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_bf16(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_bf16(ATTENTION_ARGS(bf16)) {
     wait_for_previous_kernel();
-    paged_attention<false>(ATTENTION_CALL);
+    paged_attention<bf16, false>(ATTENTION_CALL);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_fp8(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_fp8(ATTENTION_ARGS(bf16)) {
     wait_for_previous_kernel();
-    paged_attention<true>(ATTENTION_CALL);
+    paged_attention<bf16, true>(ATTENTION_CALL);
+}
+
+// k_scale and v_scale unused (pass null).
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_f32(ATTENTION_ARGS(float)) {
+    wait_for_previous_kernel();
+    paged_attention<float, false>(ATTENTION_CALL);
 }
 
 // ---- Tensor-core attention (HEAD_DIM 64 or 128; bf16 from sm_80, fp8 e4m3 from sm_89) ----
@@ -664,30 +700,30 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS) paged_attention_mma_bf16(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS) paged_attention_mma_bf16(ATTENTION_ARGS(bf16)) {
     wait_for_previous_kernel();
     paged_attention_mma<false, false>(ATTENTION_CALL, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS) paged_attention_mma_fp8(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS) paged_attention_mma_fp8(ATTENTION_ARGS(bf16)) {
     wait_for_previous_kernel();
     paged_attention_mma<true, false>(ATTENTION_CALL, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS) paged_attention_staged_bf16(ATTENTION_ARGS, int stages) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS) paged_attention_staged_bf16(ATTENTION_ARGS(bf16), int stages) {
     wait_for_previous_kernel();
     paged_attention_mma<false, true>(ATTENTION_CALL, stages);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS) paged_attention_staged_fp8(ATTENTION_ARGS, int stages) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS) paged_attention_staged_fp8(ATTENTION_ARGS(bf16), int stages) {
     wait_for_previous_kernel();
     paged_attention_mma<true, true>(ATTENTION_CALL, stages);
 }
 
-// Merges the context parts of each (token, head): grid (tokens, n_heads), HEAD_DIM threads.
-extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                            bf16* __restrict__ out, int parts) {
-    wait_for_previous_kernel();
+// Merges the context parts of each (token, head) into out as T.
+template <typename T>
+__device__ __forceinline__ void reduce_parts(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                             T* __restrict__ out, int parts) {
     const int t = blockIdx.x, head = blockIdx.y, n_heads = gridDim.y, d = threadIdx.x;
     const size_t base = ((size_t)t * n_heads + head) * parts;
     float mx = NEG_INF;
@@ -702,5 +738,17 @@ extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, 
             den += part_ml[2 * (base + p) + 1] * f;
         }
     }
-    out[((size_t)t * n_heads + head) * HEAD_DIM + d] = f2bf(den > 0.0f ? num / den : 0.0f);
+    out[((size_t)t * n_heads + head) * HEAD_DIM + d] = from_f32<T>(den > 0.0f ? num / den : 0.0f);
+}
+
+// Grid (tokens, n_heads), HEAD_DIM threads.
+extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                            bf16* __restrict__ out, int parts) {
+    wait_for_previous_kernel();
+    reduce_parts(part_acc, part_ml, out, parts);
+}
+extern "C" __global__ void attention_reduce_f32(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                                float* __restrict__ out, int parts) {
+    wait_for_previous_kernel();
+    reduce_parts(part_acc, part_ml, out, parts);
 }

@@ -90,6 +90,64 @@ __device__ __forceinline__ void store_bf16s(bf16* __restrict__ p, int n, const f
     }
 }
 
+// Activations of either element type T (bf16, or float for `--dtype float32`), one overload each.
+// A value of T as f32.
+__device__ __forceinline__ float to_f32(bf16 x) { return bf2f(x); }
+__device__ __forceinline__ float to_f32(float x) { return x; }
+
+// f32 as a T: rounded to bf16, or as is.
+template <typename T>
+__device__ T from_f32(float v);
+template <>
+__device__ __forceinline__ bf16 from_f32<bf16>(float v) { return f2bf(v); }
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+
+// v as a T would hold it, back in f32: bf16-rounded, or v itself.
+template <typename T>
+__device__ __forceinline__ float held_as(float v) { return to_f32(from_f32<T>(v)); }
+
+// n (at most 8) consecutive values of T at p as f32 into out[0..n): bf16 as load_bf16s; float
+// with one 32-, 16- or 8-byte load when n is 8, 4 or 2 (p then aligned to 4n bytes, 16 for n 8),
+// one load a value otherwise. out[n..8) is zero.
+__device__ __forceinline__ void load_vals(const bf16* __restrict__ p, int n, float (&out)[8]) { load_bf16s(p, n, out); }
+__device__ __forceinline__ void load_vals(const float* __restrict__ p, int n, float (&out)[8]) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) out[e] = 0.0f;
+    if (n == 8) {
+        const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+        out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    } else if (n == 4) {
+        const float4 a = *(const float4*)p;
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    } else if (n == 2) {
+        const float2 a = *(const float2*)p;
+        out[0] = a.x, out[1] = a.y;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e < n) out[e] = p[e];
+    }
+}
+
+// in[0..n) stored at p as T, as load_vals reads them (bf16: store_bf16s, rounded).
+__device__ __forceinline__ void store_vals(bf16* __restrict__ p, int n, const float (&in)[8]) { store_bf16s(p, n, in); }
+__device__ __forceinline__ void store_vals(float* __restrict__ p, int n, const float (&in)[8]) {
+    if (n == 8) {
+        ((float4*)p)[0] = make_float4(in[0], in[1], in[2], in[3]);
+        ((float4*)p)[1] = make_float4(in[4], in[5], in[6], in[7]);
+    } else if (n == 4) {
+        *(float4*)p = make_float4(in[0], in[1], in[2], in[3]);
+    } else if (n == 2) {
+        *(float2*)p = make_float2(in[0], in[1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e < n) p[e] = in[e];
+    }
+}
+
 // The rotary embedding of one element of a pair: v rotated by the angle whose (cos, sin) is cs,
 // its partner in the pair being `partner`; `first` for the pair's first element.
 __device__ __forceinline__ float rope_rotate(float v, float partner, bool first, float2 cs) {

@@ -1,16 +1,31 @@
 // RMSNorm over rows of the f32 residual stream into bf16 GEMM inputs, alone or fused with the
-// residual add of an f32 projection output (f32 so tensor-parallel partial sums add exactly).
+// residual add of an f32 projection output (f32 so tensor-parallel partial sums add exactly);
+// `*_f32`: the same for `--dtype float32`, writing f32 GEMM inputs.
 // One block (at most 1024 threads) per row; a row of n floats (n a multiple of 4, at most
 // 16 * blockDim.x) is read once, 16 bytes at a time, and kept in registers between its sum of
 // squares and its scaling.
 
 #define NORM_VECS 4
 
-// Writes rms_norm(v) * weight as bf16 (weight null: the layers' norms, folded into the matrices
-// after them by weights.rs), where v holds this thread's float4s of the row (float4
+// Stores v * scale * w at out[4c..4c + 4): bf16 rounded (8 bytes), or f32 (16 bytes).
+__device__ __forceinline__ void norm_store4(bf16* __restrict__ out, int c, const float4& v, float scale,
+                                            const float4& w) {
+    uint2 packed;
+    packed.x = (u32)f2bf(v.x * scale * w.x) | ((u32)f2bf(v.y * scale * w.y) << 16);
+    packed.y = (u32)f2bf(v.z * scale * w.z) | ((u32)f2bf(v.w * scale * w.w) << 16);
+    ((uint2*)out)[c] = packed;
+}
+__device__ __forceinline__ void norm_store4(float* __restrict__ out, int c, const float4& v, float scale,
+                                            const float4& w) {
+    ((float4*)out)[c] = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
+}
+
+// Writes rms_norm(v) * weight as T (bf16 or f32; weight null: the layers' norms, folded into the
+// matrices after them by weights.rs), where v holds this thread's float4s of the row (float4
 // index threadIdx.x + i * blockDim.x) and ss its share of the row's sum of squares.
+template <typename T>
 __device__ __forceinline__ void norm_store(const float4 (&v)[NORM_VECS], float ss, const float* __restrict__ weight,
-                                           bf16* __restrict__ out, int n, float eps) {
+                                           T* __restrict__ out, int n, float eps) {
     const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
     const int n4 = n >> 2;
 #pragma unroll
@@ -18,10 +33,7 @@ __device__ __forceinline__ void norm_store(const float4 (&v)[NORM_VECS], float s
         const int c = threadIdx.x + i * blockDim.x;
         if (c < n4) {
             const float4 w = weight ? ((const float4*)weight)[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-            uint2 packed;
-            packed.x = (u32)f2bf(v[i].x * scale * w.x) | ((u32)f2bf(v[i].y * scale * w.y) << 16);
-            packed.y = (u32)f2bf(v[i].z * scale * w.z) | ((u32)f2bf(v[i].w * scale * w.w) << 16);
-            ((uint2*)out)[c] = packed;
+            norm_store4(out, c, v[i], scale, w);
         }
     }
 }
@@ -53,13 +65,24 @@ __device__ __forceinline__ float norm_load(float* __restrict__ row, const float*
     return ss;
 }
 
+// Normalises one row (after adding delta's row to it, written back, when delta is given) into out.
+template <typename T>
+__device__ __forceinline__ void norm_row(float* __restrict__ row, const float* __restrict__ delta,
+                                         const float* __restrict__ weight, T* __restrict__ out, int n, float eps) {
+    float4 v[NORM_VECS];
+    const float ss = norm_load(row, delta, n, v);
+    norm_store(v, ss, weight, out, n, eps);
+}
+
 extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restrict__ weight, bf16* __restrict__ out,
                                     int n, float eps) {
     wait_for_previous_kernel();
-    const size_t r = blockIdx.x;
-    float4 v[NORM_VECS];
-    const float ss = norm_load(x + r * n, nullptr, n, v);
-    norm_store(v, ss, weight, out + r * n, n, eps);
+    norm_row(x + (size_t)blockIdx.x * n, nullptr, weight, out + (size_t)blockIdx.x * n, n, eps);
+}
+extern "C" __global__ void rms_norm_f32(float* __restrict__ x, const float* __restrict__ weight,
+                                        float* __restrict__ out, int n, float eps) {
+    wait_for_previous_kernel();
+    norm_row(x + (size_t)blockIdx.x * n, nullptr, weight, out + (size_t)blockIdx.x * n, n, eps);
 }
 
 // x += delta; out = rms_norm(x) * weight.
@@ -67,10 +90,15 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
                                         const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                         float eps) {
     wait_for_previous_kernel();
-    const size_t r = blockIdx.x;
-    float4 v[NORM_VECS];
-    const float ss = norm_load(x + r * n, delta + r * n, n, v);
-    norm_store(v, ss, weight, out + r * n, n, eps);
+    const size_t r = (size_t)blockIdx.x * n;
+    norm_row(x + r, delta + r, weight, out + r, n, eps);
+}
+extern "C" __global__ void add_rms_norm_f32(float* __restrict__ x, const float* __restrict__ delta,
+                                            const float* __restrict__ weight, float* __restrict__ out, int n,
+                                            float eps) {
+    wait_for_previous_kernel();
+    const size_t r = (size_t)blockIdx.x * n;
+    norm_row(x + r, delta + r, weight, out + r, n, eps);
 }
 
 // x += delta (the last layer's MLP output, before the final norm of only the rows with logits).
@@ -95,7 +123,11 @@ extern "C" __global__ void rms_norm_rows(float* __restrict__ x, const int* __res
                                          const float* __restrict__ weight, bf16* __restrict__ out, int n,
                                          float eps) {
     wait_for_previous_kernel();
-    float4 v[NORM_VECS];
-    const float ss = norm_load(x + (size_t)rows[blockIdx.x] * n, nullptr, n, v);
-    norm_store(v, ss, weight, out + (size_t)blockIdx.x * n, n, eps);
+    norm_row(x + (size_t)rows[blockIdx.x] * n, nullptr, weight, out + (size_t)blockIdx.x * n, n, eps);
+}
+extern "C" __global__ void rms_norm_rows_f32(float* __restrict__ x, const int* __restrict__ rows,
+                                             const float* __restrict__ weight, float* __restrict__ out, int n,
+                                             float eps) {
+    wait_for_previous_kernel();
+    norm_row(x + (size_t)rows[blockIdx.x] * n, nullptr, weight, out + (size_t)blockIdx.x * n, n, eps);
 }

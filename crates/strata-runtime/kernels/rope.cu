@@ -2,17 +2,20 @@
 // (Qwen2), per-head RMSNorm of q and k (Qwen3), rotary embeddings in either layout, then the write
 // of the token's K and V into its slot of the paged cache (bf16 as is, or fp8 e4m3 with one scale
 // per (token, head)). Cache layout per layer: [block][kv_head][slot][dim].
+// `qkv_rope_kv_write_f32`: the same for `--dtype float32`, qkv and cache in f32 (no scales, no
+// rounding to bf16 anywhere).
 
-// qkv: [tokens, (n_heads + 2 * n_kv) * head_dim] bf16, rewritten in place. bias: f32 of that
-// width, or null. q_norm / k_norm: f32 [head_dim] or null. rope_table: [position][rot_dim / 2]
-// (cos, sin) of each rotated pair. neox: 1 for halves, 0 for adjacent pairs. slots[t] = block *
-// block_size + slot.
+// qkv: [tokens, (n_heads + 2 * n_kv) * head_dim] of T (bf16 or f32), rewritten in place. bias:
+// f32 of that width, or null. q_norm / k_norm: f32 [head_dim] or null. rope_table:
+// [position][rot_dim / 2] (cos, sin) of each rotated pair. neox: 1 for halves, 0 for adjacent
+// pairs. slots[t] = block * block_size + slot.
 // Block (t, h) has group + 2 warps for KV head h: its group's query heads, then its k head, then
 // its v head. Lane l holds dims l * per .. (per = head_dim / 32) in registers, read and written in
 // one access, so a rotation's partner is in the same lane or (halves) in lane l ± half / per, which
 // the host checks is whole (rot_dim a multiple of 2 * per); nothing goes through shared memory.
-template <bool FP8>
-__device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restrict__ bias,
+// The cache holds T unless FP8.
+template <typename T, bool FP8>
+__device__ void qkv_rope_kv_write(T* __restrict__ qkv, const float* __restrict__ bias,
                                   const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                   const int* __restrict__ positions, const float2* __restrict__ rope_table, int n_heads,
                                   int n_kv, int head_dim, int rot_dim, int neox, float eps,
@@ -27,21 +30,21 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
     const int per = head_dim >> 5;
     const int h = lh < group ? kvh * group + lh : (is_k ? n_heads + kvh : n_heads + n_kv + kvh);
     const int width = (n_heads + 2 * n_kv) * head_dim;
-    bf16* x = qkv + (size_t)t * width + h * head_dim + lane * per;
+    T* x = qkv + (size_t)t * width + h * head_dim + lane * per;
     const float* b = bias ? bias + h * head_dim + lane * per : nullptr;
 
     float v[8];
-    load_bf16s(x, per, v);
+    load_vals(x, per, v);
     if (b) {
 #pragma unroll
         for (int e = 0; e < 8; e++)
             if (e < per) v[e] += b[e];
     }
     if (is_v) {
-        // v as the cache and attention will see it: rounded once, after the bias.
+        // v as the cache and attention will see it: rounded once (bf16), after the bias.
 #pragma unroll
-        for (int e = 0; e < 8; e++) v[e] = bf2f(f2bf(v[e]));
-        if (b) store_bf16s(x, per, v);
+        for (int e = 0; e < 8; e++) v[e] = held_as<T>(v[e]);
+        if (b) store_vals(x, per, v);
     } else {
         const float* w = is_k ? k_norm : q_norm;
         if (w) {
@@ -82,8 +85,8 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
             }
         }
 #pragma unroll
-        for (int e = 0; e < 8; e++) v[e] = bf2f(f2bf(v[e]));
-        store_bf16s(x, per, v);
+        for (int e = 0; e < 8; e++) v[e] = held_as<T>(v[e]);
+        store_vals(x, per, v);
         if (!is_k) return;
     }
     // The k warp and the v warp write their head into the cache.
@@ -92,7 +95,7 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
     const size_t vec = ((size_t)block * n_kv + kvh) * block_size + slot;
     const size_t at = vec * head_dim + lane * per;
     if (!FP8) {
-        store_bf16s((bf16*)(is_v ? v_cache : k_cache) + at, per, v);
+        store_vals((T*)(is_v ? v_cache : k_cache) + at, per, v);
         return;
     }
     // fp8: amax over the head, scale = amax / 448, encode.
@@ -110,8 +113,9 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
     if (lane == 0) (is_v ? v_scale : k_scale)[vec] = scale;
 }
 
-#define ROPE_ARGS                                                                                              \
-    bf16 *qkv, const float *bias, const float *q_norm, const float *k_norm, const int *positions,             \
+// The kernels' arguments, qkv of element type T.
+#define ROPE_ARGS(T)                                                                                           \
+    T *qkv, const float *bias, const float *q_norm, const float *k_norm, const int *positions,             \
         const float2 *rope_table, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, float eps,          \
         const int *slots, void *k_cache, void *v_cache, float *k_scale, float *v_scale, int block_size
 #define ROPE_CALL                                                                                              \
@@ -119,11 +123,16 @@ __device__ void qkv_rope_kv_write(bf16* __restrict__ qkv, const float* __restric
         k_cache, v_cache, k_scale, v_scale, block_size
 
 // Grid (tokens, n_kv), (n_heads / n_kv + 2) * 32 threads, no shared memory.
-extern "C" __global__ void qkv_rope_kv_write_bf16(ROPE_ARGS) {
+extern "C" __global__ void qkv_rope_kv_write_bf16(ROPE_ARGS(bf16)) {
     wait_for_previous_kernel();
-    qkv_rope_kv_write<false>(ROPE_CALL);
+    qkv_rope_kv_write<bf16, false>(ROPE_CALL);
 }
-extern "C" __global__ void qkv_rope_kv_write_fp8(ROPE_ARGS) {
+extern "C" __global__ void qkv_rope_kv_write_fp8(ROPE_ARGS(bf16)) {
     wait_for_previous_kernel();
-    qkv_rope_kv_write<true>(ROPE_CALL);
+    qkv_rope_kv_write<bf16, true>(ROPE_CALL);
+}
+// k_scale and v_scale unused (pass null).
+extern "C" __global__ void qkv_rope_kv_write_f32(ROPE_ARGS(float)) {
+    wait_for_previous_kernel();
+    qkv_rope_kv_write<float, false>(ROPE_CALL);
 }

@@ -1,13 +1,14 @@
 //! The forward pass of a llama-family decoder on one GPU (or its shard under TP/PP) over a flat
-//! batch of sequences: bf16 weights and activations, f32 residual stream, paged attention, f32 logits.
+//! batch of sequences: bf16 (or `--dtype float32`) weights and activations, f32 residual stream,
+//! paged attention, f32 logits.
 
 use std::collections::HashMap;
 
 use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::kernels::{rope_block_threads, FAMILIES};
 use strata_runtime::cuda::{
-    AttentionCall, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOut, Gpu, Graph, KernelSpec, Kernels,
-    PinnedBuffer, STAGED_ATTENTION_MAX_STAGES,
+    AttentionCall, Communicator, CudaError, DeviceBuffer, Event, Gemm, GemmOperands, GemmOut, Gpu, Graph, KernelSpec,
+    Kernels, PinnedBuffer, STAGED_ATTENTION_MAX_STAGES,
 };
 use strata_runtime::kernel_args;
 
@@ -19,7 +20,7 @@ use crate::kv_cache::KvCacheDtype;
 use super::kv_cache::GpuKvCache;
 use super::profile::KernelProfile;
 use super::shard::Shard;
-use super::weights::{GpuLayer, GpuWeights};
+use super::weights::{ComputeDtype, GpuLayer, GpuWeights};
 
 /// Decode steps of at least this bucket are profiled apart from smaller ones.
 const PROFILE_BUCKET_APART: usize = 128;
@@ -95,6 +96,19 @@ const ARGMAX_SLICES: usize = 32;
 pub const SAMPLING_WORDS: usize = 6;
 /// Threads of sampling.cu's `sampling_limits` (its LIMIT_THREADS).
 const LIMIT_THREADS: u32 = 512;
+/// The kernels that read or write activations, each with its twin for `--dtype float32` (the same
+/// arguments, f32 where the first has bf16). The other kernels take f32 or ids only, or are bf16
+/// fast paths that float32 does not use (decode GEMVs, tensor-core attention, fp8 cache writes).
+const F32_TWINS: [(&str, &str); 8] = [
+    ("embedding_lookup", "embedding_lookup_f32"),
+    ("rms_norm", "rms_norm_f32"),
+    ("add_rms_norm", "add_rms_norm_f32"),
+    ("rms_norm_rows", "rms_norm_rows_f32"),
+    ("silu_mul", "silu_mul_f32"),
+    ("qkv_rope_kv_write_bf16", "qkv_rope_kv_write_f32"),
+    ("paged_attention_bf16", "paged_attention_f32"),
+    ("attention_reduce", "attention_reduce_f32"),
+];
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
 /// overrides it for measurements; 0 turns them off).
 const GEMV_MAX_TOKENS: usize = 8;
@@ -334,7 +348,9 @@ impl GpuTransformer {
         let kernels = Kernels::load(&gpu, spec)?;
         let fp8 = kv.dtype == KvCacheDtype::Fp8E4m3;
         let cc = gpu.info.compute_capability;
-        let mma = matches!(local.head_dim, 64 | 128)
+        let bf16 = weights.dtype == ComputeDtype::Bf16;
+        let mma = bf16
+            && matches!(local.head_dim, 64 | 128)
             && cc >= if fp8 { (8, 9) } else { (8, 0) }
             && std::env::var("STRATA_ATTENTION").map_or(true, |v| v != "simt");
         let attention_kernel = match (fp8, mma) {
@@ -359,7 +375,7 @@ impl GpuTransformer {
             };
             (name, stages)
         });
-        let gemm = Gemm::new(&gpu)?;
+        let gemm = Gemm::new(&gpu, if bf16 { GemmOperands::Bf16 } else { GemmOperands::F32 })?;
         let table = rope_cos_sin_table(&config.rope.inv_freq(), limits.max_model_len);
         let rope_table = gpu.upload(&table, "the RoPE cos/sin table")?;
         let layout = InputLayout::largest(&limits, kv.block_size);
@@ -367,16 +383,18 @@ impl GpuTransformer {
         let t = limits.max_tokens;
         let width = c.q_dim() + 2 * c.kv_dim();
         let split_t = SPLIT_MAX_TOKENS.min(t);
+        // Bytes of an activation between kernels (the residual stream is f32 either way).
+        let e = weights.dtype.bytes();
         let bufs = StepBuffers {
             inputs: gpu.alloc(layout.len * 4, "step inputs")?,
             x: gpu.alloc(t * c.hidden * 4, "activations")?,
-            xn: gpu.alloc(t * c.hidden * 2, "activations")?,
-            qkv: gpu.alloc(t * width * 2, "activations")?,
-            attn: gpu.alloc(t * c.q_dim() * 2, "activations")?,
+            xn: gpu.alloc(t * c.hidden * e, "activations")?,
+            qkv: gpu.alloc(t * width * e, "activations")?,
+            attn: gpu.alloc(t * c.q_dim() * e, "activations")?,
             proj: gpu.alloc(t * c.hidden * 4, "activations")?,
-            gate_up: gpu.alloc(t * 2 * c.intermediate * 2, "activations")?,
-            act: gpu.alloc(t * c.intermediate * 2, "activations")?,
-            normed: gpu.alloc(limits.logit_rows * c.hidden * 2, "activations")?,
+            gate_up: gpu.alloc(t * 2 * c.intermediate * e, "activations")?,
+            act: gpu.alloc(t * c.intermediate * e, "activations")?,
+            normed: gpu.alloc(limits.logit_rows * c.hidden * e, "activations")?,
             logits: gpu.alloc(limits.logit_rows * c.vocab_size * 4, "logits")?,
             argmax: gpu.alloc(2 * limits.logit_rows * 4, "greedy token ids")?,
             argmax_parts: gpu.alloc(2 * limits.logit_rows * ARGMAX_SLICES * 4, "greedy token ids")?,
@@ -799,9 +817,13 @@ impl GpuTransformer {
     /// Times cuBLASLt's candidate algorithms (gemm.rs's `tune`) for the products of every
     /// decode batch size that does not run as GEMVs, each over this shard's layers, and keeps
     /// the fastest; `STRATA_GEMM_TUNE=0` keeps the heuristic's first choices. Under
-    /// `--deterministic` cuBLASLt is not used.
+    /// `--deterministic` cuBLASLt is not used; under `--dtype float32`, a reference path, the
+    /// heuristic's choices are kept.
     pub fn tune_decode_gemms(&mut self) -> Result<(), CudaError> {
-        if self.deterministic || std::env::var("STRATA_GEMM_TUNE").is_ok_and(|v| v == "0") {
+        if self.deterministic
+            || self.weights.dtype == ComputeDtype::F32
+            || std::env::var("STRATA_GEMM_TUNE").is_ok_and(|v| v == "0")
+        {
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -1327,6 +1349,10 @@ impl GpuTransformer {
         if self.ablated(name) {
             return Ok(());
         }
+        let name = match self.weights.dtype {
+            ComputeDtype::Bf16 => name,
+            ComputeDtype::F32 => F32_TWINS.iter().find(|(b, _)| *b == name).map_or(name, |(_, f)| f),
+        };
         let t = self.profile_start()?;
         // SAFETY: each call site passes the arguments of the kernel's signature in its .cu file,
         // with device pointers into buffers sized for the step limits that `validate` enforces.
@@ -1368,10 +1394,15 @@ impl GpuTransformer {
         }
     }
 
-    /// The GEMV kernels for a product of `t` tokens over `k`, when they apply: not under
-    /// `--deterministic`, k a multiple of 8.
+    /// The GEMV kernels for a product of `t` tokens over `k`, when they apply: bf16 weights, not
+    /// under `--deterministic`, k a multiple of 8.
     fn gemv_for(&self, t: usize, k: usize) -> Option<&'static GemvKernels> {
-        if self.deterministic || t == 0 || t > self.gemv_max_tokens || !k.is_multiple_of(8) {
+        if self.deterministic
+            || self.weights.dtype != ComputeDtype::Bf16
+            || t == 0
+            || t > self.gemv_max_tokens
+            || !k.is_multiple_of(8)
+        {
             return None;
         }
         GEMV_KERNELS.iter().find(|g| g.tokens >= t)
@@ -1475,7 +1506,13 @@ impl GpuTransformer {
         )
     }
 
+    /// `y = x · wᵀ` of `shape` (n, k, t): a GEMV, the fixed-order GEMM or cuBLASLt; `out` is the
+    /// output's type with bf16 weights (f32 is f32 throughout).
     fn matmul(&mut self, w: u64, x: u64, y: u64, shape: (usize, usize, usize), out: GemmOut) -> Result<(), CudaError> {
+        let out = match self.weights.dtype {
+            ComputeDtype::Bf16 => out,
+            ComputeDtype::F32 => GemmOut::F32,
+        };
         if self.deterministic {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
         }

@@ -1,10 +1,12 @@
-//! The paged KV cache in GPU memory: per layer `[block][kv_head][slot][head_dim]`, bf16 or fp8
-//! e4m3 with one f32 scale per (slot, head) vector. One extra block takes padding writes.
+//! The paged KV cache in GPU memory: per layer `[block][kv_head][slot][head_dim]`, in the compute
+//! dtype or fp8 e4m3 with one f32 scale per (slot, head) vector. One extra block takes padding writes.
 
 use strata_runtime::cuda::{CudaError, DeviceBuffer, Gpu};
 
 use crate::config::ModelConfig;
 use crate::kv_cache::KvCacheDtype;
+
+use super::weights::ComputeDtype;
 
 /// K and V storage of every layer.
 pub struct GpuKvCache {
@@ -14,6 +16,8 @@ pub struct GpuKvCache {
     pub k_scale: Option<DeviceBuffer>,
     pub v_scale: Option<DeviceBuffer>,
     pub dtype: KvCacheDtype,
+    /// The element type of a full-precision (`auto`) cache.
+    pub compute: ComputeDtype,
     pub block_size: usize,
     /// Blocks usable by sequences; block `num_blocks` is the padding block.
     pub num_blocks: usize,
@@ -21,25 +25,25 @@ pub struct GpuKvCache {
     head_dim: usize,
 }
 
-/// Bytes one value takes on the GPU (the CPU's `auto` is f32; on the GPU it is bf16).
-pub fn value_bytes(dtype: KvCacheDtype) -> usize {
+/// Bytes one value takes on the GPU: `auto` (the CPU's f32) is the compute dtype there.
+pub fn value_bytes(dtype: KvCacheDtype, compute: ComputeDtype) -> usize {
     match dtype {
-        KvCacheDtype::F32 => 2,
+        KvCacheDtype::F32 => compute.bytes(),
         KvCacheDtype::Fp8E4m3 => 1,
     }
 }
 
-/// The name of what one value is on the GPU: `auto` (the CPU's f32) is bf16 there.
-pub fn value_type_name(dtype: KvCacheDtype) -> &'static str {
+/// The name of what one value is on the GPU: `auto` (the CPU's f32) is the compute dtype there.
+pub fn value_type_name(dtype: KvCacheDtype, compute: ComputeDtype) -> &'static str {
     match dtype {
-        KvCacheDtype::F32 => "bf16",
+        KvCacheDtype::F32 => compute.as_str(),
         KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
     }
 }
 
 /// Bytes per token of cache over all layers, scales included.
-pub fn bytes_per_token(c: &ModelConfig, dtype: KvCacheDtype) -> usize {
-    let per_layer = 2 * c.kv_dim() * value_bytes(dtype)
+pub fn bytes_per_token(c: &ModelConfig, dtype: KvCacheDtype, compute: ComputeDtype) -> usize {
+    let per_layer = 2 * c.kv_dim() * value_bytes(dtype, compute)
         + match dtype {
             KvCacheDtype::Fp8E4m3 => 2 * c.n_kv_heads * 4,
             KvCacheDtype::F32 => 0,
@@ -52,12 +56,12 @@ impl GpuKvCache {
     pub fn new(
         gpu: &Gpu,
         c: &ModelConfig,
-        dtype: KvCacheDtype,
+        (dtype, compute): (KvCacheDtype, ComputeDtype),
         block_size: usize,
         num_blocks: usize,
     ) -> Result<GpuKvCache, CudaError> {
         let vectors = c.n_layers * (num_blocks + 1) * c.n_kv_heads * block_size;
-        let bytes = vectors * c.head_dim * value_bytes(dtype);
+        let bytes = vectors * c.head_dim * value_bytes(dtype, compute);
         let k = gpu.alloc(bytes, "the KV cache (keys)")?;
         let v = gpu.alloc(bytes, "the KV cache (values)")?;
         let (k_scale, v_scale) = match dtype {
@@ -73,6 +77,7 @@ impl GpuKvCache {
             k_scale,
             v_scale,
             dtype,
+            compute,
             block_size,
             num_blocks,
             n_kv: c.n_kv_heads,
@@ -85,10 +90,10 @@ impl GpuKvCache {
         (self.num_blocks + 1) * self.n_kv * self.block_size
     }
 
-    /// Device addresses of layer `l`: (k, v, k_scale, v_scale); scales are 0 for bf16.
+    /// Device addresses of layer `l`: (k, v, k_scale, v_scale); scales are 0 but for fp8.
     pub fn layer(&self, l: usize) -> (u64, u64, u64, u64) {
         let vecs = l * self.layer_vectors();
-        let off = vecs * self.head_dim * value_bytes(self.dtype);
+        let off = vecs * self.head_dim * value_bytes(self.dtype, self.compute);
         let scale = |b: &Option<DeviceBuffer>| b.as_ref().map(|b| b.at(vecs * 4)).unwrap_or(0);
         (
             self.k.at(off),
@@ -96,6 +101,11 @@ impl GpuKvCache {
             scale(&self.k_scale),
             scale(&self.v_scale),
         )
+    }
+
+    /// What one value is (`bf16`, `f32` or `fp8_e4m3`).
+    pub fn value_type(&self) -> &'static str {
+        value_type_name(self.dtype, self.compute)
     }
 
     /// Bytes of device memory held.

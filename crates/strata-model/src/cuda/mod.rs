@@ -23,6 +23,7 @@ use crate::transformer::Transformer;
 pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StartedDecode, StepLimits};
 pub use parallel::{ParallelExecutor, ParallelLayout};
 pub use shard::Shard;
+pub use weights::ComputeDtype;
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]
@@ -30,6 +31,8 @@ pub struct GpuOptions {
     pub ordinal: usize,
     /// Fraction of the GPU's memory strata may use in all (weights, activations, KV cache).
     pub gpu_memory_utilization: f64,
+    /// What weights, activations and the `auto` KV cache are (`--dtype`).
+    pub dtype: ComputeDtype,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
     pub max_num_batched_tokens: usize,
@@ -43,6 +46,29 @@ pub struct GpuOptions {
     /// Kernels and products left out of every step (`bench-gpu --ablate`, timing only; see
     /// [`check_ablation`]).
     pub ablate: Vec<String>,
+}
+
+impl GpuOptions {
+    /// `--dtype float32` is a one-GPU reference path: its kernels have no fp8 cache and no
+    /// fixed-order GEMM.
+    pub fn check_dtype(&self) -> Result<(), ModelError> {
+        if self.dtype != ComputeDtype::F32 {
+            return Ok(());
+        }
+        let clash = if self.kv_cache_dtype == KvCacheDtype::Fp8E4m3 {
+            Some("--kv-cache-dtype fp8")
+        } else if self.deterministic {
+            Some("--deterministic")
+        } else {
+            None
+        };
+        match clash {
+            Some(flag) => Err(ModelError::Device(format!(
+                "--dtype float32 does not combine with {flag}; drop {flag} or use --dtype bfloat16"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The model on a GPU, ready for the engine.
@@ -80,11 +106,13 @@ impl ProbedShard {
                 "--gpu-memory-utilization {util} must be in (0, 1]"
             )));
         }
+        opts.check_dtype()?;
         let c = transformer.config.clone();
         let local = shard.local_config(&c);
         let (free0, total) = gpu.memory().map_err(cuda)?;
         let budget = (total as f64 * util) as usize;
-        let weights = weights::GpuWeights::upload(&gpu, &c, &shard, &transformer.weights, progress).map_err(cuda)?;
+        let weights =
+            weights::GpuWeights::upload(&gpu, &c, &shard, &transformer.weights, opts.dtype, progress).map_err(cuda)?;
         let limits = StepLimits {
             max_tokens: opts.max_num_batched_tokens.max(opts.max_num_seqs),
             max_seqs: opts.max_num_seqs,
@@ -95,7 +123,7 @@ impl ProbedShard {
         let probe_kv = kv_cache::GpuKvCache::new(
             &gpu,
             &local,
-            opts.kv_cache_dtype,
+            (opts.kv_cache_dtype, opts.dtype),
             opts.block_size,
             limits.max_model_len.div_ceil(opts.block_size),
         )
@@ -116,7 +144,7 @@ impl ProbedShard {
         model.gpu.sync().map_err(cuda)?;
         let (free1, _) = model.gpu.memory().map_err(cuda)?;
         let used = (free0 - free1).saturating_sub(probe_kv_bytes);
-        let per_block = kv_cache::bytes_per_token(&local, opts.kv_cache_dtype) * opts.block_size;
+        let per_block = kv_cache::bytes_per_token(&local, opts.kv_cache_dtype, opts.dtype) * opts.block_size;
         // Headroom for CUDA graphs and allocator slack.
         let reserve = 256 << 20;
         // This executor may use `budget` in all, and never more than is free (other processes
@@ -160,10 +188,10 @@ impl ProbedShard {
         self.check_fits(blocks, opts)?;
         let mut model = self.model;
         // Free the probe cache first.
-        model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, opts.kv_cache_dtype, opts.block_size, 0)
-            .map_err(cuda)?;
-        model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, opts.kv_cache_dtype, opts.block_size, blocks)
-            .map_err(cuda)?;
+        let kv_type = (opts.kv_cache_dtype, opts.dtype);
+        model.kv = kv_cache::GpuKvCache::new(&model.gpu, &model.local, kv_type, opts.block_size, 0).map_err(cuda)?;
+        model.kv =
+            kv_cache::GpuKvCache::new(&model.gpu, &model.local, kv_type, opts.block_size, blocks).map_err(cuda)?;
         model.use_graphs = !opts.enforce_eager;
         model.ablate = opts.ablate.clone();
         model.tune_decode_gemms().map_err(cuda)?;
@@ -257,11 +285,56 @@ impl Executor for GpuExecutor {
             block_size: self.model.kv.block_size,
             bytes: self.model.kv.memory_bytes(),
             dtype: self.model.kv.dtype,
-            value_type: kv_cache::value_type_name(self.model.kv.dtype),
+            value_type: self.model.kv.value_type(),
         }
     }
 
     fn device(&self) -> String {
         format!("cuda:{} ({})", self.model.gpu.info.ordinal, self.model.gpu.info.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dtype: ComputeDtype, kv_cache_dtype: KvCacheDtype, deterministic: bool) -> GpuOptions {
+        GpuOptions {
+            ordinal: 0,
+            gpu_memory_utilization: 0.9,
+            dtype,
+            kv_cache_dtype,
+            block_size: 16,
+            max_num_batched_tokens: 512,
+            max_num_seqs: 16,
+            max_model_len: 1024,
+            enforce_eager: false,
+            deterministic,
+            ablate: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn float32_refuses_the_bf16_only_flags_with_a_way_out() {
+        let (bf16, f32) = (ComputeDtype::Bf16, ComputeDtype::F32);
+        for (dtype, kv, det) in [(bf16, KvCacheDtype::Fp8E4m3, true), (f32, KvCacheDtype::F32, false)] {
+            assert!(options(dtype, kv, det).check_dtype().is_ok());
+        }
+        for (kv, det, flag) in [
+            (KvCacheDtype::Fp8E4m3, false, "--kv-cache-dtype fp8"),
+            (KvCacheDtype::F32, true, "--deterministic"),
+        ] {
+            let err = options(f32, kv, det).check_dtype().unwrap_err().to_string();
+            assert!(err.contains(flag) && err.contains("--dtype bfloat16"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_auto_cache_takes_the_compute_dtype() {
+        let auto = KvCacheDtype::F32;
+        assert_eq!(kv_cache::value_type_name(auto, ComputeDtype::Bf16), "bf16");
+        assert_eq!(kv_cache::value_type_name(auto, ComputeDtype::F32), "f32");
+        assert_eq!(kv_cache::value_bytes(auto, ComputeDtype::F32), 4);
+        assert_eq!(kv_cache::value_bytes(KvCacheDtype::Fp8E4m3, ComputeDtype::F32), 1);
     }
 }

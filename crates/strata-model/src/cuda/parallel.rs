@@ -209,6 +209,12 @@ impl ParallelExecutor {
         layout
             .check(&config)
             .map_err(|e| ModelError::Device(format!("{}: {e}", layout.describe())))?;
+        if opts.dtype == super::ComputeDtype::F32 {
+            return Err(ModelError::Device(format!(
+                "--dtype float32 runs on one GPU, not {}; use --device cuda:N, or --dtype bfloat16 across GPUs",
+                layout.describe()
+            )));
+        }
         check_nccl(libs).map_err(cuda)?;
         let n_gpus = Gpu::count(libs).map_err(cuda)?;
         if let Some(g) = layout.gpus.iter().find(|&&g| g >= n_gpus) {
@@ -299,7 +305,7 @@ impl ParallelExecutor {
                 block_size: opts.block_size,
                 bytes: 0,
                 dtype: opts.kv_cache_dtype,
-                value_type: super::kv_cache::value_type_name(opts.kv_cache_dtype),
+                value_type: super::kv_cache::value_type_name(opts.kv_cache_dtype, opts.dtype),
             },
             weight_bytes: 0,
             timeout: collective_timeout,

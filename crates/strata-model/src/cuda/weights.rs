@@ -1,6 +1,6 @@
-//! A model's weights on one GPU in bf16 (its shard under TP/PP): fused QKV and gate/up matrices
-//! with the layers' RMSNorm weights folded into their columns, f32 biases and output norm.
-//! Quantized GGUF matrices are dequantized to bf16 at load.
+//! A model's weights on one GPU in bf16 or f32 (`--dtype`; its shard under TP/PP): fused QKV and
+//! gate/up matrices with the layers' RMSNorm weights folded into their columns, f32 biases and
+//! output norm. Quantized GGUF matrices are dequantized at load.
 
 use std::ops::Range;
 
@@ -12,6 +12,35 @@ use crate::config::ModelConfig;
 use crate::weights::{Linear, ModelWeights};
 
 use super::shard::Shard;
+
+/// What the GPU computes in (`--dtype`): the element type of the weight matrices, of the
+/// activations between kernels, and of the full-precision (`auto`) KV cache. Sums are f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputeDtype {
+    /// bf16: the serving default.
+    #[default]
+    Bf16,
+    /// f32 throughout: twice the memory and none of the fast kernels (decode GEMVs, tensor-core
+    /// attention, fp8 cache), a reference that rounds like a float32 framework.
+    F32,
+}
+
+impl ComputeDtype {
+    /// Bytes of one element.
+    pub fn bytes(self) -> usize {
+        match self {
+            ComputeDtype::Bf16 => 2,
+            ComputeDtype::F32 => 4,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeDtype::Bf16 => "bf16",
+            ComputeDtype::F32 => "f32",
+        }
+    }
+}
 
 /// One transformer block on the GPU.
 pub struct GpuLayer {
@@ -40,6 +69,8 @@ pub struct GpuWeights {
     pub layers: Vec<GpuLayer>,
     /// Bytes of all matrices, what one decode step reads.
     pub matrix_bytes: u64,
+    /// The matrices' element type.
+    pub dtype: ComputeDtype,
 }
 
 /// Rows `rows` and columns `cols` of one matrix.
@@ -73,27 +104,32 @@ impl GpuWeights {
         self.lm_head.as_ref().or(self.token_embd.as_ref())
     }
 
-    /// Uploads this shard's part of `w`: query/KV heads and MLP columns of its TP rank, its
-    /// stage's layers, its vocabulary rows. `progress(done, total)` reports layers uploaded.
+    /// Uploads this shard's part of `w` as `dtype`: query/KV heads and MLP columns of its TP
+    /// rank, its stage's layers, its vocabulary rows. `progress(done, total)` reports layers
+    /// uploaded.
     pub fn upload(
         gpu: &Gpu,
         c: &ModelConfig,
         shard: &Shard,
         w: &ModelWeights,
+        dtype: ComputeDtype,
         progress: &dyn Fn(u64, u64),
     ) -> Result<GpuWeights, CudaError> {
+        let upload_matrices = |parts: &[Part], col_scale: Option<&[f32]>, what: &str| {
+            upload_matrices(gpu, w, parts, col_scale, dtype, what)
+        };
         let total = (shard.layers.len() + 2) as u64;
         let vocab = shard.vocab(c);
         let tied = w.lm_head.info.name == w.token_embd.info.name;
         let token_embd = if shard.is_first_stage() || (tied && shard.is_last_stage()) {
             let part = Part::rows(&w.token_embd, vocab.clone());
-            Some(upload_matrices(gpu, w, &[part], None, "the token embeddings")?)
+            Some(upload_matrices(&[part], None, "the token embeddings")?)
         } else {
             None
         };
         let lm_head = if shard.is_last_stage() && !tied {
             let part = Part::rows(&w.lm_head, vocab.clone());
-            Some(upload_matrices(gpu, w, &[part], None, "the LM head")?)
+            Some(upload_matrices(&[part], None, "the LM head")?)
         } else {
             None
         };
@@ -128,19 +164,13 @@ impl GpuWeights {
             ];
             let gate_up = [Part::rows(&l.w_gate, mlp.clone()), Part::rows(&l.w_up, mlp.clone())];
             layers.push(GpuLayer {
-                wqkv: upload_matrices(gpu, w, &qkv, Some(&l.attn_norm), &what("qkv"))?,
+                wqkv: upload_matrices(&qkv, Some(&l.attn_norm), &what("qkv"))?,
                 bqkv,
                 q_norm: opt(&l.q_norm, "q norm")?,
                 k_norm: opt(&l.k_norm, "k norm")?,
-                wo: upload_matrices(
-                    gpu,
-                    w,
-                    &[Part::cols(&l.wo, q_rows.clone())],
-                    None,
-                    &what("attention output"),
-                )?,
-                w_gate_up: upload_matrices(gpu, w, &gate_up, Some(&l.ffn_norm), &what("gate/up"))?,
-                w_down: upload_matrices(gpu, w, &[Part::cols(&l.w_down, mlp.clone())], None, &what("down"))?,
+                wo: upload_matrices(&[Part::cols(&l.wo, q_rows.clone())], None, &what("attention output"))?,
+                w_gate_up: upload_matrices(&gate_up, Some(&l.ffn_norm), &what("gate/up"))?,
+                w_down: upload_matrices(&[Part::cols(&l.w_down, mlp.clone())], None, &what("down"))?,
             });
             progress(n as u64 + 2, total);
         }
@@ -154,34 +184,52 @@ impl GpuWeights {
         } else {
             0
         };
-        let matrix_bytes = 2 * (per_layer * local.n_layers as u64 + vocab_bytes);
+        let matrix_bytes = dtype.bytes() as u64 * (per_layer * local.n_layers as u64 + vocab_bytes);
         let out = GpuWeights {
             token_embd,
             output_norm: gpu.upload(&w.output_norm, "the output norm")?,
             lm_head,
             layers,
             matrix_bytes,
+            dtype,
         };
         progress(total, total);
         Ok(out)
     }
 }
 
-/// Stacks the parts (same column count) into one bf16 device matrix, column c of each part's
-/// column range times `col_scale[c]` when given (an RMSNorm's weights, rounded once).
+/// Stacks the parts (same column count) into one device matrix of `dtype`, column c of each
+/// part's column range times `col_scale[c]` when given (an RMSNorm's weights, rounded once).
 fn upload_matrices(
     gpu: &Gpu,
     w: &ModelWeights,
     parts: &[Part],
     col_scale: Option<&[f32]>,
+    dtype: ComputeDtype,
     what: &str,
+) -> Result<DeviceBuffer, CudaError> {
+    match dtype {
+        ComputeDtype::Bf16 => upload_matrices_as(gpu, w, parts, col_scale, what, bf16::from_f32),
+        ComputeDtype::F32 => upload_matrices_as(gpu, w, parts, col_scale, what, |v| v),
+    }
+}
+
+/// [`upload_matrices`] with each element converted by `convert`.
+fn upload_matrices_as<T: Copy + Default>(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    parts: &[Part],
+    col_scale: Option<&[f32]>,
+    what: &str,
+    convert: fn(f32) -> T,
 ) -> Result<DeviceBuffer, CudaError> {
     let cols = parts[0].cols.len();
     let rows: usize = parts.iter().map(|p| p.rows.len()).sum();
-    let buf = gpu.alloc(rows * cols * 2, what)?;
+    let elem = std::mem::size_of::<T>();
+    let buf = gpu.alloc(rows * cols * elem, what)?;
     // Converted in slabs of rows to bound host memory.
     let slab_rows = ((4 << 20) / cols.max(1)).max(1);
-    let mut slab = vec![bf16::ZERO; slab_rows * cols];
+    let mut slab = vec![T::default(); slab_rows * cols];
     let mut offset = 0usize;
     for p in parts {
         let m = p.m;
@@ -199,17 +247,17 @@ fn upload_matrices(
                     let row = &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes];
                     let src = &row[p.cols.start * 2..p.cols.end * 2];
                     for ((d, s), g) in out.iter_mut().zip(src.chunks_exact(2)).zip(scale) {
-                        *d = bf16::from_f32(bf16::from_le_bytes([s[0], s[1]]).to_f32() * g);
+                        *d = convert(bf16::from_le_bytes([s[0], s[1]]).to_f32() * g);
                     }
                 } else {
                     w.row_f32(m, r + i, &mut full);
                     for ((d, s), g) in out.iter_mut().zip(&full[p.cols.clone()]).zip(scale) {
-                        *d = bf16::from_f32(s * g);
+                        *d = convert(s * g);
                     }
                 }
             }
             gpu.write(&buf, offset, &slab[..n * cols])?;
-            offset += n * cols * 2;
+            offset += n * cols * elem;
             r += n;
         }
     }

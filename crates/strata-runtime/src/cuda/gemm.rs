@@ -1,4 +1,5 @@
-//! Dense bf16 GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation, bf16 or f32 output.
+//! Dense GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation: bf16 operands with a bf16 or
+//! f32 output, or f32 throughout (`--dtype float32`).
 //! Descriptors and algorithm are built once per shape and reused (and captured); `tune` replaces
 //! the heuristic's first choice by the fastest of its candidates and their split-k copies, timed.
 
@@ -29,6 +30,15 @@ pub enum GemmOut {
     F32,
 }
 
+/// Element type of both operands (weights and activations) of every product of a [`Gemm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmOperands {
+    /// bf16; the output may be bf16 or f32.
+    Bf16,
+    /// f32 with f32 products and sums (no TF32); the output is f32.
+    F32,
+}
+
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -38,6 +48,7 @@ struct Plan {
 /// A cuBLASLt handle with its workspace and plans.
 pub struct Gemm {
     handle: sys::cublasLtHandle_t,
+    operands: GemmOperands,
     workspace: DeviceBuffer,
     plans: HashMap<(usize, usize, usize, GemmOut), Plan>,
 }
@@ -53,13 +64,14 @@ fn blas(op: &'static str) -> impl FnOnce(cudarc::cublaslt::result::CublasError) 
 }
 
 impl Gemm {
-    /// A handle and workspace on `gpu`.
-    pub fn new(gpu: &Gpu) -> Result<Gemm, CudaError> {
+    /// A handle and workspace on `gpu` for products of `operands`.
+    pub fn new(gpu: &Gpu, operands: GemmOperands) -> Result<Gemm, CudaError> {
         gpu.bind()?;
         let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
         let workspace = gpu.alloc(WORKSPACE_BYTES, "the cuBLASLt workspace")?;
         Ok(Gemm {
             handle,
+            operands,
             workspace,
             plans: HashMap::new(),
         })
@@ -75,14 +87,21 @@ impl Gemm {
     }
 
     fn make_plan(&self, n: usize, k: usize, t: usize, out: GemmOut) -> Result<Plan, CudaError> {
-        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
-        let out_type = match out {
-            GemmOut::Bf16 => bf16,
-            GemmOut::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        let (bf16, f32) = (sys::cudaDataType_t::CUDA_R_16BF, sys::cudaDataType_t::CUDA_R_32F);
+        let (in_type, out_type) = match (self.operands, out) {
+            (GemmOperands::Bf16, GemmOut::Bf16) => (bf16, bf16),
+            (GemmOperands::Bf16, GemmOut::F32) => (bf16, f32),
+            (GemmOperands::F32, GemmOut::F32) => (f32, f32),
+            (GemmOperands::F32, GemmOut::Bf16) => {
+                return Err(CudaError::Blas {
+                    op: "cublasLtMatmul",
+                    err: "f32 operands give an f32 output, not bf16".into(),
+                })
+            }
         };
         // Column-major view: y(n x t) = op(w)(n x k) * x(k x t), with w stored k x n (transposed).
-        let a = lt::create_matrix_layout(bf16, k as u64, n as u64, k as i64).map_err(blas("layout A"))?;
-        let b = lt::create_matrix_layout(bf16, k as u64, t as u64, k as i64).map_err(blas("layout B"))?;
+        let a = lt::create_matrix_layout(in_type, k as u64, n as u64, k as i64).map_err(blas("layout A"))?;
+        let b = lt::create_matrix_layout(in_type, k as u64, t as u64, k as i64).map_err(blas("layout B"))?;
         let c = lt::create_matrix_layout(out_type, n as u64, t as u64, n as i64).map_err(blas("layout C"))?;
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,

@@ -17,19 +17,35 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
     (
         "embedding",
         include_str!("../../kernels/embedding.cu"),
-        &["embedding_lookup"],
+        &["embedding_lookup", "embedding_lookup_f32"],
     ),
     (
         "norm",
         include_str!("../../kernels/norm.cu"),
-        &["rms_norm", "add_rms_norm", "add_residual", "rms_norm_rows"],
+        &[
+            "rms_norm",
+            "add_rms_norm",
+            "add_residual",
+            "rms_norm_rows",
+            "rms_norm_f32",
+            "add_rms_norm_f32",
+            "rms_norm_rows_f32",
+        ],
     ),
     (
         "rope",
         include_str!("../../kernels/rope.cu"),
-        &["qkv_rope_kv_write_bf16", "qkv_rope_kv_write_fp8"],
+        &[
+            "qkv_rope_kv_write_bf16",
+            "qkv_rope_kv_write_fp8",
+            "qkv_rope_kv_write_f32",
+        ],
     ),
-    ("activation", include_str!("../../kernels/activation.cu"), &["silu_mul"]),
+    (
+        "activation",
+        include_str!("../../kernels/activation.cu"),
+        &["silu_mul", "silu_mul_f32"],
+    ),
     (
         "attention",
         include_str!("../../kernels/attention.cu"),
@@ -41,6 +57,8 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
             "paged_attention_staged_bf16",
             "paged_attention_staged_fp8",
             "attention_reduce",
+            "paged_attention_f32",
+            "attention_reduce_f32",
         ],
     ),
     (

@@ -10,7 +10,7 @@ pub mod nccl;
 
 pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
-pub use gemm::{Gemm, GemmOut};
+pub use gemm::{Gemm, GemmOperands, GemmOut};
 pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 
