@@ -97,16 +97,16 @@ pub const SAMPLING_WORDS: usize = 6;
 /// Threads of sampling.cu's `sampling_limits` (its LIMIT_THREADS).
 const LIMIT_THREADS: u32 = 512;
 /// The kernels that read or write activations, each with its twin for `--dtype float32` (the same
-/// arguments, f32 where the first has bf16). The other kernels take f32 or ids only, or are bf16
-/// fast paths that float32 does not use (decode GEMVs, tensor-core attention, fp8 cache writes).
-const F32_TWINS: [(&str, &str); 8] = [
+/// arguments, f32 where the first has bf16), which `launch` runs in its place. The attention
+/// kernel is chosen in `new`; the other kernels take f32 or ids only, or are bf16 fast paths that
+/// float32 does not use (decode GEMVs, tensor-core attention, fp8 cache writes).
+const F32_TWINS: [(&str, &str); 7] = [
     ("embedding_lookup", "embedding_lookup_f32"),
     ("rms_norm", "rms_norm_f32"),
     ("add_rms_norm", "add_rms_norm_f32"),
     ("rms_norm_rows", "rms_norm_rows_f32"),
     ("silu_mul", "silu_mul_f32"),
     ("qkv_rope_kv_write_bf16", "qkv_rope_kv_write_f32"),
-    ("paged_attention_bf16", "paged_attention_f32"),
     ("attention_reduce", "attention_reduce_f32"),
 ];
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt (`STRATA_GEMV_MAX_TOKENS`
@@ -258,9 +258,10 @@ pub struct GpuTransformer {
     /// the one that reads it ([`Self::norms_in_gemvs`]); `STRATA_FUSE_NORM=0` runs the norm
     /// kernels instead, for measurements.
     fuse_norm: bool,
-    /// The attention kernel for this model, cache type and GPU: on tensor cores
+    /// The attention kernel for this model, cache type, dtype and GPU: on tensor cores
     /// (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8 from sm_89) unless
-    /// `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements).
+    /// `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements) or the dtype is
+    /// float32 (`paged_attention_f32`).
     attention_kernel: &'static str,
     /// Decode steps of more than [`SPLIT_MAX_TOKENS`] tokens run the tensor-core kernel with its tiles
     /// staged through shared memory (`paged_attention_staged_*`), this many stages a warp
@@ -354,6 +355,7 @@ impl GpuTransformer {
             && cc >= if fp8 { (8, 9) } else { (8, 0) }
             && std::env::var("STRATA_ATTENTION").map_or(true, |v| v != "simt");
         let attention_kernel = match (fp8, mma) {
+            _ if !bf16 => "paged_attention_f32",
             (true, true) => "paged_attention_mma_fp8",
             (true, false) => "paged_attention_fp8",
             (false, true) => "paged_attention_mma_bf16",

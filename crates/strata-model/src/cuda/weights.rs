@@ -15,10 +15,9 @@ use super::shard::Shard;
 
 /// What the GPU computes in (`--dtype`): the element type of the weight matrices, of the
 /// activations between kernels, and of the full-precision (`auto`) KV cache. Sums are f32 either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ComputeDtype {
     /// bf16: the serving default.
-    #[default]
     Bf16,
     /// f32 throughout: twice the memory and none of the fast kernels (decode GEMVs, tensor-core
     /// attention, fp8 cache), a reference that rounds like a float32 framework.
@@ -34,6 +33,7 @@ impl ComputeDtype {
         }
     }
 
+    /// Its name in logs and KV layouts.
     pub fn as_str(self) -> &'static str {
         match self {
             ComputeDtype::Bf16 => "bf16",
@@ -115,7 +115,7 @@ impl GpuWeights {
         dtype: ComputeDtype,
         progress: &dyn Fn(u64, u64),
     ) -> Result<GpuWeights, CudaError> {
-        let upload_matrices = |parts: &[Part], col_scale: Option<&[f32]>, what: &str| {
+        let matrices = |parts: &[Part], col_scale: Option<&[f32]>, what: &str| {
             upload_matrices(gpu, w, parts, col_scale, dtype, what)
         };
         let total = (shard.layers.len() + 2) as u64;
@@ -123,13 +123,13 @@ impl GpuWeights {
         let tied = w.lm_head.info.name == w.token_embd.info.name;
         let token_embd = if shard.is_first_stage() || (tied && shard.is_last_stage()) {
             let part = Part::rows(&w.token_embd, vocab.clone());
-            Some(upload_matrices(&[part], None, "the token embeddings")?)
+            Some(matrices(&[part], None, "the token embeddings")?)
         } else {
             None
         };
         let lm_head = if shard.is_last_stage() && !tied {
             let part = Part::rows(&w.lm_head, vocab.clone());
-            Some(upload_matrices(&[part], None, "the LM head")?)
+            Some(matrices(&[part], None, "the LM head")?)
         } else {
             None
         };
@@ -164,13 +164,13 @@ impl GpuWeights {
             ];
             let gate_up = [Part::rows(&l.w_gate, mlp.clone()), Part::rows(&l.w_up, mlp.clone())];
             layers.push(GpuLayer {
-                wqkv: upload_matrices(&qkv, Some(&l.attn_norm), &what("qkv"))?,
+                wqkv: matrices(&qkv, Some(&l.attn_norm), &what("qkv"))?,
                 bqkv,
                 q_norm: opt(&l.q_norm, "q norm")?,
                 k_norm: opt(&l.k_norm, "k norm")?,
-                wo: upload_matrices(&[Part::cols(&l.wo, q_rows.clone())], None, &what("attention output"))?,
-                w_gate_up: upload_matrices(&gate_up, Some(&l.ffn_norm), &what("gate/up"))?,
-                w_down: upload_matrices(&[Part::cols(&l.w_down, mlp.clone())], None, &what("down"))?,
+                wo: matrices(&[Part::cols(&l.wo, q_rows.clone())], None, &what("attention output"))?,
+                w_gate_up: matrices(&gate_up, Some(&l.ffn_norm), &what("gate/up"))?,
+                w_down: matrices(&[Part::cols(&l.w_down, mlp.clone())], None, &what("down"))?,
             });
             progress(n as u64 + 2, total);
         }
