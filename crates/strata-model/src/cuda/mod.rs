@@ -49,25 +49,22 @@ pub struct GpuOptions {
 }
 
 impl GpuOptions {
-    /// `--dtype float32` is a one-GPU reference path: its kernels have no fp8 cache and no
-    /// fixed-order GEMM.
-    pub fn check_dtype(&self) -> Result<(), ModelError> {
+    /// Refuses what `--dtype float32` cannot do, with the fix: it is a one-GPU reference path
+    /// (`gpus` is how many the layout spans) whose kernels have no fp8 cache and no fixed-order GEMM.
+    pub fn check_dtype(&self, gpus: usize) -> Result<(), ModelError> {
         if self.dtype != ComputeDtype::F32 {
             return Ok(());
         }
-        let clash = if self.kv_cache_dtype == KvCacheDtype::Fp8E4m3 {
-            Some("--kv-cache-dtype fp8")
+        let why = if gpus > 1 {
+            format!("runs on one GPU, not {gpus}; use --device cuda:N, or --dtype bfloat16 across GPUs")
+        } else if self.kv_cache_dtype == KvCacheDtype::Fp8E4m3 {
+            "does not combine with --kv-cache-dtype fp8; drop it or use --dtype bfloat16".to_string()
         } else if self.deterministic {
-            Some("--deterministic")
+            "does not combine with --deterministic; drop it or use --dtype bfloat16".to_string()
         } else {
-            None
+            return Ok(());
         };
-        match clash {
-            Some(flag) => Err(ModelError::Device(format!(
-                "--dtype float32 does not combine with {flag}; drop {flag} or use --dtype bfloat16"
-            ))),
-            None => Ok(()),
-        }
+        Err(ModelError::Device(format!("--dtype float32 {why}")))
     }
 }
 
@@ -106,7 +103,7 @@ impl ProbedShard {
                 "--gpu-memory-utilization {util} must be in (0, 1]"
             )));
         }
-        opts.check_dtype()?;
+        opts.check_dtype(1)?;
         let c = transformer.config.clone();
         let local = shard.local_config(&c);
         let (free0, total) = gpu.memory().map_err(cuda)?;
@@ -315,16 +312,16 @@ mod tests {
     }
 
     #[test]
-    fn float32_refuses_the_bf16_only_flags_with_a_way_out() {
+    fn float32_refuses_what_it_cannot_do_with_a_way_out() {
         let (bf16, f32) = (ComputeDtype::Bf16, ComputeDtype::F32);
-        for (dtype, kv, det) in [(bf16, KvCacheDtype::Fp8E4m3, true), (f32, KvCacheDtype::F32, false)] {
-            assert!(options(dtype, kv, det).check_dtype().is_ok());
-        }
-        for (kv, det, flag) in [
-            (KvCacheDtype::Fp8E4m3, false, "--kv-cache-dtype fp8"),
-            (KvCacheDtype::F32, true, "--deterministic"),
+        assert!(options(bf16, KvCacheDtype::Fp8E4m3, true).check_dtype(2).is_ok());
+        assert!(options(f32, KvCacheDtype::F32, false).check_dtype(1).is_ok());
+        for (kv, det, gpus, flag) in [
+            (KvCacheDtype::F32, false, 2, "runs on one GPU, not 2"),
+            (KvCacheDtype::Fp8E4m3, false, 1, "--kv-cache-dtype fp8"),
+            (KvCacheDtype::F32, true, 1, "--deterministic"),
         ] {
-            let err = options(f32, kv, det).check_dtype().unwrap_err().to_string();
+            let err = options(f32, kv, det).check_dtype(gpus).unwrap_err().to_string();
             assert!(err.contains(flag) && err.contains("--dtype bfloat16"), "{err}");
         }
     }

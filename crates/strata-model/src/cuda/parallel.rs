@@ -209,12 +209,7 @@ impl ParallelExecutor {
         layout
             .check(&config)
             .map_err(|e| ModelError::Device(format!("{}: {e}", layout.describe())))?;
-        if opts.dtype == super::ComputeDtype::F32 {
-            return Err(ModelError::Device(format!(
-                "--dtype float32 runs on one GPU, not {}; use --device cuda:N, or --dtype bfloat16 across GPUs",
-                layout.describe()
-            )));
-        }
+        opts.check_dtype(layout.gpus.len())?;
         check_nccl(libs).map_err(cuda)?;
         let n_gpus = Gpu::count(libs).map_err(cuda)?;
         if let Some(g) = layout.gpus.iter().find(|&&g| g >= n_gpus) {
