@@ -912,11 +912,7 @@ impl EngineLoop {
                 (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
             };
             self.stats.generation_tokens_total += 1;
-            let mut progress = seq.push_token(token, lp, &mut self.outbox);
-            if progress == Progress::Running && seq.ends_by_length(0, self.max_model_len) {
-                progress = seq.finish(FinishReason::Length, None, &mut self.outbox);
-            }
-            if progress != Progress::Running {
+            if seq.push_token(token, lp, self.max_model_len, &mut self.outbox) != Progress::Running {
                 finished.push(c.id);
             }
         }

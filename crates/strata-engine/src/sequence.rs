@@ -112,8 +112,15 @@ impl Sequence {
         self.tx.is_closed()
     }
 
-    /// Records a sampled token: stop checks, text, and a delta posted for the stream.
-    pub fn push_token(&mut self, token: u32, logprob: Option<TokenLogprob>, outbox: &mut Outbox) -> Progress {
+    /// Records a sampled token: stop checks, text, a delta posted for the stream, and the end by
+    /// length (max_tokens, or `max_model_len` tokens in all).
+    pub fn push_token(
+        &mut self,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+        max_model_len: usize,
+        outbox: &mut Outbox,
+    ) -> Progress {
         if self.stop_ids.contains(&token) {
             return self.finish(FinishReason::Stop, None, outbox);
         }
@@ -131,7 +138,7 @@ impl Sequence {
         if let Some(s) = stop {
             return self.finish(FinishReason::Stop, Some(s), outbox);
         }
-        if self.ends_by_length(0, usize::MAX) {
+        if self.ends_by_length(0, max_model_len) {
             return self.finish(FinishReason::Length, None, outbox);
         }
         Progress::Running
