@@ -31,7 +31,7 @@ RUN useradd --system --uid 10001 --user-group --home-dir /var/cache/strata --she
     && install -d -o strata -g strata -m 0750 /var/cache/strata
 COPY --from=build /usr/local/bin/strata /usr/local/bin/strata
 COPY scripts/fetch.py deploy/healthcheck.py /opt/strata/
-COPY deploy/docker-entrypoint.sh /usr/local/bin/strata-entrypoint
+COPY --chmod=0755 deploy/docker-entrypoint.sh /usr/local/bin/strata-entrypoint
 ENV STRATA_CACHE=/var/cache/strata \
     STRATA_HOST=0.0.0.0 \
     STRATA_PORT=8000 \
