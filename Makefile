@@ -35,6 +35,7 @@ NVRTC_LIB = $${STRATA_CACHE:-$$HOME/.cache/strata}/nvrtc/nvidia/cu13/lib
 test: fetch lint
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 $(CARGO) test --locked --workspace
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
+	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/deploy/check_deploy.py
 
 # The official openai SDK and a real nginx against the `strata serve` binary, alone.
 test-clients: fetch

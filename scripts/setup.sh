@@ -6,6 +6,7 @@
 set -eu
 
 OPENAI_VERSION=3.51.0
+PYYAML_VERSION=6.0.3
 cache="${STRATA_CACHE:-$HOME/.cache/strata}"
 clients_venv="$cache/clients-venv"
 
@@ -49,9 +50,10 @@ for comp in rustfmt clippy; do
         fi
     fi
 done
-# The official openai SDK, pinned, for the real-client tests (tests/clients/real_clients.py).
-if ! "$clients_venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" >/dev/null 2>&1; then
-    echo "setup: installing openai==$OPENAI_VERSION into $clients_venv"
+# The official openai SDK, pinned, for the real-client tests (tests/clients/real_clients.py), and
+# PyYAML for the deployment checks (tests/deploy/check_deploy.py).
+if ! "$clients_venv/bin/python" -c "import openai, yaml, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' or yaml.__version__ != '$PYYAML_VERSION')" >/dev/null 2>&1; then
+    echo "setup: installing openai==$OPENAI_VERSION pyyaml==$PYYAML_VERSION into $clients_venv"
     python3 -m venv "$clients_venv"
-    "$clients_venv/bin/python" -m pip install -q --disable-pip-version-check "openai==$OPENAI_VERSION"
+    "$clients_venv/bin/python" -m pip install -q --disable-pip-version-check "openai==$OPENAI_VERSION" "pyyaml==$PYYAML_VERSION"
 fi
