@@ -127,10 +127,11 @@ impl RequestSender {
         })
     }
 
-    /// Sends one JSON body (already serialized) and times the answer. A request whose pooled
-    /// connection closed before any response byte never reached generation (servers such as
-    /// llama.cpp's close idle keep-alive connections), so it is resent once on a new connection
-    /// and timed from the resend; after any response byte a failure stands.
+    /// Sends one JSON body (already serialized) and times the answer. A request whose connection
+    /// closed before any response byte is resent once on a new connection and timed from the
+    /// resend: that is how a kept-alive connection the server closed while idle fails (llama.cpp's
+    /// server does), and the server never saw the request. A server that drops requests this way
+    /// every time still fails the resend; after any response byte a failure stands.
     pub async fn send(&self, body: Bytes) -> Sent {
         match self.send_with(&self.client, body.clone()).await {
             Err(Attempt::ClosedUnanswered(_)) => Sent {
