@@ -3,7 +3,8 @@
 
 Workers send chat and completions, streamed and not; disconnect mid-stream (closing or resetting
 the socket); send bad bodies (malformed JSON, wrong types, numbers too large for their field);
-and read streams slowly through a small receive buffer. The KV cache is small enough that the
+and read streams slowly through a small receive buffer. One more client sends every bad body in
+turn, four a second. The KV cache is small enough that the
 scheduler must preempt. At the end it checks: no 5xx (as seen by the clients and in /metrics),
 every request answered or cleanly refused (a 4xx with an OpenAI-style JSON error, or 429), KV
 blocks back to their idle baseline once the server is idle, preemptions > 0, server RSS at the end
@@ -207,20 +208,24 @@ def read_stream(resp, events, slow=False, rng=None):
     return "ok"
 
 
+def send_bad_body(port, name, path, body):
+    """Sends one body the server must refuse; returns the outcome, or raises Violation."""
+    conn = connect(port)
+    try:
+        with post(conn, path, body) as resp:
+            if 200 <= resp.status < 300:
+                raise Violation(f"bad body ({name}) was accepted with HTTP {resp.status}")
+            return refusal(resp)
+    except (OSError, http.client.HTTPException) as e:
+        raise Violation(f"bad body ({name}): {type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
 def one_request(port, kind, rng):
     """Sends one request of `kind`; returns its outcome, or raises Violation."""
     if kind == "bad_body":
-        name, path, body = rng.choice(BAD_BODIES)
-        conn = connect(port)
-        try:
-            with post(conn, path, body) as resp:
-                if 200 <= resp.status < 300:
-                    raise Violation(f"bad body ({name}) was accepted with HTTP {resp.status}")
-                return refusal(resp)
-        except (OSError, http.client.HTTPException) as e:
-            raise Violation(f"bad body ({name}): {type(e).__name__}: {e}")
-        finally:
-            conn.close()
+        return send_bad_body(port, *rng.choice(BAD_BODIES))
     chat = kind.startswith("chat") or (kind in ("slow_reader", "disconnect") and rng.random() < 0.5)
     stream = kind.endswith("_stream") or kind in ("slow_reader", "disconnect")
     path = CHAT if chat else COMPLETIONS
@@ -286,6 +291,19 @@ def worker(port, deadline, seed, tally):
             time.sleep(rng.uniform(0.5, 1.5))
 
 
+def bad_body_worker(port, deadline, tally, pause_s=0.25):
+    """Every bad body in turn, a few a second, beside the generation: each is refused many times."""
+    i = 0
+    while time.time() < deadline:
+        name, path, body = BAD_BODIES[i % len(BAD_BODIES)]
+        try:
+            tally.add("bad_body", send_bad_body(port, name, path, body))
+        except Violation as v:
+            tally.add("bad_body", "violation", str(v))
+        i += 1
+        time.sleep(pause_s)
+
+
 class Sampler(threading.Thread):
     """Every half second: the server's VmRSS and KV blocks in use, with the time."""
 
@@ -341,7 +359,7 @@ def main():
         sys.exit("error: --warmup must be between 0 and --duration")
 
     tmp = tempfile.mkdtemp(prefix="strata-soak-")
-    print(f"soak: {BIN} serve {' '.join(SERVER_FLAGS)}; {args.workers} clients for {args.duration:.0f} s "
+    print(f"soak: {BIN} serve {' '.join(SERVER_FLAGS)}; {args.workers} clients + 1 of bad bodies for {args.duration:.0f} s "
           f"(warm-up {warmup:.0f} s)", flush=True)
     server = Server(tmp, flags=SERVER_FLAGS)
     failures = []
@@ -356,6 +374,7 @@ def main():
         deadline = load_start + args.duration
         threads = [threading.Thread(target=worker, args=(server.port, deadline, args.seed * 1000 + i, tally))
                    for i in range(args.workers)]
+        threads.append(threading.Thread(target=bad_body_worker, args=(server.port, deadline, tally)))
         for t in threads:
             t.start()
         for t in threads:
