@@ -7,7 +7,7 @@ STRATA := target/release/strata
 # The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
 CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test test-clients lint bench fidelity-reference quant-fixtures clean-cache
+.PHONY: setup fetch build serve test test-clients soak lint bench fidelity-reference quant-fixtures clean-cache
 
 setup:
 	@scripts/setup.sh
@@ -36,11 +36,18 @@ test: fetch lint
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 $(CARGO) test --locked --workspace
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/deploy/check_deploy.py
+	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/soak/soak.py --duration 40
 
 # The official openai SDK and a real nginx against the `strata serve` binary, alone.
 test-clients: fetch
 	$(CARGO) build --locked --profile test -p strata-cli
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
+
+# `strata serve` (the default model, CPU, a KV cache small enough to preempt) under mixed load for
+# DURATION seconds, then checks: no 5xx, clean refusals, KV blocks back, preemptions, RSS growth.
+DURATION ?= 300
+soak: fetch build
+	STRATA_BIN=$(STRATA) $(CLIENTS_PYTHON) tests/soak/soak.py --duration $(DURATION)
 
 bench: fetch build
 	$(STRATA) bench-local --threads 2 --out bench/results/cpu_smollm2_q4_1.json

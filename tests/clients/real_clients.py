@@ -42,10 +42,15 @@ def http_get(url):
         return r.status, r.read().decode()
 
 
+# The flags of every server here; tests/soak/soak.py passes its own.
+SERVE_FLAGS = ["--threads", "2", "--kv-cache-memory", "256MiB", "--max-model-len", "2048", "--max-num-seqs", "64",
+               "--shutdown-timeout", "20"]
+
+
 class Server:
     """`strata serve` on a free port; stop() sends SIGTERM and expects exit status 0."""
 
-    def __init__(self, tmp, api_key=None):
+    def __init__(self, tmp, api_key=None, flags=SERVE_FLAGS):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(tmp, f"strata-{self.port}.log")
@@ -53,9 +58,7 @@ class Server:
         env.pop("STRATA_API_KEY", None)
         if api_key:
             env["STRATA_API_KEY"] = api_key
-        args = [BIN, "serve", "--port", str(self.port), "--served-model-name", MODEL, "--threads", "2",
-                "--kv-cache-memory", "256MiB", "--max-model-len", "2048", "--max-num-seqs", "64",
-                "--shutdown-timeout", "20"]
+        args = [BIN, "serve", "--port", str(self.port), "--served-model-name", MODEL] + flags
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120

@@ -82,38 +82,74 @@ pub struct Completion {
 
 /// Builds the HTTP client every part of the bench uses: no proxy, no Nagle, a pool as large as the load.
 pub fn http_client(cfg: &BenchConfig, pool_size: usize) -> anyhow::Result<reqwest::Client> {
+    build_client(cfg, pool_size.max(1))
+}
+
+/// A client with `idle_per_host` kept-alive connections (0: a new connection for every request).
+fn build_client(cfg: &BenchConfig, idle_per_host: usize) -> anyhow::Result<reqwest::Client> {
     reqwest::Client::builder()
         .timeout(cfg.timeout())
-        .pool_max_idle_per_host(pool_size.max(1))
+        .pool_max_idle_per_host(idle_per_host)
         .tcp_nodelay(true)
         .no_proxy()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {}", error_chain(&e)))
 }
 
+/// One sent request: how it ended, and whether it was resent on a new connection.
+#[derive(Debug)]
+pub struct Sent {
+    pub result: Result<Completion, RequestFailure>,
+    /// The kept-alive connection it first went out on closed before any of the response arrived
+    /// (the server had closed it while idle), so it was sent once more on a new connection.
+    pub retried: bool,
+}
+
 /// Sends prepared request bodies to one endpoint and times them.
 #[derive(Clone, Debug)]
 pub struct RequestSender {
     client: reqwest::Client,
+    /// Keeps no connection: the one resend of a request whose kept-alive connection was closed.
+    fresh_client: reqwest::Client,
     url: String,
     stream: bool,
     api_key: Option<String>,
 }
 
 impl RequestSender {
-    pub fn new(client: reqwest::Client, cfg: &BenchConfig) -> Self {
-        Self {
+    pub fn new(client: reqwest::Client, cfg: &BenchConfig) -> anyhow::Result<Self> {
+        Ok(Self {
             client,
+            fresh_client: build_client(cfg, 0)?,
             url: cfg.url(cfg.endpoint.path()),
             stream: cfg.stream,
             api_key: cfg.api_key.clone(),
+        })
+    }
+
+    /// Sends one JSON body (already serialized) and times the answer. A request whose connection
+    /// closed before any response byte is resent once on a new connection and timed from the
+    /// resend: that is how a kept-alive connection the server closed while idle fails (llama.cpp's
+    /// server does), and the server never saw the request. A server that drops requests this way
+    /// every time still fails the resend; after any response byte a failure stands.
+    pub async fn send(&self, body: Bytes) -> Sent {
+        match self.send_with(&self.client, body.clone()).await {
+            Err(Attempt::ClosedUnanswered(_)) => Sent {
+                result: self
+                    .send_with(&self.fresh_client, body)
+                    .await
+                    .map_err(Attempt::into_failure),
+                retried: true,
+            },
+            result => Sent {
+                result: result.map_err(Attempt::into_failure),
+                retried: false,
+            },
         }
     }
 
-    /// Sends one JSON body (already serialized) and times the answer.
-    pub async fn send(&self, body: Bytes) -> Result<Completion, RequestFailure> {
-        let mut request = self
-            .client
+    async fn send_with(&self, client: &reqwest::Client, body: Bytes) -> Result<Completion, Attempt> {
+        let mut request = client
             .post(&self.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
@@ -121,21 +157,68 @@ impl RequestSender {
             request = request.bearer_auth(key);
         }
         let start = Instant::now();
-        let response = request.send().await.map_err(|e| classify(&e, false))?;
+        let response = request.send().await.map_err(|e| {
+            if closed_before_response(&e) {
+                Attempt::ClosedUnanswered(classify(&e, false))
+            } else {
+                Attempt::Failed(classify(&e, false))
+            }
+        })?;
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            return Err(RequestFailure::new(
+            return Err(Attempt::Failed(RequestFailure::new(
                 ErrorKind::HttpStatus(status.as_u16()),
                 server_error_message(&text),
-            ));
+            )));
         }
-        if self.stream {
+        let completion = if self.stream {
             read_stream(response, start).await
         } else {
             read_full(response, start).await
+        };
+        completion.map_err(Attempt::Failed)
+    }
+}
+
+/// How one attempt at a request failed.
+enum Attempt {
+    /// The connection closed (or was reset) before any of the response arrived.
+    ClosedUnanswered(RequestFailure),
+    Failed(RequestFailure),
+}
+
+impl Attempt {
+    fn into_failure(self) -> RequestFailure {
+        match self {
+            Attempt::ClosedUnanswered(f) | Attempt::Failed(f) => f,
         }
     }
+}
+
+/// Whether a send failed because the connection closed or was reset before the response's status
+/// line: hyper's "connection closed before message completed", or a reset. Not a timeout, and not
+/// a failure to connect (nothing was sent then).
+fn closed_before_response(e: &reqwest::Error) -> bool {
+    if e.is_timeout() || e.is_connect() {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+            if matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe) {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
 }
 
 async fn read_stream(mut response: reqwest::Response, start: Instant) -> Result<Completion, RequestFailure> {

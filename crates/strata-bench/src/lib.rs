@@ -28,7 +28,7 @@ pub async fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
     let client = client::http_client(cfg, pool)?;
     let model = workload::resolve_model(cfg, &client).await?;
     let workload = Arc::new(workload::prepare_workload(cfg, &client, model).await?);
-    let sender = client::RequestSender::new(client, cfg);
+    let sender = client::RequestSender::new(client, cfg)?;
     let records = runner::drive(cfg, &workload, &sender).await;
     Ok(report::build_report(cfg, &workload, records).await)
 }

@@ -2,7 +2,6 @@
 //! Owns /v1/models, /v1/chat/completions, /v1/completions and /tokenize, with set delays and injected faults.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -55,6 +54,10 @@ pub struct MockConfig {
     pub tokenize_endpoint: bool,
     /// Faults by the arrival number (from 0) of completion requests.
     pub faults: BTreeMap<u64, MockFault>,
+    /// Answer one request per connection without saying `Connection: close`, as a server that
+    /// closes idle keep-alive connections does (llama.cpp's): a later request on that connection
+    /// finds it closed, with no byte of response.
+    pub one_request_per_connection: bool,
 }
 
 impl Default for MockConfig {
@@ -67,6 +70,7 @@ impl Default for MockConfig {
             send_usage: true,
             tokenize_endpoint: false,
             faults: BTreeMap::new(),
+            one_request_per_connection: false,
         }
     }
 }
@@ -74,6 +78,7 @@ impl Default for MockConfig {
 struct MockState {
     config: MockConfig,
     completion_requests: AtomicU64,
+    closed_unanswered: AtomicU64,
 }
 
 /// A running mock server on 127.0.0.1; it stops accepting when dropped.
@@ -96,6 +101,7 @@ impl MockServer {
         let state = Arc::new(MockState {
             config,
             completion_requests: AtomicU64::new(0),
+            closed_unanswered: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self { addr, state, accept })
@@ -113,6 +119,11 @@ impl MockServer {
     /// Completion requests received so far (chat and completions, faulty ones included).
     pub fn completion_requests(&self) -> u64 {
         self.state.completion_requests.load(Ordering::Relaxed)
+    }
+
+    /// Requests that found their connection closed (`one_request_per_connection`), unanswered.
+    pub fn closed_unanswered(&self) -> u64 {
+        self.state.closed_unanswered.load(Ordering::Relaxed)
     }
 }
 
@@ -133,8 +144,20 @@ async fn accept_loop(listener: TcpListener, state: Arc<MockState>) {
         };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
+        let served_here = Arc::new(AtomicU64::new(0));
         tokio::spawn(async move {
-            let service = service_fn(move |request| handle(request, state.clone()));
+            let service = service_fn(move |request| {
+                let state = state.clone();
+                let earlier = served_here.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if state.config.one_request_per_connection && earlier > 0 {
+                        // An error from the service makes hyper drop the connection unanswered.
+                        state.closed_unanswered.fetch_add(1, Ordering::Relaxed);
+                        return Err(io::Error::other("mock: connection already closed"));
+                    }
+                    Ok::<_, io::Error>(handle(request, state).await)
+                }
+            });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -142,7 +165,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<MockState>) {
     }
 }
 
-async fn handle(request: Request<Incoming>, state: Arc<MockState>) -> Result<Response<MockBody>, Infallible> {
+async fn handle(request: Request<Incoming>, state: Arc<MockState>) -> Response<MockBody> {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let body: Value = match request.into_body().collect().await {
@@ -174,7 +197,7 @@ async fn handle(request: Request<Incoming>, state: Arc<MockState>) -> Result<Res
             json!({"error": {"message": format!("mock: no route {path}"), "type": "not_found"}}),
         ),
     };
-    Ok(response)
+    response
 }
 
 fn json_response(status: StatusCode, value: Value) -> Response<MockBody> {
@@ -310,6 +333,7 @@ pub struct MockBody {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Fail (closing the connection) after this many frames.
     fail_after: Option<usize>,
+    flushed_before_failing: bool,
     sent: usize,
     exact_len: Option<u64>,
 }
@@ -322,6 +346,7 @@ impl MockBody {
             gap: Duration::ZERO,
             sleep: None,
             fail_after: None,
+            flushed_before_failing: false,
             sent: 0,
         }
     }
@@ -332,6 +357,7 @@ impl MockBody {
             gap,
             sleep: None,
             fail_after: None,
+            flushed_before_failing: false,
             sent: 0,
             exact_len: None,
         }
@@ -349,6 +375,13 @@ impl Body for MockBody {
             this.sleep = None;
         }
         if this.fail_after == Some(this.sent) {
+            if !this.flushed_before_failing {
+                // Pause first: hyper flushes what it holds, so the client has bytes before the drop.
+                this.flushed_before_failing = true;
+                this.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))));
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             this.fail_after = None;
             this.frames.clear();
             return Poll::Ready(Some(Err(io::Error::other("mock: connection dropped mid-stream"))));

@@ -62,6 +62,10 @@ pub struct RequestCounts {
     pub sent: u64,
     pub completed: u64,
     pub failed: u64,
+    /// Measured requests resent once on a new connection because the kept-alive connection they
+    /// went out on closed before any response byte (not errors: their resend counts instead).
+    #[serde(default)]
+    pub retried: u64,
     pub warmup_sent: u64,
     pub warmup_failed: u64,
 }
@@ -218,6 +222,7 @@ pub async fn build_report(cfg: &BenchConfig, workload: &Workload, records: RunRe
     let (mut input_tokens, mut output_tokens) = (TokenTotals::default(), TokenTotals::default());
     for record in &records.measured {
         requests.sent += 1;
+        requests.retried += u64::from(record.retried);
         let completion = match &record.result {
             Ok(c) => c,
             Err(failure) => {

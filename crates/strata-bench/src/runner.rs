@@ -21,6 +21,8 @@ pub struct RequestRecord {
     /// Prompt tokens as counted when the request was prepared.
     pub input_tokens: u64,
     pub result: Result<Completion, RequestFailure>,
+    /// Resent once on a new connection after its kept-alive one closed unanswered.
+    pub retried: bool,
 }
 
 /// Every measured request of a run, and the counts of the warm-up.
@@ -138,13 +140,14 @@ async fn closed_loop(
                     break;
                 }
                 let request = request_for(&workload, phase, i);
-                let result = sender.send(request.body.clone()).await;
+                let sent = sender.send(request.body.clone()).await;
                 if let Some(bar) = &bar {
                     bar.inc(1);
                 }
                 records.push(RequestRecord {
                     input_tokens: request.input_tokens,
-                    result,
+                    result: sent.result,
+                    retried: sent.retried,
                 });
             }
             records
@@ -201,14 +204,15 @@ async fn open_loop(
         let (workload, sender, bar) = (workload.clone(), sender.clone(), bar.clone());
         tasks.spawn(async move {
             let request = workload.measured_request(i);
-            let result = sender.send(request.body.clone()).await;
+            let sent = sender.send(request.body.clone()).await;
             drop(permit);
             if let Some(bar) = &bar {
                 bar.inc(1);
             }
             RequestRecord {
                 input_tokens: request.input_tokens,
-                result,
+                result: sent.result,
+                retried: sent.retried,
             }
         });
         i += 1;

@@ -168,6 +168,12 @@ pub fn run_details(run: &BenchReport) -> String {
         out.push_str(&format!(" ({} of them failed)", c.warmup_failed));
     }
     out.push('\n');
+    if c.retried > 0 {
+        out.push_str(&format!(
+            "retried: {} requests resent on a new connection after a kept-alive one closed before any response byte (not errors)\n",
+            c.retried
+        ));
+    }
     for (kind, message) in &run.errors.first_message {
         out.push_str(&format!("  first {kind}: {message}\n"));
     }

@@ -1,5 +1,6 @@
 //! Failures against the mock land in the error breakdown under the right kind, and never in the latency figures.
-//! Owns injected HTTP statuses, dropped connections, malformed streams, timeouts and an unreachable server.
+//! Owns injected HTTP statuses, dropped connections, closed keep-alive connections, malformed streams, timeouts
+//! and an unreachable server.
 
 mod common;
 
@@ -33,6 +34,10 @@ async fn injected_faults_are_counted_by_kind() {
 
     let c = &report.requests;
     assert_eq!((c.sent, c.completed, c.failed, c.warmup_failed), (20, 14, 6, 0));
+    assert_eq!(
+        c.retried, 0,
+        "a stream dropped after its first bytes is an error, never resent"
+    );
     let e = &report.errors;
     assert_eq!(e.total, 6);
     assert_eq!(e.http_status, BTreeMap::from([(429, 1), (500, 1)]));
@@ -47,6 +52,35 @@ async fn injected_faults_are_counted_by_kind() {
         "failed requests stay out of latencies"
     );
     assert_eq!(report.output_tokens.total, 14 * 5);
+}
+
+#[tokio::test]
+async fn keep_alive_connections_the_server_closed_are_retried_not_failed() {
+    let mock = MockServer::start(MockConfig {
+        one_request_per_connection: true,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = common::small_config(mock.base_url());
+    cfg.warmup = 0;
+    let report = run_bench(&cfg).await.unwrap();
+
+    let c = &report.requests;
+    assert_eq!((c.sent, c.completed, c.failed), (20, 20, 0));
+    assert_eq!(report.errors.total, 0, "{:?}", report.errors.first_message);
+    assert!(c.retried > 0, "the pool reuses connections, which the mock closed");
+    // hyper may resend a request it had not yet written on its own; each resend of ours is one closing.
+    assert!(c.retried <= mock.closed_unanswered());
+    assert_eq!(mock.completion_requests(), 20, "each request generated once");
+    assert_eq!(report.output_tokens.total, 20 * 5);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["requests"]["retried"], c.retried);
+    let details = strata_bench::table::run_details(&report);
+    assert!(
+        details.contains(&format!("retried: {} requests resent on a new connection", c.retried)),
+        "{details}"
+    );
 }
 
 #[tokio::test]

@@ -159,15 +159,11 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
     for (i, &dtype) in args.kv_cache_dtypes.iter().enumerate() {
         let model = crate::progress::load_with_progress(&path)?;
         let c = model.transformer.config.clone();
-        let vocab = c.vocab_size as u64;
+        let prompts = crate::synthetic_prompt::SyntheticPrompts::new(&model.tokenizer)?;
         let max_model_len = (args.prompt_tokens + args.output_tokens.max(args.decode_tokens) + 16).min(c.max_position);
         let (engine, weight_bytes) = start(model, &args, dtype, max_level, max_model_len)?;
         let kv_tokens = engine.capacity().tokens();
-        let prompt = |seed: u64| -> Vec<u32> {
-            (0..args.prompt_tokens as u64)
-                .map(|j| (100 + ((seed * 7919 + j).wrapping_mul(2654435761) % (vocab - 200))) as u32)
-                .collect()
-        };
+        let prompt = |seed: u64| prompts.prompt(args.prompt_tokens, seed);
         let run = |prompt: Vec<u32>, max_tokens: usize| -> anyhow::Result<strata_engine::Completion> {
             let req = GenerationRequest {
                 ignore_eos: true,

@@ -67,11 +67,8 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
     );
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let model = crate::progress::load_with_progress(&path)?;
-    let vocab = model.transformer.config.vocab_size as u64;
-    // A fixed pseudo-random prompt of ordinary tokens (ids past the special ones at the start).
-    let prompt: Vec<u32> = (0..args.prompt_tokens as u64)
-        .map(|i| (100 + (i.wrapping_mul(2654435761) % (vocab - 200))) as u32)
-        .collect();
+    // A fixed pseudo-random prompt of ordinary tokens.
+    let prompt = crate::synthetic_prompt::SyntheticPrompts::new(&model.tokenizer)?.prompt(args.prompt_tokens, 0);
     let weight_bytes = model.transformer.weights.matrix_bytes();
     let cpu = crate::device::DeviceArgs {
         device: crate::device::Device::Cpu,

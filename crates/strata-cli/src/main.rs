@@ -11,6 +11,7 @@ mod plan;
 mod progress;
 mod run;
 mod serve;
+mod synthetic_prompt;
 mod tokenize;
 mod topo;
 
