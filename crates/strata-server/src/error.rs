@@ -181,6 +181,7 @@ impl ApiError {
                 code: Some("context_length_exceeded"),
                 ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", err.to_string())
             },
+            SubmitError::MoreThanQueue { .. } => Self::invalid_field(prompt_param, err.to_string()),
             SubmitError::Invalid(message) => {
                 let param = field_named_in(&message);
                 ApiError {
