@@ -96,6 +96,14 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
 
+    /// 400: the prompt cannot fit in --max-model-len.
+    pub fn context_length_exceeded(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            code: Some("context_length_exceeded"),
+            ..Self::invalid_field(param, message)
+        }
+    }
+
     /// 401: missing or wrong API key.
     pub fn unauthorized() -> Self {
         ApiError {
@@ -176,11 +184,7 @@ impl ApiError {
                 code: Some("queue_full"),
                 ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", err.to_string())
             },
-            SubmitError::PromptTooLong { .. } => ApiError {
-                param: Some(prompt_param.into()),
-                code: Some("context_length_exceeded"),
-                ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", err.to_string())
-            },
+            SubmitError::PromptTooLong { .. } => Self::context_length_exceeded(prompt_param, err.to_string()),
             SubmitError::MoreThanQueue { .. } => Self::invalid_field(prompt_param, err.to_string()),
             SubmitError::Invalid(message) => {
                 let param = field_named_in(&message);

@@ -28,6 +28,7 @@ use subtle::ConstantTimeEq;
 
 pub use error::{ApiError, ErrorDetail, ErrorResponse};
 pub use metrics::Metrics;
+use prompt::{PromptContext, PromptLimit};
 
 /// How the server behaves (the engine has its own config).
 #[derive(Debug, Clone)]
@@ -63,15 +64,28 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
+    /// Prompt texts longer than this cannot fit in --max-model-len.
+    pub prompt_limit: PromptLimit,
 }
 
 impl AppState {
     pub fn new(engine: EngineHandle, config: ServerConfig) -> Self {
         AppState {
+            prompt_limit: PromptLimit::new(engine.tokenizer(), engine.max_model_len()),
             engine,
             config,
             metrics: Arc::new(Metrics::default()),
             created: generation::unix_now(),
+        }
+    }
+
+    /// The tokenizer, chat template and limits that requests' prompts are built with.
+    pub fn prompt_context(&self) -> PromptContext<'_> {
+        PromptContext {
+            tokenizer: self.engine.tokenizer(),
+            template: self.engine.chat_template(),
+            limit: self.prompt_limit,
+            max_queue: self.engine.config().max_queue,
         }
     }
 

@@ -9,6 +9,7 @@ use common::{assert_error, default_model, engine_config, server_config, stream, 
 use serde_json::{json, Value};
 use strata_engine::{cpu_executor, EngineHandle};
 use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
+use strata_server::prompt::{PromptError, PromptLimit};
 use strata_server::ServerConfig;
 
 fn chat(content: &str, extra: Value) -> Value {
@@ -693,4 +694,67 @@ async fn a_lost_gpu_gives_503_with_the_reason_and_unhealthy() {
     assert_unavailable(503, &error);
     let (status, body) = s.get("/health").await;
     assert_unavailable(status, &serde_json::from_str(&body).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_that_cannot_fit_are_refused_before_tokenizing() {
+    let s = TestServer::default().await;
+    let tokenizer = s.engine.tokenizer();
+    let limit = PromptLimit::new(tokenizer, 1024);
+    // No text has fewer tokens than its bytes over the longest token's.
+    for text in [
+        "Hello, world!",
+        "     \n\n\t  x",
+        "こんにちは世界",
+        "============",
+        "<|im_start|>user",
+    ] {
+        let ids = limit.text_ids(tokenizer, text, false).expect("fits");
+        assert!(ids.len() * limit.max_token_bytes >= text.len(), "{text:?}: {ids:?}");
+    }
+    // One byte more than that bound is refused by its length: the tokenizer never sees it.
+    let over = "a".repeat(limit.max_text_bytes() + 1);
+    match limit.text_ids(tokenizer, &over, true) {
+        Err(PromptError::TooLong { bytes, .. }) => assert_eq!(bytes, over.len()),
+        other => panic!("not refused by length: {:?}", other.map(|ids| ids.len())),
+    }
+    let fitting = "a".repeat(limit.max_text_bytes());
+    assert!(limit.check_text(&fitting).is_ok());
+
+    // Over HTTP: 2 MB of text (a million tokens) gets the context-length 400 that names bytes.
+    let big = "a ".repeat(1 << 20);
+    let refused_by_length = |status: u16, e: &Value, param: &str| {
+        assert_error(status, e, 400, Some(param));
+        assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("1024 tokens") && message.contains("bytes of text"),
+            "{message}"
+        );
+    };
+    let (status, e) = s.post("/v1/chat/completions", &chat(&big, json!({}))).await;
+    refused_by_length(status, &e, "messages");
+    let (status, e) = s.post("/v1/completions", &completion(json!(big), json!({}))).await;
+    refused_by_length(status, &e, "prompt");
+    let (status, e) = s
+        .post("/v1/completions", &completion(json!(["Hi", big]), json!({})))
+        .await;
+    refused_by_length(status, &e, "prompt");
+    let (status, e) = s.post("/tokenize", &json!({"prompt": big})).await;
+    refused_by_length(status, &e, "prompt");
+    let (status, e) = s
+        .post("/tokenize", &json!({"messages": [{"role": "user", "content": big}]}))
+        .await;
+    refused_by_length(status, &e, "messages");
+    // Token ids: a list of max_model_len ids or more, refused with both numbers.
+    let (status, e) = s
+        .post(
+            "/v1/completions",
+            &completion(json!([[1, 2], vec![7; 5000]]), json!({})),
+        )
+        .await;
+    assert_error(status, &e, 400, Some("prompt"));
+    assert!(e["error"]["message"].as_str().unwrap().contains("5000 tokens"), "{e}");
+    let (status, _) = s.get("/health").await;
+    assert_eq!(status, 200);
 }
