@@ -378,6 +378,20 @@ async fn every_bad_request_gets_an_openai_error() {
             json!({"messages": ok_messages, "repetition_penalty": 0}),
             "repetition_penalty",
         ),
+        (
+            json!({"messages": ok_messages, "repetition_penalty": 18446744073709551616.0}),
+            "repetition_penalty",
+        ),
+        (json!({"messages": ok_messages, "temperature": 1000}), "temperature"),
+        (json!({"messages": ok_messages, "stop": vec!["x"; 17]}), "stop"),
+        (
+            json!({"messages": ok_messages, "stop": ["a", "b".repeat(600)]}),
+            "stop[1]",
+        ),
+        (
+            json!({"messages": ok_messages, "stop_token_ids": vec![1; 2000]}),
+            "stop_token_ids",
+        ),
         (json!({"messages": ok_messages, "max_tokens": 0}), "max_tokens"),
         (json!({"messages": ok_messages, "max_tokens": -5}), "max_tokens"),
         (json!({"messages": ok_messages, "max_tokens": 1e10}), "max_tokens"),
@@ -469,6 +483,14 @@ async fn every_bad_request_gets_an_openai_error() {
     }
     let (status, _) = s.get("/health").await;
     assert_eq!(status, 200);
+    // A temperature too small to divide by is greedy, as in vLLM.
+    let (status, r) = s
+        .post(
+            c,
+            &json!({"messages": ok_messages, "max_tokens": 2, "temperature": 1e-9}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
     // Unknown fields are ignored, nulls mean "not given".
     let (status, r) = s
         .post(
