@@ -44,6 +44,9 @@ pub enum RequestErrors {
     /// The body is larger than --max-request-body-bytes.
     #[response(status = 413)]
     TooLarge(ErrorResponse),
+    /// The body is not declared as JSON (`Content-Type: application/json`).
+    #[response(status = 415)]
+    NotJson(ErrorResponse),
 }
 
 /// The further errors of a generation request (for the OpenAPI document).
@@ -155,6 +158,23 @@ impl ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 format!("the request body is larger than the server's limit of {limit} bytes"),
+            )
+        }
+    }
+
+    /// 415: a POST whose body is not declared as JSON (a form or text/plain body is what a web
+    /// page can send cross-origin without a CORS preflight).
+    pub fn not_json(content_type: Option<&str>) -> Self {
+        let got = match content_type {
+            Some(t) => format!("`{t}`"),
+            None => "none".to_string(),
+        };
+        ApiError {
+            code: Some("unsupported_media_type"),
+            ..Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!("the request body must be JSON sent with `Content-Type: application/json` (got {got})"),
             )
         }
     }

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -125,6 +126,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         app = app.route(path, handlers.fallback(routes::wrong_method));
     }
     app.fallback(routes::unknown_route)
+        .layer(middleware::from_fn(require_json_body))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), require_api_key))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count_requests))
         .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
@@ -149,6 +151,32 @@ async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, n
     match given {
         Some(token) if bool::from(token.as_bytes().ct_eq(key.as_bytes())) => next.run(request).await,
         _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+/// Refuses (415) a POST to an API route whose body is not declared as JSON: browsers send
+/// `text/plain` and form bodies cross-origin without asking, JSON only after a CORS preflight.
+async fn require_json_body(request: Request, next: Next) -> Response {
+    let routed = request.extensions().get::<MatchedPath>().is_some();
+    if request.method() != Method::POST || !routed {
+        return next.run(request).await;
+    }
+    let content_type = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("(not text)"));
+    if content_type.is_some_and(is_json_media_type) {
+        return next.run(request).await;
+    }
+    ApiError::not_json(content_type).into_response()
+}
+
+/// `application/json` or `application/<anything>+json`, parameters (`; charset=utf-8`) allowed.
+fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match essence.strip_prefix("application/") {
+        Some(sub) => sub == "json" || (sub.ends_with("+json") && sub.len() > "+json".len()),
+        None => false,
     }
 }
 
@@ -241,5 +269,36 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json_media_type;
+
+    #[test]
+    fn json_media_types() {
+        for t in [
+            "application/json",
+            "application/json; charset=utf-8",
+            " Application/JSON ;charset=UTF-8",
+            "application/vnd.api+json",
+            "application/merge-patch+json",
+        ] {
+            assert!(is_json_media_type(t), "{t}");
+        }
+        for t in [
+            "text/plain",
+            "text/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonp",
+            "application/+json",
+            "application/json-seq",
+            "",
+            "json",
+        ] {
+            assert!(!is_json_media_type(t), "{t}");
+        }
     }
 }

@@ -780,3 +780,42 @@ async fn prompts_that_cannot_fit_are_refused_before_tokenizing() {
     let (status, _) = s.get("/health").await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_bodies_must_be_declared_as_json() {
+    let s = TestServer::default().await;
+    let body = json!({"prompt": "Hi"}).to_string();
+    let send = |path: &'static str, content_type: Option<&'static str>| {
+        let mut r = s.client.post(s.url(path)).body(body.clone());
+        if let Some(t) = content_type {
+            r = r.header("content-type", t);
+        }
+        r.send()
+    };
+    for (path, content_type) in [
+        ("/v1/completions", Some("text/plain")),
+        ("/v1/completions", Some("application/x-www-form-urlencoded")),
+        ("/v1/completions", None),
+        ("/v1/chat/completions", Some("multipart/form-data; boundary=x")),
+        ("/tokenize", Some("text/plain;charset=UTF-8")),
+        ("/detokenize", Some("application/jsonx")),
+        ("/tokenize", Some("application/+json")),
+    ] {
+        let r = send(path, content_type).await.unwrap();
+        let status = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert_error(status, &e, 415, None);
+        assert_eq!(e["error"]["code"], "unsupported_media_type", "{path} {content_type:?}");
+    }
+    for content_type in [
+        "application/json",
+        "Application/JSON; charset=utf-8",
+        "application/vnd.api+json",
+    ] {
+        let r = send("/tokenize", Some(content_type)).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{content_type}");
+    }
+    // Unknown routes stay 404 whatever the body.
+    let r = send("/v1/nothing", Some("text/plain")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+}
