@@ -256,6 +256,11 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body was never read, so the connection cannot carry another
             // request: say so, or a client reusing it gets a reset instead of its next answer.
@@ -278,6 +283,15 @@ mod tests {
         assert_eq!(r.headers()[header::CONNECTION], "close");
         let r = ApiError::invalid_request("bad").into_response();
         assert!(r.headers().get(header::CONNECTION).is_none());
+    }
+
+    #[test]
+    fn a_401_names_the_bearer_scheme() {
+        let r = ApiError::unauthorized().into_response();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let r = ApiError::not_json(Some("text/plain")).into_response();
+        assert!(r.headers().get(header::WWW_AUTHENTICATE).is_none());
     }
 
     #[test]

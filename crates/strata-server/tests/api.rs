@@ -528,6 +528,7 @@ async fn api_key_is_required_except_for_health_and_metrics() {
     ] {
         let r = send(auth).await.unwrap();
         let status = r.status().as_u16();
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
         let e: Value = r.json().await.unwrap();
         assert_error(status, &e, 401, None);
         assert_eq!(e["error"]["code"], "invalid_api_key");
