@@ -1,6 +1,8 @@
 //! API errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with
 //! the HTTP status each failure deserves; every handler returns these instead of panicking.
 
+use std::time::Duration;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -41,6 +43,9 @@ pub enum RequestErrors {
     /// The `model` is not the served one (code `model_not_found`).
     #[response(status = 404)]
     UnknownModel(ErrorResponse),
+    /// The body did not arrive within --body-read-timeout.
+    #[response(status = 408)]
+    BodyTimeout(ErrorResponse),
     /// The body is larger than --max-request-body-bytes.
     #[response(status = 413)]
     TooLarge(ErrorResponse),
@@ -179,6 +184,33 @@ impl ApiError {
         }
     }
 
+    /// 408: the request body did not arrive in time (`--body-read-timeout`).
+    pub fn body_timeout(timeout: Duration) -> Self {
+        ApiError {
+            code: Some("request_timeout"),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {:.1} s (--body-read-timeout)",
+                    timeout.as_secs_f64()
+                ),
+            )
+        }
+    }
+
+    /// 503 for a connection over `--max-connections`.
+    pub fn too_many_connections(max: usize) -> Self {
+        ApiError {
+            code: Some("too_many_connections"),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("the server has its maximum of {max} connections open (--max-connections); retry later"),
+            )
+        }
+    }
+
     /// 503 while the engine is not running (also once its devices were lost: `why` says how).
     pub fn engine_unavailable(why: &str) -> Self {
         Self::new(
@@ -261,7 +293,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+        if matches!(self.status, StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT) {
             // The rest of the body was never read, so the connection cannot carry another
             // request: say so, or a client reusing it gets a reset instead of its next answer.
             response
@@ -277,9 +309,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_413_closes_the_connection() {
+    fn a_413_or_408_closes_the_connection() {
         let r = ApiError::body_too_large(10).into_response();
         assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+        let r = ApiError::body_timeout(Duration::from_secs(3)).into_response();
+        assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
         assert_eq!(r.headers()[header::CONNECTION], "close");
         let r = ApiError::invalid_request("bad").into_response();
         assert!(r.headers().get(header::CONNECTION).is_none());

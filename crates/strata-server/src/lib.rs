@@ -4,6 +4,7 @@
 pub mod body;
 pub mod chat;
 pub mod completions;
+pub mod connections;
 pub mod error;
 pub mod generation;
 pub mod metrics;
@@ -13,7 +14,7 @@ pub mod prompt;
 pub mod protocol;
 pub mod routes;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use axum::Router;
 use strata_engine::EngineHandle;
 use subtle::ConstantTimeEq;
 
+use connections::{serve_connections, ConnectionLimits};
 pub use error::{ApiError, ErrorDetail, ErrorResponse};
 pub use metrics::Metrics;
 use prompt::{PromptContext, PromptLimit};
@@ -44,6 +46,8 @@ pub struct ServerConfig {
     pub sse_keep_alive: Duration,
     /// After SIGTERM/SIGINT, how long in-flight requests may finish before they are aborted.
     pub shutdown_timeout: Duration,
+    /// Read deadlines and the connection cap.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +58,12 @@ impl Default for ServerConfig {
             max_request_body_bytes: 32 << 20,
             sse_keep_alive: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
+            connections: ConnectionLimits {
+                header_read_timeout: Duration::from_secs(10),
+                body_read_timeout: Duration::from_secs(30),
+                keep_alive_timeout: Duration::from_secs(75),
+                max_connections: connections::DEFAULT_MAX_CONNECTIONS,
+            },
         }
     }
 }
@@ -195,8 +205,6 @@ async fn count_requests(State(state): State<Arc<AppState>>, request: Request, ne
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("the HTTP server failed: {0}")]
-    Io(#[from] std::io::Error),
     #[error("the server task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -210,13 +218,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let timeout = config.shutdown_timeout;
+    let limits = config.connections;
     let state = Arc::new(AppState::new(engine.clone(), config));
     let (signalled_tx, mut signalled_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+    let server = serve_connections(listener, router(state), limits, async move {
         shutdown.await;
         let _ = signalled_tx.send(true);
     });
-    let mut server = tokio::spawn(server.into_future());
+    let mut server = tokio::spawn(server);
     let outcome = tokio::select! {
         result = &mut server => Some(result),
         _ = signalled_rx.wait_for(|s| *s) => None,
@@ -235,7 +244,7 @@ pub async fn serve(
                         Ok(result) => result,
                         Err(_) => {
                             server.abort();
-                            Ok(Ok(()))
+                            Ok(())
                         }
                     }
                 }
@@ -244,7 +253,7 @@ pub async fn serve(
     };
     let stopping = engine.clone();
     tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
-    result??;
+    result?;
     Ok(())
 }
 
