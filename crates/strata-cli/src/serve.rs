@@ -9,6 +9,9 @@ use clap::Args;
 use strata_engine::{ActPrecision, EngineConfig, KvCacheDtype};
 use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
 use strata_model::loader::default_model_path;
+use strata_server::connections::{
+    max_connections_for, raise_descriptor_limit, ConnectionLimits, DEFAULT_MAX_CONNECTIONS,
+};
 use strata_server::ServerConfig;
 
 #[derive(Args, Debug)]
@@ -71,6 +74,21 @@ pub struct ServeArgs {
     /// Seconds between `: keep-alive` comments on a stream with nothing to send (e.g. queued).
     #[arg(long, default_value_t = 10.0)]
     pub sse_keep_alive: f64,
+    /// Seconds a client has to send a request's headers (from connecting, or from the request's
+    /// first byte); then the connection is closed.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+    /// Seconds a client has to send a request's whole body once its headers are in; then it gets
+    /// 408 and the connection is closed.
+    #[arg(long, default_value_t = 30.0)]
+    pub body_read_timeout: f64,
+    /// Seconds an idle connection is kept open between requests.
+    #[arg(long, default_value_t = 75.0)]
+    pub keep_alive_timeout: f64,
+    /// Connections open at once; more are answered 503 and closed (default: the open-descriptor
+    /// limit, raised to its hard maximum at start, less 128; at most 4096).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
 }
 
 /// Parses `512MiB`, `2GiB`, `1G`, `64k`, `1.5GiB` or a plain number of bytes.
@@ -109,6 +127,46 @@ fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
         .map_err(|_| anyhow::anyhow!("{flag} must be a number of seconds >= 0, got {value}"))
 }
 
+fn timeout(value: f64, flag: &str) -> anyhow::Result<Duration> {
+    match seconds(value, flag)? {
+        d if d.is_zero() => anyhow::bail!("{flag} must be more than 0 seconds"),
+        d => Ok(d),
+    }
+}
+
+/// Raises the open-descriptor limit and checks --max-connections against it (default: what fits).
+fn connection_limits(args: &ServeArgs) -> anyhow::Result<ConnectionLimits> {
+    let fitting = match raise_descriptor_limit() {
+        Ok(limit) => {
+            let fitting = max_connections_for(limit);
+            tracing::debug!("open-descriptor limit: {limit}; room for {fitting} connections");
+            Some(fitting)
+        }
+        Err(e) => {
+            tracing::warn!("could not read the open-descriptor limit: {e}");
+            None
+        }
+    };
+    let max_connections = match (args.max_connections, fitting) {
+        (Some(0), _) => anyhow::bail!("--max-connections must be at least 1"),
+        (Some(asked), Some(fitting)) if asked > fitting => {
+            tracing::warn!(
+                "--max-connections {asked} is more than the open-descriptor limit leaves room for \
+                 ({fitting}); past that, connections fail instead of getting 503 (raise `ulimit -n`)"
+            );
+            asked
+        }
+        (Some(asked), _) => asked,
+        (None, fitting) => fitting.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+    };
+    Ok(ConnectionLimits {
+        header_read_timeout: timeout(args.header_read_timeout, "--header-read-timeout")?,
+        body_read_timeout: timeout(args.body_read_timeout, "--body-read-timeout")?,
+        keep_alive_timeout: timeout(args.keep_alive_timeout, "--keep-alive-timeout")?,
+        max_connections,
+    })
+}
+
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let served_model_name = args
@@ -126,6 +184,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_request_body_bytes: args.max_request_body_bytes,
         sse_keep_alive: seconds(args.sse_keep_alive, "--sse-keep-alive")?.max(Duration::from_millis(10)),
         shutdown_timeout: seconds(args.shutdown_timeout, "--shutdown-timeout")?,
+        connections: connection_limits(&args)?,
     };
     let engine_config = EngineConfig {
         max_model_len: args.max_model_len,

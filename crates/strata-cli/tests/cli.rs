@@ -201,3 +201,16 @@ fn bench_gpu_refuses_an_ablation_that_names_no_kernel() {
         );
     }
 }
+
+#[test]
+fn serve_refuses_unusable_connection_limits() {
+    for (flag, value) in [
+        ("--header-read-timeout", "0"),
+        ("--body-read-timeout", "0"),
+        ("--keep-alive-timeout", "inf"),
+        ("--max-connections", "0"),
+    ] {
+        let msg = one_line_error(&["serve", "--port", "0", flag, value]);
+        assert!(msg.starts_with("error:") && msg.contains(flag), "{msg}");
+    }
+}

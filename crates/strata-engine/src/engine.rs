@@ -381,11 +381,65 @@ impl EngineHandle {
     }
 
     /// Queues a request. `max_tokens` is capped so prompt + output fit in `max_model_len`.
-    pub fn submit(&self, mut request: GenerationRequest) -> Result<RequestStream, SubmitError> {
-        let max_model_len = self.inner.capacity.max_model_len;
+    pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, SubmitError> {
+        let mut streams = self.submit_all(vec![request])?;
+        streams
+            .pop()
+            .ok_or_else(|| SubmitError::Invalid("the request list is empty".into()))
+    }
+
+    /// Queues several requests as one (the prompts and choices of one API call): every one is
+    /// checked first and their queue slots are reserved together, so either all are queued or
+    /// none is and nothing stays reserved.
+    pub fn submit_all(&self, mut requests: Vec<GenerationRequest>) -> Result<Vec<RequestStream>, SubmitError> {
         if let Some(why) = self.death() {
             return Err(SubmitError::EngineDead(why));
         }
+        for request in &mut requests {
+            self.check(request)?;
+        }
+        let max_queue = self.inner.config.max_queue;
+        if requests.len() > max_queue {
+            return Err(SubmitError::MoreThanQueue {
+                requests: requests.len(),
+                max_queue,
+            });
+        }
+        self.reserve(requests.len())?;
+        let commands = match self.inner.commands.lock() {
+            Ok(c) => c.clone(),
+            Err(_) => {
+                self.release_reserved(requests.len());
+                return Err(SubmitError::EngineDead("poisoned".into()));
+            }
+        };
+        let mut streams = Vec::with_capacity(requests.len());
+        let mut unsent = requests.len();
+        for request in requests {
+            let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = unbounded_channel();
+            let seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
+            if commands.send(Command::Add(Box::new(seq))).is_err() {
+                // The ones sent are aborted when `streams` drops; the engine releases their slots.
+                self.release_reserved(unsent);
+                return Err(SubmitError::EngineDead(
+                    self.death().unwrap_or_else(|| "stopped".into()),
+                ));
+            }
+            unsent -= 1;
+            streams.push(RequestStream {
+                id,
+                rx,
+                commands: commands.clone(),
+                done: false,
+            });
+        }
+        Ok(streams)
+    }
+
+    /// Refuses a request the engine cannot run, and caps its `max_tokens` to the room left.
+    fn check(&self, request: &mut GenerationRequest) -> Result<(), SubmitError> {
+        let max_model_len = self.inner.capacity.max_model_len;
         if request.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
         }
@@ -413,31 +467,24 @@ impl EngineHandle {
             }
         }
         request.max_tokens = request.max_tokens.min(max_model_len - request.prompt.len());
+        Ok(())
+    }
+
+    /// Takes `n` queue slots at once, or none when fewer are free.
+    fn reserve(&self, n: usize) -> Result<(), SubmitError> {
         let max_queue = self.inner.config.max_queue;
-        if self.inner.shared.queued.fetch_add(1, Ordering::SeqCst) >= max_queue {
-            self.inner.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(SubmitError::QueueFull { max: max_queue });
-        }
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = unbounded_channel();
-        let seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
-        let commands = self
-            .inner
-            .commands
-            .lock()
-            .map_err(|_| SubmitError::EngineDead("poisoned".into()))?;
-        if commands.send(Command::Add(Box::new(seq))).is_err() {
-            self.inner.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(SubmitError::EngineDead(
-                self.death().unwrap_or_else(|| "stopped".into()),
-            ));
-        }
-        Ok(RequestStream {
-            id,
-            rx,
-            commands: commands.clone(),
-            done: false,
-        })
+        self.inner
+            .shared
+            .queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |queued| {
+                queued.checked_add(n).filter(|&total| total <= max_queue)
+            })
+            .map(|_| ())
+            .map_err(|_| SubmitError::QueueFull { max: max_queue })
+    }
+
+    fn release_reserved(&self, n: usize) {
+        self.inner.shared.queued.fetch_sub(n, Ordering::SeqCst);
     }
 
     /// Why the engine stopped, if it has.

@@ -106,8 +106,11 @@ pub enum RequestOutput {
 /// Why the engine refused a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
-    #[error("the request queue is full ({max} requests waiting); retry later")]
+    #[error("the request queue is full (at most {max} requests may wait, --max-queue); retry later")]
     QueueFull { max: usize },
+    /// One call asked for more generations than the queue can ever hold: retrying cannot help.
+    #[error("this request asks for {requests} generations (prompts x n) but at most {max_queue} may wait at once (--max-queue); send fewer prompts or a smaller n")]
+    MoreThanQueue { requests: usize, max_queue: usize },
     #[error("this model's maximum context length is {max_model_len} tokens, but the prompt has {prompt} tokens")]
     PromptTooLong { prompt: usize, max_model_len: usize },
     #[error("{0}")]

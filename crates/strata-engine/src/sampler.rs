@@ -4,6 +4,15 @@
 use crate::request::TokenLogprob;
 use strata_model::DeviceSampling;
 
+/// Smallest temperature other than 0 (greedy): below it the logits scaled by 1 / temperature
+/// overflow to infinity. Clients' smaller values are read as greedy, as vLLM does.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+/// Largest temperature: far above it every distribution is already uniform.
+pub const MAX_TEMPERATURE: f32 = 100.0;
+/// Repetition penalties allowed (vLLM asks only > 0; beyond this range a penalty turns the
+/// logits of every seen token into noise or overflows them).
+pub const REPETITION_PENALTY_RANGE: (f32, f32) = (0.01, 10.0);
+
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -42,8 +51,11 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Checks ranges; the message names the parameter.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+        let t = self.temperature;
+        if !(t == 0.0 || (MIN_TEMPERATURE..=MAX_TEMPERATURE).contains(&t)) {
+            return Err(format!(
+                "temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {t}"
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -51,9 +63,10 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+        let (low, high) = REPETITION_PENALTY_RANGE;
+        if !(low..=high).contains(&self.repetition_penalty) {
             return Err(format!(
-                "repetition_penalty must be > 0, got {}",
+                "repetition_penalty must be in [{low}, {high}] (1 = off), got {}",
                 self.repetition_penalty
             ));
         }
@@ -431,6 +444,87 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().unwrap_err().contains("top_p"));
+    }
+
+    #[test]
+    fn extreme_values_are_refused_naming_the_parameter() {
+        let cases = [
+            (
+                "repetition_penalty",
+                SamplingParams {
+                    repetition_penalty: 2f32.powi(64),
+                    ..Default::default()
+                },
+            ),
+            (
+                "repetition_penalty",
+                SamplingParams {
+                    repetition_penalty: 1e-30,
+                    ..Default::default()
+                },
+            ),
+            (
+                "temperature",
+                SamplingParams {
+                    temperature: 1e30,
+                    ..Default::default()
+                },
+            ),
+            (
+                "temperature",
+                SamplingParams {
+                    temperature: 1e-38,
+                    ..Default::default()
+                },
+            ),
+            (
+                "temperature",
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "presence_penalty",
+                SamplingParams {
+                    presence_penalty: 2.5,
+                    ..Default::default()
+                },
+            ),
+            (
+                "frequency_penalty",
+                SamplingParams {
+                    frequency_penalty: f32::INFINITY,
+                    ..Default::default()
+                },
+            ),
+            (
+                "min_p",
+                SamplingParams {
+                    min_p: f32::NAN,
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (name, params) in cases {
+            let message = params.validate().unwrap_err();
+            assert!(message.starts_with(name), "{message}");
+        }
+        let edges = [
+            SamplingParams {
+                temperature: MAX_TEMPERATURE,
+                repetition_penalty: 10.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: MIN_TEMPERATURE,
+                repetition_penalty: 0.01,
+                ..Default::default()
+            },
+        ];
+        for params in edges {
+            assert_eq!(params.validate(), Ok(()), "{params:?}");
+        }
     }
 
     #[test]

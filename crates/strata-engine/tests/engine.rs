@@ -1133,3 +1133,49 @@ fn a_panic_in_a_step_fails_every_stream_after_the_deltas_it_sent() {
     }
     assert!(e.death().is_some_and(|why| why.contains("step 6 went wrong")));
 }
+
+#[test]
+fn requests_submitted_together_are_queued_all_or_none() {
+    let e = engine(EngineConfig {
+        max_num_seqs: 1,
+        max_queue: 4,
+        ..small_config()
+    });
+    let greedy =
+        |n: usize| -> Vec<GenerationRequest> { (0..n).map(|_| GenerationRequest::greedy(vec![1, 2, 3], 4)).collect() };
+    // A runs alone (one sequence at a time): whatever comes next waits in the queue.
+    let mut a = e
+        .submit(GenerationRequest {
+            ignore_eos: true,
+            ..GenerationRequest::greedy(vec![1, 2, 3], 300)
+        })
+        .expect("submit");
+    assert!(matches!(a.blocking_next(), Some(RequestOutput::Delta { .. })));
+    assert_eq!(
+        e.submit_all(greedy(5)).err(),
+        Some(SubmitError::MoreThanQueue {
+            requests: 5,
+            max_queue: 4
+        })
+    );
+    let three = e.submit_all(greedy(3)).expect("3 of 4 slots");
+    // Two do not fit in the one slot left: refused whole, the slot stays free ...
+    assert_eq!(e.submit_all(greedy(2)).err(), Some(SubmitError::QueueFull { max: 4 }));
+    // ... and a bad request among good ones takes nothing either.
+    let mut mixed = greedy(1);
+    mixed.push(GenerationRequest::greedy(vec![], 1));
+    assert!(matches!(e.submit_all(mixed), Err(SubmitError::Invalid(_))));
+    let fourth = e
+        .submit(GenerationRequest::greedy(vec![1, 2, 3], 4))
+        .expect("the last slot");
+    assert_eq!(
+        e.submit(GenerationRequest::greedy(vec![1], 1)).err(),
+        Some(SubmitError::QueueFull { max: 4 })
+    );
+    drop(a);
+    for s in three.into_iter().chain([fourth]) {
+        collect(s);
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    assert_eq!(e.submit_all(greedy(4)).map(|s| s.len()), Ok(4));
+}

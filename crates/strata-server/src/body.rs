@@ -1,5 +1,5 @@
-//! Reading request bodies: the size limit (413), JSON syntax (400) and field types (400 naming the
-//! field by its path, e.g. `messages[1].content`), all as OpenAI-style errors.
+//! Reading request bodies: the size limit (413), the read deadline (408), JSON syntax (400) and
+//! field types (400 naming the field by its path, e.g. `messages[1].content`), all OpenAI-style.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
+use crate::connections::BodyReadTimeout;
 use crate::error::ApiError;
 
 /// Parses a JSON body into `T`, or says what is wrong with it and where.
@@ -17,10 +18,13 @@ pub fn parse_json<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limi
             return Err(ApiError::body_too_large(limit))
         }
         Err(rejection) => {
+            if let Some(timeout) = body_timeout_in(&rejection) {
+                return Err(ApiError::body_timeout(timeout.0));
+            }
             return Err(ApiError::invalid_request(format!(
                 "could not read the request body: {}",
                 rejection.body_text()
-            )))
+            )));
         }
     };
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
@@ -45,6 +49,12 @@ pub fn parse_json<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limi
     de.end()
         .map_err(|e| ApiError::invalid_request(format!("invalid JSON: {e}")))?;
     Ok(value)
+}
+
+/// The connection's body deadline, when that is why the body could not be read.
+fn body_timeout_in(rejection: &BytesRejection) -> Option<&BodyReadTimeout> {
+    std::iter::successors(Some(rejection as &dyn std::error::Error), |e| e.source())
+        .find_map(|e| e.downcast_ref::<BodyReadTimeout>())
 }
 
 fn describe(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {

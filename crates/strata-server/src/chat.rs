@@ -14,8 +14,8 @@ use strata_engine::{FinishReason, TokenLogprob};
 use crate::body::parse_json;
 use crate::error::{ApiError, GenerationErrors, RequestErrors};
 use crate::generation::{chat_logprobs, respond, ChoiceResult, ChunkFormat, ResponseMeta};
-use crate::params::plan;
-use crate::prompt::{chat_messages, chat_prompt_ids, prompt_error};
+use crate::params::{plan, GenerationPlan};
+use crate::prompt::{chat_messages, prompt_error, PromptContext};
 use crate::protocol::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
     ChatLogprobs, ChatMessageOut, UsageInfo,
@@ -51,22 +51,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_json(body, state.config.max_request_body_bytes)?;
     state.check_model(req.model.as_deref())?;
-    let messages = chat_messages(&req.messages, "messages")?;
-    let wants_logprobs = req.logprobs.unwrap_or(false);
-    if req.top_logprobs.is_some() && !wants_logprobs {
-        return Err(ApiError::invalid_field(
-            "top_logprobs",
-            "`top_logprobs` needs `logprobs: true`",
-        ));
-    }
-    let max_tokens = req
-        .max_completion_tokens
-        .map(|v| (v, "max_completion_tokens"))
-        .or(req.max_tokens.map(|v| (v, "max_tokens")));
-    let logprobs = wants_logprobs.then(|| (req.top_logprobs.unwrap_or(0), "top_logprobs"));
-    let plan = plan(&req.generation_fields(max_tokens, state.engine.max_model_len(), logprobs))?;
-    let prompt = chat_prompt_ids(state.engine.tokenizer(), state.engine.chat_template(), &messages, true)
-        .map_err(|e| prompt_error(e, "messages"))?;
+    let (prompt, plan) = prepare(&req, &state.prompt_context())?;
     if let Some(user) = &req.user {
         tracing::debug!(user, prompt_tokens = prompt.len(), "chat completion");
     }
@@ -82,6 +67,30 @@ async fn run(
         reply,
     )
     .await
+}
+
+/// Checks a chat request and builds its prompt ids: everything short of submitting it.
+pub fn prepare(req: &ChatCompletionRequest, ctx: &PromptContext) -> Result<(Vec<u32>, GenerationPlan), ApiError> {
+    let messages = chat_messages(&req.messages, "messages")?;
+    let wants_logprobs = req.logprobs.unwrap_or(false);
+    if req.top_logprobs.is_some() && !wants_logprobs {
+        return Err(ApiError::invalid_field(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        ));
+    }
+    let max_tokens = req
+        .max_completion_tokens
+        .map(|v| (v, "max_completion_tokens"))
+        .or(req.max_tokens.map(|v| (v, "max_tokens")));
+    let logprobs = wants_logprobs.then(|| (req.top_logprobs.unwrap_or(0), "top_logprobs"));
+    let plan = plan(&req.generation_fields(max_tokens, ctx.limit.max_model_len, logprobs))?;
+    let prompt = ctx
+        .limit
+        .chat_ids(ctx.tokenizer, ctx.template, &messages, true)
+        .map_err(|e| prompt_error(e, "messages"))?;
+    ctx.limit.check_ids(prompt.len(), "messages")?;
+    Ok((prompt, plan))
 }
 
 /// The JSON answer of a non-streamed chat completion.

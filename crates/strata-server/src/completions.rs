@@ -9,13 +9,13 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use strata_engine::{EngineHandle, FinishReason, TokenLogprob};
+use strata_engine::{FinishReason, SubmitError, TokenLogprob};
 
 use crate::body::parse_json;
 use crate::error::{ApiError, GenerationErrors, RequestErrors};
 use crate::generation::{completion_logprobs, respond, ChoiceResult, ChunkFormat, ResponseMeta};
-use crate::params::plan;
-use crate::prompt::{prompt_error, text_prompt_ids};
+use crate::params::{plan, GenerationPlan};
+use crate::prompt::{prompt_error, PromptContext};
 use crate::protocol::{CompletionChoice, CompletionRequest, CompletionResponse, PromptInput, UsageInfo};
 use crate::AppState;
 
@@ -44,28 +44,6 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
     }
 }
 
-/// The prompts of a request as token ids.
-fn prompt_ids(engine: &EngineHandle, prompt: &PromptInput) -> Result<Vec<Vec<u32>>, ApiError> {
-    let tokenizer = engine.tokenizer();
-    let encode = |text: &str| text_prompt_ids(tokenizer, text).map_err(|e| prompt_error(e, "prompt"));
-    let prompts = match prompt {
-        PromptInput::Text(t) => vec![encode(t)?],
-        PromptInput::Texts(ts) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
-        PromptInput::Tokens(ids) => vec![ids.clone()],
-        PromptInput::TokenLists(lists) => lists.clone(),
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::invalid_field("prompt", "`prompt` must not be an empty list"));
-    }
-    if let Some(i) = prompts.iter().position(Vec::is_empty) {
-        return Err(ApiError::invalid_field(
-            "prompt",
-            format!("`prompt` number {i} has no tokens"),
-        ));
-    }
-    Ok(prompts)
-}
-
 async fn run(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
@@ -73,6 +51,26 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_json(body, state.config.max_request_body_bytes)?;
     state.check_model(req.model.as_deref())?;
+    let (prompts, plan) = prepare(&req, &state.prompt_context())?;
+    if let Some(user) = &req.user {
+        tracing::debug!(user, prompts = prompts.len(), "completion");
+    }
+    let meta = ResponseMeta::new(&state, "cmpl", &plan);
+    respond(
+        Arc::clone(&state),
+        &prompts,
+        &plan,
+        "prompt",
+        meta,
+        arrival,
+        CompletionChunks,
+        reply,
+    )
+    .await
+}
+
+/// Checks a completion request and builds its prompts' ids: everything short of submitting it.
+pub fn prepare(req: &CompletionRequest, ctx: &PromptContext) -> Result<(Vec<Vec<u32>>, GenerationPlan), ApiError> {
     if req.echo == Some(true) {
         return Err(ApiError::invalid_field("echo", "`echo: true` is not supported"));
     }
@@ -90,22 +88,51 @@ async fn run(
     let max_tokens = req.max_tokens.map(|v| (v, "max_tokens"));
     let logprobs = req.logprobs.map(|k| (k, "logprobs"));
     let plan = plan(&req.generation_fields(max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, logprobs))?;
-    let prompts = prompt_ids(&state.engine, &req.prompt)?;
-    if let Some(user) = &req.user {
-        tracing::debug!(user, prompts = prompts.len(), "completion");
+    Ok((prompt_ids(&req.prompt, plan.n, ctx)?, plan))
+}
+
+/// The prompts of a request as token ids. What cannot fit is refused before any text is
+/// tokenized or any id list copied: more prompts x `n` than the queue holds, a text longer than
+/// the context can hold, an id list of `max_model_len` ids or more.
+fn prompt_ids(prompt: &PromptInput, n: usize, ctx: &PromptContext) -> Result<Vec<Vec<u32>>, ApiError> {
+    let count = match prompt {
+        PromptInput::Text(_) | PromptInput::Tokens(_) => 1,
+        PromptInput::Texts(ts) => ts.len(),
+        PromptInput::TokenLists(lists) => lists.len(),
+    };
+    if count == 0 {
+        return Err(ApiError::invalid_field("prompt", "`prompt` must not be an empty list"));
     }
-    let meta = ResponseMeta::new(&state, "cmpl", &plan);
-    respond(
-        Arc::clone(&state),
-        &prompts,
-        &plan,
-        "prompt",
-        meta,
-        arrival,
-        CompletionChunks,
-        reply,
-    )
-    .await
+    let requests = count.saturating_mul(n);
+    if requests > ctx.max_queue {
+        let refusal = SubmitError::MoreThanQueue {
+            requests,
+            max_queue: ctx.max_queue,
+        };
+        return Err(ApiError::from_submit(refusal, "prompt"));
+    }
+    // Each prompt is refused as soon as it is known not to fit: the rest are never tokenized.
+    let encode = |text: &String| {
+        let ids = ctx
+            .limit
+            .text_ids(ctx.tokenizer, text, true)
+            .map_err(|e| prompt_error(e, "prompt"))?;
+        ctx.limit.check_ids(ids.len(), "prompt").map(|()| ids)
+    };
+    let ids = |list: &Vec<u32>| ctx.limit.check_ids(list.len(), "prompt").map(|()| list.clone());
+    let prompts = match prompt {
+        PromptInput::Text(t) => vec![encode(t)?],
+        PromptInput::Texts(ts) => ts.iter().map(encode).collect::<Result<_, _>>()?,
+        PromptInput::Tokens(list) => vec![ids(list)?],
+        PromptInput::TokenLists(lists) => lists.iter().map(ids).collect::<Result<_, _>>()?,
+    };
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(ApiError::invalid_field(
+            "prompt",
+            format!("`prompt` number {i} has no tokens"),
+        ));
+    }
+    Ok(prompts)
 }
 
 /// The JSON answer of a non-streamed completion.

@@ -1,6 +1,8 @@
 //! API errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with
 //! the HTTP status each failure deserves; every handler returns these instead of panicking.
 
+use std::time::Duration;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -41,9 +43,15 @@ pub enum RequestErrors {
     /// The `model` is not the served one (code `model_not_found`).
     #[response(status = 404)]
     UnknownModel(ErrorResponse),
+    /// The body did not arrive within --body-read-timeout.
+    #[response(status = 408)]
+    BodyTimeout(ErrorResponse),
     /// The body is larger than --max-request-body-bytes.
     #[response(status = 413)]
     TooLarge(ErrorResponse),
+    /// The body is not declared as JSON (`Content-Type: application/json`).
+    #[response(status = 415)]
+    NotJson(ErrorResponse),
 }
 
 /// The further errors of a generation request (for the OpenAPI document).
@@ -94,6 +102,14 @@ impl ApiError {
     /// 400 about the request as a whole.
     pub fn invalid_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 400: the prompt cannot fit in --max-model-len.
+    pub fn context_length_exceeded(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            code: Some("context_length_exceeded"),
+            ..Self::invalid_field(param, message)
+        }
     }
 
     /// 401: missing or wrong API key.
@@ -151,6 +167,50 @@ impl ApiError {
         }
     }
 
+    /// 415: a POST whose body is not declared as JSON (a form or text/plain body is what a web
+    /// page can send cross-origin without a CORS preflight).
+    pub fn not_json(content_type: Option<&str>) -> Self {
+        let got = match content_type {
+            Some(t) => format!("`{t}`"),
+            None => "none".to_string(),
+        };
+        ApiError {
+            code: Some("unsupported_media_type"),
+            ..Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!("the request body must be JSON sent with `Content-Type: application/json` (got {got})"),
+            )
+        }
+    }
+
+    /// 408: the request body did not arrive in time (`--body-read-timeout`).
+    pub fn body_timeout(timeout: Duration) -> Self {
+        ApiError {
+            code: Some("request_timeout"),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {:.1} s (--body-read-timeout)",
+                    timeout.as_secs_f64()
+                ),
+            )
+        }
+    }
+
+    /// 503 for a connection over `--max-connections`.
+    pub fn too_many_connections(max: usize) -> Self {
+        ApiError {
+            code: Some("too_many_connections"),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("the server has its maximum of {max} connections open (--max-connections); retry later"),
+            )
+        }
+    }
+
     /// 503 while the engine is not running (also once its devices were lost: `why` says how).
     pub fn engine_unavailable(why: &str) -> Self {
         Self::new(
@@ -176,11 +236,8 @@ impl ApiError {
                 code: Some("queue_full"),
                 ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", err.to_string())
             },
-            SubmitError::PromptTooLong { .. } => ApiError {
-                param: Some(prompt_param.into()),
-                code: Some("context_length_exceeded"),
-                ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", err.to_string())
-            },
+            SubmitError::PromptTooLong { .. } => Self::context_length_exceeded(prompt_param, err.to_string()),
+            SubmitError::MoreThanQueue { .. } => Self::invalid_field(prompt_param, err.to_string()),
             SubmitError::Invalid(message) => {
                 let param = field_named_in(&message);
                 ApiError {
@@ -231,7 +288,12 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if matches!(self.status, StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT) {
             // The rest of the body was never read, so the connection cannot carry another
             // request: say so, or a client reusing it gets a reset instead of its next answer.
             response
@@ -247,12 +309,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_413_closes_the_connection() {
+    fn a_413_or_408_closes_the_connection() {
         let r = ApiError::body_too_large(10).into_response();
         assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(r.headers()[header::CONNECTION], "close");
+        let r = ApiError::body_timeout(Duration::from_secs(3)).into_response();
+        assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(r.headers()[header::CONNECTION], "close");
         let r = ApiError::invalid_request("bad").into_response();
         assert!(r.headers().get(header::CONNECTION).is_none());
+    }
+
+    #[test]
+    fn a_401_names_the_bearer_scheme() {
+        let r = ApiError::unauthorized().into_response();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let r = ApiError::not_json(Some("text/plain")).into_response();
+        assert!(r.headers().get(header::WWW_AUTHENTICATE).is_none());
     }
 
     #[test]

@@ -26,28 +26,25 @@ pub struct Submitted {
     pub stream: RequestStream,
 }
 
-/// Submits `plan.n` requests for every prompt. On a refusal the ones already submitted are
-/// dropped, which aborts them.
+/// Submits `plan.n` requests for every prompt, all or none: a refused request leaves nothing
+/// queued or reserved behind it.
 fn submit(
     state: &AppState,
     prompts: &[Vec<u32>],
     plan: &GenerationPlan,
     prompt_param: &str,
 ) -> Result<Vec<Submitted>, ApiError> {
-    let mut out = Vec::with_capacity(prompts.len() * plan.n);
-    for (p, prompt) in prompts.iter().enumerate() {
-        for (i, request) in plan.requests(prompt).into_iter().enumerate() {
-            let stream = state
-                .engine
-                .submit(request)
-                .map_err(|e| ApiError::from_submit(e, prompt_param))?;
-            out.push(Submitted {
-                index: p * plan.n + i,
-                stream,
-            });
-        }
-    }
-    Ok(out)
+    let requests = prompts.iter().flat_map(|prompt| plan.requests(prompt)).collect();
+    let streams = state
+        .engine
+        .submit_all(requests)
+        .map_err(|e| ApiError::from_submit(e, prompt_param))?;
+    // Choice `p * n + i` is the i-th of prompt p: the order they were built in.
+    Ok(streams
+        .into_iter()
+        .enumerate()
+        .map(|(index, stream)| Submitted { index, stream })
+        .collect())
 }
 
 /// Everything one choice produced.

@@ -4,6 +4,7 @@
 pub mod body;
 pub mod chat;
 pub mod completions;
+pub mod connections;
 pub mod error;
 pub mod generation;
 pub mod metrics;
@@ -13,12 +14,13 @@ pub mod prompt;
 pub mod protocol;
 pub mod routes;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -26,8 +28,10 @@ use axum::Router;
 use strata_engine::EngineHandle;
 use subtle::ConstantTimeEq;
 
+use connections::{serve_connections, ConnectionLimits};
 pub use error::{ApiError, ErrorDetail, ErrorResponse};
 pub use metrics::Metrics;
+use prompt::{PromptContext, PromptLimit};
 
 /// How the server behaves (the engine has its own config).
 #[derive(Debug, Clone)]
@@ -42,6 +46,8 @@ pub struct ServerConfig {
     pub sse_keep_alive: Duration,
     /// After SIGTERM/SIGINT, how long in-flight requests may finish before they are aborted.
     pub shutdown_timeout: Duration,
+    /// Read deadlines and the connection cap.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +58,12 @@ impl Default for ServerConfig {
             max_request_body_bytes: 32 << 20,
             sse_keep_alive: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
+            connections: ConnectionLimits {
+                header_read_timeout: Duration::from_secs(10),
+                body_read_timeout: Duration::from_secs(30),
+                keep_alive_timeout: Duration::from_secs(75),
+                max_connections: connections::DEFAULT_MAX_CONNECTIONS,
+            },
         }
     }
 }
@@ -63,15 +75,28 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
+    /// Prompt texts longer than this cannot fit in --max-model-len.
+    pub prompt_limit: PromptLimit,
 }
 
 impl AppState {
     pub fn new(engine: EngineHandle, config: ServerConfig) -> Self {
         AppState {
+            prompt_limit: PromptLimit::new(engine.tokenizer(), engine.max_model_len()),
             engine,
             config,
             metrics: Arc::new(Metrics::default()),
             created: generation::unix_now(),
+        }
+    }
+
+    /// The tokenizer, chat template and limits that requests' prompts are built with.
+    pub fn prompt_context(&self) -> PromptContext<'_> {
+        PromptContext {
+            tokenizer: self.engine.tokenizer(),
+            template: self.engine.chat_template(),
+            limit: self.prompt_limit,
+            max_queue: self.engine.config().max_queue,
         }
     }
 
@@ -111,6 +136,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         app = app.route(path, handlers.fallback(routes::wrong_method));
     }
     app.fallback(routes::unknown_route)
+        .layer(middleware::from_fn(require_json_body))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), require_api_key))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count_requests))
         .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
@@ -138,6 +164,32 @@ async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, n
     }
 }
 
+/// Refuses (415) a POST to an API route whose body is not declared as JSON: browsers send
+/// `text/plain` and form bodies cross-origin without asking, JSON only after a CORS preflight.
+async fn require_json_body(request: Request, next: Next) -> Response {
+    let routed = request.extensions().get::<MatchedPath>().is_some();
+    if request.method() != Method::POST || !routed {
+        return next.run(request).await;
+    }
+    let content_type = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("(not text)"));
+    if content_type.is_some_and(is_json_media_type) {
+        return next.run(request).await;
+    }
+    ApiError::not_json(content_type).into_response()
+}
+
+/// `application/json` or `application/<anything>+json`, parameters (`; charset=utf-8`) allowed.
+fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match essence.strip_prefix("application/") {
+        Some(sub) => sub == "json" || (sub.ends_with("+json") && sub.len() > "+json".len()),
+        None => false,
+    }
+}
+
 /// Counts every response by route and status for `/metrics`.
 async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let route = request
@@ -153,8 +205,6 @@ async fn count_requests(State(state): State<Arc<AppState>>, request: Request, ne
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("the HTTP server failed: {0}")]
-    Io(#[from] std::io::Error),
     #[error("the server task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -168,13 +218,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let timeout = config.shutdown_timeout;
+    let limits = config.connections;
     let state = Arc::new(AppState::new(engine.clone(), config));
     let (signalled_tx, mut signalled_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+    let server = serve_connections(listener, router(state), limits, async move {
         shutdown.await;
         let _ = signalled_tx.send(true);
     });
-    let mut server = tokio::spawn(server.into_future());
+    let mut server = tokio::spawn(server);
     let outcome = tokio::select! {
         result = &mut server => Some(result),
         _ = signalled_rx.wait_for(|s| *s) => None,
@@ -193,7 +244,7 @@ pub async fn serve(
                         Ok(result) => result,
                         Err(_) => {
                             server.abort();
-                            Ok(Ok(()))
+                            Ok(())
                         }
                     }
                 }
@@ -202,7 +253,7 @@ pub async fn serve(
     };
     let stopping = engine.clone();
     tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
-    result??;
+    result?;
     Ok(())
 }
 
@@ -227,5 +278,36 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json_media_type;
+
+    #[test]
+    fn json_media_types() {
+        for t in [
+            "application/json",
+            "application/json; charset=utf-8",
+            " Application/JSON ;charset=UTF-8",
+            "application/vnd.api+json",
+            "application/merge-patch+json",
+        ] {
+            assert!(is_json_media_type(t), "{t}");
+        }
+        for t in [
+            "text/plain",
+            "text/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonp",
+            "application/+json",
+            "application/json-seq",
+            "",
+            "json",
+        ] {
+            assert!(!is_json_media_type(t), "{t}");
+        }
     }
 }

@@ -5,6 +5,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use strata_engine::request::MAX_TOP_LOGPROBS;
+use strata_engine::sampler::MIN_TEMPERATURE;
 use strata_engine::{GenerationRequest, SamplingParams};
 
 use crate::error::ApiError;
@@ -12,6 +13,12 @@ use crate::protocol::{StopField, StreamOptions};
 
 /// Most choices one request may ask for.
 pub const MAX_N: u64 = 128;
+/// Most stop strings, and bytes in one: every generated token is checked against each of
+/// them (OpenAI allows 4).
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 512;
+/// Most stop token ids (each generated token is looked up among them).
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 
 /// The shared fields, borrowed from either request type.
 pub struct GenerationFields<'a> {
@@ -100,8 +107,12 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
             ))
         }
     };
+    let mut temperature = as_f32(f.temperature, 1.0, "temperature")?;
+    if temperature > 0.0 && temperature < MIN_TEMPERATURE {
+        temperature = 0.0;
+    }
     let sampling = SamplingParams {
-        temperature: as_f32(f.temperature, 1.0, "temperature")?,
+        temperature,
         top_k,
         top_p: as_f32(f.top_p, 1.0, "top_p")?,
         min_p: as_f32(f.min_p, 0.0, "min_p")?,
@@ -118,7 +129,13 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
         Some(StopField::One(s)) => vec![s.clone()],
         Some(StopField::Many(v)) => v.clone(),
     };
-    if let Some(i) = stop.iter().position(|s| s.is_empty()) {
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid_field(
+            "stop",
+            format!("`stop` may hold at most {MAX_STOP_STRINGS} strings, got {}", stop.len()),
+        ));
+    }
+    if let Some(i) = stop.iter().position(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
         let param = if matches!(f.stop, Some(StopField::Many(_))) {
             format!("stop[{i}]")
         } else {
@@ -126,7 +143,17 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
         };
         return Err(ApiError::invalid_field(
             param.clone(),
-            format!("`{param}` must not be an empty string"),
+            format!("`{param}` must be a non-empty string of at most {MAX_STOP_BYTES} bytes"),
+        ));
+    }
+    let stop_token_ids = f.stop_token_ids.unwrap_or_default();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::invalid_field(
+            "stop_token_ids",
+            format!(
+                "`stop_token_ids` may hold at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                stop_token_ids.len()
+            ),
         ));
     }
     let logprobs = match f.logprobs {
@@ -152,7 +179,7 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
             sampling,
             max_tokens,
             stop,
-            stop_token_ids: f.stop_token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+            stop_token_ids: stop_token_ids.to_vec(),
             ignore_eos: f.ignore_eos.unwrap_or(false),
             logprobs,
         },
@@ -217,6 +244,22 @@ mod tests {
         let p = plan(&GenerationFields { n: Some(2), ..fields() }).unwrap();
         let r = p.requests(&[1]);
         assert_ne!(r[0].sampling.seed, r[1].sampling.seed, "unseeded choices differ");
+    }
+
+    #[test]
+    fn temperatures_too_small_to_divide_by_are_greedy() {
+        let p = plan(&GenerationFields {
+            temperature: Some(1e-9),
+            ..fields()
+        })
+        .unwrap();
+        assert_eq!(p.template.sampling.temperature, 0.0);
+        let p = plan(&GenerationFields {
+            temperature: Some(0.5),
+            ..fields()
+        })
+        .unwrap();
+        assert_eq!(p.template.sampling.temperature, 0.5);
     }
 
     #[test]
@@ -288,6 +331,20 @@ mod tests {
             ),
             (
                 GenerationFields {
+                    repetition_penalty: Some(2f64.powi(64)),
+                    ..fields()
+                },
+                "repetition_penalty",
+            ),
+            (
+                GenerationFields {
+                    temperature: Some(101.0),
+                    ..fields()
+                },
+                "temperature",
+            ),
+            (
+                GenerationFields {
                     logprobs: Some((21, "top_logprobs")),
                     ..fields()
                 },
@@ -307,6 +364,27 @@ mod tests {
             let e = plan(&f).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(want), "{}", e.message);
         }
+        let many = StopField::Many(vec!["x".into(); MAX_STOP_STRINGS + 1]);
+        let e = plan(&GenerationFields {
+            stop: Some(&many),
+            ..fields()
+        })
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let long = StopField::One("x".repeat(MAX_STOP_BYTES + 1));
+        let e = plan(&GenerationFields {
+            stop: Some(&long),
+            ..fields()
+        })
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let ids = vec![1u32; MAX_STOP_TOKEN_IDS + 1];
+        let e = plan(&GenerationFields {
+            stop_token_ids: Some(&ids),
+            ..fields()
+        })
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop_token_ids"));
         let stop = StopField::Many(vec!["a".into(), String::new()]);
         let e = plan(&GenerationFields {
             stop: Some(&stop),

@@ -1,6 +1,8 @@
 //! Turning what a client sends into prompt token ids: chat messages through the model's chat
-//! template, plain text with BOS as the model asks. `strata run` / `strata tokenize` use these too.
+//! template, plain text with BOS as the model asks, texts too long to fit refused before
+//! tokenizing. `strata run` / `strata tokenize` use these too.
 
+use strata_engine::SubmitError;
 use strata_model::chat_template::{ChatMessage, ChatTemplate, TemplateError};
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
 
@@ -14,23 +16,112 @@ pub enum PromptError {
     Template(#[from] TemplateError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(
+        "this model's maximum context length is {} tokens, but the prompt is {bytes} bytes of text: \
+         more than the {} bytes that many tokens can hold (no token is longer than {} bytes)",
+        limit.max_model_len, limit.max_text_bytes(), limit.max_token_bytes
+    )]
+    TooLong { bytes: usize, limit: PromptLimit },
 }
 
-/// Ids of a conversation rendered by the chat template (special tokens in the rendered text are
-/// parsed as such; the template adds BOS itself when the model wants one).
+/// The longest prompt text worth tokenizing: no token stands for more than `max_token_bytes`
+/// bytes, so a longer text than `max_model_len * max_token_bytes` bytes cannot fit, and is
+/// refused before the tokenizer spends time and memory on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptLimit {
+    pub max_model_len: usize,
+    pub max_token_bytes: usize,
+}
+
+impl PromptLimit {
+    /// No limit (local tools such as `strata tokenize`).
+    pub const NONE: PromptLimit = PromptLimit {
+        max_model_len: usize::MAX,
+        max_token_bytes: 1,
+    };
+
+    pub fn new(tokenizer: &Tokenizer, max_model_len: usize) -> Self {
+        PromptLimit {
+            max_model_len,
+            max_token_bytes: tokenizer.max_token_bytes(),
+        }
+    }
+
+    /// Texts longer than this many bytes have more than `max_model_len` tokens.
+    pub fn max_text_bytes(&self) -> usize {
+        self.max_model_len.saturating_mul(self.max_token_bytes)
+    }
+
+    /// Refuses a text that cannot fit, without tokenizing it.
+    pub fn check_text(&self, text: &str) -> Result<(), PromptError> {
+        if text.len() > self.max_text_bytes() {
+            return Err(PromptError::TooLong {
+                bytes: text.len(),
+                limit: *self,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a prompt of `tokens` ids that leaves no room to generate (the engine's own rule,
+    /// applied before a request's other prompts are built).
+    pub fn check_ids(&self, tokens: usize, field: &str) -> Result<(), ApiError> {
+        if tokens >= self.max_model_len {
+            let refusal = SubmitError::PromptTooLong {
+                prompt: tokens,
+                max_model_len: self.max_model_len,
+            };
+            return Err(ApiError::from_submit(refusal, field));
+        }
+        Ok(())
+    }
+
+    /// Ids of a conversation rendered by the chat template (special tokens in the rendered text
+    /// are parsed as such; the template adds BOS itself when the model wants one).
+    pub fn chat_ids(
+        &self,
+        tokenizer: &Tokenizer,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, PromptError> {
+        let rendered = template.render(messages, add_generation_prompt)?;
+        self.check_text(&rendered)?;
+        Ok(tokenizer.encode(&rendered, false, true)?)
+    }
+
+    /// Ids of a plain text prompt, special-token text kept as text; `add_special`: BOS/EOS as the
+    /// model's metadata says.
+    pub fn text_ids(&self, tokenizer: &Tokenizer, text: &str, add_special: bool) -> Result<Vec<u32>, PromptError> {
+        self.check_text(text)?;
+        Ok(tokenizer.encode(text, add_special, false)?)
+    }
+}
+
+/// What turning a request into prompt ids needs from the served model and the server's limits.
+#[derive(Clone, Copy)]
+pub struct PromptContext<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub template: &'a ChatTemplate,
+    pub limit: PromptLimit,
+    /// Most generations (prompts x n) one request may queue (--max-queue).
+    pub max_queue: usize,
+}
+
+/// [`PromptLimit::chat_ids`] without a length limit.
 pub fn chat_prompt_ids(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
     messages: &[ChatMessage],
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, PromptError> {
-    let rendered = template.render(messages, add_generation_prompt)?;
-    Ok(tokenizer.encode(&rendered, false, true)?)
+    PromptLimit::NONE.chat_ids(tokenizer, template, messages, add_generation_prompt)
 }
 
-/// Ids of a plain text prompt: BOS as the model's metadata says, special-token text kept as text.
+/// Ids of a plain text prompt with BOS as the model asks ([`PromptLimit::text_ids`] without a
+/// length limit).
 pub fn text_prompt_ids(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptError> {
-    Ok(tokenizer.encode(text, true, false)?)
+    PromptLimit::NONE.text_ids(tokenizer, text, true)
 }
 
 /// Checks a request's messages and turns them into template messages. `field` is the name of the
@@ -102,6 +193,7 @@ pub fn prompt_error(err: PromptError, field: &str) -> ApiError {
     match err {
         PromptError::Template(e) => ApiError::invalid_field(field, e.to_string()),
         PromptError::Tokenizer(e) => ApiError::invalid_field(field, format!("could not tokenize the prompt: {e}")),
+        e @ PromptError::TooLong { .. } => ApiError::context_length_exceeded(field, e.to_string()),
     }
 }
 
@@ -147,6 +239,26 @@ mod tests {
                 ChatMessage::assistant("")
             ]
         );
+    }
+
+    #[test]
+    fn texts_longer_than_the_context_can_hold_are_refused_by_length() {
+        let limit = PromptLimit {
+            max_model_len: 4,
+            max_token_bytes: 3,
+        };
+        assert_eq!(limit.max_text_bytes(), 12);
+        assert!(limit.check_text(&"a".repeat(12)).is_ok());
+        let e = prompt_error(limit.check_text(&"é".repeat(7)).unwrap_err(), "prompt");
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(
+            e.message.contains("is 4 tokens") && e.message.contains("14 bytes") && e.message.contains("12 bytes"),
+            "{}",
+            e.message
+        );
+        assert!(PromptLimit::NONE.check_text(&"a".repeat(1 << 20)).is_ok());
     }
 
     #[test]

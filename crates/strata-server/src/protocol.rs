@@ -63,7 +63,7 @@ macro_rules! generation_request {
             /// The served model name (`--served-model-name`); absent means that model.
             pub model: Option<String>,
             $($(#[$field_meta])* pub $field: $ty,)*
-            /// Sampling temperature (default 1; 0 is greedy).
+            /// Sampling temperature in [0, 100] (default 1; 0, or below 1e-5, is greedy).
             pub temperature: Option<f64>,
             /// Nucleus sampling mass in (0, 1].
             pub top_p: Option<f64>,
@@ -73,9 +73,10 @@ macro_rules! generation_request {
             pub min_p: Option<f64>,
             /// Choices to generate (per prompt), 1..=128.
             pub n: Option<u64>,
-            /// Strings that end generation (not included in the output).
+            /// Strings that end generation (not included in the output): at most 16, of at most
+            /// 512 bytes each.
             pub stop: Option<StopField>,
-            /// Token ids that end generation (vLLM extra).
+            /// Token ids that end generation, at most 1024 (vLLM extra).
             pub stop_token_ids: Option<Vec<u32>>,
             /// Choice `i` samples with `seed + i`.
             pub seed: Option<i64>,
@@ -83,7 +84,7 @@ macro_rules! generation_request {
             pub presence_penalty: Option<f64>,
             /// In [-2, 2]: penalize tokens already generated, per occurrence.
             pub frequency_penalty: Option<f64>,
-            /// > 0, 1 = off: penalize tokens of the prompt and output (vLLM extra).
+            /// In [0.01, 10], 1 = off: penalize tokens of the prompt and output (vLLM extra).
             pub repetition_penalty: Option<f64>,
             /// Keep generating past end-of-generation tokens.
             pub ignore_eos: Option<bool>,

@@ -12,7 +12,7 @@ use axum::Json;
 
 use crate::body::parse_json;
 use crate::error::{ApiError, ErrorResponse, RequestErrors};
-use crate::prompt::{chat_messages, chat_prompt_ids, prompt_error, text_prompt_ids};
+use crate::prompt::{chat_messages, prompt_error};
 use crate::protocol::{
     DetokenizeRequest, DetokenizeResponse, HealthResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
@@ -77,7 +77,8 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// Token ids of a prompt (BOS as the model asks) or of messages rendered by the chat template.
+/// Token ids of a prompt (BOS as the model asks) or of messages rendered by the chat template; a
+/// text too long to fit in --max-model-len gets 400 (`context_length_exceeded`) untokenized.
 #[utoipa::path(post, path = "/tokenize", tag = "strata",
     request_body = TokenizeRequest,
     responses((status = 200, body = TokenizeResponse), RequestErrors),
@@ -88,26 +89,20 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let req: TokenizeRequest = parse_json(body, state.config.max_request_body_bytes)?;
     state.check_model(req.model.as_deref())?;
-    let tokenizer = state.engine.tokenizer();
+    let ctx = state.prompt_context();
     let tokens = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => {
-            if req.add_special_tokens.unwrap_or(true) {
-                text_prompt_ids(tokenizer, prompt).map_err(|e| prompt_error(e, "prompt"))?
-            } else {
-                tokenizer
-                    .encode(prompt, false, false)
-                    .map_err(|e| ApiError::invalid_field("prompt", format!("could not tokenize: {e}")))?
-            }
+            let add_special = req.add_special_tokens.unwrap_or(true);
+            let ids = ctx.limit.text_ids(ctx.tokenizer, prompt, add_special);
+            ids.map_err(|e| prompt_error(e, "prompt"))?
         }
         (None, Some(messages)) => {
             let messages = chat_messages(messages, "messages")?;
-            chat_prompt_ids(
-                tokenizer,
-                state.engine.chat_template(),
-                &messages,
-                req.add_generation_prompt.unwrap_or(true),
-            )
-            .map_err(|e| prompt_error(e, "messages"))?
+            let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+            let ids = ctx
+                .limit
+                .chat_ids(ctx.tokenizer, ctx.template, &messages, add_generation_prompt);
+            ids.map_err(|e| prompt_error(e, "messages"))?
         }
         _ => {
             return Err(ApiError::invalid_field(

@@ -9,6 +9,7 @@ use common::{assert_error, default_model, engine_config, server_config, stream, 
 use serde_json::{json, Value};
 use strata_engine::{cpu_executor, EngineHandle};
 use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
+use strata_server::prompt::{PromptError, PromptLimit};
 use strata_server::ServerConfig;
 
 fn chat(content: &str, extra: Value) -> Value {
@@ -377,6 +378,20 @@ async fn every_bad_request_gets_an_openai_error() {
             json!({"messages": ok_messages, "repetition_penalty": 0}),
             "repetition_penalty",
         ),
+        (
+            json!({"messages": ok_messages, "repetition_penalty": 18446744073709551616.0}),
+            "repetition_penalty",
+        ),
+        (json!({"messages": ok_messages, "temperature": 1000}), "temperature"),
+        (json!({"messages": ok_messages, "stop": vec!["x"; 17]}), "stop"),
+        (
+            json!({"messages": ok_messages, "stop": ["a", "b".repeat(600)]}),
+            "stop[1]",
+        ),
+        (
+            json!({"messages": ok_messages, "stop_token_ids": vec![1; 2000]}),
+            "stop_token_ids",
+        ),
         (json!({"messages": ok_messages, "max_tokens": 0}), "max_tokens"),
         (json!({"messages": ok_messages, "max_tokens": -5}), "max_tokens"),
         (json!({"messages": ok_messages, "max_tokens": 1e10}), "max_tokens"),
@@ -468,6 +483,14 @@ async fn every_bad_request_gets_an_openai_error() {
     }
     let (status, _) = s.get("/health").await;
     assert_eq!(status, 200);
+    // A temperature too small to divide by is greedy, as in vLLM.
+    let (status, r) = s
+        .post(
+            c,
+            &json!({"messages": ok_messages, "max_tokens": 2, "temperature": 1e-9}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
     // Unknown fields are ignored, nulls mean "not given".
     let (status, r) = s
         .post(
@@ -505,6 +528,7 @@ async fn api_key_is_required_except_for_health_and_metrics() {
     ] {
         let r = send(auth).await.unwrap();
         let status = r.status().as_u16();
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
         let e: Value = r.json().await.unwrap();
         assert_error(status, &e, 401, None);
         assert_eq!(e["error"]["code"], "invalid_api_key");
@@ -693,4 +717,106 @@ async fn a_lost_gpu_gives_503_with_the_reason_and_unhealthy() {
     assert_unavailable(503, &error);
     let (status, body) = s.get("/health").await;
     assert_unavailable(status, &serde_json::from_str(&body).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_that_cannot_fit_are_refused_before_tokenizing() {
+    let s = TestServer::default().await;
+    let tokenizer = s.engine.tokenizer();
+    let limit = PromptLimit::new(tokenizer, 1024);
+    // No text has fewer tokens than its bytes over the longest token's.
+    for text in [
+        "Hello, world!",
+        "     \n\n\t  x",
+        "こんにちは世界",
+        "============",
+        "<|im_start|>user",
+    ] {
+        let ids = limit.text_ids(tokenizer, text, false).expect("fits");
+        assert!(ids.len() * limit.max_token_bytes >= text.len(), "{text:?}: {ids:?}");
+    }
+    // One byte more than that bound is refused by its length: the tokenizer never sees it.
+    let over = "a".repeat(limit.max_text_bytes() + 1);
+    match limit.text_ids(tokenizer, &over, true) {
+        Err(PromptError::TooLong { bytes, .. }) => assert_eq!(bytes, over.len()),
+        other => panic!("not refused by length: {:?}", other.map(|ids| ids.len())),
+    }
+    let fitting = "a".repeat(limit.max_text_bytes());
+    assert!(limit.check_text(&fitting).is_ok());
+
+    // Over HTTP: 2 MB of text (a million tokens) gets the context-length 400 that names bytes.
+    let big = "a ".repeat(1 << 20);
+    let refused_by_length = |status: u16, e: &Value, param: &str| {
+        assert_error(status, e, 400, Some(param));
+        assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("1024 tokens") && message.contains("bytes of text"),
+            "{message}"
+        );
+    };
+    let (status, e) = s.post("/v1/chat/completions", &chat(&big, json!({}))).await;
+    refused_by_length(status, &e, "messages");
+    let (status, e) = s.post("/v1/completions", &completion(json!(big), json!({}))).await;
+    refused_by_length(status, &e, "prompt");
+    let (status, e) = s
+        .post("/v1/completions", &completion(json!(["Hi", big]), json!({})))
+        .await;
+    refused_by_length(status, &e, "prompt");
+    let (status, e) = s.post("/tokenize", &json!({"prompt": big})).await;
+    refused_by_length(status, &e, "prompt");
+    let (status, e) = s
+        .post("/tokenize", &json!({"messages": [{"role": "user", "content": big}]}))
+        .await;
+    refused_by_length(status, &e, "messages");
+    // Token ids: a list of max_model_len ids or more, refused with both numbers.
+    let (status, e) = s
+        .post(
+            "/v1/completions",
+            &completion(json!([[1, 2], vec![7; 5000]]), json!({})),
+        )
+        .await;
+    assert_error(status, &e, 400, Some("prompt"));
+    assert!(e["error"]["message"].as_str().unwrap().contains("5000 tokens"), "{e}");
+    let (status, _) = s.get("/health").await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_bodies_must_be_declared_as_json() {
+    let s = TestServer::default().await;
+    let body = json!({"prompt": "Hi"}).to_string();
+    let send = |path: &'static str, content_type: Option<&'static str>| {
+        let mut r = s.client.post(s.url(path)).body(body.clone());
+        if let Some(t) = content_type {
+            r = r.header("content-type", t);
+        }
+        r.send()
+    };
+    for (path, content_type) in [
+        ("/v1/completions", Some("text/plain")),
+        ("/v1/completions", Some("application/x-www-form-urlencoded")),
+        ("/v1/completions", None),
+        ("/v1/chat/completions", Some("multipart/form-data; boundary=x")),
+        ("/tokenize", Some("text/plain;charset=UTF-8")),
+        ("/detokenize", Some("application/jsonx")),
+        ("/tokenize", Some("application/+json")),
+    ] {
+        let r = send(path, content_type).await.unwrap();
+        let status = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert_error(status, &e, 415, None);
+        assert_eq!(e["error"]["code"], "unsupported_media_type", "{path} {content_type:?}");
+    }
+    for content_type in [
+        "application/json",
+        "Application/JSON; charset=utf-8",
+        "application/vnd.api+json",
+    ] {
+        let r = send("/tokenize", Some(content_type)).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{content_type}");
+    }
+    // Unknown routes stay 404 whatever the body.
+    let r = send("/v1/nothing", Some("text/plain")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
 }

@@ -1,6 +1,7 @@
 //! Streaming against the real default model: the SSE shape OpenAI clients parse, keep-alives
-//! while queued, 429 on a full queue, disconnects freeing KV blocks, 64 concurrent streams, and
-//! graceful shutdown (finish in time, or abort after --shutdown-timeout).
+//! while queued, 429 on a full queue (a refused request reserving nothing), disconnects freeing
+//! KV blocks, 64 concurrent streams, and graceful shutdown (finish in time, or abort after
+//! --shutdown-timeout).
 
 mod common;
 
@@ -289,4 +290,64 @@ async fn shutdown_aborts_what_outlives_the_timeout() {
     assert_eq!(events.last().and_then(|e| e.data.as_deref()), Some("[DONE]"));
     s.wait_stopped().await.expect("serve returns Ok");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_leaves_no_queue_slot_behind() {
+    let s = TestServer::start(
+        EngineConfig {
+            max_num_seqs: 1,
+            max_queue: 4,
+            ..engine_config()
+        },
+        server_config(),
+    )
+    .await;
+    let long = |prompt: Value| json!({"model": MODEL, "prompt": prompt, "max_tokens": 200, "ignore_eos": true, "stream": true});
+    // A runs; nothing else can be admitted while it does.
+    let mut a = stream(&s, "/v1/completions", &long(json!("Once upon a time"))).await;
+    while a.next().await.unwrap().data.is_none() {}
+    // More prompts x n than the queue can ever hold: refused whole, before any is queued.
+    for (prompt, n) in [
+        (json!(vec!["Hi"; 10_000]), 1),
+        (json!(vec!["Hi"; 5]), 1),
+        (json!(["Hi", "Ho"]), 3),
+    ] {
+        let (status, e) = s
+            .post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 1, "n": n}))
+            .await;
+        common::assert_error(status, &e, 400, Some("prompt"));
+        assert!(e["error"]["message"].as_str().unwrap().contains("--max-queue"), "{e}");
+    }
+    // B waits (1 of 4); a request for 4 more does not fit now: 429, and it reserves nothing ...
+    let b = stream(&s, "/v1/completions", &long(json!("Hello"))).await;
+    let (status, e) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ["a", "b", "c", "d"], "max_tokens": 1}),
+        )
+        .await;
+    common::assert_error(status, &e, 429, None);
+    // ... so three single requests still fit, and the queue is then full.
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        waiting.push(stream(&s, "/v1/completions", &long(json!("Hi"))).await);
+    }
+    let (status, e) = s
+        .post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1}))
+        .await;
+    common::assert_error(status, &e, 429, None);
+    // Once the queue drains, a request for exactly its size is taken whole.
+    drop(waiting);
+    drop(b);
+    drop(a);
+    assert!(s.wait_blocks_free(Duration::from_secs(20)).await);
+    let (status, r) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ["a", "b", "c", "d"], "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"].as_array().unwrap().len(), 4);
 }

@@ -397,6 +397,18 @@ impl Tokenizer {
         self.token_kind(id).is_some_and(TokenKind::is_special)
     }
 
+    /// Bytes of the longest token's piece (at least 1): a text of B bytes encodes to at least
+    /// B / this many tokens, which bounds a prompt's length before tokenizing it.
+    pub fn max_token_bytes(&self) -> usize {
+        self.inner
+            .piece_offsets
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
     /// Number of token ids (one more than the largest id).
     pub fn vocab_size(&self) -> usize {
         self.inner.texts.len()

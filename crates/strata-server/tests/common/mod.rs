@@ -82,6 +82,12 @@ impl TestServer {
         format!("{}{}", self.base, path)
     }
 
+    /// A raw TCP connection to the server (for what an HTTP client will not do: stall, flood).
+    pub async fn connect(&self) -> tokio::net::TcpStream {
+        let address = self.base.trim_start_matches("http://");
+        tokio::net::TcpStream::connect(address).await.expect("connects")
+    }
+
     /// Sends the shutdown signal (as SIGTERM would) and waits for `serve` to return.
     pub async fn stop(&mut self) -> Result<(), ServerError> {
         if let Some(s) = self.stop.take() {
