@@ -9,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use strata_engine::SubmitError;
 
 use crate::body::parse_json;
 use crate::error::{ApiError, ErrorResponse, RequestErrors};
@@ -77,8 +78,8 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// Token ids of a prompt (BOS as the model asks) or of messages rendered by the chat template; a
-/// text too long to fit in --max-model-len gets 400 (`context_length_exceeded`) untokenized.
+/// Token ids of a prompt (BOS as the model asks) or of messages rendered by the chat template;
+/// more than --max-model-len of them get 400 (`context_length_exceeded`), as on the other endpoints.
 #[utoipa::path(post, path = "/tokenize", tag = "strata",
     request_body = TokenizeRequest,
     responses((status = 200, body = TokenizeResponse), RequestErrors),
@@ -90,11 +91,11 @@ pub async fn tokenize(
     let req: TokenizeRequest = parse_json(body, state.config.max_request_body_bytes)?;
     state.check_model(req.model.as_deref())?;
     let ctx = state.prompt_context();
-    let tokens = match (&req.prompt, &req.messages) {
+    let (tokens, field) = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => {
             let add_special = req.add_special_tokens.unwrap_or(true);
             let ids = ctx.limit.text_ids(ctx.tokenizer, prompt, add_special);
-            ids.map_err(|e| prompt_error(e, "prompt"))?
+            (ids.map_err(|e| prompt_error(e, "prompt"))?, "prompt")
         }
         (None, Some(messages)) => {
             let messages = chat_messages(messages, "messages")?;
@@ -102,7 +103,7 @@ pub async fn tokenize(
             let ids = ctx
                 .limit
                 .chat_ids(ctx.tokenizer, ctx.template, &messages, add_generation_prompt);
-            ids.map_err(|e| prompt_error(e, "messages"))?
+            (ids.map_err(|e| prompt_error(e, "messages"))?, "messages")
         }
         _ => {
             return Err(ApiError::invalid_field(
@@ -111,6 +112,14 @@ pub async fn tokenize(
             ))
         }
     };
+    let max_model_len = ctx.limit.max_model_len;
+    if tokens.len() > max_model_len {
+        let refusal = SubmitError::PromptTooLong {
+            prompt: tokens.len(),
+            max_model_len,
+        };
+        return Err(ApiError::from_submit(refusal, field));
+    }
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         max_model_len: state.engine.max_model_len(),

@@ -778,6 +778,12 @@ async fn prompts_that_cannot_fit_are_refused_before_tokenizing() {
         .await;
     assert_error(status, &e, 400, Some("prompt"));
     assert!(e["error"]["message"].as_str().unwrap().contains("5000 tokens"), "{e}");
+    // /tokenize refuses what it counts beyond --max-model-len, like the other endpoints.
+    let (status, e) = s.post("/tokenize", &json!({"prompt": "word ".repeat(1500)})).await;
+    assert_error(status, &e, 400, Some("prompt"));
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+    let (status, t) = s.post("/tokenize", &json!({"prompt": "word ".repeat(500)})).await;
+    assert_eq!(status, 200, "{t}");
     let (status, _) = s.get("/health").await;
     assert_eq!(status, 200);
 }
