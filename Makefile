@@ -7,7 +7,7 @@ STRATA := target/release/strata
 # The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
 CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test test-clients lint bench fidelity-reference quant-fixtures clean-cache
+.PHONY: setup fetch build serve test test-clients lint bench fidelity-reference quant-fixtures clean-cache fuzz
 
 setup:
 	@scripts/setup.sh
@@ -35,6 +35,13 @@ NVRTC_LIB = $${STRATA_CACHE:-$$HOME/.cache/strata}/nvrtc/nvidia/cu13/lib
 test: fetch lint
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 $(CARGO) test --locked --workspace
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
+
+# The loaders' fuzz targets (GGUF, safetensors, config.json, tokenizer.json) for FUZZ_SECONDS each
+# from a fresh seed (`make test` runs a fixed few thousand cases); a failing input is shrunk and
+# saved under $TMPDIR/strata-fuzz, to be added to the target's tests/fuzz_regressions folder.
+FUZZ_SECONDS ?= 120
+fuzz: fetch
+	STRATA_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --locked --release -p strata-formats -p strata-model --test fuzz -- --nocapture
 
 # The official openai SDK and a real nginx against the `strata serve` binary, alone.
 test-clients: fetch

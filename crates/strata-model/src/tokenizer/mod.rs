@@ -218,7 +218,7 @@ impl Tokenizer {
         config: Option<&serde_json::Value>,
         ids: &SpecialIds,
     ) -> Result<Self, String> {
-        let mut hf: tokenizers::Tokenizer = tokenizer_json.parse().map_err(|e| format!("{e}"))?;
+        let mut hf = parse_hf_tokenizer(tokenizer_json)?;
         // strata counts and limits tokens itself; a file's padding or truncation would change
         // every encoding (and a padding length from the file would size every one).
         hf.with_padding(None);
@@ -545,6 +545,20 @@ fn piece_style(decoder: &DecoderWrapper) -> PieceStyle {
             }
         }
         _ => PieceStyle::Other,
+    }
+}
+
+/// The `tokenizers` pipeline a `tokenizer.json` describes. The text is parsed as JSON first:
+/// `tokenizers` panics (`expect("Helper")`) when a syntax error falls inside a decoder or
+/// normalizer, which it cannot meet in an already parsed value. Any other panic of the library
+/// on a hostile file also becomes an error rather than the end of the process.
+fn parse_hf_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let parsed = std::panic::catch_unwind(move || serde_json::from_value::<tokenizers::Tokenizer>(value));
+    match parsed {
+        Ok(Ok(tokenizer)) => Ok(tokenizer),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the tokenizers library could not read it (it panicked); the file is malformed".into()),
     }
 }
 
