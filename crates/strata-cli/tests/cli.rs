@@ -309,3 +309,28 @@ fn a_load_error_says_its_reason_once() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn plan_refuses_a_config_json_whose_layer_count_is_absurd() {
+    let dir = scratch_dir("plan-layers");
+    let mut config = tiny_hf::TinyCheckpoint::new("llama", Dtype::BF16, false, 12).config_json();
+    // Used to size a per-layer table of 2^32 - 1 entries (34 GB) and abort.
+    config["num_hidden_layers"] = 4_294_967_295u64.into();
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let topology =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../strata-parallel/fixtures/h200x2_nv18.json");
+    let args: Vec<OsString> = vec![
+        "plan".into(),
+        "--model".into(),
+        path.into(),
+        "--topology".into(),
+        topology.into(),
+    ];
+    let line = exits_with_one_line(&args);
+    assert!(
+        line.contains("config.json: missing or invalid num_hidden_layers (strata reads 1 to 4096)"),
+        "{line}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
