@@ -253,6 +253,13 @@ impl ModelConfig {
                 self.rms_eps > 0.0 && self.rms_eps.is_finite(),
                 format!("RMSNorm epsilon {} is invalid", self.rms_eps),
             ),
+            (
+                self.rope.theta > 0.0 && self.rope.theta.is_finite(),
+                format!(
+                    "RoPE base {} is invalid (it must be a positive number)",
+                    self.rope.theta
+                ),
+            ),
         ];
         match checks.into_iter().find(|(ok, _)| !ok) {
             Some((_, why)) => Err(why),

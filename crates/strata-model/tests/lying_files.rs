@@ -112,6 +112,8 @@ fn widths_vocabularies_and_contexts_past_the_limits_are_refused() {
             "context length 1099511627776 is over strata's limit of 67108864",
         ),
         ("max_position_embeddings", 0, "context length is 0"),
+        // A zero base made every rotary frequency infinite and every logit NaN.
+        ("rope_theta", 0, "RoPE base 0 is invalid"),
     ] {
         let mut config = ck.config_json();
         config[key] = value.into();
