@@ -155,6 +155,25 @@ impl Drop for Watched {
     }
 }
 
+thread_local! {
+    /// Where the last panic on this thread happened, kept by the quiet panic hook.
+    static LAST_PANIC_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Replaces the panic hook (once) by one that only notes where a panic happened: the driver
+/// reports the panics it catches itself, and the default hook's backtrace would both flood the
+/// output and count megabytes against the case (loaders that catch a library's panic see the
+/// hook run too).
+fn quiet_panics() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let at = info.location().map(|l| l.to_string()).unwrap_or_default();
+            let _ = LAST_PANIC_AT.try_with(|p| *p.borrow_mut() = at);
+        }))
+    });
+}
+
 /// Why a case failed.
 fn run_case(
     target: &Target,
@@ -162,6 +181,7 @@ fn run_case(
     save_to: &'static str,
     check: &dyn Fn(&[u8]) -> Outcome,
 ) -> Result<Outcome, String> {
+    quiet_panics();
     let _watched = Watched::start(target, input, save_to);
     let _registered = CurrentInput::set(input, save_to);
     let started = Instant::now();
@@ -173,7 +193,8 @@ fn run_case(
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default();
-        format!("panicked: {message}")
+        let at = LAST_PANIC_AT.with(|p| p.borrow().clone());
+        format!("panicked at {at}: {message}")
     })?;
     let max = target.bounds.max_bytes(input.len());
     if peak > max {

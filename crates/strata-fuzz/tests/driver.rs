@@ -34,7 +34,11 @@ fn a_panicking_check_fails_with_the_smallest_input_saved() {
         assert!(input.len() < 5, "boom");
         Outcome::Refused
     });
-    assert!(message.contains("panicked: boom"), "{message}");
+    assert!(
+        message.contains("panicked at crates/strata-fuzz/tests/driver.rs:"),
+        "{message}"
+    );
+    assert!(message.contains(": boom"), "{message}");
     let saved = std::env::temp_dir().join("strata-fuzz/driver_panics-seed0.bin");
     assert_eq!(
         std::fs::read(saved).unwrap().len(),
@@ -76,7 +80,10 @@ fn regressions_replay_from_a_folder() {
     })
     .expect_err("b.bin fails");
     let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(message.contains("b.bin panicked: no"), "{message}");
+    assert!(
+        message.contains("b.bin panicked at ") && message.ends_with(": no"),
+        "{message}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(replay_dir(target("replay"), &dir, |_| Outcome::Accepted), 0);
 }

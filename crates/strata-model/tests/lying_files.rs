@@ -200,3 +200,18 @@ fn a_sentencepiece_vocabulary_of_huge_tokens_is_refused_rather_than_hung_on() {
         "{err}"
     );
 }
+
+#[test]
+fn a_tokenizer_json_post_processor_naming_an_undefined_token_is_refused_at_load() {
+    let mut json = tokenizer_json();
+    // tokenizers panicked on every encoding of such a file (found by the tokenizer_json fuzz target).
+    json["post_processor"] = serde_json::json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {}});
+    let err = Tokenizer::from_hf_json(&json.to_string(), None, &SpecialIds::default()).unwrap_err();
+    assert_eq!(
+        err,
+        "it cannot encode text: the tokenizers library panicked on it; the tokenizer file is malformed"
+    );
+}

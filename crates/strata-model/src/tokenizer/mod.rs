@@ -339,9 +339,8 @@ impl Tokenizer {
             &inner.plain
         };
         let hf_adds = add_special && !inner.manual_special;
-        let encoding = hf
-            .encode_fast(text, hf_adds)
-            .map_err(|e| TokenizerError::Backend(format!("encoding: {e}")))?;
+        let encoding =
+            guarded(|| hf.encode_fast(text, hf_adds)).map_err(|e| TokenizerError::Backend(format!("encoding: {e}")))?;
         let ids = encoding.get_ids();
         if !(add_special && inner.manual_special) {
             return Ok(ids.to_vec());
@@ -382,9 +381,7 @@ impl Tokenizer {
                 for &id in ids {
                     self.check(id)?;
                 }
-                inner
-                    .with_special
-                    .decode(ids, skip_special)
+                guarded(|| inner.with_special.decode(ids, skip_special))
                     .map_err(|e| TokenizerError::Backend(format!("decoding: {e}")))
             }
         }
@@ -554,11 +551,19 @@ fn piece_style(decoder: &DecoderWrapper) -> PieceStyle {
 /// on a hostile file also becomes an error rather than the end of the process.
 fn parse_hf_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
-    let parsed = std::panic::catch_unwind(move || serde_json::from_value::<tokenizers::Tokenizer>(value));
-    match parsed {
-        Ok(Ok(tokenizer)) => Ok(tokenizer),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the tokenizers library could not read it (it panicked); the file is malformed".into()),
+    let hf = guarded(move || serde_json::from_value::<tokenizers::Tokenizer>(value))?;
+    // A post-processor naming a special token it does not define panics on every encoding
+    // (tokenizers indexes its map); one encoding now refuses such a file at load.
+    guarded(|| hf.encode_fast("a", true)).map_err(|e| format!("it cannot encode text: {e}"))?;
+    Ok(hf)
+}
+
+/// Runs a call into the `tokenizers` library, which panics instead of erroring on some malformed
+/// files; the panic (already reported by the panic hook) becomes an error, not a dead thread.
+fn guarded<T, E: fmt::Display>(call: impl FnOnce() -> Result<T, E>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("the tokenizers library panicked on it; the tokenizer file is malformed".into()),
     }
 }
 
