@@ -218,11 +218,7 @@ impl Tokenizer {
         config: Option<&serde_json::Value>,
         ids: &SpecialIds,
     ) -> Result<Self, String> {
-        let mut hf = parse_hf_tokenizer(tokenizer_json)?;
-        // strata counts and limits tokens itself; a file's padding or truncation would change
-        // every encoding (and a padding length from the file would size every one).
-        hf.with_padding(None);
-        hf.with_truncation(None).map_err(|e| format!("{e}"))?;
+        let hf = parse_hf_tokenizer(tokenizer_json)?;
         let token_string = |key: &str| config.and_then(|c| c.get(key)).and_then(config_token_text);
         let config_bool = |key: &str| config.and_then(|c| c.get(key)).and_then(|v| v.as_bool());
 
@@ -551,7 +547,11 @@ fn piece_style(decoder: &DecoderWrapper) -> PieceStyle {
 /// on a hostile file also becomes an error rather than the end of the process.
 fn parse_hf_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
-    let hf = guarded(move || serde_json::from_value::<tokenizers::Tokenizer>(value))?;
+    let mut hf = guarded(move || serde_json::from_value::<tokenizers::Tokenizer>(value))?;
+    // strata counts and limits tokens itself; a file's padding or truncation would change
+    // every encoding (and a padding length from the file would size every one).
+    hf.with_padding(None);
+    hf.with_truncation(None).map_err(|e| format!("{e}"))?;
     // A post-processor naming a special token it does not define panics on every encoding
     // (tokenizers indexes its map); one encoding now refuses such a file at load.
     guarded(|| hf.encode_fast("a", true)).map_err(|e| format!("it cannot encode text: {e}"))?;
