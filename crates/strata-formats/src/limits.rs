@@ -30,6 +30,9 @@ pub const MAX_CONTEXT: usize = 1 << 26;
 /// id are sized by the largest id, so a lone huge id must not size them.
 pub const MAX_TOKEN_ID_GAP: usize = 1 << 16;
 
+/// Most end-of-sequence ids a `config.json` or `generation_config.json` may list (real ones list
+/// up to a handful; each is compared with the others).
+pub const MAX_STOP_IDS: usize = 1024;
 /// Most work deriving SentencePiece merges from a GGUF vocabulary may take: the sum of its tokens'
 /// squared lengths in bytes (every split of every token is tried). A 256k-token vocabulary sums
 /// to about 10^7; 2^30 takes about a second.

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
-use strata_formats::limits::{read_text_limited, MAX_JSON_FILE_BYTES};
+use strata_formats::limits::{read_text_limited, MAX_JSON_FILE_BYTES, MAX_STOP_IDS};
 use strata_formats::safetensors::SafetensorsSet;
 use strata_runtime::cpu::ops::RopeLayout;
 
@@ -213,6 +213,11 @@ impl Keys<'_> {
         };
         match self.get(key) {
             None => Ok(vec![]),
+            // Each id is checked against the others, so the list's length is bounded.
+            Some(Value::Array(items)) if items.len() > MAX_STOP_IDS => Err(format!(
+                "{key} lists {} token ids; strata reads at most {MAX_STOP_IDS}",
+                items.len()
+            )),
             Some(Value::Array(items)) => items.iter().map(one).collect(),
             Some(v) => one(v).map(|id| vec![id]),
         }

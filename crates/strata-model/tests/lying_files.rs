@@ -126,9 +126,9 @@ fn widths_vocabularies_and_contexts_past_the_limits_are_refused() {
     }
 }
 
-/// The test checkpoint's `tokenizer.json`, parsed.
-fn tokenizer_json() -> serde_json::Value {
-    let dir = temp_dir("tokenizer-json");
+/// The test checkpoint's `tokenizer.json`, parsed (`test` names the scratch folder).
+fn tokenizer_json(test: &str) -> serde_json::Value {
+    let dir = temp_dir(test);
     write_tokenizer(&dir);
     let text = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
@@ -137,7 +137,7 @@ fn tokenizer_json() -> serde_json::Value {
 
 #[test]
 fn a_tokenizer_json_token_id_far_past_the_vocabulary_is_refused() {
-    let mut json = tokenizer_json();
+    let mut json = tokenizer_json("huge-id");
     // Used to reserve a table of 4 billion token texts and abort.
     json["model"]["vocab"]["a"] = 4_000_000_000u64.into();
     let err = Tokenizer::from_hf_json(&json.to_string(), None, &SpecialIds::default()).unwrap_err();
@@ -153,7 +153,7 @@ fn a_tokenizer_json_token_id_far_past_the_vocabulary_is_refused() {
 
 #[test]
 fn a_tokenizer_json_padding_or_truncation_is_ignored() {
-    let mut json = tokenizer_json();
+    let mut json = tokenizer_json("padding");
     // A fixed padding length would have sized every encoding (here 10^9 ids per prompt).
     json["padding"] = serde_json::json!({"strategy": {"Fixed": 1_000_000_000u64}, "direction": "Right",
         "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "!"});
@@ -203,7 +203,7 @@ fn a_sentencepiece_vocabulary_of_huge_tokens_is_refused_rather_than_hung_on() {
 
 #[test]
 fn a_tokenizer_json_post_processor_naming_an_undefined_token_is_refused_at_load() {
-    let mut json = tokenizer_json();
+    let mut json = tokenizer_json("post-processor");
     // tokenizers panicked on every encoding of such a file (found by the tokenizer_json fuzz target).
     json["post_processor"] = serde_json::json!({"type": "TemplateProcessing",
         "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
@@ -214,4 +214,24 @@ fn a_tokenizer_json_post_processor_naming_an_undefined_token_is_refused_at_load(
         err,
         "it cannot encode text: the tokenizers library panicked on it; the tokenizer file is malformed"
     );
+}
+
+#[test]
+fn an_end_of_sequence_list_past_the_limit_is_refused() {
+    let dir = temp_dir("eos-list");
+    let ck = TinyCheckpoint::new("llama", Dtype::F32, true, 9);
+    ck.write_dir(&dir, 1);
+    // Each id was compared with all before it: 10^6 ids made 5 * 10^11 comparisons.
+    let ids: Vec<u32> = (0..1_000_000).collect();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        serde_json::json!({ "eos_token_id": ids }).to_string(),
+    )
+    .unwrap();
+    let err = load_error(&dir);
+    assert!(
+        err.contains("generation_config.json: eos_token_id lists 1000000 token ids; strata reads at most 1024"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
