@@ -36,12 +36,12 @@ test: fetch lint
 	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 $(CARGO) test --locked --workspace
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 
-# The loaders' fuzz targets (GGUF, safetensors, config.json, tokenizer.json) for FUZZ_SECONDS each
-# from a fresh seed (`make test` runs a fixed few thousand cases); a failing input is shrunk and
-# saved under $TMPDIR/strata-fuzz, to be added to the target's tests/fuzz_regressions folder.
+# The loaders' fuzz targets (GGUF, safetensors, config.json, tokenizer.json) for FUZZ_SECONDS each,
+# all of a crate at once, from a fresh seed (`make test` runs a fixed few thousand cases); a failing
+# input is shrunk and saved under $TMPDIR/strata-fuzz, to be added to tests/fuzz_regressions/.
 FUZZ_SECONDS ?= 120
 fuzz: fetch
-	STRATA_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --locked --release -p strata-formats -p strata-model --test fuzz -- --nocapture
+	STRATA_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --locked --release -p strata-formats -p strata-model --test fuzz -- --nocapture --test-threads 3
 
 # The official openai SDK and a real nginx against the `strata serve` binary, alone.
 test-clients: fetch
