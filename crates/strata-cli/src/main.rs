@@ -85,7 +85,56 @@ fn main() {
         Command::Plan(args) => plan::plan(args),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error and its causes on one line (as `{:#}` prints them), each text once: a cause whose
+/// text the line already holds, because an error both shows and returns it, is left out.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    /// An error that shows its source's text and also returns it as its source.
+    #[derive(Debug)]
+    struct ShowsAndReturns(std::io::Error);
+
+    impl std::fmt::Display for ShowsAndReturns {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot read x.json: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for ShowsAndReturns {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn one_line_says_each_cause_once_and_keeps_context() {
+        let inner = std::io::Error::other("disk on fire");
+        let e = anyhow::Error::new(ShowsAndReturns(inner)).context("loading the model");
+        assert_eq!(
+            format!("{e:#}"),
+            "loading the model: cannot read x.json: disk on fire: disk on fire"
+        );
+        assert_eq!(one_line(&e), "loading the model: cannot read x.json: disk on fire");
     }
 }

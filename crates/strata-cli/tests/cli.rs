@@ -1,7 +1,15 @@
 //! End-to-end tests of the `strata` command: generation on the default model and the
 //! one-line errors for bad model files and arguments.
 
+#[allow(dead_code)]
+#[path = "../../strata-model/tests/common/tiny_hf.rs"]
+mod tiny_hf;
+
+use std::ffi::OsString;
 use std::process::Command;
+
+use strata_formats::gguf::MetaValue;
+use strata_formats::safetensors::Dtype;
 
 fn strata() -> Command {
     Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -213,4 +221,129 @@ fn serve_refuses_unusable_connection_limits() {
         let msg = one_line_error(&["serve", "--port", "0", flag, value]);
         assert!(msg.starts_with("error:") && msg.contains(flag), "{msg}");
     }
+}
+
+/// A scratch directory for one test.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `strata args`, which must fail with exit code 1 (an error, not an abort) and one line.
+fn exits_with_one_line(args: &[OsString]) -> String {
+    let out = strata().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got {stderr:?}");
+    lines[0].to_string()
+}
+
+#[test]
+fn a_tiny_gguf_with_a_lying_block_count_gets_one_line_not_an_abort() {
+    let dir = scratch_dir("block-count");
+    let ck = tiny_hf::TinyCheckpoint::new("qwen2", Dtype::F32, false, 11);
+    let good = dir.join("tiny.gguf");
+    ck.write_gguf(&good);
+    // The unaltered file runs, so the errors below come from the block count alone.
+    let out = strata()
+        .args([
+            "run",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+            "--ignore-eos",
+            "--threads",
+            "1",
+        ])
+        .arg("--model")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+
+    for (block_count, want) in [
+        (1u64 << 31, "block count 2147483648 is over strata's limit of 4096"),
+        (
+            3,
+            "qwen2.block_count = 3, but the model's tensors cover 2 of those layers (there is no blk.2.*)",
+        ),
+    ] {
+        let bad = dir.join(format!("blocks-{block_count}.gguf"));
+        let mut w = ck.gguf_writer();
+        w.set_metadata("qwen2.block_count", MetaValue::U64(block_count))
+            .unwrap();
+        std::fs::write(&bad, w.to_bytes()).unwrap();
+        for command in ["run", "serve"] {
+            let mut args: Vec<OsString> = vec![command.into(), "--model".into(), bad.clone().into()];
+            let rest = if command == "run" {
+                ["--prompt", "hi"]
+            } else {
+                ["--port", "0"]
+            };
+            args.extend(rest.map(OsString::from));
+            let line = exits_with_one_line(&args);
+            assert!(line.starts_with("error: ") && line.contains(want), "{command}: {line}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_load_error_says_its_reason_once() {
+    let dir = scratch_dir("once");
+    for (name, bytes, reason) in [
+        (
+            "empty.gguf",
+            &b""[..],
+            "file is truncated: magic needs 4 bytes at offset 0, file has 0",
+        ),
+        (
+            "four.gguf",
+            &b"GGUF"[..],
+            "file is truncated: version needs 4 bytes at offset 4, file has 4",
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let args: Vec<OsString> = vec![
+            "run".into(),
+            "--model".into(),
+            path.into(),
+            "--prompt".into(),
+            "hi".into(),
+        ];
+        let line = exits_with_one_line(&args);
+        assert_eq!(line.matches("file is truncated").count(), 1, "{line}");
+        assert!(line.ends_with(reason), "{line}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn plan_refuses_a_config_json_whose_layer_count_is_absurd() {
+    let dir = scratch_dir("plan-layers");
+    let mut config = tiny_hf::TinyCheckpoint::new("llama", Dtype::BF16, false, 12).config_json();
+    // Used to size a per-layer table of 2^32 - 1 entries (34 GB) and abort.
+    config["num_hidden_layers"] = 4_294_967_295u64.into();
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let topology =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../strata-parallel/fixtures/h200x2_nv18.json");
+    let args: Vec<OsString> = vec![
+        "plan".into(),
+        "--model".into(),
+        path.into(),
+        "--topology".into(),
+        topology.into(),
+    ];
+    let line = exits_with_one_line(&args);
+    assert!(
+        line.contains("config.json: missing or invalid num_hidden_layers (strata reads 1 to 4096)"),
+        "{line}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

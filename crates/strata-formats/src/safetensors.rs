@@ -2,14 +2,14 @@
 //! (`model.safetensors.index.json`); BF16, F16 and F32 tensors map onto [`GgmlType`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use serde_json::{Map, Value};
 
 use crate::gguf::TensorInfo;
+use crate::limits::{read_text_limited, MAX_JSON_FILE_BYTES};
 use crate::quant::GgmlType;
+use crate::storage::Storage;
 
 /// Largest JSON header we read (the reference implementation's limit too).
 pub const MAX_HEADER_LEN: u64 = 100 << 20;
@@ -18,15 +18,13 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// The weights file of an unsharded checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
 
-/// Why a safetensors file or checkpoint could not be read.
+/// Why a safetensors file or checkpoint could not be read (each message whole, as [`GgufError`]'s).
+///
+/// [`GgufError`]: crate::gguf::GgufError
 #[derive(Debug, thiserror::Error)]
 pub enum SafetensorsError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: not a valid safetensors file: {reason}")]
     Malformed { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
@@ -168,7 +166,7 @@ impl SafeTensor {
 /// An opened, validated safetensors file.
 pub struct SafetensorsFile {
     path: PathBuf,
-    map: Mmap,
+    storage: Storage,
     data_start: usize,
     tensors: Vec<SafeTensor>,
     index: HashMap<String, usize>,
@@ -190,22 +188,27 @@ impl SafetensorsFile {
     /// shape, lie inside the file and overlap no other tensor's.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, SafetensorsError> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| SafetensorsError::Io {
+        let storage = Storage::map(&path).map_err(|error| SafetensorsError::Io {
             path: path.clone(),
-            source,
-        };
-        let file = File::open(&path).map_err(io)?;
-        // SAFETY: the map is read-only; strata never writes model files while serving them.
-        // A file truncated by another process while mapped would fault, as with every mmap reader.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (header_len, tensors, metadata) = parse(&map).map_err(|reason| SafetensorsError::Malformed {
+            error,
+        })?;
+        Self::parse(path, storage)
+    }
+
+    /// Parses a safetensors image held in memory; `path` only names it in errors.
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, SafetensorsError> {
+        Self::parse(path.into(), Storage::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, storage: Storage) -> Result<Self, SafetensorsError> {
+        let (header_len, tensors, metadata) = parse(storage.bytes()).map_err(|reason| SafetensorsError::Malformed {
             path: path.clone(),
             reason,
         })?;
         let index = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         Ok(SafetensorsFile {
             path,
-            map,
+            storage,
             data_start: 8 + header_len,
             tensors,
             index,
@@ -230,7 +233,7 @@ impl SafetensorsFile {
 
     /// The bytes of `t` (checked to lie inside the file when it was opened).
     pub fn data(&self, t: &SafeTensor) -> &[u8] {
-        &self.map[self.data_start + t.begin as usize..self.data_start + t.end as usize]
+        &self.storage.bytes()[self.data_start + t.begin as usize..self.data_start + t.end as usize]
     }
 
     /// The `__metadata__` strings of the header.
@@ -395,9 +398,9 @@ impl SafetensorsSet {
         if index_path.is_file() {
             return Self::open_index(&index_path);
         }
-        let io = |source| SafetensorsError::Io {
+        let io = |error| SafetensorsError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         };
         let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(io)?
@@ -437,9 +440,9 @@ impl SafetensorsSet {
             path: index_path.to_path_buf(),
             reason,
         };
-        let text = std::fs::read_to_string(index_path).map_err(|source| SafetensorsError::Io {
+        let text = read_text_limited(index_path, MAX_JSON_FILE_BYTES).map_err(|error| SafetensorsError::Io {
             path: index_path.to_path_buf(),
-            source,
+            error,
         })?;
         let json: Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
         let map = json

@@ -1,64 +1,14 @@
 //! Hand-crafted broken GGUF files, each of which must give one specific `GgufError`, never a panic.
 //! A counting allocator checks that hostile counts cannot make the reader allocate much.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use strata_formats::gguf::{GgufError, GgufFile, GgufWriter, MetaValue, MetaValueType};
 use strata_formats::GgmlType;
-
-// ---------------------------------------------------------------------------------------------
-// Allocation accounting, per thread so tests running in parallel do not see each other.
-
-struct CountingAllocator;
-
-thread_local! {
-    static LIVE_BYTES: Cell<isize> = const { Cell::new(0) };
-    static PEAK_BYTES: Cell<isize> = const { Cell::new(0) };
-}
-
-fn record(delta: isize) {
-    let _ = LIVE_BYTES.try_with(|live| {
-        let now = live.get() + delta;
-        live.set(now);
-        let _ = PEAK_BYTES.try_with(|peak| peak.set(peak.get().max(now)));
-    });
-}
-
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        record(layout.size() as isize);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        record(-(layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        record(layout.size() as isize);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        record(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use strata_fuzz::{peak_allocation, CountingAllocator};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-/// Runs `f` and returns its result with the most bytes it had allocated at once on this thread.
-fn peak_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    let base = LIVE_BYTES.with(Cell::get);
-    PEAK_BYTES.with(|p| p.set(base));
-    let result = f();
-    let peak = PEAK_BYTES.with(Cell::get);
-    (result, (peak - base).max(0) as usize)
-}
 
 // ---------------------------------------------------------------------------------------------
 // A byte-level builder for files the writer would refuse to write.
@@ -304,6 +254,24 @@ fn absurd_array_lengths() {
         assert!(start.elapsed() < Duration::from_secs(1));
         assert!(peak < 64 * 1024, "an absurd array length allocated {peak} bytes");
     }
+}
+
+#[test]
+fn metadata_arrays_past_the_value_limit_are_refused_before_they_cost_32_bytes_a_byte() {
+    use strata_formats::limits::MAX_METADATA_VALUES;
+    // Two arrays of one-byte values that together pass the limit by one; every byte is in the
+    // file, so only the limit stops them (each value would take 32 bytes in memory: 256 MiB).
+    let half = MAX_METADATA_VALUES / 2;
+    let mut bytes = Raw::header(3, 0, 2).str("a").u32(T_ARRAY).u32(T_U8).u64(half).0;
+    bytes.resize(bytes.len() + half as usize, 7);
+    let mut bytes = Raw(bytes).str("b").u32(T_ARRAY).u32(T_U8).u64(half + 1).0;
+    bytes.resize(bytes.len() + half as usize + 1, 7);
+    let len = bytes.len();
+    let (result, peak) = peak_allocation(|| GgufFile::from_bytes(bytes));
+    let err = result.unwrap_err();
+    assert!(matches!(&err, GgufError::TooManyValues { key } if key == "b"), "{err}");
+    assert!(err.to_string().contains("more than 8388608 values in all"), "{err}");
+    assert!(peak < 40 * len, "{peak} bytes for a {len}-byte file");
 }
 
 #[test]

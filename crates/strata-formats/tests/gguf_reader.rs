@@ -1,23 +1,11 @@
 //! Round trips GgufWriter -> GgufFile for every metadata type, tensor layout and alignment,
 //! what the writer refuses, and the real default model read through the memory-mapped path.
 
-use std::path::PathBuf;
+mod common;
 
+use common::default_model_path;
 use strata_formats::gguf::{GgufError, GgufFile, GgufWriter, MetaValue, MetaValueType, TensorInfo};
 use strata_formats::GgmlType;
-
-const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-/// The default model in the strata cache (`$STRATA_CACHE`, else `~/.cache/strata`).
-fn default_model_path() -> PathBuf {
-    let cache = match std::env::var_os("STRATA_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/strata"),
-    };
-    let path = cache.join("models").join(DEFAULT_MODEL);
-    assert!(path.is_file(), "{} is missing: run `make fetch` first", path.display());
-    path
-}
 
 /// Deterministic filler bytes, different for each `seed`.
 fn bytes(seed: u64, n: usize) -> Vec<u8> {

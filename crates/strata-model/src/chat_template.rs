@@ -17,6 +17,7 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 use strata_formats::gguf::GgufFile;
+use strata_formats::limits::{read_text_limited, MAX_JSON_FILE_BYTES};
 
 /// The template used when a model ships none: plain ChatML.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -65,8 +66,8 @@ pub enum TemplateError {
     Syntax(String),
     #[error("rendering the chat template failed: {0}")]
     Render(String),
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: {message}")]
     BadConfig { path: PathBuf, message: String },
     #[error("no chat template named `{name}` (available: {available})")]
@@ -167,9 +168,9 @@ impl ChatTemplate {
     /// Like [`Self::from_tokenizer_config`], choosing a named template (e.g. `tool_use`).
     pub fn from_tokenizer_config_named(path: impl AsRef<Path>, name: Option<&str>) -> Result<Self, TemplateError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Io {
+        let text = read_text_limited(path, MAX_JSON_FILE_BYTES).map_err(|error| TemplateError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| TemplateError::BadConfig {
             path: path.to_path_buf(),

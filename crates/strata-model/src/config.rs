@@ -1,6 +1,9 @@
 //! The shape of a decoder-only transformer of the llama family, independent of file format.
 //! Architectures fill a `ModelConfig`; the forward pass and the KV cache read only this.
 
+use strata_formats::limits::{
+    MAX_CONTEXT, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB,
+};
 use strata_runtime::cpu::ops::RopeLayout;
 
 /// Supported architectures.
@@ -192,15 +195,32 @@ impl ModelConfig {
         self.n_heads * self.head_dim
     }
 
-    /// Checks the numbers are consistent, so the forward pass can index without surprises.
+    /// Checks the numbers are consistent, so the forward pass can index without surprises, and
+    /// within strata's [limits](strata_formats::limits), so that nothing sized by them is absurd.
     pub fn validate(&self) -> Result<(), String> {
+        let over = |what: &str, value: usize, limit: usize| {
+            format!("{what} {value} is over strata's limit of {limit}; the file is corrupt")
+        };
         let checks = [
             (self.n_layers > 0, "block count is 0".to_string()),
+            (
+                self.n_layers <= MAX_LAYERS,
+                over("block count", self.n_layers, MAX_LAYERS),
+            ),
             (
                 self.hidden > 0 && self.intermediate > 0,
                 "embedding or feed-forward length is 0".into(),
             ),
+            (
+                self.hidden <= MAX_HIDDEN,
+                over("embedding length", self.hidden, MAX_HIDDEN),
+            ),
+            (
+                self.intermediate <= MAX_INTERMEDIATE,
+                over("feed-forward length", self.intermediate, MAX_INTERMEDIATE),
+            ),
             (self.n_heads > 0 && self.n_kv_heads > 0, "head count is 0".into()),
+            (self.n_heads <= MAX_HEADS, over("head count", self.n_heads, MAX_HEADS)),
             (
                 self.n_heads.is_multiple_of(self.n_kv_heads),
                 format!(
@@ -209,8 +229,8 @@ impl ModelConfig {
                 ),
             ),
             (
-                self.head_dim > 0 && self.head_dim <= 512,
-                format!("head dimension {} is out of range", self.head_dim),
+                self.head_dim > 0 && self.head_dim <= MAX_HEAD_DIM,
+                format!("head dimension {} is out of range 1..={MAX_HEAD_DIM}", self.head_dim),
             ),
             (
                 self.rope.dim.is_multiple_of(2) && self.rope.dim <= self.head_dim,
@@ -221,8 +241,24 @@ impl ModelConfig {
             ),
             (self.vocab_size > 0, "vocabulary is empty".into()),
             (
+                self.vocab_size <= MAX_VOCAB,
+                over("vocabulary size", self.vocab_size, MAX_VOCAB),
+            ),
+            (self.max_position > 0, "context length is 0".into()),
+            (
+                self.max_position <= MAX_CONTEXT,
+                over("context length", self.max_position, MAX_CONTEXT),
+            ),
+            (
                 self.rms_eps > 0.0 && self.rms_eps.is_finite(),
                 format!("RMSNorm epsilon {} is invalid", self.rms_eps),
+            ),
+            (
+                self.rope.theta > 0.0 && self.rope.theta.is_finite(),
+                format!(
+                    "RoPE base {} is invalid (it must be a positive number)",
+                    self.rope.theta
+                ),
             ),
         ];
         match checks.into_iter().find(|(ok, _)| !ok) {

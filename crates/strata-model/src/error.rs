@@ -3,16 +3,16 @@
 
 use std::path::PathBuf;
 
-/// Why a model could not be loaded or run.
+/// Why a model could not be loaded or run. A variant that shows an inner error's text does not
+/// also return it as its `source()`, so a printed error chain says each thing once.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("model file {path} not found; pass --model with the path of a .gguf file or an HF checkpoint directory (or run `make fetch` for the default model)")]
     NotFound { path: PathBuf },
-    #[error("cannot read model file {path}: {source}")]
+    #[error("cannot read model file {path}: {error}")]
     Gguf {
         path: PathBuf,
-        #[source]
-        source: strata_formats::gguf::GgufError,
+        error: strata_formats::gguf::GgufError,
     },
     #[error("{path}: unsupported model format; strata loads GGUF files (.gguf) and HF checkpoint directories (config.json + *.safetensors)")]
     UnsupportedFormat { path: PathBuf },

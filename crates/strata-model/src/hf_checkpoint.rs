@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+use strata_formats::limits::{read_text_limited, MAX_JSON_FILE_BYTES, MAX_STOP_IDS};
 use strata_formats::safetensors::SafetensorsSet;
 use strata_runtime::cpu::ops::RopeLayout;
 
@@ -12,7 +13,7 @@ use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::tokenizer::{SpecialIds, Tokenizer};
 use crate::transformer::Transformer;
-use crate::weights::ModelWeights;
+use crate::weights::{check_layer_count, ModelWeights};
 
 /// The file that makes a directory an HF checkpoint.
 pub const CONFIG_FILE: &str = "config.json";
@@ -62,7 +63,7 @@ pub(crate) fn read_json_object(path: &Path) -> Result<Map<String, Value>, ModelE
         path: path.to_path_buf(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let text = read_text_limited(path, MAX_JSON_FILE_BYTES).map_err(|e| bad(format!("cannot read: {e}")))?;
     match serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))? {
         Value::Object(map) => Ok(map),
         other => Err(bad(format!("expected a JSON object, found {}", json_kind(&other)))),
@@ -94,6 +95,13 @@ pub fn load_hf_transformer(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<T
     let dir = checkpoint_dir(path)?;
     let config = read_hf_config(&dir)?;
     let set = SafetensorsSet::open_dir(&dir)?;
+    let names = set.files().iter().flat_map(|f| f.tensors()).map(|t| t.name.as_str());
+    check_layer_count(config.n_layers, names, true, "num_hidden_layers").map_err(|message| {
+        ModelError::BadCheckpoint {
+            path: dir.join(CONFIG_FILE),
+            message,
+        }
+    })?;
     let weights = ModelWeights::from_safetensors(&set, &config, progress)?;
     Ok(Transformer::new(config, weights))
 }
@@ -116,7 +124,7 @@ pub fn load_hf_text(path: &Path) -> Result<(Tokenizer, ChatTemplate), ModelError
     let (bos, eos) = (text_of(tokenizer.bos_id()), text_of(tokenizer.eos_id()));
     let jinja = dir.join(CHAT_TEMPLATE_FILE);
     let template = if jinja.is_file() {
-        let source = std::fs::read_to_string(&jinja).map_err(|e| ModelError::BadCheckpoint {
+        let source = read_text_limited(&jinja, MAX_JSON_FILE_BYTES).map_err(|e| ModelError::BadCheckpoint {
             path: jinja.clone(),
             message: format!("cannot read: {e}"),
         })?;
@@ -205,6 +213,11 @@ impl Keys<'_> {
         };
         match self.get(key) {
             None => Ok(vec![]),
+            // Each id is checked against the others, so the list's length is bounded.
+            Some(Value::Array(items)) if items.len() > MAX_STOP_IDS => Err(format!(
+                "{key} lists {} token ids; strata reads at most {MAX_STOP_IDS}",
+                items.len()
+            )),
             Some(Value::Array(items)) => items.iter().map(one).collect(),
             Some(v) => one(v).map(|id| vec![id]),
         }

@@ -45,13 +45,13 @@ pub fn open_gguf(path: &Path) -> Result<Arc<GgufFile>, ModelError> {
             path: path.to_path_buf(),
         });
     }
-    let file = GgufFile::open(path).map_err(|source| match source {
+    let file = GgufFile::open(path).map_err(|error| match error {
         strata_formats::gguf::GgufError::BadMagic(_) => ModelError::UnsupportedFormat {
             path: path.to_path_buf(),
         },
-        source => ModelError::Gguf {
+        error => ModelError::Gguf {
             path: path.to_path_buf(),
-            source,
+            error,
         },
     })?;
     Ok(Arc::new(file))

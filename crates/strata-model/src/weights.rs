@@ -1,6 +1,7 @@
 //! Weights of a llama-family model: matrices in their file type (quantized) in one arena,
 //! norms and biases widened to f32. The arena is anonymous memory on 2 MiB pages where the OS allows.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use strata_formats::gguf::{GgufFile, TensorInfo};
@@ -159,14 +160,28 @@ impl Role {
         self.name_in(true, layer)
     }
 
+    /// The layer a per-layer tensor name belongs to (`blk.N.*` in GGUF, `model.layers.N.*` in HF).
+    pub fn layer_of(name: &str, hf: bool) -> Option<usize> {
+        name.strip_prefix(layer_prefix(hf))?.split('.').next()?.parse().ok()
+    }
+
     fn name_in(self, hf: bool, layer: usize) -> String {
         let (gguf_name, hf_name, per_layer) = self.names();
-        match (hf, per_layer) {
-            (false, false) => gguf_name.to_string(),
-            (true, false) => hf_name.to_string(),
-            (false, true) => format!("blk.{layer}.{gguf_name}"),
-            (true, true) => format!("model.layers.{layer}.{hf_name}"),
+        let name = if hf { hf_name } else { gguf_name };
+        if per_layer {
+            format!("{}{layer}.{name}", layer_prefix(hf))
+        } else {
+            name.to_string()
         }
+    }
+}
+
+/// What every per-layer tensor name starts with, before the layer number.
+fn layer_prefix(hf: bool) -> &'static str {
+    if hf {
+        "model.layers."
+    } else {
+        "blk."
     }
 }
 
@@ -242,7 +257,8 @@ impl ModelWeights {
             linear(src, &src.name(Role::Output, 0), c.vocab_size, c.hidden)?
         };
         let output_norm = vector(src, &src.name(Role::OutputNorm, 0), c.hidden)?;
-        let mut layers = Vec::with_capacity(c.n_layers);
+        // Grown as layers are found, not reserved from the metadata's count.
+        let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let mat = |role: Role, rows: usize, cols: usize| linear(src, &src.name(role, i), rows, cols);
             let vec = |role: Role, len: usize| vector(src, &src.name(role, i), len);
@@ -345,6 +361,29 @@ impl ModelWeights {
         }
         total
     }
+}
+
+/// Errors unless the tensors named `names` belong to every one of the `n_layers` layers the
+/// metadata key `key` declares, so that nothing is sized by a layer count the file cannot back.
+pub fn check_layer_count<'a>(
+    n_layers: usize,
+    names: impl Iterator<Item = &'a str>,
+    hf: bool,
+    key: &str,
+) -> Result<(), String> {
+    let found: BTreeSet<usize> = names
+        .filter_map(|n| Role::layer_of(n, hf))
+        .filter(|&l| l < n_layers)
+        .collect();
+    let Some(missing) = (0..n_layers).find(|l| !found.contains(l)) else {
+        return Ok(());
+    };
+    Err(format!(
+        "{key} = {n_layers}, but the model's tensors cover {} of those layers (there is no {}{missing}.*); \
+         the file is corrupt or not what its metadata says",
+        found.len(),
+        layer_prefix(hf)
+    ))
 }
 
 fn find<'a>(src: &'a dyn TensorSource, name: &str) -> Result<(TensorInfo, &'a [u8]), ModelError> {

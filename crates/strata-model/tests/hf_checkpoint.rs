@@ -194,19 +194,23 @@ fn malformed_checkpoints_give_errors_that_name_the_problem() {
     let e = load_error(&dir);
     assert!(e.contains("lm_head.weight") && e.contains("missing"), "{e}");
 
-    // A needed tensor in a dtype strata does not compute with.
+    // A needed tensor in a dtype strata does not compute with (in a file of its own beside the rest).
+    let mut rest = TinyCheckpoint::new("llama", Dtype::BF16, true, 6);
+    rest.tensors.retain(|t| t.name != "model.embed_tokens.weight");
+    rest.write_weights(&dir, 1);
     let bytes = vec![0u8; VOCAB * 64];
     let img = strata_formats::safetensors::serialize(
         &[("model.embed_tokens.weight", Dtype::I8, &[VOCAB as u64, 64], &bytes)],
         &Default::default(),
     )
     .unwrap();
-    std::fs::write(dir.join("model.safetensors"), img).unwrap();
+    std::fs::write(dir.join("embed.safetensors"), img).unwrap();
     let e = load_error(&dir);
     assert_eq!(
         e,
         "unsupported dtype I8 for tensor model.embed_tokens.weight (strata reads BF16, F16 and F32)"
     );
+    std::fs::remove_file(dir.join("embed.safetensors")).unwrap();
 
     std::fs::write(dir.join("model.safetensors"), b"\xff\xff\xff\xff\xff\xff\xff\x7f{}").unwrap();
     let e = load_error(&dir);

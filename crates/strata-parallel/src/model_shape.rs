@@ -4,6 +4,10 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use strata_formats::limits::{
+    read_text_limited, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_JSON_FILE_BYTES, MAX_LAYERS,
+    MAX_VOCAB,
+};
 use strata_model::ModelConfig;
 
 /// Why a model's shape could not be read.
@@ -11,12 +15,8 @@ use strata_model::ModelConfig;
 pub enum ModelShapeError {
     #[error(transparent)]
     Model(#[from] strata_model::ModelError),
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path}: {reason}")]
     BadConfig { path: String, reason: String },
     #[error(
@@ -183,21 +183,30 @@ impl ModelShape {
             path.to_path_buf()
         };
         let shown = file.display().to_string();
-        let text = std::fs::read_to_string(&file).map_err(|source| ModelShapeError::Read {
+        let text = read_text_limited(&file, MAX_JSON_FILE_BYTES).map_err(|error| ModelShapeError::Read {
             path: shown.clone(),
-            source,
+            error,
         })?;
         let bad = |reason: String| ModelShapeError::BadConfig {
             path: shown.clone(),
             reason,
         };
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        // Bounded by the loaders' limits: the plan sizes per-layer tables by these numbers.
         let key = |name: &str| -> Result<usize, ModelShapeError> {
+            let limit = match name {
+                "num_hidden_layers" => MAX_LAYERS,
+                "hidden_size" => MAX_HIDDEN,
+                "intermediate_size" => MAX_INTERMEDIATE,
+                "num_attention_heads" | "num_key_value_heads" => MAX_HEADS,
+                "head_dim" => MAX_HEAD_DIM,
+                _ => MAX_VOCAB, // vocab_size
+            };
             json.get(name)
                 .and_then(|v| v.as_u64())
-                .filter(|&n| n > 0 && n < 1 << 32)
+                .filter(|&n| n > 0 && n <= limit as u64)
                 .map(|n| n as usize)
-                .ok_or_else(|| bad(format!("missing or invalid {name}")))
+                .ok_or_else(|| bad(format!("missing or invalid {name} (strata reads 1 to {limit})")))
         };
         let n_heads = key("num_attention_heads")?;
         let hidden = key("hidden_size")?;

@@ -2,15 +2,14 @@
 //! Counts and lengths are bounded by the bytes left, so a hostile header cannot make us allocate much.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::metadata::{MetaValue, MetaValueType};
 use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
+use crate::limits::MAX_METADATA_VALUES;
 use crate::quant::GgmlType;
+use crate::storage::Storage;
 
 /// Deepest nesting of arrays inside arrays that we accept.
 pub(super) const MAX_ARRAY_DEPTH: usize = 4;
@@ -23,15 +22,12 @@ fn prealloc(count: u64) -> usize {
     count.min(MAX_PREALLOC) as usize
 }
 
-/// Why a GGUF file could not be read.
+/// Why a GGUF file could not be read. Each message is whole: none repeats an inner error's text
+/// as a `source()` too, so a printed chain says everything once.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("cannot open {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot open {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("not a GGUF file (magic bytes {0:02x?}, expected \"GGUF\")")]
     BadMagic([u8; 4]),
     #[error("GGUF version {0} is not supported (strata reads versions 2 and 3)")]
@@ -45,6 +41,8 @@ pub enum GgufError {
     },
     #[error("{what}: count {count} is impossible for a file of {len} bytes")]
     AbsurdCount { what: String, count: u64, len: u64 },
+    #[error("metadata key {key:?}: the metadata arrays hold more than {MAX_METADATA_VALUES} values in all, strata's limit; the file is corrupt")]
+    TooManyValues { key: String },
     #[error("metadata key {key:?}: unknown value type id {id}")]
     UnknownValueType { key: String, id: u32 },
     #[error("metadata key {key:?}: arrays nested deeper than {MAX_ARRAY_DEPTH}")]
@@ -90,20 +88,6 @@ impl TensorInfo {
     }
 }
 
-enum Storage {
-    Mapped(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Storage {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Storage::Mapped(m) => m,
-            Storage::Owned(v) => v,
-        }
-    }
-}
-
 /// An opened GGUF file: parsed header plus access to tensor bytes.
 pub struct GgufFile {
     pub version: u32,
@@ -130,15 +114,11 @@ impl GgufFile {
     /// Opens and memory-maps `path`, then parses and validates its header.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let storage = Storage::map(path).map_err(|error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only; strata never writes model files while serving them.
-        // A file truncated by another process while mapped would fault, as with every mmap reader.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Storage::Mapped(map))
+            error,
+        })?;
+        Self::parse(storage)
     }
 
     /// Parses a GGUF image held in memory.
@@ -148,7 +128,11 @@ impl GgufFile {
 
     fn parse(storage: Storage) -> Result<Self, GgufError> {
         let bytes = storage.bytes();
-        let mut c = Cursor { bytes, pos: 0 };
+        let mut c = Cursor {
+            bytes,
+            pos: 0,
+            array_values: 0,
+        };
         let magic: [u8; 4] = c.take(4, "magic")?.try_into().unwrap_or_default();
         if magic != GGUF_MAGIC {
             return Err(GgufError::BadMagic(magic));
@@ -367,6 +351,8 @@ fn bad_tensor(name: &str, reason: String) -> GgufError {
 struct Cursor<'a> {
     bytes: &'a [u8],
     pos: u64,
+    /// Values in all metadata arrays read so far, bounded by [`MAX_METADATA_VALUES`].
+    array_values: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -460,6 +446,10 @@ impl<'a> Cursor<'a> {
                     count,
                     elem.min_encoded_len(),
                 )?;
+                self.array_values = self.array_values.saturating_add(count);
+                if self.array_values > MAX_METADATA_VALUES {
+                    return Err(GgufError::TooManyValues { key: key.to_string() });
+                }
                 let mut items = Vec::with_capacity(prealloc(count));
                 for _ in 0..count {
                     items.push(self.value(key, elem, depth + 1)?);

@@ -112,7 +112,27 @@ impl GgufWriter {
         if self.keys.contains(&key) {
             return Err(GgufError::DuplicateKey(key));
         }
-        check_value(&key, &value, 0)?;
+        self.check_metadata(&key, &value)?;
+        self.keys.insert(key.clone());
+        self.metadata.push((key, value));
+        Ok(self)
+    }
+
+    /// Replaces the value of `key` where it was added (adds it when it was not), with the checks
+    /// of [`Self::add_metadata`]: how a test turns a valid model into a subtly broken one.
+    pub fn set_metadata(&mut self, key: impl Into<String>, value: MetaValue) -> Result<&mut Self, GgufError> {
+        let key = key.into();
+        let Some(i) = self.metadata.iter().position(|(k, _)| *k == key) else {
+            return self.add_metadata(key, value);
+        };
+        self.check_metadata(&key, &value)?;
+        self.metadata[i].1 = value;
+        Ok(self)
+    }
+
+    /// Errors on a value the reader would refuse; `general.alignment` also sets the alignment.
+    fn check_metadata(&mut self, key: &str, value: &MetaValue) -> Result<(), GgufError> {
+        check_value(key, value, 0)?;
         if key == ALIGNMENT_KEY {
             let alignment = value.as_u64().unwrap_or(0);
             if !alignment.is_power_of_two() || alignment > MAX_ALIGNMENT {
@@ -120,9 +140,7 @@ impl GgufWriter {
             }
             self.alignment = alignment;
         }
-        self.keys.insert(key.clone());
-        self.metadata.push((key, value));
-        Ok(self)
+        Ok(())
     }
 
     /// Adds `general.alignment` as a `u32`, as the GGUF specification types it.
@@ -403,6 +421,23 @@ mod tests {
             let ty = MetaValueType::from_id(id).expect("ids 0..13 are all types");
             assert_eq!(type_id(ty), id);
         }
+    }
+
+    #[test]
+    fn set_metadata_replaces_in_place_or_adds() {
+        let mut w = GgufWriter::new();
+        w.add_metadata("a", MetaValue::U32(1)).unwrap();
+        w.add_metadata("b", MetaValue::U32(2)).unwrap();
+        w.set_metadata("a", MetaValue::U64(1 << 31)).unwrap();
+        w.set_metadata("c", MetaValue::Bool(true)).unwrap();
+        w.set_metadata(ALIGNMENT_KEY, MetaValue::U32(64)).unwrap();
+        assert_eq!(w.alignment(), 64);
+        let err = w.set_metadata(ALIGNMENT_KEY, MetaValue::U32(3)).unwrap_err();
+        assert!(matches!(err, GgufError::BadAlignment(3)), "{err}");
+        let file = crate::gguf::GgufFile::from_bytes(w.to_bytes()).unwrap();
+        let keys: Vec<&str> = file.metadata().iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c", ALIGNMENT_KEY]);
+        assert_eq!(file.get_u64("a"), Some(1 << 31));
     }
 
     #[test]

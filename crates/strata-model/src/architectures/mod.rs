@@ -11,6 +11,7 @@ use strata_runtime::cpu::ops::RopeLayout;
 
 use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::weights::check_layer_count;
 
 /// The model shape described by a GGUF file's metadata.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
@@ -31,6 +32,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         }
     };
     config.validate().map_err(ModelError::BadMetadata)?;
+    let names = file.tensors().iter().map(|t| t.name.as_str());
+    check_layer_count(config.n_layers, names, false, &format!("{name}.block_count"))
+        .map_err(ModelError::BadMetadata)?;
     Ok(config)
 }
 

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use strata_formats::gguf::{GgufFile, MetaValue};
+use strata_formats::limits::MAX_SPM_SPLIT_WORK;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -174,7 +175,7 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
                     (0..n).map(|i| -(i as f32)).collect()
                 }
             };
-            let merges = spm_merges(&texts, &scores, &vocab);
+            let merges = spm_merges(&texts, &scores, &vocab)?;
             let mut builder = BPE::builder()
                 .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
                 .byte_fallback(true)
@@ -302,7 +303,26 @@ fn gpt2_merges(gguf: &GgufFile, vocab: &HashMap<String, u32>) -> Result<Vec<(Str
 /// SentencePiece merges derived from the vocabulary: every way of writing a token as two tokens,
 /// ranked by the merged token's score (best first). With these, BPE reproduces llama.cpp's
 /// greedy highest-score-bigram-first SPM tokenizer.
-fn spm_merges(texts: &[String], scores: &[f32], vocab: &HashMap<String, u32>) -> Vec<(String, String)> {
+///
+/// Trying every split costs the square of a token's length, so a vocabulary whose squared lengths
+/// add up past [`MAX_SPM_SPLIT_WORK`] (far beyond any real one) is refused rather than hung on.
+fn spm_merges(
+    texts: &[String],
+    scores: &[f32],
+    vocab: &HashMap<String, u32>,
+) -> Result<Vec<(String, String)>, TokenizerError> {
+    let work = texts
+        .iter()
+        .fold(0u64, |sum, t| sum.saturating_add((t.len() as u64).saturating_pow(2)));
+    if work > MAX_SPM_SPLIT_WORK {
+        return Err(bad(
+            "tokenizer.ggml.tokens",
+            format!(
+                "the tokens are too long to derive SentencePiece merges from (their squared lengths add up \
+                 to {work}, strata's limit is {MAX_SPM_SPLIT_WORK}); the file is corrupt"
+            ),
+        ));
+    }
     let mut candidates: Vec<(f32, u32, usize)> = Vec::new();
     for (id, text) in texts.iter().enumerate() {
         if vocab.get(text) != Some(&(id as u32)) {
@@ -316,13 +336,13 @@ fn spm_merges(texts: &[String], scores: &[f32], vocab: &HashMap<String, u32>) ->
         }
     }
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    candidates
+    Ok(candidates
         .into_iter()
         .map(|(_, id, split)| {
             let (left, right) = texts[id as usize].split_at(split);
             (left.to_string(), right.to_string())
         })
-        .collect()
+        .collect())
 }
 
 fn split(regex: &str) -> Result<PreTokenizerWrapper, TokenizerError> {

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_formats::gguf::GgufFile;
+use strata_formats::limits::{
+    read_text_limited, MAX_JSON_FILE_BYTES, MAX_TOKENIZER_FILE_BYTES, MAX_TOKEN_ID_GAP, MAX_VOCAB,
+};
 use tokenizers::DecoderWrapper;
 
 /// Texts of control tokens that end a generation even when the metadata does not say so
@@ -40,8 +43,8 @@ pub enum TokenizerError {
     UnsupportedModel(String),
     #[error("unknown pre-tokenizer `{kind}` (tokenizer.ggml.pre); strata knows: {known}")]
     UnknownPreTokenizer { kind: String, known: String },
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("cannot load {path}: {message}")]
     BadFile { path: PathBuf, message: String },
     #[error("token id {id} is outside the vocabulary ({vocab_size} tokens)")]
@@ -197,23 +200,41 @@ impl Tokenizer {
         ids: &SpecialIds,
     ) -> Result<Self, TokenizerError> {
         let path = tokenizer_json.as_ref();
-        let hf = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::BadFile {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let json = read_text(path, MAX_TOKENIZER_FILE_BYTES)?;
         let config = match tokenizer_config_json {
             Some(p) => Some(read_json(p)?),
             None => None,
         };
-        let token_string = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(config_token_text);
-        let config_bool = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(|v| v.as_bool());
+        Self::from_hf_json(&json, config.as_ref(), ids).map_err(|message| TokenizerError::BadFile {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
 
-        let n = hf
-            .get_vocab(true)
-            .values()
-            .map(|&id| id as usize + 1)
-            .max()
-            .unwrap_or(0);
+    /// Like [`Self::from_hf_files`] for the text of a `tokenizer.json` and the parsed
+    /// `tokenizer_config.json`; errors are the reason only (the caller names the file).
+    pub fn from_hf_json(
+        tokenizer_json: &str,
+        config: Option<&serde_json::Value>,
+        ids: &SpecialIds,
+    ) -> Result<Self, String> {
+        let hf = parse_hf_tokenizer(tokenizer_json)?;
+        let token_string = |key: &str| config.and_then(|c| c.get(key)).and_then(config_token_text);
+        let config_bool = |key: &str| config.and_then(|c| c.get(key)).and_then(|v| v.as_bool());
+
+        let vocab = hf.get_vocab(true);
+        let n = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        // Tables below are indexed by id, so the largest id sizes them: it must be near the count.
+        if n > vocab.len() + MAX_TOKEN_ID_GAP || n > MAX_VOCAB {
+            return Err(format!(
+                "token id {} is far past the {} tokens the file lists (strata allows ids up to {} and \
+                 at most {MAX_VOCAB} tokens); the file is corrupt",
+                n - 1,
+                vocab.len(),
+                vocab.len() + MAX_TOKEN_ID_GAP - 1
+            ));
+        }
+        drop(vocab);
         let added = hf.get_added_tokens_decoder();
         let style = hf.get_decoder().map(piece_style).unwrap_or(PieceStyle::Other);
         let mut texts = Vec::with_capacity(n);
@@ -314,9 +335,8 @@ impl Tokenizer {
             &inner.plain
         };
         let hf_adds = add_special && !inner.manual_special;
-        let encoding = hf
-            .encode_fast(text, hf_adds)
-            .map_err(|e| TokenizerError::Backend(format!("encoding: {e}")))?;
+        let encoding =
+            guarded(|| hf.encode_fast(text, hf_adds)).map_err(|e| TokenizerError::Backend(format!("encoding: {e}")))?;
         let ids = encoding.get_ids();
         if !(add_special && inner.manual_special) {
             return Ok(ids.to_vec());
@@ -357,9 +377,7 @@ impl Tokenizer {
                 for &id in ids {
                     self.check(id)?;
                 }
-                inner
-                    .with_special
-                    .decode(ids, skip_special)
+                guarded(|| inner.with_special.decode(ids, skip_special))
                     .map_err(|e| TokenizerError::Backend(format!("decoding: {e}")))
             }
         }
@@ -535,11 +553,42 @@ fn piece_style(decoder: &DecoderWrapper) -> PieceStyle {
     }
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value, TokenizerError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+/// The `tokenizers` pipeline a `tokenizer.json` describes. The text is parsed as JSON first:
+/// `tokenizers` panics (`expect("Helper")`) when a syntax error falls inside a decoder or
+/// normalizer, which it cannot meet in an already parsed value. Any other panic of the library
+/// on a hostile file also becomes an error rather than the end of the process.
+fn parse_hf_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let mut hf = guarded(move || serde_json::from_value::<tokenizers::Tokenizer>(value))?;
+    // strata counts and limits tokens itself; a file's padding or truncation would change
+    // every encoding (and a padding length from the file would size every one).
+    hf.with_padding(None);
+    hf.with_truncation(None).map_err(|e| format!("{e}"))?;
+    // A post-processor naming a special token it does not define panics on every encoding
+    // (tokenizers indexes its map); one encoding now refuses such a file at load.
+    guarded(|| hf.encode_fast("a", true)).map_err(|e| format!("it cannot encode text: {e}"))?;
+    Ok(hf)
+}
+
+/// Runs a call into the `tokenizers` library, which panics instead of erroring on some malformed
+/// files; the panic (already reported by the panic hook) becomes an error, not a dead thread.
+fn guarded<T, E: fmt::Display>(call: impl FnOnce() -> Result<T, E>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("the tokenizers library panicked on it; the tokenizer file is malformed".into()),
+    }
+}
+
+/// The text of `path`, refused unread when longer than `limit` bytes.
+fn read_text(path: &Path, limit: u64) -> Result<String, TokenizerError> {
+    read_text_limited(path, limit).map_err(|error| TokenizerError::Io {
         path: path.to_path_buf(),
-        source,
-    })?;
+        error,
+    })
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, TokenizerError> {
+    let text = read_text(path, MAX_JSON_FILE_BYTES)?;
     serde_json::from_str(&text).map_err(|e| TokenizerError::BadFile {
         path: path.to_path_buf(),
         message: format!("invalid JSON: {e}"),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use strata_formats::gguf::{GgufWriter, MetaValue};
+use strata_formats::gguf::{GgufWriter, MetaValue, MetaValueType};
 use strata_formats::quant::dequantize;
 use strata_formats::safetensors::{serialize, Dtype};
 use strata_formats::GgmlType;
@@ -220,6 +220,12 @@ impl TinyCheckpoint {
     /// qwen3 GGUF files keep HF's row order and half-split pairs. Llama-3 scaling becomes the
     /// `rope_freqs.weight` divisors GGUF files carry.
     pub fn write_gguf(&self, path: &Path) {
+        std::fs::write(path, self.gguf_writer().to_bytes()).unwrap();
+    }
+
+    /// The writer [`Self::write_gguf`] writes, with the tokenizer of [`add_gguf_tokenizer`], for
+    /// a test to change before writing.
+    pub fn gguf_writer(&self) -> GgufWriter {
         let ty = self.dtype.ggml_type().expect("a float dtype");
         let interleaved = matches!(self.arch, "llama" | "mistral");
         let mut w = GgufWriter::new();
@@ -257,8 +263,38 @@ impl TinyCheckpoint {
             )
             .unwrap();
         }
-        std::fs::write(path, w.to_bytes()).unwrap();
+        add_gguf_tokenizer(&mut w);
+        w
     }
+}
+
+/// The tokenizer of [`write_tokenizer`] as GGUF metadata: 256 byte tokens (no merges), the ChatML
+/// control tokens with `<|im_end|>` as EOS, and the ChatML template.
+pub fn add_gguf_tokenizer(w: &mut GgufWriter) {
+    let specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"];
+    let tokens: Vec<String> = (0..=255u8)
+        .map(|b| byte_char(b).to_string())
+        .chain(specials.iter().map(|s| s.to_string()))
+        .collect();
+    let types: Vec<MetaValue> = (0..VOCAB)
+        .map(|i| MetaValue::I32(if i < 256 { 1 } else { 3 }))
+        .collect();
+    w.add_metadata("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
+        .unwrap();
+    w.add_metadata("tokenizer.ggml.pre", MetaValue::String("gpt2".into()))
+        .unwrap();
+    w.add_string_array("tokenizer.ggml.tokens", tokens).unwrap();
+    w.add_metadata("tokenizer.ggml.token_type", MetaValue::Array(MetaValueType::I32, types))
+        .unwrap();
+    w.add_string_array("tokenizer.ggml.merges", Vec::<String>::new())
+        .unwrap();
+    w.add_metadata("tokenizer.ggml.eos_token_id", MetaValue::U32(IM_END))
+        .unwrap();
+    w.add_metadata(
+        "tokenizer.chat_template",
+        MetaValue::String(strata_model::chat_template::CHATML_TEMPLATE.into()),
+    )
+    .unwrap();
 }
 
 /// `general.architecture` and the `<arch>.*` shape keys of a tiny model (the constants above).
