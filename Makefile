@@ -38,12 +38,13 @@ test: fetch lint
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/deploy/check_deploy.py
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/soak/soak.py --duration 40
 
-# The loaders' fuzz targets (GGUF, safetensors, config.json, tokenizer.json) for FUZZ_SECONDS each,
+# The fuzz targets (GGUF, safetensors, config.json, tokenizer.json, request bodies) for FUZZ_SECONDS each,
 # all of a crate at once, from a fresh seed (`make test` runs a fixed few thousand cases); a failing
 # input is shrunk and saved under $TMPDIR/strata-fuzz, to be added to tests/fuzz_regressions/.
 FUZZ_SECONDS ?= 120
 fuzz: fetch
 	STRATA_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --locked --release -p strata-formats -p strata-model --test fuzz -- --nocapture --test-threads 3
+	STRATA_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --locked --release -p strata-server --test fuzz_requests -- --nocapture
 
 # The official openai SDK and a real nginx against the `strata serve` binary, alone.
 test-clients: fetch

@@ -1,17 +1,18 @@
 //! Fuzzing the request parsers: valid chat and completion bodies, mutated byte by byte and value
 //! by value, through `body::parse_json` and each endpoint's `prepare` (the checks and the prompt
 //! building that come before the engine) must give a 4xx error or a request within every limit,
-//! never a panic. `STRATA_FUZZ_CASES` sets the number of cases (default 256); failing inputs go
-//! to `regressions_stay_fixed`.
+//! never a panic, with memory in proportion to the body. Driven by `strata-fuzz` like the loaders'
+//! targets (`make test`: the default cases from seed 0; `make fuzz`: `STRATA_FUZZ_SECONDS` each);
+//! bodies that once failed go to `regressions_stay_fixed`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use proptest::prelude::*;
 use proptest::sample::Index;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
+use strata_fuzz::{fuzz, Bounds, CountingAllocator, Outcome, Target};
 use strata_model::chat_template::ChatTemplate;
 use strata_model::loader::{default_model_path, load_text};
 use strata_model::tokenizer::Tokenizer;
@@ -21,17 +22,20 @@ use strata_server::prompt::{PromptContext, PromptLimit};
 use strata_server::protocol::{ChatCompletionRequest, CompletionRequest};
 use strata_server::{chat, completions, ApiError};
 
-const DEFAULT_CASES: u32 = 256;
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
 const MAX_MODEL_LEN: usize = 1024;
 const MAX_QUEUE: usize = 64;
 const BODY_LIMIT: usize = 1 << 20;
 
-fn cases() -> u32 {
-    match std::env::var("STRATA_FUZZ_CASES") {
-        Ok(v) => v.parse().expect("STRATA_FUZZ_CASES is a number"),
-        Err(_) => DEFAULT_CASES,
-    }
-}
+/// A body parses into a few times its size and its prompt into ids; the chat template renders
+/// into a string of its own. Bounded by the body, never by a number written in it.
+const REQUEST_BOUNDS: Bounds = Bounds {
+    bytes_per_input_byte: 256,
+    fixed_bytes: 4 << 20,
+    time: Duration::from_secs(2),
+};
 
 /// The default model's tokenizer and chat template (no weights).
 fn model_text() -> &'static (Tokenizer, ChatTemplate) {
@@ -350,38 +354,41 @@ fn check(endpoint: Endpoint, body: &[u8]) -> Result<bool, String> {
     }
 }
 
-#[test]
-fn mutated_bodies_get_a_4xx_or_a_request_within_the_limits() {
-    let seeds = seeds();
-    for (endpoint, seed) in &seeds {
-        assert_eq!(check(*endpoint, seed.to_string().as_bytes()), Ok(true), "{seed}");
-    }
-    let accepted_cases = AtomicUsize::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let strategy = (0..seeds.len(), prop::collection::vec(mutation(), 1..6));
-    let result = runner.run(&strategy, |(seed, mutations)| {
-        let (endpoint, value) = &seeds[seed];
-        let body = mutate(value, &mutations);
-        let accepted = check(*endpoint, &body).map_err(TestCaseError::fail)?;
-        if accepted {
-            accepted_cases.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    });
-    if let Err(e) = result {
-        panic!("{e}\nadd the failing body to regressions_stay_fixed");
-    }
-    // The mutations must not all break the JSON: many bodies reach the checks and pass them.
-    let accepted = accepted_cases.load(Ordering::Relaxed);
-    assert!(
-        accepted * 20 >= cases() as usize,
-        "only {accepted} of {} bodies accepted",
-        cases()
+/// Mutated bodies of one endpoint's seeds, under the shared driver.
+fn fuzz_endpoint(endpoint: Endpoint, name: &'static str) {
+    let seeds: Arc<Vec<Value>> = Arc::new(
+        seeds()
+            .into_iter()
+            .filter(|(e, _)| *e == endpoint)
+            .map(|(_, v)| v)
+            .collect(),
     );
+    // Valid seeds pass (this also loads the tokenizer before any case counts its memory).
+    for seed in seeds.iter() {
+        assert_eq!(check(endpoint, seed.to_string().as_bytes()), Ok(true), "{seed}");
+    }
+    let bodies = (0..seeds.len(), prop::collection::vec(mutation(), 1..6))
+        .prop_map(move |(i, mutations)| mutate(&seeds[i], &mutations));
+    let target = Target {
+        name,
+        default_cases: 1000,
+        bounds: REQUEST_BOUNDS,
+    };
+    fuzz(target, bodies, |body| match check(endpoint, body) {
+        Ok(true) => Outcome::Accepted,
+        Ok(false) => Outcome::Refused,
+        Err(why) => panic!("{why}; add the body to regressions_stay_fixed"),
+    });
+}
+
+#[test]
+fn mutated_chat_bodies_get_a_4xx_or_a_request_within_the_limits() {
+    fuzz_endpoint(Endpoint::Chat, "chat_request");
+}
+
+#[test]
+fn mutated_completion_bodies_get_a_4xx_or_a_request_within_the_limits() {
+    fuzz_endpoint(Endpoint::Completion, "completion_request");
 }
 
 /// Bodies that once broke a parser or a limit.
