@@ -250,22 +250,47 @@ def wait_no_blocks_used(server):
         time.sleep(0.1)
 
 
+class Skip(Exception):
+    """A check that cannot run on this machine; the message says why."""
+
+
+class Checks:
+    """Runs named checks one by one, printing ok / skip / FAIL with the traceback, and tallies them."""
+
+    def __init__(self, label):
+        self.label = label
+        self.results = []
+
+    def run(self, name, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            self.results.append("passed")
+            print(f"ok   {name} ({time.monotonic() - t0:.1f}s)")
+        except Skip as why:
+            self.results.append("skipped")
+            print(f"skip {name}: {why}")
+        except Exception:
+            self.fail(name)
+
+    def fail(self, name):
+        """Records a failure outside a check (its setup), with the exception being handled."""
+        self.results.append("failed")
+        print(f"FAIL {name}\n{traceback.format_exc()}")
+
+    def exit(self):
+        passed, failed, skipped = (self.results.count(k) for k in ["passed", "failed", "skipped"])
+        print(f"{self.label}: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
+        sys.exit(1 if failed else 0)
+
+
 def main():
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} is missing; build it first (cargo build -p strata-cli) or set STRATA_BIN")
     print(f"real clients: openai {openai.__version__}, {BIN}")
     tmp = tempfile.mkdtemp(prefix="strata-clients-")
-    results = []
-
-    def run(name, fn):
-        t0 = time.monotonic()
-        try:
-            fn()
-            results.append(True)
-            print(f"ok   {name} ({time.monotonic() - t0:.1f}s)")
-        except Exception:
-            results.append(False)
-            print(f"FAIL {name}\n{traceback.format_exc()}")
+    checks = Checks("real clients")
+    run = checks.run
 
     open_server = keyed = proxy = None
     try:
@@ -328,8 +353,7 @@ def main():
                 s.stop()
         run("SIGTERM: strata serve exits 0", sigterm_exits_zero)
     except Exception:
-        results.append(False)
-        print(f"FAIL setup\n{traceback.format_exc()}")
+        checks.fail("setup")
     finally:
         if proxy:
             proxy.stop()
@@ -338,9 +362,7 @@ def main():
                 s.proc.kill()
                 s.proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    passed, failed = results.count(True), results.count(False)
-    print(f"real clients: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    checks.exit()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import urllib.error
 
 import openai
@@ -38,10 +37,6 @@ import real_clients as rc  # noqa: E402  (the Server and nginx helpers of the re
 
 SESSION_HEADER = "X-Session-ID"
 MESSAGES = rc.MESSAGES
-
-
-class Skip(Exception):
-    """A check that cannot run on this machine; the message says why."""
 
 
 def read(*parts):
@@ -515,7 +510,7 @@ def check_k8s():
 def check_systemd(tmp):
     analyze = shutil.which("systemd-analyze")
     if not analyze:
-        raise Skip("systemd-analyze is not installed")
+        raise rc.Skip("systemd-analyze is not installed")
     unit = read("deploy", "strata.service")
     for key in ["NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=strict", "ProtectHome=yes",
                 "ReadWritePaths=/var/cache/strata", "DynamicUser=yes", "Restart=on-failure", "LimitNOFILE="]:
@@ -560,9 +555,9 @@ def check_compose_up(tmp):
     info = subprocess.run(["docker", "info"], capture_output=True, text=True) if shutil.which("docker") else None
     if info is None or info.returncode != 0:
         reason = "no docker client" if info is None else (info.stderr.strip().splitlines() or ["failed"])[-1]
-        raise Skip(f"no Docker engine (`docker info`: {reason})")
+        raise rc.Skip(f"no Docker engine (`docker info`: {reason})")
     if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
-        raise Skip("the Docker engine answers but `docker compose` is not installed")
+        raise rc.Skip("the Docker engine answers but `docker compose` is not installed")
     port = rc.free_port()
     env = dict(os.environ, STRATA_HTTP_PORT=str(port))
     compose = ["docker", "compose", "-p", f"strata-check-{os.getpid()}", "-f", os.path.join(DEPLOY, "compose.yaml")]
@@ -585,20 +580,8 @@ def main():
         sys.exit(f"{rc.BIN} is missing; build it first (cargo build -p strata-cli) or set STRATA_BIN")
     print(f"deploy checks: {rc.BIN}, nginx, openai {openai.__version__}")
     tmp = tempfile.mkdtemp(prefix="strata-deploy-")
-    results = []
-
-    def run(name, fn):
-        t0 = time.monotonic()
-        try:
-            fn()
-            results.append("passed")
-            print(f"ok   {name} ({time.monotonic() - t0:.1f}s)")
-        except Skip as why:
-            results.append("skipped")
-            print(f"skip {name}: {why}")
-        except Exception:
-            results.append("failed")
-            print(f"FAIL {name}\n{traceback.format_exc()}")
+    checks = rc.Checks("deploy")
+    run = checks.run
 
     run("Dockerfile: stages, COPY sources in the context, entrypoint and health check in the image, sh -n",
         check_dockerfile)
@@ -627,8 +610,7 @@ def main():
             lambda: check_dashboard(rc.http_get(servers[0].url + "/metrics")[1]))
         run("SIGTERM through the entrypoint: strata exits 0", servers[1].stop)
     except Exception:
-        results.append("failed")
-        print(f"FAIL setup\n{traceback.format_exc()}")
+        checks.fail("setup")
     finally:
         if proxy:
             proxy.stop()
@@ -638,9 +620,7 @@ def main():
                 s.proc.wait()
     run("docker compose up (CPU): a chat through nginx", lambda: check_compose_up(tmp))
     shutil.rmtree(tmp, ignore_errors=True)
-    passed, failed, skipped = (results.count(k) for k in ["passed", "failed", "skipped"])
-    print(f"deploy: {passed} passed, {failed} failed, {skipped} skipped")
-    sys.exit(1 if failed else 0)
+    checks.exit()
 
 
 if __name__ == "__main__":
