@@ -100,10 +100,23 @@ class Nginx:
     The server's `X-Accel-Buffering: no` is what tells it to pass a stream through."""
 
     def __init__(self, tmp, upstream_port):
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.port = free_port()
+        self.start(os.path.join(tmp, "nginx"), f"""
+    server {{
+        listen 127.0.0.1:{self.port};
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream_port};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_read_timeout 300s;
+        }}
+    }}""")
+
+    def start(self, prefix, http_body):
+        """Writes nginx.conf under `prefix` with `http_body` inside its http block, checks it with
+        `nginx -t`, runs it (no daemon) and waits until `self.port` listens."""
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.url = f"http://127.0.0.1:{self.port}"
-        prefix = os.path.join(tmp, "nginx")
         os.makedirs(prefix, exist_ok=True)
         user = "user root;" if os.geteuid() == 0 else ""
         temp = "".join(f"{kind}_temp_path {prefix}/{kind};\n" for kind in
@@ -117,22 +130,17 @@ events {{ worker_connections 512; }}
 http {{
     access_log off;
     {temp}
-    server {{
-        listen 127.0.0.1:{self.port};
-        location / {{
-            proxy_pass http://127.0.0.1:{upstream_port};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_read_timeout 300s;
-        }}
-    }}
+    {http_body}
 }}
 """
         path = os.path.join(prefix, "nginx.conf")
         with open(path, "w") as f:
             f.write(conf)
-        self.proc = subprocess.Popen([nginx, "-p", prefix, "-c", path, "-e", f"{prefix}/error.log"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        args = [nginx, "-p", prefix, "-c", path, "-e", f"{prefix}/error.log"]
+        test = subprocess.run(args[:1] + ["-t"] + args[1:], capture_output=True, text=True)
+        if test.returncode != 0:
+            raise RuntimeError(f"nginx -t:\n{test.stderr}")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while True:
             if self.proc.poll() is not None:

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -230,9 +229,7 @@ class DeployNginx(rc.Nginx):
     block turns gzip on for event streams and JSON, so deploy/nginx.conf must turn it off itself."""
 
     def __init__(self, tmp, upstream_ports):
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.port = rc.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         prefix = os.path.join(tmp, "deploy-nginx")
         os.makedirs(prefix, exist_ok=True)
         site = read("deploy", "nginx.conf")
@@ -242,41 +239,12 @@ class DeployNginx(rc.Nginx):
             f.write(site)
         with open(os.path.join(prefix, "strata-upstream.conf"), "w") as f:
             f.write("".join(f"server 127.0.0.1:{p};\n" for p in upstream_ports))
-        temp = "".join(f"{kind}_temp_path {prefix}/{kind};\n" for kind in
-                       ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"])
-        conf = f"""{"user root;" if os.geteuid() == 0 else ""}
-worker_processes 1;
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 512; }}
-http {{
-    access_log off;
+        self.start(prefix, """
     gzip on;
     gzip_types text/event-stream application/json;
     gzip_min_length 1;
     gzip_proxied any;
-    {temp}
-    include strata.conf;
-}}
-"""
-        path = os.path.join(prefix, "nginx.conf")
-        with open(path, "w") as f:
-            f.write(conf)
-        test = subprocess.run([nginx, "-t", "-p", prefix, "-c", path, "-e", f"{prefix}/error.log"],
-                              capture_output=True, text=True)
-        assert test.returncode == 0, f"nginx -t:\n{test.stderr}"
-        self.proc = subprocess.Popen([nginx, "-p", prefix, "-c", path, "-e", f"{prefix}/error.log"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.time() + 20
-        while True:
-            assert self.proc.poll() is None, f"nginx exited with {self.proc.returncode}; see {prefix}/error.log"
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                assert time.time() < deadline, "nginx did not listen in 20 s"
-                time.sleep(0.1)
+    include strata.conf;""")
 
 
 def chat_count(server):
