@@ -515,6 +515,31 @@ mod tests {
         }
     }
 
+    /// A soft limit below the hard one (the usual 1024) is raised to it, and the limit reported is
+    /// the one in force.
+    #[cfg(unix)]
+    #[test]
+    fn the_descriptor_limit_is_raised_to_the_hard_limit() {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit read or write one rlimit through a valid pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+        let lowered = libc::rlimit {
+            rlim_cur: limit.rlim_max.min(256),
+            rlim_max: limit.rlim_max,
+        };
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+        let raised = raise_descriptor_limit().expect("getrlimit works");
+        #[allow(clippy::unnecessary_cast)]
+        let hard = limit.rlim_max as u64;
+        assert_eq!(raised, hard);
+        let mut now = lowered;
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        assert_eq!(now.rlim_cur, limit.rlim_max);
+    }
+
     #[test]
     fn max_connections_stay_under_the_descriptor_limit() {
         assert_eq!(max_connections_for(1024), 896);
