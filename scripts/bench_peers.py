@@ -160,8 +160,9 @@ class Server:
             except OSError:
                 pass
             if time.time() > deadline:
+                tail = self.log_tail()
                 self.stop()
-                fail(f"{name} did not answer /v1/models within 180 s:\n{self.log_tail()}")
+                fail(f"{name} did not answer /v1/models within 180 s:\n{tail}")
             time.sleep(0.25)
 
     def log_tail(self):
@@ -269,8 +270,8 @@ def main():
     for users in USERS:
         rows += [
             (f"{users} user(s) output tok/s", str(users), "output_tok_s"),
-            (f"{users} user(s) TTFT p50 ms", str(users), "ttft_p50_ms"),
-            (f"{users} user(s) TTFT p95 ms", str(users), "ttft_p95_ms"),
+            (f"{users} user(s) TTFT p50 ms (lower: better)", str(users), "ttft_p50_ms"),
+            (f"{users} user(s) TTFT p95 ms (lower: better)", str(users), "ttft_p95_ms"),
             (f"{users} user(s) error rate", str(users), "error_rate"),
         ]
     table = [
@@ -279,10 +280,10 @@ def main():
         for label, part, key in rows
     ]
     print(f"\nstrata vs llama.cpp, {a.variant}, {THREADS} threads, medians of {a.rounds} rounds")
-    print(f"{'figure':<28}{'strata':>12}{'llama.cpp':>12}{'strata/llama':>14}")
+    print(f"{'figure':<44}{'strata':>12}{'llama.cpp':>12}{'strata/llama':>14}")
     for r in table:
         rt = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        print(f"{r['figure']:<28}{r['strata']:>12.2f}{r['llama.cpp']:>12.2f}{rt:>14}")
+        print(f"{r['figure']:<44}{r['strata']:>12.2f}{r['llama.cpp']:>12.2f}{rt:>14}")
 
     result = {
         "tool": "bench_peers",
