@@ -10,7 +10,7 @@ pins) once per variant into $STRATA_CACHE/llama.cpp/build-<variant>/bin, then ru
 Prints medians over the rounds and the ratios strata/llama.cpp, and writes them to
 bench/results/peers_cpu_<variant>.json.
 
-usage: scripts/bench_peers.py [--variant avx512] [--rounds 2] [--build-only]
+usage: scripts/bench_peers.py [--variant avx512|avx2] [--rounds 2] [--build-only]
 """
 import argparse
 import json
@@ -54,10 +54,11 @@ CMAKE_COMMON = [
     "-DBUILD_SHARED_LIBS=OFF",
 ]
 X86_BASE = ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_BMI2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
-# variant -> (llama.cpp ISA flags, environment for strata). An AVX2-only variant adds an entry
-# here: llama.cpp with X86_BASE alone, and strata with the setting that forces its AVX2 paths.
+# variant -> (llama.cpp ISA flags, environment for strata). `avx2` stands for an AVX2-only CPU on
+# an AVX-512 one: llama.cpp built without AVX-512, strata capped by STRATA_CPU_ISA.
 VARIANTS = {
     "avx512": (X86_BASE + ["-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON"], {}),
+    "avx2": (X86_BASE, {"STRATA_CPU_ISA": "avx2"}),
 }
 TARGETS = ["llama-bench", "llama-server"]
 

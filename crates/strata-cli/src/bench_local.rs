@@ -113,11 +113,8 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
         memory_read_gb_s: bandwidth,
         decode_roofline_tps: bandwidth * 1e9 / weight_bytes as f64,
         cpu: cpu_name(),
-        isa: if strata_runtime::cpu::quant_dot::has_avx2() {
-            "avx2"
-        } else {
-            "scalar"
-        },
+        // The level the 8-bit kernels dispatch to (every level has a Q8_0 build).
+        isa: strata_runtime::cpu::quant_dot::kernel_for(strata_formats::GgmlType::Q8_0).map_or("scalar", |k| k.isa()),
         date_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -52,6 +52,10 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = strata_runtime::cpu::isa::isa_cap_from_env() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     // Before any thread starts: may re-execute with the CUDA library path set.
     match &cli.command {
         Command::Serve(a) => device::prepare_libraries(a.device.device),

@@ -347,3 +347,19 @@ fn plan_refuses_a_config_json_whose_layer_count_is_absurd() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_unknown_cpu_isa_cap_is_refused_in_one_line() {
+    let out = strata()
+        .env("STRATA_CPU_ISA", "sse9")
+        .args(["run", "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: STRATA_CPU_ISA=\"sse9\"") && stderr.contains("avx2"),
+        "{stderr}"
+    );
+}

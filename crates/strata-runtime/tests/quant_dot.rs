@@ -4,9 +4,10 @@
 use half::{bf16, f16};
 use strata_formats::quant::dequantize;
 use strata_formats::GgmlType;
+use strata_runtime::cpu::isa::IsaLevel;
 use strata_runtime::cpu::quant_dot::{
-    act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for, kernels_for, quantize_act_row,
-    quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat, DotKernel,
+    act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for, kernel_for_cap, kernels_for,
+    quantize_act_row, quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat, DotKernel,
 };
 
 /// Small deterministic generator (SplitMix64).
@@ -457,4 +458,19 @@ fn partial_blocks_panic() {
     let k = kernel_for(GgmlType::Q4K).expect("kernel");
     let mut out = [0f32; 1];
     k.dot_rows(128, &[0u8; 1000], &[0u8; 1000], 1, &mut out);
+}
+
+/// `STRATA_CPU_ISA` caps the dispatch: every type gets the fastest kernel at or below the cap
+/// (AVX2 under `avx2` where the CPU has it, never VNNI; the scalar one under `scalar`).
+#[test]
+fn an_isa_cap_picks_the_fastest_kernel_at_or_below_it() {
+    for ty in TYPES {
+        let fastest = kernel_for_cap(ty, None).expect("kernel");
+        assert_eq!(fastest.isa(), kernels_for(ty)[0].isa());
+        let avx2 = kernel_for_cap(ty, Some(IsaLevel::Avx2)).expect("kernel");
+        assert!(avx2.level() <= IsaLevel::Avx2, "{ty}: {}", avx2.isa());
+        assert_eq!(avx2.isa() == "avx2", has_avx2(), "{ty}: {}", avx2.isa());
+        let scalar = kernel_for_cap(ty, Some(IsaLevel::Scalar)).expect("kernel");
+        assert_eq!(scalar.isa(), "scalar");
+    }
 }

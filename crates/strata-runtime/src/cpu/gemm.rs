@@ -99,7 +99,10 @@ pub unsafe fn gemm_packed(
         ldd,
     };
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    if crate::cpu::isa::allows(crate::cpu::isa::IsaLevel::Avx2)
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+    {
         // SAFETY: the CPU has AVX2 and FMA; operand bounds were checked above.
         unsafe { avx2::gemm_packed(&p) };
         return;

@@ -3,6 +3,7 @@
 
 pub mod disjoint;
 pub mod gemm;
+pub mod isa;
 pub mod matmul;
 pub mod ops;
 pub mod quant_dot;

@@ -10,6 +10,8 @@ mod avx2;
 use strata_formats::quant::QK_K;
 use strata_formats::GgmlType;
 
+use crate::cpu::isa::{allowed_under, IsaLevel};
+
 pub use act::{act_residual, quantize_act_row_scalar};
 
 /// Format the activation vector is quantized into before a dot product with a weight type.
@@ -93,7 +95,7 @@ pub fn weight_row_bytes(w: GgmlType, n: usize) -> usize {
 pub fn quantize_act_row(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
     act::check_act_args(fmt, x, out);
     #[cfg(target_arch = "x86_64")]
-    if avx2::quantize_act_row(fmt, x, out) {
+    if crate::cpu::isa::allows(IsaLevel::Avx2) && avx2::quantize_act_row(fmt, x, out) {
         return;
     }
     act::quantize_act_row_unchecked(fmt, x, out);
@@ -121,7 +123,7 @@ type MatrixFn = fn(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: 
 pub struct DotKernel {
     weight: GgmlType,
     act: ActFormat,
-    isa: &'static str,
+    isa: IsaLevel,
     f: MatrixFn,
 }
 
@@ -148,6 +150,11 @@ impl DotKernel {
 
     /// The instruction set of this kernel: `"scalar"`, `"avx2"` or `"avx512vnni"`.
     pub fn isa(&self) -> &'static str {
+        self.isa.name()
+    }
+
+    /// The instruction-set level the kernel is built for.
+    pub fn level(&self) -> IsaLevel {
         self.isa
     }
 
@@ -212,10 +219,15 @@ impl DotKernel {
 }
 
 /// The fastest kernel this CPU runs for weights of type `w` (AVX-512 VNNI for the 8-bit
-/// types where the CPU has it, else AVX2 when the CPU has AVX2, FMA and F16C), or `None`
-/// when the type has no kernel.
+/// types where the CPU has it, else AVX2 when the CPU has AVX2, FMA and F16C), within the
+/// `STRATA_CPU_ISA` cap, or `None` when the type has no kernel.
 pub fn kernel_for(w: GgmlType) -> Option<DotKernel> {
-    kernels_for(w).into_iter().next()
+    kernel_for_cap(w, crate::cpu::isa::isa_cap())
+}
+
+/// The fastest kernel for `w` whose instruction set is at most `cap` (`None`: no cap).
+pub fn kernel_for_cap(w: GgmlType, cap: Option<IsaLevel>) -> Option<DotKernel> {
+    kernels_for(w).into_iter().find(|k| allowed_under(k.level(), cap))
 }
 
 /// Every kernel this CPU runs for weights of type `w`, fastest first, the scalar one last
@@ -231,8 +243,8 @@ pub fn kernels_for(w: GgmlType) -> Vec<DotKernel> {
     };
     #[cfg(target_arch = "x86_64")]
     {
-        out.extend(avx2::kernel_vnni(w).map(|f| make("avx512vnni", f)));
-        out.extend(avx2::kernel(w).map(|f| make("avx2", f)));
+        out.extend(avx2::kernel_vnni(w).map(|f| make(IsaLevel::Avx512Vnni, f)));
+        out.extend(avx2::kernel(w).map(|f| make(IsaLevel::Avx2, f)));
     }
     out.extend(scalar_kernel_for(w));
     out
@@ -244,7 +256,7 @@ pub fn scalar_kernel_for(w: GgmlType) -> Option<DotKernel> {
     scalar::kernel(w).map(|f| DotKernel {
         weight: w,
         act: act_format_for(w),
-        isa: "scalar",
+        isa: IsaLevel::Scalar,
         f,
     })
 }
