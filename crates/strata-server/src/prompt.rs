@@ -67,13 +67,18 @@ impl PromptLimit {
     /// applied before a request's other prompts are built).
     pub fn check_ids(&self, tokens: usize, field: &str) -> Result<(), ApiError> {
         if tokens >= self.max_model_len {
-            let refusal = SubmitError::PromptTooLong {
-                prompt: tokens,
-                max_model_len: self.max_model_len,
-            };
-            return Err(ApiError::from_submit(refusal, field));
+            return Err(self.too_long(tokens, field));
         }
         Ok(())
+    }
+
+    /// The 400 (`context_length_exceeded`) for a prompt of `tokens` ids, named by `field`.
+    pub fn too_long(&self, tokens: usize, field: &str) -> ApiError {
+        let refusal = SubmitError::PromptTooLong {
+            prompt: tokens,
+            max_model_len: self.max_model_len,
+        };
+        ApiError::from_submit(refusal, field)
     }
 
     /// Ids of a conversation rendered by the chat template (special tokens in the rendered text

@@ -9,7 +9,6 @@ use axum::extract::{Path, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use strata_engine::SubmitError;
 
 use crate::body::parse_json;
 use crate::error::{ApiError, ErrorResponse, RequestErrors};
@@ -112,13 +111,9 @@ pub async fn tokenize(
             ))
         }
     };
-    let max_model_len = ctx.limit.max_model_len;
-    if tokens.len() > max_model_len {
-        let refusal = SubmitError::PromptTooLong {
-            prompt: tokens.len(),
-            max_model_len,
-        };
-        return Err(ApiError::from_submit(refusal, field));
+    // Counting asks for no room to generate: exactly --max-model-len ids still fit.
+    if tokens.len() > ctx.limit.max_model_len {
+        return Err(ctx.limit.too_long(tokens.len(), field));
     }
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
