@@ -193,31 +193,23 @@ impl ModelShape {
         };
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         // Bounded by the loaders' limits: the plan sizes per-layer tables by these numbers.
-        let key = |name: &str| -> Result<usize, ModelShapeError> {
-            let limit = match name {
-                "num_hidden_layers" => MAX_LAYERS,
-                "hidden_size" => MAX_HIDDEN,
-                "intermediate_size" => MAX_INTERMEDIATE,
-                "num_attention_heads" | "num_key_value_heads" => MAX_HEADS,
-                "head_dim" => MAX_HEAD_DIM,
-                _ => MAX_VOCAB, // vocab_size
-            };
+        let key = |name: &str, limit: usize| -> Result<usize, ModelShapeError> {
             json.get(name)
                 .and_then(|v| v.as_u64())
                 .filter(|&n| n > 0 && n <= limit as u64)
                 .map(|n| n as usize)
                 .ok_or_else(|| bad(format!("missing or invalid {name} (strata reads 1 to {limit})")))
         };
-        let n_heads = key("num_attention_heads")?;
-        let hidden = key("hidden_size")?;
+        let n_heads = key("num_attention_heads", MAX_HEADS)?;
+        let hidden = key("hidden_size", MAX_HIDDEN)?;
         let dims = ModelDims {
-            n_layers: key("num_hidden_layers")?,
+            n_layers: key("num_hidden_layers", MAX_LAYERS)?,
             hidden,
-            intermediate: key("intermediate_size")?,
+            intermediate: key("intermediate_size", MAX_INTERMEDIATE)?,
             n_heads,
-            n_kv_heads: key("num_key_value_heads").unwrap_or(n_heads),
-            head_dim: key("head_dim").unwrap_or(hidden / n_heads),
-            vocab_size: key("vocab_size")?,
+            n_kv_heads: key("num_key_value_heads", MAX_HEADS).unwrap_or(n_heads),
+            head_dim: key("head_dim", MAX_HEAD_DIM).unwrap_or(hidden / n_heads),
+            vocab_size: key("vocab_size", MAX_VOCAB)?,
             tied_embeddings: json
                 .get("tie_word_embeddings")
                 .and_then(|v| v.as_bool())
