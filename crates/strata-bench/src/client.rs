@@ -158,10 +158,11 @@ impl RequestSender {
         }
         let start = Instant::now();
         let response = request.send().await.map_err(|e| {
+            let failure = classify(&e, false);
             if closed_before_response(&e) {
-                Attempt::ClosedUnanswered(classify(&e, false))
+                Attempt::ClosedUnanswered(failure)
             } else {
-                Attempt::Failed(classify(&e, false))
+                Attempt::Failed(failure)
             }
         })?;
         let status = response.status();
