@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,7 +16,9 @@ use proptest::prelude::{prop_oneof, Strategy};
 use serde_json::Value;
 use strata_formats::gguf::{GgufFile, GgufWriter, MetaValue};
 use strata_formats::safetensors::{serialize, Dtype, SafetensorsFile};
-use strata_fuzz::{fuzz, json_mutated, mutated, replay_dir, Bounds, CountingAllocator, Outcome, Target};
+use strata_fuzz::{
+    fuzz, json_mutated, mutated, regressions_dir, replay_dir, Bounds, CountingAllocator, Outcome, Target,
+};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -52,12 +53,6 @@ const SAFETENSORS: Target = Target {
         time: Duration::from_secs(2),
     },
 };
-
-fn regressions(target: &Target) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fuzz_regressions")
-        .join(target.name)
-}
 
 /// A valid image to mutate, and where its metadata and tensor infos lie.
 struct BaseImage {
@@ -159,7 +154,11 @@ fn check_gguf(image: &[u8]) -> Outcome {
 }
 
 fn fuzz_gguf(target: Target, base: &BaseImage) {
-    replay_dir(target, &regressions(&target), check_gguf);
+    replay_dir(
+        target,
+        &regressions_dir(env!("CARGO_MANIFEST_DIR"), &target),
+        check_gguf,
+    );
     let hot = [base.metadata.clone(), base.tensor_infos.clone()];
     fuzz(target, mutated(Arc::clone(&base.bytes), &hot), check_gguf);
 }
@@ -228,7 +227,11 @@ fn image_of(header: &[u8], data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn safetensors_reader() {
-    replay_dir(SAFETENSORS, &regressions(&SAFETENSORS), check_safetensors);
+    replay_dir(
+        SAFETENSORS,
+        &regressions_dir(env!("CARGO_MANIFEST_DIR"), &SAFETENSORS),
+        check_safetensors,
+    );
     let (header, data) = safetensors_seed();
     let seed_image = Arc::new(image_of(header.to_string().as_bytes(), &data));
     // Header edits written back with their true length, or byte edits of the whole image

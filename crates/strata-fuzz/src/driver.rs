@@ -294,6 +294,12 @@ fn shrink<T: ValueTree<Value = Vec<u8>>>(
     best
 }
 
+/// Where a crate commits `target`'s inputs that once failed: `tests/fuzz_regressions/<name>/`
+/// under `manifest_dir` (the fuzz test's `env!("CARGO_MANIFEST_DIR")`).
+pub fn regressions_dir(manifest_dir: &str, target: &Target) -> PathBuf {
+    Path::new(manifest_dir).join("tests/fuzz_regressions").join(target.name)
+}
+
 /// Runs `check` on every file in `dir` (committed inputs that once failed), with the target's
 /// bounds; panics naming the first that fails. A missing folder holds no regressions.
 pub fn replay_dir(target: Target, dir: &Path, check: impl Fn(&[u8]) -> Outcome) -> usize {

@@ -15,5 +15,5 @@ mod driver;
 mod mutate;
 
 pub use alloc::{peak_allocation, CountingAllocator};
-pub use driver::{fuzz, replay_dir, Bounds, Outcome, Target};
+pub use driver::{fuzz, regressions_dir, replay_dir, Bounds, Outcome, Target};
 pub use mutate::{interesting_integer, json_mutated, mutated, ByteMutation, JsonEdit};

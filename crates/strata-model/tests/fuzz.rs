@@ -8,7 +8,7 @@
 #[allow(dead_code)]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,9 @@ use proptest::prelude::prop_oneof;
 use serde_json::{json, Value};
 use strata_formats::gguf::{GgufFile, MetaValue, MetaValueType};
 use strata_formats::safetensors::Dtype;
-use strata_fuzz::{fuzz, json_mutated, mutated, replay_dir, Bounds, CountingAllocator, Outcome, Target};
+use strata_fuzz::{
+    fuzz, json_mutated, mutated, regressions_dir, replay_dir, Bounds, CountingAllocator, Outcome, Target,
+};
 use strata_model::chat_template::ChatTemplate;
 use strata_model::hf_checkpoint::read_hf_config;
 use strata_model::loader::{load_model, load_transformer};
@@ -60,12 +62,6 @@ const TOKENIZER_JSON: Target = Target {
     },
 };
 
-fn regressions(target: &Target) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fuzz_regressions")
-        .join(target.name)
-}
-
 fn scratch_dir(target: &Target) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("strata-fuzz-{}-{}", target.name, std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -94,7 +90,11 @@ fn check_gguf_model(image: &[u8]) -> Outcome {
 
 #[test]
 fn gguf_model_load() {
-    replay_dir(GGUF_MODEL, &regressions(&GGUF_MODEL), check_gguf_model);
+    replay_dir(
+        GGUF_MODEL,
+        &regressions_dir(env!("CARGO_MANIFEST_DIR"), &GGUF_MODEL),
+        check_gguf_model,
+    );
     // The tiny model with its byte-level BPE vocabulary, and with the same tokens read as a
     // SentencePiece vocabulary (whose merges strata derives from the tokens and scores).
     let byte_level = TinyCheckpoint::new("qwen2", Dtype::F16, false, 21).gguf_writer();
@@ -169,7 +169,11 @@ fn hf_config_json() {
             Err(_) => Outcome::Refused,
         }
     };
-    replay_dir(HF_CONFIG, &regressions(&HF_CONFIG), check);
+    replay_dir(
+        HF_CONFIG,
+        &regressions_dir(env!("CARGO_MANIFEST_DIR"), &HF_CONFIG),
+        check,
+    );
     let seeds = config_seeds();
     let inputs = prop_oneof![
         3 => json_mutated(Arc::new(seeds[0].clone())),
@@ -326,7 +330,11 @@ fn check_tokenizer_json(text: &[u8]) -> Outcome {
 
 #[test]
 fn tokenizer_json() {
-    replay_dir(TOKENIZER_JSON, &regressions(&TOKENIZER_JSON), check_tokenizer_json);
+    replay_dir(
+        TOKENIZER_JSON,
+        &regressions_dir(env!("CARGO_MANIFEST_DIR"), &TOKENIZER_JSON),
+        check_tokenizer_json,
+    );
     let seeds = [
         byte_level_seed(),
         sentencepiece_seed(),
