@@ -88,6 +88,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             presence_penalty: args.presence_penalty,
             frequency_penalty: args.frequency_penalty,
             seed: args.seed,
+            ..SamplingParams::default()
         },
         ignore_eos: args.ignore_eos,
         ..GenerationRequest::greedy(vec![], 0)

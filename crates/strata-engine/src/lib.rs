@@ -3,6 +3,7 @@
 
 pub mod block_manager;
 pub mod completion;
+pub mod constraint;
 pub mod engine;
 pub mod outbox;
 pub mod request;
@@ -11,6 +12,7 @@ pub mod scheduler;
 pub mod sequence;
 
 pub use completion::{complete, Completion};
+pub use constraint::{GrammarCompiler, OutputConstraint};
 pub use engine::{cpu_executor, EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
 pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};

@@ -1,6 +1,7 @@
 //! What callers send to the engine and what they get back: one request, its stream of outputs,
 //! and the errors that refuse it. The HTTP server and the CLI speak only these types.
 
+use crate::constraint::OutputConstraint;
 use crate::sampler::SamplingParams;
 
 /// One generation request, already tokenized.
@@ -19,6 +20,8 @@ pub struct GenerationRequest {
     /// `Some(k)`: report each generated token's log-probability and the `k` most likely
     /// alternatives (k may be 0).
     pub logprobs: Option<usize>,
+    /// A grammar the output must match (structured output, forced tool calls).
+    pub constraint: Option<OutputConstraint>,
 }
 
 impl GenerationRequest {
@@ -32,6 +35,7 @@ impl GenerationRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            constraint: None,
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted per occurrence from the logit of every token already generated.
     pub frequency_penalty: f32,
+    /// Added to the logits of these token ids before anything else (OpenAI's `logit_bias`,
+    /// each in [-100, 100]).
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -43,6 +46,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }

@@ -119,6 +119,7 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
         repetition_penalty: as_f32(f.repetition_penalty, 1.0, "repetition_penalty")?,
         presence_penalty: as_f32(f.presence_penalty, 0.0, "presence_penalty")?,
         frequency_penalty: as_f32(f.frequency_penalty, 0.0, "frequency_penalty")?,
+        logit_bias: Vec::new(),
         seed: 0,
     };
     sampling
@@ -182,6 +183,7 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
             stop_token_ids: stop_token_ids.to_vec(),
             ignore_eos: f.ignore_eos.unwrap_or(false),
             logprobs,
+            constraint: None,
         },
         n: n as usize,
         seed: f.seed.map(|s| s as u64),
