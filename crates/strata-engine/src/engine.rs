@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
+use crate::constraint::{GrammarCompiler, MaskWorkers, NextTokens, SequenceConstraint};
 use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
 use crate::sampler::logprobs;
@@ -209,6 +210,8 @@ struct HandleInner {
     commands: Mutex<Sender<Command>>,
     shared: Arc<Shared>,
     tokenizer: Tokenizer,
+    /// Built on the first constrained request: most servers never need it.
+    grammar: OnceLock<Result<GrammarCompiler, String>>,
     chat_template: ChatTemplate,
     capacity: KvCapacity,
     config: EngineConfig,
@@ -361,6 +364,7 @@ impl EngineHandle {
                 kv_blocks_total: blocks,
                 ..Default::default()
             },
+            masks: None,
         };
         let thread = std::thread::Builder::new()
             .name("strata-engine".into())
@@ -371,6 +375,7 @@ impl EngineHandle {
                 commands: Mutex::new(tx),
                 shared,
                 tokenizer,
+                grammar: OnceLock::new(),
                 chat_template,
                 capacity,
                 config,
@@ -395,8 +400,9 @@ impl EngineHandle {
         if let Some(why) = self.death() {
             return Err(SubmitError::EngineDead(why));
         }
+        let mut constraints = Vec::with_capacity(requests.len());
         for request in &mut requests {
-            self.check(request)?;
+            constraints.push(self.check(request)?);
         }
         let max_queue = self.inner.config.max_queue;
         if requests.len() > max_queue {
@@ -415,10 +421,11 @@ impl EngineHandle {
         };
         let mut streams = Vec::with_capacity(requests.len());
         let mut unsent = requests.len();
-        for request in requests {
+        for (request, constraint) in requests.into_iter().zip(constraints) {
             let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = unbounded_channel();
-            let seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
+            let mut seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
+            seq.constraint = constraint;
             if commands.send(Command::Add(Box::new(seq))).is_err() {
                 // The ones sent are aborted when `streams` drops; the engine releases their slots.
                 self.release_reserved(unsent);
@@ -437,8 +444,19 @@ impl EngineHandle {
         Ok(streams)
     }
 
-    /// Refuses a request the engine cannot run, and caps its `max_tokens` to the room left.
-    fn check(&self, request: &mut GenerationRequest) -> Result<(), SubmitError> {
+    /// The compiler of output constraints for this model's vocabulary, built on first use.
+    pub fn grammar_compiler(&self) -> Result<&GrammarCompiler, SubmitError> {
+        let tokenizer = &self.inner.tokenizer;
+        self.inner
+            .grammar
+            .get_or_init(|| GrammarCompiler::new(Arc::new(tokenizer.clone())))
+            .as_ref()
+            .map_err(|e| SubmitError::Invalid(format!("structured output is unavailable for this model: {e}")))
+    }
+
+    /// Refuses a request the engine cannot run, caps its `max_tokens` to the room left, and
+    /// compiles its output constraint.
+    fn check(&self, request: &mut GenerationRequest) -> Result<Option<SequenceConstraint>, SubmitError> {
         let max_model_len = self.inner.capacity.max_model_len;
         if request.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
@@ -466,8 +484,20 @@ impl EngineHandle {
                 )));
             }
         }
+        if let Some((bad, _)) = request.sampling.logit_bias.iter().find(|&&(t, _)| t as usize >= vocab) {
+            return Err(SubmitError::Invalid(format!(
+                "logit_bias token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
         request.max_tokens = request.max_tokens.min(max_model_len - request.prompt.len());
-        Ok(())
+        let Some(constraint) = &request.constraint else {
+            return Ok(None);
+        };
+        let matcher = self
+            .grammar_compiler()?
+            .matcher(constraint)
+            .map_err(|e| SubmitError::Invalid(format!("the output constraint is unusable: {e}")))?;
+        Ok(Some(SequenceConstraint::new(matcher)))
     }
 
     /// Takes `n` queue slots at once, or none when fewer are free.
@@ -597,6 +627,8 @@ struct EngineLoop {
     shared: Arc<Shared>,
     max_model_len: usize,
     stats: EngineStats,
+    /// Computes constrained sequences' masks during their steps; started with the first one.
+    masks: Option<MaskWorkers>,
 }
 
 impl EngineLoop {
@@ -924,7 +956,32 @@ impl EngineLoop {
                 }
             })
             .collect();
+        for (c, chunk) in plan.chunks.iter().zip(&batch) {
+            if chunk.logits != LogitsWanted::None {
+                self.begin_mask(c.id);
+            }
+        }
         Some((plan.chunks, batch))
+    }
+
+    /// Starts computing the mask of a constrained sequence's next token, to run beside the step
+    /// that computes its logits.
+    fn begin_mask(&mut self, id: SequenceId) {
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        let Some(constraint) = seq.constraint.as_mut() else {
+            return;
+        };
+        if self.masks.is_none() {
+            let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4));
+            match MaskWorkers::start(threads) {
+                Ok(workers) => self.masks = Some(workers),
+                // Without workers the mask is computed when the logits are in.
+                Err(e) => return tracing::warn!("could not start mask workers: {e}"),
+            }
+        }
+        if let Some(workers) = &self.masks {
+            workers.begin(constraint, &seq.output);
+        }
     }
 
     /// Applies the executor's answer for a batch: advances each sequence, commits its full prompt
@@ -955,7 +1012,23 @@ impl EngineLoop {
                 (token, None)
             } else {
                 let Some(row) = logits.last_of(bi) else { continue };
-                let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output);
+                let allowed = match seq.constraint.as_mut().map(|c| c.next_tokens(&seq.output)) {
+                    None => None,
+                    Some(NextTokens::Allowed(mask)) => Some(mask),
+                    Some(NextTokens::Complete) => {
+                        seq.finish(FinishReason::Stop, None, &mut self.outbox);
+                        finished.push(c.id);
+                        continue;
+                    }
+                    Some(NextTokens::Failed(why)) => {
+                        seq.fail(&why, &mut self.outbox);
+                        finished.push(c.id);
+                        continue;
+                    }
+                };
+                let token = seq
+                    .sampler
+                    .sample(row, &seq.request.prompt, &seq.output, allowed.as_ref());
                 (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
             };
             self.stats.generation_tokens_total += 1;
@@ -1028,7 +1101,7 @@ impl EngineLoop {
 /// the row otherwise (the host samples).
 fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     let sampling = &seq.request.sampling;
-    if seq.request.logprobs.is_some() {
+    if seq.request.logprobs.is_some() || seq.constraint.is_some() {
         return LogitsWanted::Last;
     }
     if sampling.is_plain_greedy() {
