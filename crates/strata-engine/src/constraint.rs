@@ -7,6 +7,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use strata_model::tokenizer::Tokenizer;
+use strata_model::AllowedTokens;
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 
 /// What a request's output must match.
@@ -114,9 +115,10 @@ pub enum NextTokens {
     Failed(String),
 }
 
-/// One step's [`NextTokens`], filled by a mask worker while the device runs the step.
+/// One step's [`NextTokens`], filled by a mask worker while the device runs the step; read by
+/// the executor (to mask on the device) and then by the engine.
 #[derive(Default)]
-struct MaskSlot {
+pub struct MaskSlot {
     result: Mutex<Option<NextTokens>>,
     ready: Condvar,
 }
@@ -129,19 +131,35 @@ impl MaskSlot {
         }
     }
 
-    fn take(&self) -> NextTokens {
+    /// Waits for the result and runs `f` on it (it stays for later readers).
+    fn read<R>(&self, f: impl FnOnce(&NextTokens) -> R) -> R {
         let Ok(mut r) = self.result.lock() else {
-            return NextTokens::Failed("a mask worker panicked".into());
+            return f(&NextTokens::Failed("a mask worker panicked".into()));
         };
         loop {
-            if let Some(next) = r.take() {
-                return next;
+            if let Some(next) = r.as_ref() {
+                return f(next);
             }
             r = match self.ready.wait(r) {
                 Ok(r) => r,
-                Err(_) => return NextTokens::Failed("a mask worker panicked".into()),
+                Err(_) => return f(&NextTokens::Failed("a mask worker panicked".into())),
             };
         }
+    }
+}
+
+impl AllowedTokens for MaskSlot {
+    fn copy_mask(&self, out: &mut [u32]) -> bool {
+        self.read(|next| match next {
+            NextTokens::Allowed(mask) => {
+                let words = mask.as_slice();
+                let n = words.len().min(out.len());
+                out[..n].copy_from_slice(&words[..n]);
+                out[n..].fill(0);
+                true
+            }
+            NextTokens::Complete | NextTokens::Failed(_) => false,
+        })
     }
 }
 
@@ -175,7 +193,7 @@ impl SequenceConstraint {
     /// or computed here when none was begun.
     pub fn next_tokens(&mut self, output: &[u32]) -> NextTokens {
         match self.pending.take() {
-            Some(slot) => slot.take(),
+            Some(slot) => slot.read(NextTokens::clone),
             None => {
                 let new = output.get(self.consumed..).unwrap_or_default().to_vec();
                 self.consumed = output.len();
@@ -235,15 +253,16 @@ impl MaskWorkers {
     }
 
     /// Starts computing the mask of the token after `output` on a worker; the engine takes it
-    /// with [`SequenceConstraint::next_tokens`] once the step's logits are in.
-    pub fn begin(&self, constraint: &mut SequenceConstraint, output: &[u32]) {
+    /// with [`SequenceConstraint::next_tokens`] once the step's logits are in, and an executor
+    /// that samples on its device reads it through the returned slot.
+    pub fn begin(&self, constraint: &mut SequenceConstraint, output: &[u32]) -> Option<Arc<MaskSlot>> {
         let new = output.get(constraint.consumed..).unwrap_or_default().to_vec();
         let slot = Arc::new(MaskSlot::default());
         let (matcher, done) = (Arc::clone(&constraint.matcher), Arc::clone(&slot));
         let job: MaskJob = Box::new(move || done.put(advance(&matcher, &new)));
-        if self.jobs.send(job).is_ok() {
-            constraint.consumed = output.len();
-            constraint.pending = Some(slot);
-        }
+        self.jobs.send(job).ok()?;
+        constraint.consumed = output.len();
+        constraint.pending = Some(Arc::clone(&slot));
+        Some(slot)
     }
 }

@@ -14,13 +14,14 @@ use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{
-    CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer,
+    AllowedTokens, CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, RowAdjust,
+    SeqChunk, Transformer,
 };
 use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
-use crate::constraint::{GrammarCompiler, MaskWorkers, NextTokens, SequenceConstraint};
+use crate::constraint::{GrammarCompiler, MaskSlot, MaskWorkers, NextTokens, SequenceConstraint};
 use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
 use crate::sampler::logprobs;
@@ -914,6 +915,7 @@ impl EngineLoop {
                 block_table: seq.table.blocks.clone(),
                 logits: next_token_logits(seq, on_device),
                 prompt_len: seq.request.prompt.len(),
+                adjust: None,
             });
             queued.tokens_from.push(row);
         }
@@ -953,35 +955,39 @@ impl EngineLoop {
                         next_token_logits(seq, on_device)
                     },
                     prompt_len: seq.request.prompt.len(),
+                    adjust: None,
                 }
             })
             .collect();
-        for (c, chunk) in plan.chunks.iter().zip(&batch) {
+        let mut batch = batch;
+        for (c, chunk) in plan.chunks.iter().zip(&mut batch) {
             if chunk.logits != LogitsWanted::None {
-                self.begin_mask(c.id);
+                let allowed = self.begin_mask(c.id);
+                if chunk.logits.wants_id_only() {
+                    chunk.adjust = self.seqs.get(&c.id).and_then(|seq| row_adjust(seq, allowed));
+                }
             }
         }
         Some((plan.chunks, batch))
     }
 
     /// Starts computing the mask of a constrained sequence's next token, to run beside the step
-    /// that computes its logits.
-    fn begin_mask(&mut self, id: SequenceId) {
-        let Some(seq) = self.seqs.get_mut(&id) else { return };
-        let Some(constraint) = seq.constraint.as_mut() else {
-            return;
-        };
+    /// that computes its logits; the slot it will be in.
+    fn begin_mask(&mut self, id: SequenceId) -> Option<Arc<MaskSlot>> {
+        let seq = self.seqs.get_mut(&id)?;
+        let constraint = seq.constraint.as_mut()?;
         if self.masks.is_none() {
             let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4));
             match MaskWorkers::start(threads) {
                 Ok(workers) => self.masks = Some(workers),
-                // Without workers the mask is computed when the logits are in.
-                Err(e) => return tracing::warn!("could not start mask workers: {e}"),
+                // Without workers the mask is computed when the logits are in, on the host.
+                Err(e) => {
+                    tracing::warn!("could not start mask workers: {e}");
+                    return None;
+                }
             }
         }
-        if let Some(workers) = &self.masks {
-            workers.begin(constraint, &seq.output);
-        }
+        self.masks.as_ref()?.begin(constraint, &seq.output)
     }
 
     /// Applies the executor's answer for a batch: advances each sequence, commits its full prompt
@@ -1008,28 +1014,44 @@ impl EngineLoop {
             let prompt_done = seq.num_computed.min(seq.request.prompt.len());
             let prompt = &seq.request.prompt[..prompt_done];
             self.blocks.commit_full_blocks(&mut seq.table, prompt);
-            let (token, lp) = if let Some(token) = logits.argmax_of(bi) {
-                (token, None)
-            } else {
-                let Some(row) = logits.last_of(bi) else { continue };
-                let allowed = match seq.constraint.as_mut().map(|c| c.next_tokens(&seq.output)) {
-                    None => None,
-                    Some(NextTokens::Allowed(mask)) => Some(mask),
-                    Some(NextTokens::Complete) => {
-                        seq.finish(FinishReason::Stop, None, &mut self.outbox);
-                        finished.push(c.id);
-                        continue;
-                    }
-                    Some(NextTokens::Failed(why)) => {
+            let device_token = logits.argmax_of(bi);
+            let row = logits.last_of(bi);
+            if device_token.is_none() && row.is_none() {
+                continue;
+            }
+            // The grammar's verdict on this position: it may end the sequence here or have failed.
+            let allowed = match seq.constraint.as_mut().map(|c| c.next_tokens(&seq.output)) {
+                None => None,
+                Some(NextTokens::Allowed(mask)) => Some(mask),
+                Some(NextTokens::Complete) => {
+                    seq.finish(FinishReason::Stop, None, &mut self.outbox);
+                    finished.push(c.id);
+                    continue;
+                }
+                Some(NextTokens::Failed(why)) => {
+                    seq.fail(&why, &mut self.outbox);
+                    finished.push(c.id);
+                    continue;
+                }
+            };
+            let (token, lp) = match (device_token, row) {
+                // Chosen on the device, under the row's mask.
+                (Some(token), _) => {
+                    if allowed.as_ref().is_some_and(|m| !m.is_allowed(token)) {
+                        let why = format!("internal error: the device chose token {token}, which the grammar forbids");
                         seq.fail(&why, &mut self.outbox);
                         finished.push(c.id);
                         continue;
                     }
-                };
-                let token = seq
-                    .sampler
-                    .sample(row, &seq.request.prompt, &seq.output, allowed.as_ref());
-                (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
+                    (token, None)
+                }
+                (None, Some(row)) => {
+                    let token = seq
+                        .sampler
+                        .sample(row, &seq.request.prompt, &seq.output, allowed.as_ref());
+                    (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
+                }
+                (None, None) => continue,
             };
             self.stats.generation_tokens_total += 1;
             if seq.push_token(token, lp, self.max_model_len, &mut self.outbox) != Progress::Running {
@@ -1101,7 +1123,8 @@ impl EngineLoop {
 /// the row otherwise (the host samples).
 fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     let sampling = &seq.request.sampling;
-    if seq.request.logprobs.is_some() || seq.constraint.is_some() {
+    let adjusted = seq.constraint.is_some() || !sampling.logit_bias.is_empty();
+    if seq.request.logprobs.is_some() || (adjusted && !on_device) {
         return LogitsWanted::Last;
     }
     if sampling.is_plain_greedy() {
@@ -1116,7 +1139,21 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     }
 }
 
-/// A chunk that decodes one generated token whose id is chosen on the device.
+/// A chunk that decodes one generated token whose id is chosen on the device, with no mask
+/// (the next step's mask needs this step's token on the host).
 fn is_device_token_decode(c: &SeqChunk) -> bool {
-    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only()
+    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only() && c.adjust.is_none()
+}
+
+/// The bias and mask of `seq`'s row, for an executor that samples on its device; `None` when
+/// neither applies.
+fn row_adjust(seq: &Sequence, allowed: Option<Arc<MaskSlot>>) -> Option<RowAdjust> {
+    let bias = &seq.request.sampling.logit_bias;
+    if bias.is_empty() && allowed.is_none() {
+        return None;
+    }
+    Some(RowAdjust {
+        bias: bias.as_slice().into(),
+        allowed: allowed.map(|a| a as Arc<dyn AllowedTokens>),
+    })
 }

@@ -15,7 +15,7 @@ pub const MAX_TEMPERATURE: f32 = 100.0;
 pub const REPETITION_PENALTY_RANGE: (f32, f32) = (0.01, 10.0);
 /// Most `logit_bias` entries a request may carry (OpenAI documents no limit; each costs an add
 /// per sampled token).
-pub const MAX_LOGIT_BIAS: usize = 1024;
+pub const MAX_LOGIT_BIAS: usize = strata_model::MAX_ROW_BIAS;
 
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,14 +99,15 @@ impl SamplingParams {
     }
 
     /// Greedy with nothing that needs the whole row: the argmax alone decides the token.
+    /// (The logit bias is the engine's to check: an executor that samples on its device applies it.)
     pub fn is_plain_greedy(&self) -> bool {
-        (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties() && self.logit_bias.is_empty()
+        (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties()
     }
 
     /// What an executor that samples on its device draws for these parameters (its `seed` still
     /// 0): temperature with top-k / top-p / min-p, nothing else (no penalties).
     pub fn on_device(&self) -> Option<DeviceSampling> {
-        (self.temperature > 0.0 && !self.has_penalties() && self.logit_bias.is_empty()).then(|| DeviceSampling {
+        (self.temperature > 0.0 && !self.has_penalties()).then(|| DeviceSampling {
             temperature: self.temperature,
             top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
             top_p: self.top_p,
@@ -589,6 +590,5 @@ mod tests {
         );
         assert_eq!(s.sample(&logits, &[], &[], Some(&allowed)), 2);
         assert_eq!(s.sample(&logits, &[], &[], None), 0);
-        assert!(!s.params.is_plain_greedy() && s.params.on_device().is_none());
     }
 }
