@@ -5,6 +5,7 @@ pub mod body;
 pub mod chat;
 pub mod completions;
 pub mod connections;
+pub mod cors;
 pub mod error;
 pub mod generation;
 pub mod metrics;
@@ -29,6 +30,7 @@ use strata_engine::EngineHandle;
 use subtle::ConstantTimeEq;
 
 use connections::{serve_connections, ConnectionLimits};
+pub use cors::AllowedOrigins;
 pub use error::{ApiError, ErrorDetail, ErrorResponse};
 pub use metrics::Metrics;
 use prompt::{PromptContext, PromptLimit};
@@ -48,6 +50,8 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// Read deadlines and the connection cap.
     pub connections: ConnectionLimits,
+    /// Origins whose web pages may call the API (`--allowed-origins`); none: no CORS headers.
+    pub allowed_origins: AllowedOrigins,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +68,7 @@ impl Default for ServerConfig {
                 keep_alive_timeout: Duration::from_secs(75),
                 max_connections: connections::DEFAULT_MAX_CONNECTIONS,
             },
+            allowed_origins: AllowedOrigins::default(),
         }
     }
 }
@@ -138,6 +143,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     app.fallback(routes::unknown_route)
         .layer(middleware::from_fn(require_json_body))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), require_api_key))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), cors::cors))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count_requests))
         .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
         .with_state(state)
