@@ -13,9 +13,11 @@ pub mod openapi;
 pub mod params;
 pub mod prompt;
 pub mod protocol;
+pub mod response_format;
 pub mod routes;
 
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +28,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
-use strata_engine::EngineHandle;
+use strata_engine::{EngineConfig, EngineHandle};
 use subtle::ConstantTimeEq;
 
 use connections::{serve_connections, ConnectionLimits};
@@ -34,6 +36,7 @@ pub use cors::AllowedOrigins;
 pub use error::{ApiError, ErrorDetail, ErrorResponse};
 pub use metrics::Metrics;
 use prompt::{PromptContext, PromptLimit};
+use response_format::GrammarCheck;
 
 /// How the server behaves (the engine has its own config).
 #[derive(Debug, Clone)]
@@ -82,12 +85,18 @@ pub struct AppState {
     pub created: u64,
     /// Prompt texts longer than this cannot fit in --max-model-len.
     pub prompt_limit: PromptLimit,
+    /// `system_fingerprint` of every completion and stream chunk.
+    pub system_fingerprint: String,
+    /// Checks requests' `response_format` against the served vocabulary.
+    pub grammar: GrammarCheck,
 }
 
 impl AppState {
     pub fn new(engine: EngineHandle, config: ServerConfig) -> Self {
         AppState {
             prompt_limit: PromptLimit::new(engine.tokenizer(), engine.max_model_len()),
+            system_fingerprint: system_fingerprint(&config.served_model_name, engine.config()),
+            grammar: GrammarCheck::new(engine.tokenizer()),
             engine,
             config,
             metrics: Arc::new(Metrics::default()),
@@ -102,6 +111,7 @@ impl AppState {
             template: self.engine.chat_template(),
             limit: self.prompt_limit,
             max_queue: self.engine.config().max_queue,
+            grammar: &self.grammar,
         }
     }
 
@@ -114,6 +124,20 @@ impl AppState {
             _ => Ok(()),
         }
     }
+}
+
+/// OpenAI's `system_fingerprint`: `fp_` and 10 hex digits naming this build of the server, the
+/// served model and the engine settings that change its numbers (KV and activation precision).
+pub fn system_fingerprint(served_model_name: &str, engine: &EngineConfig) -> String {
+    // `DefaultHasher::new()` has fixed keys: the same value in every run of one build.
+    let mut h = std::hash::DefaultHasher::new();
+    (
+        env!("CARGO_PKG_VERSION"),
+        served_model_name,
+        format!("{:?} {:?}", engine.kv_cache_dtype, engine.activation_precision),
+    )
+        .hash(&mut h);
+    format!("fp_{:010x}", h.finish() >> 24)
 }
 
 /// Paths that need no API key.
