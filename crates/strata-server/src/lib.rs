@@ -96,7 +96,7 @@ impl AppState {
         AppState {
             prompt_limit: PromptLimit::new(engine.tokenizer(), engine.max_model_len()),
             system_fingerprint: system_fingerprint(&config.served_model_name, engine.config()),
-            grammar: GrammarCheck::new(engine.tokenizer()),
+            grammar: GrammarCheck::new(&engine),
             engine,
             config,
             metrics: Arc::new(Metrics::default()),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use strata_engine::{GrammarCompiler, OutputConstraint};
+use strata_engine::{EngineHandle, GrammarCompiler, OutputConstraint};
 use strata_model::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
@@ -39,12 +39,20 @@ pub struct GrammarCheck {
 }
 
 impl GrammarCheck {
-    pub fn new(tokenizer: &Tokenizer) -> Self {
-        let compiler = GrammarCompiler::new(Arc::new(tokenizer.clone()));
+    /// The check of the engine's own compiler (the one that will constrain the requests).
+    pub fn new(engine: &EngineHandle) -> Self {
+        let compiler = engine.grammar_compiler().cloned().map_err(|e| e.to_string());
         if let Err(why) = &compiler {
             tracing::warn!("requests' response_format will be refused: {why}");
         }
         GrammarCheck { compiler }
+    }
+
+    /// The check of a compiler for `tokenizer`'s vocabulary (tests without an engine).
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> Self {
+        GrammarCheck {
+            compiler: GrammarCompiler::new(Arc::new(tokenizer.clone())),
+        }
     }
 
     /// One that refuses every format but `text` (tests of the other fields need no vocabulary).

@@ -53,7 +53,7 @@ fn model_text() -> &'static (Tokenizer, ChatTemplate) {
 /// The grammar check of the default model's vocabulary, built once.
 fn grammar() -> &'static GrammarCheck {
     static GRAMMAR: OnceLock<GrammarCheck> = OnceLock::new();
-    GRAMMAR.get_or_init(|| GrammarCheck::new(&model_text().0))
+    GRAMMAR.get_or_init(|| GrammarCheck::for_tokenizer(&model_text().0))
 }
 
 fn context() -> PromptContext<'static> {
