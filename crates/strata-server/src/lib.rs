@@ -13,6 +13,7 @@ pub mod params;
 pub mod prompt;
 pub mod protocol;
 pub mod routes;
+pub mod tool_calls;
 
 use std::future::Future;
 use std::sync::Arc;
