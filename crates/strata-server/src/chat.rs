@@ -6,16 +6,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::{json, Map, Value};
-use strata_engine::{FinishReason, OutputConstraint, TokenLogprob};
-use strata_model::chat_template::{python_json, ChatTemplate};
-use strata_model::tokenizer::Tokenizer;
-
 use crate::body::parse_json;
 use crate::error::{ApiError, GenerationErrors, RequestErrors};
 use crate::generation::{chat_logprobs, respond, ChoiceResult, ChunkFormat, ResponseMeta};
@@ -28,6 +18,14 @@ use crate::protocol::{
 };
 use crate::tool_calls::{call_grammar, CallableFunction, ParsedOutput, ToolCallParser, ToolEvent, ToolFormat};
 use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use strata_engine::{FinishReason, OutputConstraint, TokenLogprob};
+use strata_model::chat_template::{python_json, ChatTemplate};
 
 /// Creates a chat completion.
 #[utoipa::path(
@@ -96,8 +94,7 @@ pub fn prepare_chat(req: &ChatCompletionRequest, ctx: &PromptContext) -> Result<
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
-        ctx.template,
-        ctx.tokenizer,
+        ctx,
     )?;
     let wants_logprobs = req.logprobs.unwrap_or(false);
     if req.top_logprobs.is_some() && !wants_logprobs {
@@ -111,7 +108,8 @@ pub fn prepare_chat(req: &ChatCompletionRequest, ctx: &PromptContext) -> Result<
         .map(|v| (v, "max_completion_tokens"))
         .or(req.max_tokens.map(|v| (v, "max_tokens")));
     let logprobs = wants_logprobs.then(|| (req.top_logprobs.unwrap_or(0), "top_logprobs"));
-    let mut plan = plan(&req.generation_fields(max_tokens, ctx.limit.max_model_len, logprobs))?;
+    let fields = req.generation_fields(max_tokens, ctx.limit.max_model_len, logprobs);
+    let mut plan = plan(&fields, ctx.tokenizer.vocab_size(), ctx.grammar)?;
     if let Some(constraint) = &tools.constraint {
         if plan.template.constraint.is_some() {
             return Err(ApiError::invalid_field(
@@ -127,6 +125,7 @@ pub fn prepare_chat(req: &ChatCompletionRequest, ctx: &PromptContext) -> Result<
         .chat_ids_with(ctx.tokenizer, ctx.template, &messages, true, &extra)
         .map_err(|e| prompt_error(e, "messages"))?;
     ctx.limit.check_ids(prompt.len(), "messages")?;
+    plan.check_room(prompt.len(), ctx.limit.max_model_len, "messages")?;
     Ok(PreparedChat { prompt, plan, tools })
 }
 
@@ -191,13 +190,13 @@ fn valid_function_name(name: &str) -> bool {
 }
 
 /// Checks `tools`, `tool_choice` and `parallel_tool_calls`, and works out how the model is shown
-/// the tools, how its calls are read and (for forced calls) the grammar its output must match.
+/// the tools, how its calls are read and (for forced calls) the grammar its output must match,
+/// checked to compile against the vocabulary.
 pub fn plan_tools(
     tools: Option<&[ChatTool]>,
     choice: Option<&ToolChoice>,
     parallel: Option<bool>,
-    template: &ChatTemplate,
-    tokenizer: &Tokenizer,
+    ctx: &PromptContext,
 ) -> Result<ToolPlan, ApiError> {
     let tools = tools.unwrap_or_default();
     if tools.len() > MAX_TOOLS {
@@ -280,12 +279,12 @@ pub fn plan_tools(
     };
     let parallel = parallel.unwrap_or(true);
     // The built-in rendering (for templates that do not render tools) asks for Hermes calls.
-    let format = if template.renders_tools() {
-        ToolFormat::from_template(template.source())
+    let format = if ctx.template.renders_tools() {
+        ToolFormat::from_template(ctx.template.source())
     } else {
         ToolFormat::Hermes
     };
-    let constraint = forced.map(|callable| {
+    let grammar = |callable: &[&ChatTool]| {
         let functions: Vec<CallableFunction> = callable
             .iter()
             .map(|t| CallableFunction {
@@ -293,8 +292,25 @@ pub fn plan_tools(
                 parameters: t.function.parameters.as_ref(),
             })
             .collect();
-        OutputConstraint::Lark(call_grammar(format, &functions, parallel, tokenizer))
-    });
+        OutputConstraint::Lark(call_grammar(format, &functions, parallel, ctx.tokenizer))
+    };
+    let constraint = match forced {
+        None => None,
+        Some(callable) => {
+            let constraint = grammar(&callable);
+            if let Err(refused) = ctx.grammar.check(&constraint, "tool_choice") {
+                // Name the function whose schema cannot be compiled, when one alone cannot.
+                for (i, tool) in tools.iter().enumerate() {
+                    if callable.iter().any(|c| c.function.name == tool.function.name) {
+                        ctx.grammar
+                            .check(&grammar(&[tool]), &format!("tools[{i}].function.parameters"))?;
+                    }
+                }
+                return Err(refused);
+            }
+            Some(constraint)
+        }
+    };
     Ok(ToolPlan {
         tools: tools.to_vec(),
         format,
@@ -477,6 +493,7 @@ fn reply(meta: ResponseMeta, results: Vec<ChoiceResult>, usage: UsageInfo, tools
         object: "chat.completion".into(),
         created: meta.created,
         model: meta.model.clone(),
+        system_fingerprint: meta.system_fingerprint.clone(),
         choices,
         usage,
     })
@@ -518,6 +535,7 @@ impl ChatChunks {
             object: "chat.completion.chunk".into(),
             created: meta.created,
             model: meta.model.clone(),
+            system_fingerprint: meta.system_fingerprint.clone(),
             choices: index
                 .map(|index| ChatChunkChoice {
                     index,
@@ -644,8 +662,11 @@ mod tests {
     use std::sync::OnceLock;
 
     use strata_model::loader::{default_model_path, load_text};
+    use strata_model::tokenizer::Tokenizer;
 
     use super::*;
+    use crate::prompt::PromptLimit;
+    use crate::response_format::GrammarCheck;
 
     /// A representative Qwen2.5 template: tools in the system turn, `<tool_call>` blocks in
     /// assistant turns, tool results as `<tool_response>` blocks in a user turn.
@@ -694,12 +715,20 @@ mod tests {
     }
 
     fn plan_for(req: &ChatCompletionRequest, template: &ChatTemplate) -> Result<ToolPlan, ApiError> {
+        static GRAMMAR: OnceLock<GrammarCheck> = OnceLock::new();
+        let tokenizer = &model_text().0;
+        let ctx = PromptContext {
+            tokenizer,
+            template,
+            limit: PromptLimit::NONE,
+            max_queue: 1,
+            grammar: GRAMMAR.get_or_init(|| GrammarCheck::for_tokenizer(tokenizer)),
+        };
         plan_tools(
             req.tools.as_deref(),
             req.tool_choice.as_ref(),
             req.parallel_tool_calls,
-            template,
-            &model_text().0,
+            &ctx,
         )
     }
 
@@ -751,6 +780,13 @@ mod tests {
                 "tool_choice.type",
             ),
             (json!({"tool_choice": "auto"}), "tool_choice"),
+            // A schema the grammar compiler cannot use, when calls are forced.
+            (
+                json!({"tools": [tool("f"), {"type": "function", "function": {"name": "g",
+                    "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}],
+                    "tool_choice": "required"}),
+                "tools[1].function.parameters",
+            ),
         ] {
             let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
             body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
