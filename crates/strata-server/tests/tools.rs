@@ -285,7 +285,6 @@ fn assert_weather_arguments(arguments: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs engine constraints"]
 async fn required_tool_choice_makes_the_real_model_call_with_valid_arguments() {
     let s = TestServer::default().await;
     let body = chat_with_tools(json!({"tool_choice": "required", "max_tokens": 64}));
