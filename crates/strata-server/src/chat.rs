@@ -34,7 +34,7 @@ use strata_model::chat_template::{python_json, ChatTemplate};
     tag = "openai",
     request_body = ChatCompletionRequest,
     responses(
-        (status = 200, description = "The completion; with `stream: true` a `text/event-stream` of `data: <ChatCompletionChunk>` events (the first of each choice carries the role, the last its `finish_reason`, then the usage chunk when asked for) ending with `data: [DONE]`, and `: keep-alive` comments while nothing is generated",
+        (status = 200, description = "The completion; with `stream: true` a `text/event-stream` of `data: <ChatCompletionChunk>` events (the first of each choice carries the role, tool calls come as `tool_calls` deltas, the last carries its `finish_reason`, then the usage chunk when asked for) ending with `data: [DONE]`, and `: keep-alive` comments while nothing is generated",
             content((ChatCompletionResponse = "application/json"), (ChatCompletionChunk = "text/event-stream"))),
         RequestErrors,
         GenerationErrors,

@@ -1141,6 +1141,30 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn markers_that_are_special_tokens_are_matched_as_tokens() {
+        let (tokenizer, compiler) = compiler();
+        let id = tokenizer.token_to_id("<|im_start|>").expect("ChatML vocabulary");
+        assert!(tokenizer.is_special(id));
+        assert_eq!(lark_marker("<|im_start|>", tokenizer), format!("<[{id}]>"));
+        assert_eq!(lark_marker("<tool_call>", tokenizer), "\"<tool_call>\"");
+        let grammar = format!("start: {} \"x\"", lark_marker("<|im_start|>", tokenizer));
+        let accepts_ids = |ids: &[u32]| {
+            let mut m = compiler
+                .matcher(&OutputConstraint::Lark(grammar.clone()))
+                .expect("compiles");
+            m.validate_tokens(ids).expect("validates") == ids.len() && {
+                m.consume_tokens(ids).expect("consumes");
+                m.is_accepting().expect("accepting")
+            }
+        };
+        let special = tokenizer.encode("<|im_start|>x", false, true).unwrap();
+        assert_eq!(special[0], id);
+        assert!(accepts_ids(&special));
+        // The same characters as text are not the token.
+        assert!(!accepts_ids(&tokenizer.encode("<|im_start|>x", false, false).unwrap()));
+    }
+
     /// Pieces that make calls, near-calls and text.
     const FRAGMENTS: [&str; 16] = [
         "<tool_call>",
