@@ -307,6 +307,42 @@ def check_structured_output(client):
         assert e.body["param"].startswith("response_format"), e.body
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def check_tool_calls(client):
+    """tool_choice="required" through the SDK, whole and streamed: the grammar makes the tiny model
+    call get_weather with arguments that parse and match the schema."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+               tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=64,
+               temperature=0)
+    whole = client.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls", whole
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather", call
+    arguments = json.loads(call.function.arguments)
+    assert isinstance(arguments.get("city"), str) and set(arguments) == {"city"}, arguments
+
+    calls, finishes = {}, []
+    for chunk in client.chat.completions.create(stream=True, **ask):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for part in delta.tool_calls or []:
+            if part.index not in calls:
+                assert part.id.startswith("call_") and part.function.arguments == "", part
+                calls[part.index] = [part.function.name, ""]
+            else:
+                calls[part.index][1] += part.function.arguments
+        if chunk.choices[0].finish_reason:
+            finishes.append(chunk.choices[0].finish_reason)
+    assert finishes == ["tool_calls"], finishes
+    assert list(calls.values()) == [["get_weather", call.function.arguments]], (calls, call)
+
+
 def stream_arrivals(client):
     """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
     start = time.monotonic()
@@ -432,6 +468,7 @@ def main():
         run("openai SDK: system_fingerprint on completions and every chunk", lambda: check_system_fingerprint(plain))
         run("openai SDK: structured output (parse with a pydantic model), 50 of 50 validate",
             lambda: check_structured_output(plain))
+        run("openai SDK: tool_choice=required calls parse, whole and streamed", lambda: check_tool_calls(plain))
 
         proxy = Nginx(tmp, open_server.port)
         via_nginx = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)

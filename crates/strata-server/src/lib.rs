@@ -15,6 +15,7 @@ pub mod prompt;
 pub mod protocol;
 pub mod response_format;
 pub mod routes;
+pub mod tool_calls;
 
 use std::future::Future;
 use std::hash::{Hash, Hasher};
