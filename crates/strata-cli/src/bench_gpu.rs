@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
+use strata_engine::constraint::{is_constrained, records_schema};
 use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype};
 use strata_model::cuda::ComputeDtype;
 use strata_model::loader::{default_model_path, LoadedModel};
@@ -63,6 +64,10 @@ pub struct BenchGpuArgs {
     /// reads what the kernel writes: attention over a zero KV cache runs at a higher clock).
     #[arg(long, value_delimiter = ',', value_name = "KERNELS")]
     pub ablate: Vec<String>,
+    /// Run each level of the first cache type again with this fraction of the requests held to a
+    /// JSON schema (structured output), beside the free run, and report the ratio.
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
+    pub constrained: f64,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench/results/gpu_bench.json")]
     pub out: PathBuf,
@@ -72,6 +77,11 @@ pub struct BenchGpuArgs {
 struct Level {
     kv_cache_dtype: String,
     concurrency: usize,
+    /// Requests held to a JSON schema (`--constrained`), their grammar masks' mean compute time
+    /// on the mask workers, and the engine's wait for masks per step.
+    constrained_fraction: f64,
+    mask_ms: f64,
+    mask_wait_ms_per_step: f64,
     output_tok_s: f64,
     total_tok_s: f64,
     wall_s: f64,
@@ -113,6 +123,14 @@ struct Report {
     cuda_graphs: bool,
     /// Kernels and products left out of every step (--ablate): timings only.
     ablated: Vec<String>,
+}
+
+/// A share in [0, 1] (`--constrained`).
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s} is not a fraction in [0, 1]")),
+    }
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -164,13 +182,16 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
         let (engine, weight_bytes) = start(model, &args, dtype, max_level, max_model_len)?;
         let kv_tokens = engine.capacity().tokens();
         let prompt = |seed: u64| prompts.prompt(args.prompt_tokens, seed);
-        let run = |prompt: Vec<u32>, max_tokens: usize| -> anyhow::Result<strata_engine::Completion> {
-            let req = GenerationRequest {
-                ignore_eos: true,
-                ..GenerationRequest::greedy(prompt, max_tokens)
+        let run_with =
+            |prompt: Vec<u32>, max_tokens: usize, constrained: bool| -> anyhow::Result<strata_engine::Completion> {
+                let req = GenerationRequest {
+                    ignore_eos: true,
+                    constraint: constrained.then(records_schema),
+                    ..GenerationRequest::greedy(prompt, max_tokens)
+                };
+                complete(engine.submit(req)?, &mut |_| {}).map_err(|e| anyhow::anyhow!(e))
             };
-            complete(engine.submit(req)?, &mut |_| {}).map_err(|e| anyhow::anyhow!(e))
-        };
+        let run = |prompt: Vec<u32>, max_tokens: usize| run_with(prompt, max_tokens, false);
         // Warm-up: kernels, graphs of every bucket up to the highest level, allocator.
         run(prompt(1_000_000), 4)?;
         if i == 0 {
@@ -185,15 +206,30 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             report.single_stream_roofline_fraction = d.decode_tps() / report.decode_roofline_tok_s;
         }
         let levels: Vec<usize> = if i == 0 { args.levels.clone() } else { vec![max_level] };
-        for n in levels {
+        // Each level free, then (first cache type, --constrained) with that share constrained.
+        let fractions: &[f64] = if i == 0 && args.constrained > 0.0 {
+            &[0.0, args.constrained]
+        } else {
+            &[0.0]
+        };
+        let runs: Vec<(usize, f64)> = levels
+            .iter()
+            .flat_map(|&n| fractions.iter().map(move |&f| (n, f)))
+            .collect();
+        for (n, fraction) in runs {
+            if fraction > 0.0 {
+                // The first constrained steps of each bucket capture the graph without logits.
+                run_with(prompt(4_000_000), 4, true)?;
+            }
             let before = engine.stats();
             let t0 = Instant::now();
             let results: Vec<anyhow::Result<strata_engine::Completion>> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..n)
                     .map(|k| {
-                        let p = prompt(10_000 * (n as u64) + k as u64);
-                        let run = &run;
-                        s.spawn(move || run(p, args.output_tokens))
+                        // Each run's prompts its own: none is in the prefix cache.
+                        let p = prompt(10_000 * (n as u64) + k as u64 + (fraction * 1e6) as u64);
+                        let run_with = &run_with;
+                        s.spawn(move || run_with(p, args.output_tokens, is_constrained(k, fraction)))
                     })
                     .collect();
                 handles.into_iter().map(|h| h.join().expect("request thread")).collect()
@@ -230,9 +266,15 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                         .iter()
                         .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
                 });
+            let masks = (after.masks_total - before.masks_total).max(1) as f64;
+            let all_steps = (after.steps_total - before.steps_total).max(1) as f64;
             let level = Level {
                 kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype, ComputeDtype::Bf16).to_string(),
                 concurrency: n,
+                constrained_fraction: fraction,
+                mask_ms: (after.mask_seconds_total - before.mask_seconds_total) * 1e3 / masks,
+                mask_wait_ms_per_step: (after.mask_wait_seconds_total - before.mask_wait_seconds_total) * 1e3
+                    / all_steps,
                 output_tok_s: out_tokens as f64 / wall,
                 total_tok_s: (out_tokens + n * args.prompt_tokens) as f64 / wall,
                 wall_s: wall,
@@ -250,7 +292,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
                 kv_capacity_tokens: kv_tokens,
             };
             eprintln!(
-                "{} x{n}: {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms; {} of {} overlapped; output tokens fnv1a {:016x}",
+                "{} x{n} ({fraction} constrained): {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms; {} of {} overlapped; output tokens fnv1a {:016x}",
                 strata_model::cuda::kv_cache::value_type_name(dtype, ComputeDtype::Bf16),
                 level.output_tok_s,
                 step_ms,
@@ -283,13 +325,14 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
         report.ttft_512_ms
     );
     println!("step incl. prefill: a request's first-to-last-token time per token (other requests' prompt chunks included); decode-only: steps without prompt chunks, roofline at their mean batch");
-    println!("| kv | concurrency | output tok/s | total tok/s | TTFT p50 ms | TTFT p95 ms | step incl. prefill ms | roofline ms | of roofline | decode-only step ms | batch | roofline ms | of roofline | KV tokens |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| kv | concurrency | constrained | output tok/s | total tok/s | TTFT p50 ms | TTFT p95 ms | step incl. prefill ms | roofline ms | of roofline | decode-only step ms | batch | roofline ms | of roofline | KV tokens | mask ms | mask wait ms/step |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in &report.levels {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.0}% | {:.2} | {:.1} | {:.2} | {:.0}% | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.0}% | {:.2} | {:.1} | {:.2} | {:.0}% | {} | {:.3} | {:.3} |",
             l.kv_cache_dtype,
             l.concurrency,
+            l.constrained_fraction,
             l.output_tok_s,
             l.total_tok_s,
             l.ttft_p50_ms,
@@ -301,8 +344,21 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             l.pure_decode_batch,
             l.pure_decode_roofline_ms,
             100.0 * l.pure_decode_roofline_fraction,
-            l.kv_capacity_tokens
+            l.kv_capacity_tokens,
+            l.mask_ms,
+            l.mask_wait_ms_per_step
         );
+    }
+    for pair in report.levels.windows(2) {
+        let (free, held) = (&pair[0], &pair[1]);
+        if held.constrained_fraction > 0.0 && free.constrained_fraction == 0.0 && free.concurrency == held.concurrency {
+            println!(
+                "{} users, {} constrained: {:.3}x the free run's output tok/s",
+                held.concurrency,
+                held.constrained_fraction,
+                held.output_tok_s / free.output_tok_s
+            );
+        }
     }
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;

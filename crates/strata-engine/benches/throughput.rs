@@ -6,15 +6,14 @@
 //! [--constrained FRACTION] [--out PATH]`
 //!
 //! With `--constrained`, each level runs twice, side by side: all requests free, then that
-//! fraction of them held to a JSON schema ([`bench_schema`]); the table gives the ratio.
+//! fraction of them held to a JSON schema (`records_schema`); the table gives the ratio.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_engine::{
-    ActPrecision, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, OutputConstraint, RequestOutput,
-};
+use strata_engine::constraint::{is_constrained, records_schema};
+use strata_engine::{ActPrecision, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, RequestOutput};
 use strata_model::loader::{default_model_path, load_model};
 
 struct Options {
@@ -23,7 +22,7 @@ struct Options {
     output_len: usize,
     dtype: KvCacheDtype,
     precision: ActPrecision,
-    /// Fraction of requests held to [`bench_schema`] in the second run of each level (0 = one run).
+    /// Fraction of requests held to `records_schema` in the second run of each level (0 = one run).
     constrained: f64,
     out: std::path::PathBuf,
 }
@@ -108,31 +107,9 @@ fn prompt_for(i: usize, e: &EngineHandle) -> Vec<u32> {
         .collect()
 }
 
-/// What constrained bench requests answer: a list of records, as an extraction API returns,
-/// long enough to fill the output length.
-fn bench_schema() -> OutputConstraint {
-    OutputConstraint::JsonSchema(serde_json::json!({
-        "type": "array",
-        "minItems": 64,
-        "items": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "integer", "minimum": 0, "maximum": 99999},
-                "name": {"type": "string", "maxLength": 24},
-                "kind": {"enum": ["book", "film", "song"]}
-            },
-            "required": ["id", "name", "kind"],
-            "additionalProperties": false
-        }
-    }))
-}
-
-/// Whether request `i` is constrained when `fraction` of them are (spread evenly).
-fn is_constrained(i: usize, fraction: f64) -> bool {
-    ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
-}
-
-fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize, constrained: f64) -> Level {
+/// One closed-loop run; `salt` makes its prompts its own (a run must not find another's in the
+/// prefix cache).
+fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize, constrained: f64, salt: usize) -> Level {
     let requests = (concurrency * 2).max(8);
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new((Vec::new(), Vec::new(), 0usize, 0usize)));
@@ -145,11 +122,11 @@ fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize, constraine
                 if i >= requests {
                     return;
                 }
-                let prompt = prompt_for(i, e);
+                let prompt = prompt_for(salt + i, e);
                 let n_prompt = prompt.len();
                 let req = GenerationRequest {
                     ignore_eos: true,
-                    constraint: is_constrained(i, constrained).then(bench_schema),
+                    constraint: is_constrained(i, constrained).then(records_schema),
                     ..GenerationRequest::greedy(prompt, output_len)
                 };
                 let start = Instant::now();
@@ -217,7 +194,7 @@ fn main() {
     };
     let e = EngineHandle::start(model, config.clone()).expect("engine starts");
     // Warm-up: page in weights, fill caches.
-    run_level(&e, 2, 8, o.constrained);
+    run_level(&e, 2, 8, o.constrained, 1 << 20);
     println!(
         "| concurrency | constrained | requests | output tok/s | total tok/s | step p50 ms | step p99 ms | TTFT p50 ms | TTFT p95 ms | decode-only tok/s | decode-only step ms | its batch | mask ms | mask wait ms/step |"
     );
@@ -233,9 +210,9 @@ fn main() {
         })
         .collect();
     let mut free_tps = 0.0;
-    for (c, fraction) in runs {
+    for (r, (c, fraction)) in runs.into_iter().enumerate() {
         let before = e.stats();
-        let l = run_level(&e, c, o.output_len, fraction);
+        let l = run_level(&e, c, o.output_len, fraction, r << 12);
         // Steps without prompt chunks: the aggregate decode rate while every sequence decodes.
         let after = e.stats();
         let steps = (after.decode_steps_total - before.decode_steps_total).max(1) as f64;

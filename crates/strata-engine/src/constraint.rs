@@ -34,6 +34,30 @@ impl OutputConstraint {
     }
 }
 
+/// The benchmarks' constrained workload: a list of records, as an extraction API returns, at
+/// least 64 long so that it fills their output lengths.
+pub fn records_schema() -> OutputConstraint {
+    OutputConstraint::JsonSchema(serde_json::json!({
+        "type": "array",
+        "minItems": 64,
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+                "name": {"type": "string", "maxLength": 24},
+                "kind": {"enum": ["book", "film", "song"]}
+            },
+            "required": ["id", "name", "kind"],
+            "additionalProperties": false
+        }
+    }))
+}
+
+/// Whether request `i` of a benchmark is constrained when `fraction` of them are (spread evenly).
+pub fn is_constrained(i: usize, fraction: f64) -> bool {
+    ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
+}
+
 /// The model's vocabulary as llguidance sees it: each token's bytes (special tokens marked with
 /// 0xFF so grammars can name them), and our tokenizer for the text a grammar forces.
 struct VocabEnv {
