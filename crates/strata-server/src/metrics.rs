@@ -150,7 +150,7 @@ impl Metrics {
                 "Seconds from request arrival to its last token.",
             );
         });
-        let gauges: [(&str, &str, &str, f64); 12] = [
+        let gauges: [(&str, &str, &str, f64); 15] = [
             (
                 "strata_num_requests_running",
                 "gauge",
@@ -216,6 +216,24 @@ impl Metrics {
                 "counter",
                 "Engine steps run.",
                 stats.steps_total as f64,
+            ),
+            (
+                "strata_grammar_masks_total",
+                "counter",
+                "Grammar masks computed for constrained requests (one a token).",
+                stats.masks_total as f64,
+            ),
+            (
+                "strata_grammar_mask_seconds_total",
+                "counter",
+                "Seconds the mask workers spent computing grammar masks.",
+                stats.mask_seconds_total,
+            ),
+            (
+                "strata_grammar_mask_wait_seconds_total",
+                "counter",
+                "Seconds the engine waited for grammar masks after a step's logits were in.",
+                stats.mask_wait_seconds_total,
             ),
             (
                 "strata_engine_alive",

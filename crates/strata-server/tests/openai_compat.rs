@@ -366,3 +366,66 @@ async fn logit_bias_and_response_format_are_checked() {
         "llguidance's reason: {e}"
     );
 }
+
+/// Over HTTP the schema holds the answer (chat and completions, whole and streamed), a bias of
+/// +100 makes one token every token, and /metrics counts the grammar masks computed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_format_and_logit_bias_shape_the_answers() {
+    let s = TestServer::default().await;
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "country": {"enum": ["France", "Spain", "Italy"]},
+            "sights": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 2}
+        },
+        "required": ["city", "country", "sights"],
+        "additionalProperties": false
+    });
+    let format = json!({"type": "json_schema", "json_schema": {"name": "trip", "schema": schema, "strict": true}});
+    let body = chat(json!({"max_tokens": 200, "temperature": 0, "response_format": format,
+        "messages": [{"role": "user", "content": "Plan a trip to a European city."}]}));
+    let (status, r) = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(
+        ["France", "Spain", "Italy"].contains(&v["country"].as_str().unwrap()),
+        "{v}"
+    );
+    assert!(v["sights"].as_array().unwrap().len() <= 2, "{v}");
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let events = stream(&s, "/v1/chat/completions", &streamed_body).await.all().await;
+    let streamed: String = chunks(&events)
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, text);
+    let completion = json!({"prompt": "A JSON object:", "max_tokens": 100, "temperature": 0,
+        "response_format": {"type": "json_object"}});
+    let (status, r) = s.post("/v1/completions", &completion).await;
+    assert_eq!(status, 200, "{r}");
+    let text = r["choices"][0]["text"].as_str().unwrap();
+    if r["choices"][0]["finish_reason"] == "stop" {
+        assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    }
+    let forced = s.engine.tokenizer().encode(" banana", false, false).unwrap()[0];
+    let (status, r) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "Hi", "max_tokens": 4, "temperature": 0.7,
+                "logit_bias": {forced.to_string(): 100}, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["text"], " banana banana banana banana", "{r}");
+    let (_, metrics) = s.get("/metrics").await;
+    let masks: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("strata_grammar_masks_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("strata_grammar_masks_total");
+    assert!(masks > 10.0, "{masks}");
+}
