@@ -2,7 +2,7 @@
 """Real clients against the real `strata serve` binary and the default model.
 
 The pinned official `openai` SDK (installed by scripts/setup.sh into $STRATA_CACHE/clients-venv)
-does chat, completions and streaming with and without an API key; a real nginx (Debian package,
+does chat, completions, responses and streaming with and without an API key; a real nginx (Debian package,
 stock `proxy_buffering on`) proxies the server, and streamed chunks must reach the client as they
 are generated; 64 concurrent streams through nginx finish with no error and no leaked KV block;
 SIGTERM stops the server with exit status 0.
@@ -211,6 +211,53 @@ def check_sdk_calls(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def check_responses(client, via_nginx):
+    """The Responses API through the SDK: the answer the chat path gives, `incomplete` at
+    max_output_tokens, the events in order through nginx as they are generated, the stream helper's
+    final response, a stateful request refused."""
+    r = client.responses.create(model=MODEL, input=MESSAGES[0]["content"], instructions="Be brief.",
+                                max_output_tokens=8, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_"), r
+    assert r.output[0].type == "message" and r.output[0].content[0].type == "output_text", r
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens, r.usage
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "Be brief."}] + MESSAGES,
+                                          max_tokens=8, temperature=0)
+    assert r.output_text and r.output_text == chat.choices[0].message.content, (r.output_text, chat)
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed"), r
+
+    start = time.monotonic()
+    events, arrivals = [], []
+    for event in via_nginx.responses.create(model=MODEL, input=MESSAGES, max_output_tokens=48, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}):
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            arrivals.append(time.monotonic())
+    types = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    assert types == (["response.created", "response.in_progress", "response.output_item.added",
+                      "response.content_part.added"] + ["response.output_text.delta"] * len(arrivals)
+                     + ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                        "response.incomplete"]), types
+    final = events[-1].response
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens", final
+    assert final.output_text == "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.usage.output_tokens == 48, final.usage
+    print(f"     responses via nginx: {len(arrivals)} deltas in {bursts(arrivals)} deliveries, the first "
+          f"{arrivals[0] - start:.2f}s after the request")
+    assert bursts(arrivals) >= len(arrivals) // 2, "nginx delivered the response stream in bursts"
+
+    with client.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=200, temperature=0) as helper:
+        texts = [e.delta for e in helper if e.type == "response.output_text.delta"]
+        done = helper.get_final_response()
+    assert done.status == "completed" and done.output_text == "".join(texts) and texts, done
+
+    try:
+        client.responses.create(model=MODEL, input="hi", store=True)
+        raise AssertionError("store: true was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.body["param"] == "store", e.body
+
+
 def stream_arrivals(client):
     """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
     start = time.monotonic()
@@ -345,6 +392,8 @@ def main():
             assert bursts(arrivals) >= len(arrivals) // 2, "nginx delivered the stream in bursts"
             assert arrivals[-1] - arrivals[0] > 0.3, "nginx held the stream back until the end"
         run("nginx (proxy_buffering on): chunks arrive as generated", incremental_through_nginx)
+
+        run("openai SDK: responses, streamed through nginx and not", lambda: check_responses(plain, via_nginx))
 
         def sixty_four_streams():
             t0 = time.monotonic()
