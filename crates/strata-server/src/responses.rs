@@ -65,11 +65,9 @@ pub async fn create_response(State(state): State<Arc<AppState>>, body: Result<By
 
 async fn run(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse_json(body, state.config.max_request_body_bytes)?;
-    refuse_stored_state(&req)?;
-    let chat_body = serde_json::to_vec(&chat_request(&req)?)
-        .map_err(|e| ApiError::engine_failed(&format!("could not write the chat request: {e}")))?;
+    let chat_body = chat_body(&req)?;
     let builder = OutputBuilder::new(response_template(&req, &state.config.served_model_name));
-    let chat = chat_completions(State(Arc::clone(&state)), Ok(Bytes::from(chat_body))).await;
+    let chat = chat_completions(State(Arc::clone(&state)), Ok(chat_body)).await;
     if !chat.status().is_success() {
         return Ok(renamed_error(chat).await);
     }
@@ -83,6 +81,14 @@ async fn run(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resul
         .map_err(|e| ApiError::engine_failed(&format!("could not read the chat reply: {e}")))?;
     let response = builder.reply(reply).map_err(|e| ApiError::engine_failed(&e))?;
     Ok(Json(response).into_response())
+}
+
+/// The body of the chat request that generates what `req` asks for, or why `req` is refused.
+pub fn chat_body(req: &ResponsesRequest) -> Result<Bytes, ApiError> {
+    refuse_stored_state(req)?;
+    let body = serde_json::to_vec(&chat_request(req)?)
+        .map_err(|e| ApiError::engine_failed(&format!("could not write the chat request: {e}")))?;
+    Ok(Bytes::from(body))
 }
 
 /// strata keeps no responses or conversations: what needs one is refused, saying what to do.
