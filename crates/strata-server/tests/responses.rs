@@ -4,8 +4,12 @@
 
 mod common;
 
-use common::{assert_error, server_losing_gpus, stream, TestServer, LOST_GPU, MODEL};
+use std::time::Duration;
+
+use common::{assert_error, engine_config, server_config, server_losing_gpus, stream, TestServer, LOST_GPU, MODEL};
 use serde_json::{json, Value};
+use strata_engine::EngineConfig;
+use strata_server::ServerConfig;
 
 const RESPONSES: &str = "/v1/responses";
 
@@ -245,6 +249,61 @@ async fn a_streamed_response_sends_the_events_in_order() {
         types.last().map(String::as_str),
         Some("response.completed"),
         "{types:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_hears_keep_alives_and_a_dropped_one_frees_its_blocks() {
+    let s = TestServer::start(
+        EngineConfig {
+            max_num_seqs: 1,
+            ..engine_config()
+        },
+        ServerConfig {
+            sse_keep_alive: Duration::from_millis(50),
+            ..server_config()
+        },
+    )
+    .await;
+    let long = json!({"max_output_tokens": 500, "ignore_eos": true, "stream": true});
+    // A runs; B waits in the queue behind it.
+    let mut a = stream(&s, RESPONSES, &request(json!("Tell me a long story."), long.clone())).await;
+    while !a
+        .next()
+        .await
+        .unwrap()
+        .data
+        .is_some_and(|d| d.contains("output_text.delta"))
+    {}
+    let mut b = stream(&s, RESPONSES, &request(json!("Tell me another."), long)).await;
+    // B opens at once, then hears keep-alive comments while it waits.
+    let mut opened = Vec::new();
+    let mut keep_alives = 0;
+    while keep_alives < 2 {
+        match b.next().await.expect("B's stream goes on").event {
+            Some(name) => opened.push(name),
+            None => keep_alives += 1,
+        }
+    }
+    assert_eq!(opened, ["response.created", "response.in_progress"]);
+    // A goes away: B runs; then B goes away too, and every block is free again.
+    drop(a);
+    while !b
+        .next()
+        .await
+        .unwrap()
+        .data
+        .is_some_and(|d| d.contains("output_text.delta"))
+    {}
+    drop(b);
+    assert!(
+        s.wait_blocks_free(Duration::from_secs(10)).await,
+        "dropped streams free their blocks"
+    );
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains("strata_request_finished_total{finish_reason=\"abort\"} 2"),
+        "{metrics}"
     );
 }
 
