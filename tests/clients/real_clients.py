@@ -2,7 +2,7 @@
 """Real clients against the real `strata serve` binary and the default model.
 
 The pinned official `openai` SDK (installed by scripts/setup.sh into $STRATA_CACHE/clients-venv)
-does chat, completions, responses and streaming with and without an API key; a real nginx (Debian package,
+does chat, completions and streaming with and without an API key; a real nginx (Debian package,
 stock `proxy_buffering on`) proxies the server, and streamed chunks must reach the client as they
 are generated; 64 concurrent streams through nginx finish with no error and no leaked KV block;
 SIGTERM stops the server with exit status 0.
@@ -211,6 +211,23 @@ def check_sdk_calls(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def stream_arrivals(client):
+    """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
+    start = time.monotonic()
+    arrivals = []
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=64, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+    return start, arrivals, time.monotonic()
+
+
+def bursts(arrivals, gap=0.005):
+    """How many separate deliveries the chunks came in (arrivals closer than `gap` are one)."""
+    return 1 + sum(1 for a, b in zip(arrivals, arrivals[1:]) if b - a > gap)
+
+
 def check_responses(client, via_nginx):
     """The Responses API through the SDK: the answer the chat path gives, `incomplete` at
     max_output_tokens, the events in order through nginx as they are generated, the stream helper's
@@ -256,23 +273,6 @@ def check_responses(client, via_nginx):
         raise AssertionError("store: true was accepted")
     except openai.BadRequestError as e:
         assert e.status_code == 400 and e.body["param"] == "store", e.body
-
-
-def stream_arrivals(client):
-    """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
-    start = time.monotonic()
-    arrivals = []
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=64, temperature=0,
-                                            stream=True, extra_body={"ignore_eos": True})
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append(time.monotonic())
-    return start, arrivals, time.monotonic()
-
-
-def bursts(arrivals, gap=0.005):
-    """How many separate deliveries the chunks came in (arrivals closer than `gap` are one)."""
-    return 1 + sum(1 for a, b in zip(arrivals, arrivals[1:]) if b - a > gap)
 
 
 async def concurrent_streams(base_url, api_key, n):
