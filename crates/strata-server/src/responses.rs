@@ -5,6 +5,7 @@ mod output;
 mod stream;
 pub mod types;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::{to_bytes, Bytes};
@@ -86,6 +87,7 @@ async fn run(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resul
 /// The body of the chat request that generates what `req` asks for, or why `req` is refused.
 pub fn chat_body(req: &ResponsesRequest) -> Result<Bytes, ApiError> {
     refuse_stored_state(req)?;
+    check_metadata(req.metadata.as_ref())?;
     let body = serde_json::to_vec(&chat_request(req)?)
         .map_err(|e| ApiError::engine_failed(&format!("could not write the chat request: {e}")))?;
     Ok(Bytes::from(body))
@@ -120,6 +122,39 @@ fn refuse_stored_state(req: &ResponsesRequest) -> Result<(), ApiError> {
         Some((param, message)) => Err(ApiError::invalid_field(param, message)),
         None => Ok(()),
     }
+}
+
+/// Most `metadata` pairs, and characters in a key and in a value, as OpenAI allows.
+pub const MAX_METADATA_PAIRS: usize = 16;
+pub const MAX_METADATA_KEY_CHARS: usize = 64;
+pub const MAX_METADATA_VALUE_CHARS: usize = 512;
+
+/// `metadata` within OpenAI's limits (it is echoed in the response object).
+fn check_metadata(metadata: Option<&BTreeMap<String, String>>) -> Result<(), ApiError> {
+    let Some(metadata) = metadata else {
+        return Ok(());
+    };
+    if metadata.len() > MAX_METADATA_PAIRS {
+        return Err(ApiError::invalid_field(
+            "metadata",
+            format!(
+                "`metadata` may hold at most {MAX_METADATA_PAIRS} pairs, got {}",
+                metadata.len()
+            ),
+        ));
+    }
+    for (key, value) in metadata {
+        if key.chars().count() > MAX_METADATA_KEY_CHARS || value.chars().count() > MAX_METADATA_VALUE_CHARS {
+            return Err(ApiError::invalid_field(
+                format!("metadata.{key}"),
+                format!(
+                    "`metadata` keys may have at most {MAX_METADATA_KEY_CHARS} characters and values at most \
+                     {MAX_METADATA_VALUE_CHARS}"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The chat request that generates what `req` asks for.

@@ -403,6 +403,17 @@ async fn stored_state_and_malformed_requests_get_openai_errors() {
             "tool_choice.name",
         ),
         (request(json!("hi"), json!({"metadata": {"a": 1}})), "metadata.a"),
+        (
+            request(json!("hi"), json!({"metadata": {"k": "v".repeat(513)}})),
+            "metadata.k",
+        ),
+        (
+            request(
+                json!("hi"),
+                json!({"metadata": (0..17).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            ),
+            "metadata",
+        ),
     ];
     for (body, param) in cases {
         let (status, e) = s.post(RESPONSES, &body).await;

@@ -39,7 +39,8 @@ pub struct ResponsesRequest {
     #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
-    /// Echoed in the response.
+    /// Echoed in the response: at most 16 pairs, keys of at most 64 characters, values of at
+    /// most 512.
     pub metadata: Option<BTreeMap<String, String>>,
     /// Accepted and logged at debug level.
     pub user: Option<String>,
