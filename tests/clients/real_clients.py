@@ -2,9 +2,10 @@
 """Real clients against the real `strata serve` binary and the default model.
 
 The pinned official `openai` SDK (installed by scripts/setup.sh into $STRATA_CACHE/clients-venv)
-does chat, completions and streaming with and without an API key; a real nginx (Debian package,
-stock `proxy_buffering on`) proxies the server, and streamed chunks must reach the client as they
-are generated; 64 concurrent streams through nginx finish with no error and no leaked KV block;
+does chat, completions and streaming with and without an API key (and sees `system_fingerprint`);
+a browser origin's CORS preflight is answered before the key (`--allowed-origins`); a real nginx
+(Debian package, stock `proxy_buffering on`) proxies the server, and streamed chunks must reach the
+client as they are generated; 64 concurrent streams through nginx finish with no error and no leaked KV block;
 SIGTERM stops the server with exit status 0.
 
 usage: clients-venv/bin/python tests/clients/real_clients.py   (env STRATA_BIN: the binary)
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.error
 import urllib.request
 
 import openai
@@ -211,6 +213,46 @@ def check_sdk_calls(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+BROWSER_ORIGIN = "http://localhost:5173"
+
+
+def check_browser_cors(base_url):
+    """A browser page's preflight before a keyed SDK call: 204 for the allowed origin with what it
+    may send, 403 for another; the real call's answer names the origin too."""
+    def options(origin):
+        req = urllib.request.Request(base_url + "/v1/chat/completions", method="OPTIONS", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-lang"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers
+    status, headers = options(BROWSER_ORIGIN)
+    assert status == 204, status
+    assert headers["Access-Control-Allow-Origin"] == BROWSER_ORIGIN, dict(headers)
+    allowed = headers["Access-Control-Allow-Headers"]
+    assert all(h in allowed for h in ["authorization", "content-type", "x-stainless-lang"]), allowed
+    assert "POST" in headers["Access-Control-Allow-Methods"], dict(headers)
+    status, headers = options("http://evil.example")
+    assert status == 403 and headers["Access-Control-Allow-Origin"] is None, (status, dict(headers))
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=120,
+                           default_headers={"Origin": BROWSER_ORIGIN})
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert raw.headers["access-control-allow-origin"] == BROWSER_ORIGIN, dict(raw.headers)
+
+
+def check_system_fingerprint(client):
+    """`system_fingerprint` on a chat completion, every stream chunk and a completion: one value."""
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    fingerprint = chat.system_fingerprint
+    assert re.fullmatch(r"fp_[0-9a-f]{10}", fingerprint or ""), fingerprint
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, stream=True))
+    assert chunks and all(c.system_fingerprint == fingerprint for c in chunks), chunks
+    completion = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    assert completion.system_fingerprint == fingerprint, completion
+
+
 def stream_arrivals(client):
     """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
     start = time.monotonic()
@@ -350,7 +392,7 @@ def main():
     open_server = keyed = proxy = None
     try:
         open_server = Server(tmp)
-        keyed = Server(tmp, api_key=API_KEY)
+        keyed = Server(tmp, api_key=API_KEY, flags=SERVE_FLAGS + ["--allowed-origins", BROWSER_ORIGIN])
         plain = openai.OpenAI(base_url=open_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         with_key = openai.OpenAI(base_url=keyed.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
@@ -378,6 +420,9 @@ def main():
                     assert e.status_code == 401 and e.body["code"] == "invalid_api_key", e.body
             assert http_get(keyed.url + "/health")[0] == 200
         run("--api-key: wrong keys get 401 in OpenAI's shape, /health stays open", refused_without_key)
+        run("--allowed-origins: a browser's preflight gets 204 before the key, another origin 403",
+            lambda: check_browser_cors(keyed.url))
+        run("openai SDK: system_fingerprint on completions and every chunk", lambda: check_system_fingerprint(plain))
 
         proxy = Nginx(tmp, open_server.port)
         via_nginx = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -12,7 +12,7 @@ use strata_model::loader::default_model_path;
 use strata_server::connections::{
     max_connections_for, raise_descriptor_limit, ConnectionLimits, DEFAULT_MAX_CONNECTIONS,
 };
-use strata_server::ServerConfig;
+use strata_server::{AllowedOrigins, ServerConfig};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -28,6 +28,12 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <key>` on the API (not on /health, /metrics, /openapi.json).
     #[arg(long, env = "STRATA_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Origins whose web pages may call the API from a browser (CORS), e.g. http://localhost:5173:
+    /// comma-separated or repeated, `*` for any. Their preflights get 204 before the API key is
+    /// checked and every answer to them carries Access-Control-Allow-Origin; other origins'
+    /// preflights get 403. Default: none (no CORS headers).
+    #[arg(long, value_name = "ORIGINS")]
+    pub allowed_origins: Vec<String>,
     /// Model name clients use (default: the model file's name without .gguf).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -185,6 +191,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sse_keep_alive: seconds(args.sse_keep_alive, "--sse-keep-alive")?.max(Duration::from_millis(10)),
         shutdown_timeout: seconds(args.shutdown_timeout, "--shutdown-timeout")?,
         connections: connection_limits(&args)?,
+        allowed_origins: AllowedOrigins::parse(&args.allowed_origins)
+            .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?,
     };
     let engine_config = EngineConfig {
         max_model_len: args.max_model_len,
@@ -225,9 +233,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {address}; pass another --port or --host"))?;
         let bound = listener.local_addr()?;
+        let origins = &server_config.allowed_origins;
         tracing::info!(
-            "serving `{served_model_name}` on http://{bound} (OpenAI API under /v1; /health, /metrics, /openapi.json){}",
-            if server_config.api_key.is_some() { "; API key required" } else { "" }
+            "serving `{served_model_name}` on http://{bound} (OpenAI API under /v1; /health, /metrics, /openapi.json){}{}",
+            if server_config.api_key.is_some() { "; API key required" } else { "" },
+            if origins.is_empty() { String::new() } else { format!("; browsers may call it from {origins}") }
         );
         strata_server::serve(listener, engine, server_config, strata_server::shutdown_signal()).await?;
         tracing::info!("stopped");

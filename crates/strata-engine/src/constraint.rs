@@ -1,12 +1,14 @@
 //! Constrained decoding: the grammar a request's output must match (any JSON object, a JSON schema,
 //! or a Lark grammar), compiled by llguidance against the model's vocabulary into per-step token masks.
 
-use std::sync::Arc;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use strata_model::tokenizer::Tokenizer;
-use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use strata_model::AllowedTokens;
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 
 /// What a request's output must match.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,5 +101,168 @@ impl GrammarCompiler {
             .create_parser(constraint.grammar())
             .map_err(|e| e.to_string())?;
         Ok(Matcher::new(Ok(parser)))
+    }
+}
+
+/// The tokens a constrained sequence may take next, as its mask job found them.
+#[derive(Debug, Clone)]
+pub enum NextTokens {
+    /// The allowed token ids (a bit per id of the tokenizer's vocabulary).
+    Allowed(SimpleVob),
+    /// The grammar is complete: the output ends here.
+    Complete,
+    /// The output left the grammar or the matcher failed; the request fails with this.
+    Failed(String),
+}
+
+/// One step's [`NextTokens`], filled by a mask worker while the device runs the step; read by
+/// the executor (to mask on the device) and then by the engine.
+#[derive(Default)]
+pub struct MaskSlot {
+    result: Mutex<Option<NextTokens>>,
+    ready: Condvar,
+}
+
+impl MaskSlot {
+    fn put(&self, next: NextTokens) {
+        if let Ok(mut r) = self.result.lock() {
+            *r = Some(next);
+            self.ready.notify_all();
+        }
+    }
+
+    /// Waits for the result and runs `f` on it (it stays for later readers).
+    fn read<R>(&self, f: impl FnOnce(&NextTokens) -> R) -> R {
+        let Ok(mut r) = self.result.lock() else {
+            return f(&NextTokens::Failed("a mask worker panicked".into()));
+        };
+        loop {
+            if let Some(next) = r.as_ref() {
+                return f(next);
+            }
+            r = match self.ready.wait(r) {
+                Ok(r) => r,
+                Err(_) => return f(&NextTokens::Failed("a mask worker panicked".into())),
+            };
+        }
+    }
+}
+
+impl AllowedTokens for MaskSlot {
+    fn copy_mask(&self, out: &mut [u32]) -> bool {
+        self.read(|next| match next {
+            NextTokens::Allowed(mask) => {
+                let words = mask.as_slice();
+                let n = words.len().min(out.len());
+                out[..n].copy_from_slice(&words[..n]);
+                out[n..].fill(0);
+                true
+            }
+            NextTokens::Complete | NextTokens::Failed(_) => false,
+        })
+    }
+}
+
+/// A constrained sequence's grammar state: its matcher (behind a lock, as workers advance it)
+/// and the slot of the mask being computed for its next token.
+pub struct SequenceConstraint {
+    matcher: Arc<Mutex<Matcher>>,
+    /// Output tokens handed to the matcher so far.
+    consumed: usize,
+    pending: Option<Arc<MaskSlot>>,
+}
+
+impl std::fmt::Debug for SequenceConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SequenceConstraint")
+            .field("consumed", &self.consumed)
+            .finish()
+    }
+}
+
+impl SequenceConstraint {
+    pub fn new(matcher: Matcher) -> SequenceConstraint {
+        SequenceConstraint {
+            matcher: Arc::new(Mutex::new(matcher)),
+            consumed: 0,
+            pending: None,
+        }
+    }
+
+    /// The tokens allowed after `output`: the mask begun by [`MaskWorkers::begin`], waited for,
+    /// or computed here when none was begun.
+    pub fn next_tokens(&mut self, output: &[u32]) -> NextTokens {
+        match self.pending.take() {
+            Some(slot) => slot.read(NextTokens::clone),
+            None => {
+                let new = output.get(self.consumed..).unwrap_or_default().to_vec();
+                self.consumed = output.len();
+                advance(&self.matcher, &new)
+            }
+        }
+    }
+}
+
+/// Hands `new` tokens to the matcher and computes the mask of the token after them.
+fn advance(matcher: &Mutex<Matcher>, new: &[u32]) -> NextTokens {
+    let Ok(mut m) = matcher.lock() else {
+        return NextTokens::Failed("the grammar's matcher panicked".into());
+    };
+    if let Err(e) = m.consume_tokens(new) {
+        return NextTokens::Failed(format!("the output left the grammar: {e}"));
+    }
+    if m.is_stopped() {
+        return NextTokens::Complete;
+    }
+    match m.compute_mask() {
+        Ok(mask) if mask.is_zero() => NextTokens::Failed("the grammar allows no next token".into()),
+        Ok(mask) => NextTokens::Allowed(mask),
+        Err(e) => NextTokens::Failed(format!("the grammar failed: {e}")),
+    }
+}
+
+type MaskJob = Box<dyn FnOnce() + Send>;
+
+/// Threads that compute constrained sequences' masks while the device runs their step, so the
+/// grammar adds nothing to a step's time unless it is slower than the step itself.
+pub struct MaskWorkers {
+    jobs: Sender<MaskJob>,
+}
+
+impl MaskWorkers {
+    /// `threads` workers (at least one); they end when the pool is dropped.
+    pub fn start(threads: usize) -> std::io::Result<MaskWorkers> {
+        let (jobs, rx) = mpsc::channel::<MaskJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads.max(1) {
+            let rx = Arc::clone(&rx);
+            std::thread::Builder::new()
+                .name(format!("strata-mask-{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })?;
+        }
+        Ok(MaskWorkers { jobs })
+    }
+
+    /// Starts computing the mask of the token after `output` on a worker; the engine takes it
+    /// with [`SequenceConstraint::next_tokens`] once the step's logits are in, and an executor
+    /// that samples on its device reads it through the returned slot.
+    pub fn begin(&self, constraint: &mut SequenceConstraint, output: &[u32]) -> Option<Arc<MaskSlot>> {
+        let new = output.get(constraint.consumed..).unwrap_or_default().to_vec();
+        let slot = Arc::new(MaskSlot::default());
+        let (matcher, done) = (Arc::clone(&constraint.matcher), Arc::clone(&slot));
+        let job: MaskJob = Box::new(move || done.put(advance(&matcher, &new)));
+        self.jobs.send(job).ok()?;
+        constraint.consumed = output.len();
+        constraint.pending = Some(Arc::clone(&slot));
+        Some(slot)
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -14,12 +14,14 @@ use strata_model::kv_cache::{KvCacheDtype, DEFAULT_BLOCK_SIZE};
 use strata_model::loader::LoadedModel;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{
-    CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, SeqChunk, Transformer,
+    AllowedTokens, CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, ModelError, PagedKvCache, RowAdjust,
+    SeqChunk, Transformer,
 };
 use strata_runtime::cpu::ActPrecision;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
+use crate::constraint::{GrammarCompiler, MaskSlot, MaskWorkers, NextTokens, SequenceConstraint};
 use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
 use crate::sampler::logprobs;
@@ -209,6 +211,8 @@ struct HandleInner {
     commands: Mutex<Sender<Command>>,
     shared: Arc<Shared>,
     tokenizer: Tokenizer,
+    /// Built on the first constrained request: most servers never need it.
+    grammar: OnceLock<Result<GrammarCompiler, String>>,
     chat_template: ChatTemplate,
     capacity: KvCapacity,
     config: EngineConfig,
@@ -361,6 +365,7 @@ impl EngineHandle {
                 kv_blocks_total: blocks,
                 ..Default::default()
             },
+            masks: None,
         };
         let thread = std::thread::Builder::new()
             .name("strata-engine".into())
@@ -371,6 +376,7 @@ impl EngineHandle {
                 commands: Mutex::new(tx),
                 shared,
                 tokenizer,
+                grammar: OnceLock::new(),
                 chat_template,
                 capacity,
                 config,
@@ -395,8 +401,9 @@ impl EngineHandle {
         if let Some(why) = self.death() {
             return Err(SubmitError::EngineDead(why));
         }
+        let mut constraints = Vec::with_capacity(requests.len());
         for request in &mut requests {
-            self.check(request)?;
+            constraints.push(self.check(request)?);
         }
         let max_queue = self.inner.config.max_queue;
         if requests.len() > max_queue {
@@ -415,10 +422,11 @@ impl EngineHandle {
         };
         let mut streams = Vec::with_capacity(requests.len());
         let mut unsent = requests.len();
-        for request in requests {
+        for (request, constraint) in requests.into_iter().zip(constraints) {
             let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = unbounded_channel();
-            let seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
+            let mut seq = Sequence::new(id, request, &self.inner.tokenizer, tx);
+            seq.constraint = constraint;
             if commands.send(Command::Add(Box::new(seq))).is_err() {
                 // The ones sent are aborted when `streams` drops; the engine releases their slots.
                 self.release_reserved(unsent);
@@ -437,8 +445,19 @@ impl EngineHandle {
         Ok(streams)
     }
 
-    /// Refuses a request the engine cannot run, and caps its `max_tokens` to the room left.
-    fn check(&self, request: &mut GenerationRequest) -> Result<(), SubmitError> {
+    /// The compiler of output constraints for this model's vocabulary, built on first use.
+    pub fn grammar_compiler(&self) -> Result<&GrammarCompiler, SubmitError> {
+        let tokenizer = &self.inner.tokenizer;
+        self.inner
+            .grammar
+            .get_or_init(|| GrammarCompiler::new(Arc::new(tokenizer.clone())))
+            .as_ref()
+            .map_err(|e| SubmitError::Invalid(format!("structured output is unavailable for this model: {e}")))
+    }
+
+    /// Refuses a request the engine cannot run, caps its `max_tokens` to the room left, and
+    /// compiles its output constraint.
+    fn check(&self, request: &mut GenerationRequest) -> Result<Option<SequenceConstraint>, SubmitError> {
         let max_model_len = self.inner.capacity.max_model_len;
         if request.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
@@ -466,8 +485,20 @@ impl EngineHandle {
                 )));
             }
         }
+        if let Some((bad, _)) = request.sampling.logit_bias.iter().find(|&&(t, _)| t as usize >= vocab) {
+            return Err(SubmitError::Invalid(format!(
+                "logit_bias token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
         request.max_tokens = request.max_tokens.min(max_model_len - request.prompt.len());
-        Ok(())
+        let Some(constraint) = &request.constraint else {
+            return Ok(None);
+        };
+        let matcher = self
+            .grammar_compiler()?
+            .matcher(constraint)
+            .map_err(|e| SubmitError::Invalid(format!("the output constraint is unusable: {e}")))?;
+        Ok(Some(SequenceConstraint::new(matcher)))
     }
 
     /// Takes `n` queue slots at once, or none when fewer are free.
@@ -597,6 +628,8 @@ struct EngineLoop {
     shared: Arc<Shared>,
     max_model_len: usize,
     stats: EngineStats,
+    /// Computes constrained sequences' masks during their steps; started with the first one.
+    masks: Option<MaskWorkers>,
 }
 
 impl EngineLoop {
@@ -882,6 +915,7 @@ impl EngineLoop {
                 block_table: seq.table.blocks.clone(),
                 logits: next_token_logits(seq, on_device),
                 prompt_len: seq.request.prompt.len(),
+                adjust: None,
             });
             queued.tokens_from.push(row);
         }
@@ -921,10 +955,39 @@ impl EngineLoop {
                         next_token_logits(seq, on_device)
                     },
                     prompt_len: seq.request.prompt.len(),
+                    adjust: None,
                 }
             })
             .collect();
+        let mut batch = batch;
+        for (c, chunk) in plan.chunks.iter().zip(&mut batch) {
+            if chunk.logits != LogitsWanted::None {
+                let allowed = self.begin_mask(c.id);
+                if chunk.logits.wants_id_only() {
+                    chunk.adjust = self.seqs.get(&c.id).and_then(|seq| row_adjust(seq, allowed));
+                }
+            }
+        }
         Some((plan.chunks, batch))
+    }
+
+    /// Starts computing the mask of a constrained sequence's next token, to run beside the step
+    /// that computes its logits; the slot it will be in.
+    fn begin_mask(&mut self, id: SequenceId) -> Option<Arc<MaskSlot>> {
+        let seq = self.seqs.get_mut(&id)?;
+        let constraint = seq.constraint.as_mut()?;
+        if self.masks.is_none() {
+            let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4));
+            match MaskWorkers::start(threads) {
+                Ok(workers) => self.masks = Some(workers),
+                // Without workers the mask is computed when the logits are in, on the host.
+                Err(e) => {
+                    tracing::warn!("could not start mask workers: {e}");
+                    return None;
+                }
+            }
+        }
+        self.masks.as_ref()?.begin(constraint, &seq.output)
     }
 
     /// Applies the executor's answer for a batch: advances each sequence, commits its full prompt
@@ -951,12 +1014,44 @@ impl EngineLoop {
             let prompt_done = seq.num_computed.min(seq.request.prompt.len());
             let prompt = &seq.request.prompt[..prompt_done];
             self.blocks.commit_full_blocks(&mut seq.table, prompt);
-            let (token, lp) = if let Some(token) = logits.argmax_of(bi) {
-                (token, None)
-            } else {
-                let Some(row) = logits.last_of(bi) else { continue };
-                let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output);
-                (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
+            let device_token = logits.argmax_of(bi);
+            let row = logits.last_of(bi);
+            if device_token.is_none() && row.is_none() {
+                continue;
+            }
+            // The grammar's verdict on this position: it may end the sequence here or have failed.
+            let allowed = match seq.constraint.as_mut().map(|c| c.next_tokens(&seq.output)) {
+                None => None,
+                Some(NextTokens::Allowed(mask)) => Some(mask),
+                Some(NextTokens::Complete) => {
+                    seq.finish(FinishReason::Stop, None, &mut self.outbox);
+                    finished.push(c.id);
+                    continue;
+                }
+                Some(NextTokens::Failed(why)) => {
+                    seq.fail(&why, &mut self.outbox);
+                    finished.push(c.id);
+                    continue;
+                }
+            };
+            let (token, lp) = match (device_token, row) {
+                // Chosen on the device, under the row's mask.
+                (Some(token), _) => {
+                    if allowed.as_ref().is_some_and(|m| !m.is_allowed(token)) {
+                        let why = format!("internal error: the device chose token {token}, which the grammar forbids");
+                        seq.fail(&why, &mut self.outbox);
+                        finished.push(c.id);
+                        continue;
+                    }
+                    (token, None)
+                }
+                (None, Some(row)) => {
+                    let token = seq
+                        .sampler
+                        .sample(row, &seq.request.prompt, &seq.output, allowed.as_ref());
+                    (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
+                }
+                (None, None) => continue,
             };
             self.stats.generation_tokens_total += 1;
             if seq.push_token(token, lp, self.max_model_len, &mut self.outbox) != Progress::Running {
@@ -1028,7 +1123,8 @@ impl EngineLoop {
 /// the row otherwise (the host samples).
 fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     let sampling = &seq.request.sampling;
-    if seq.request.logprobs.is_some() {
+    let adjusted = seq.constraint.is_some() || !sampling.logit_bias.is_empty();
+    if seq.request.logprobs.is_some() || (adjusted && !on_device) {
         return LogitsWanted::Last;
     }
     if sampling.is_plain_greedy() {
@@ -1043,7 +1139,21 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     }
 }
 
-/// A chunk that decodes one generated token whose id is chosen on the device.
+/// A chunk that decodes one generated token whose id is chosen on the device, with no mask
+/// (the next step's mask needs this step's token on the host).
 fn is_device_token_decode(c: &SeqChunk) -> bool {
-    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only()
+    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only() && c.adjust.is_none()
+}
+
+/// The bias and mask of `seq`'s row, for an executor that samples on its device; `None` when
+/// neither applies.
+fn row_adjust(seq: &Sequence, allowed: Option<Arc<MaskSlot>>) -> Option<RowAdjust> {
+    let bias = &seq.request.sampling.logit_bias;
+    if bias.is_empty() && allowed.is_none() {
+        return None;
+    }
+    Some(RowAdjust {
+        bias: bias.as_slice().into(),
+        allowed: allowed.map(|a| a as Arc<dyn AllowedTokens>),
+    })
 }

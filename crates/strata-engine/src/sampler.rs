@@ -3,6 +3,7 @@
 
 use crate::request::TokenLogprob;
 use strata_model::DeviceSampling;
+use toktrie::SimpleVob;
 
 /// Smallest temperature other than 0 (greedy): below it the logits scaled by 1 / temperature
 /// overflow to infinity. Clients' smaller values are read as greedy, as vLLM does.
@@ -12,6 +13,9 @@ pub const MAX_TEMPERATURE: f32 = 100.0;
 /// Repetition penalties allowed (vLLM asks only > 0; beyond this range a penalty turns the
 /// logits of every seen token into noise or overflows them).
 pub const REPETITION_PENALTY_RANGE: (f32, f32) = (0.01, 10.0);
+/// Most `logit_bias` entries a request may carry (OpenAI documents no limit; each costs an add
+/// per sampled token).
+pub const MAX_LOGIT_BIAS: usize = strata_model::MAX_ROW_BIAS;
 
 /// How to pick tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,10 +86,20 @@ impl SamplingParams {
                 return Err(format!("{name} must be in [-2, 2], got {v}"));
             }
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(format!(
+                "logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {}",
+                self.logit_bias.len()
+            ));
+        }
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err(format!("logit_bias of token {t} must be in [-100, 100], got {b}"));
+        }
         Ok(())
     }
 
     /// Greedy with nothing that needs the whole row: the argmax alone decides the token.
+    /// (The logit bias is the engine's to check: an executor that samples on its device applies it.)
     pub fn is_plain_greedy(&self) -> bool {
         (self.temperature == 0.0 || self.top_k == 1) && !self.has_penalties()
     }
@@ -128,12 +142,13 @@ impl Sampler {
     }
 
     /// The next token for these logits, given the prompt and the tokens generated so far
-    /// (for the penalties).
-    pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> u32 {
-        let penalized;
-        let logits = if self.params.has_penalties() {
-            penalized = self.penalize(logits, prompt, generated);
-            &penalized[..]
+    /// (for the penalties) and, for a constrained sequence, the tokens its grammar allows.
+    /// Logit bias and the penalties apply first, then the mask, then the choice.
+    pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32], allowed: Option<&SimpleVob>) -> u32 {
+        let adjusted;
+        let logits = if self.params.has_penalties() || !self.params.logit_bias.is_empty() || allowed.is_some() {
+            adjusted = self.adjust(logits, prompt, generated, allowed);
+            &adjusted[..]
         } else {
             logits
         };
@@ -212,10 +227,23 @@ impl Sampler {
 }
 
 impl Sampler {
-    /// Logits with repetition, presence and frequency penalties applied.
-    fn penalize(&self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Vec<f32> {
+    /// Logits with repetition, presence and frequency penalties and the logit bias applied, and
+    /// every token outside `allowed` (ids past the tokenizer's vocabulary included) at -inf.
+    fn adjust(&self, logits: &[f32], prompt: &[u32], generated: &[u32], allowed: Option<&SimpleVob>) -> Vec<f32> {
         let p = &self.params;
         let mut out = logits.to_vec();
+        for &(t, bias) in &p.logit_bias {
+            if let Some(l) = out.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
+        if let Some(allowed) = allowed {
+            for (t, l) in out.iter_mut().enumerate() {
+                if t >= allowed.len() || !allowed.is_allowed(t as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         if p.repetition_penalty != 1.0 {
             let mut seen: Vec<u32> = prompt
                 .iter()
@@ -319,7 +347,7 @@ mod tests {
     #[test]
     fn greedy_picks_the_max() {
         let mut s = Sampler::new(SamplingParams::default());
-        assert_eq!(s.sample(&[0.1, 3.0, 2.0], &[], &[]), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, 2.0], &[], &[], None), 1);
     }
 
     #[test]
@@ -333,10 +361,10 @@ mod tests {
             ..Default::default()
         };
         let a: Vec<u32> = (0..50)
-            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits, &[], &[])))
+            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits, &[], &[], None)))
             .collect();
         let b: Vec<u32> = (0..50)
-            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits, &[], &[])))
+            .scan(Sampler::new(p.clone()), |s, _| Some(s.sample(&logits, &[], &[], None)))
             .collect();
         assert_eq!(a, b);
         // top_k = 5 keeps the five ids with logit 6 (ids 6, 13, 20, 27, 34).
@@ -354,7 +382,7 @@ mod tests {
         });
         let mut counts = [0usize; 5];
         for _ in 0..15_000 {
-            counts[s.sample(&logits, &[], &[]) as usize] += 1;
+            counts[s.sample(&logits, &[], &[], None) as usize] += 1;
         }
         assert_eq!(counts[0], 0);
         for (i, w) in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0)] {
@@ -366,7 +394,7 @@ mod tests {
     #[test]
     fn penalties_steer_away_from_repeats() {
         let logits = [2.0f32, 1.9, -1.0];
-        let greedy = |p: SamplingParams, gen: &[u32]| Sampler::new(p).sample(&logits, &[], gen);
+        let greedy = |p: SamplingParams, gen: &[u32]| Sampler::new(p).sample(&logits, &[], gen, None);
         assert_eq!(greedy(SamplingParams::default(), &[0]), 0);
         // Repetition: 2.0 / 1.5 = 1.33 < 1.9.
         assert_eq!(
@@ -415,7 +443,7 @@ mod tests {
             repetition_penalty: 2.0,
             ..Default::default()
         });
-        assert_eq!(s.penalize(&logits, &[2], &[])[2], -2.0);
+        assert_eq!(s.adjust(&logits, &[2], &[], None)[2], -2.0);
     }
 
     #[test]
@@ -429,7 +457,7 @@ mod tests {
             ..Default::default()
         };
         let mut s = Sampler::new(p);
-        assert!((0..200).all(|_| s.sample(&logits, &[], &[]) == 0));
+        assert!((0..200).all(|_| s.sample(&logits, &[], &[], None) == 0));
         let p = SamplingParams {
             temperature: 1.0,
             min_p: 0.3,
@@ -437,7 +465,7 @@ mod tests {
             ..Default::default()
         };
         let mut s = Sampler::new(p);
-        let picks: Vec<u32> = (0..200).map(|_| s.sample(&logits, &[], &[])).collect();
+        let picks: Vec<u32> = (0..200).map(|_| s.sample(&logits, &[], &[], None)).collect();
         assert!(picks.contains(&0) && picks.contains(&1) && !picks.contains(&2));
     }
 
@@ -542,5 +570,25 @@ mod tests {
         let total: f64 = logits.iter().map(|&l| ((l as f64) - z).exp()).sum();
         assert!((total - 1.0).abs() < 1e-9);
         assert!(logprobs(&logits, 0, 0).top.is_empty());
+    }
+
+    #[test]
+    fn bias_then_mask_then_choice() {
+        let logits = [5.0, 1.0, 0.0, 3.0];
+        let mut allowed = SimpleVob::alloc(3);
+        allowed.allow_token(1);
+        allowed.allow_token(2);
+        let p = SamplingParams {
+            logit_bias: vec![(2, 2.0)],
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p);
+        // Token 0 is masked, token 3 is past the mask's vocabulary, token 2's bias lifts it over 1.
+        assert_eq!(
+            s.adjust(&logits, &[], &[], Some(&allowed)),
+            vec![f32::NEG_INFINITY, 1.0, 2.0, f32::NEG_INFINITY]
+        );
+        assert_eq!(s.sample(&logits, &[], &[], Some(&allowed)), 2);
+        assert_eq!(s.sample(&logits, &[], &[], None), 0);
     }
 }

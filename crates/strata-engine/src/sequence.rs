@@ -7,6 +7,7 @@ use strata_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_manager::BlockTable;
+use crate::constraint::SequenceConstraint;
 use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, TokenLogprob, Usage};
 use crate::sampler::Sampler;
@@ -32,6 +33,8 @@ pub struct Sequence {
     pub preemptions: usize,
     /// Whether the scheduler has admitted it at least once (it left the request queue).
     pub admitted: bool,
+    /// The grammar its output must match, if any.
+    pub constraint: Option<SequenceConstraint>,
     text: TextTracker,
     /// The caller's stream; messages reach it through the [`Outbox`].
     tx: UnboundedSender<RequestOutput>,
@@ -70,6 +73,7 @@ impl Sequence {
             arrival: Instant::now(),
             preemptions: 0,
             admitted: false,
+            constraint: None,
             tx,
             stop_ids,
             request,

@@ -60,6 +60,7 @@ fn smollm2_matches_the_numpy_reference() {
             block_table: (0..ids.len().div_ceil(16) as u32).collect(),
             logits: LogitsWanted::All,
             prompt_len: usize::MAX,
+            adjust: None,
         };
         let logits = model
             .transformer

@@ -1,6 +1,8 @@
 //! The input of one forward pass: many sequences' new tokens in one flat list.
 //! Prefill chunks and single decode tokens mix freely; each sequence brings its block table.
 
+use std::sync::Arc;
+
 /// Which positions of a sequence chunk need logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LogitsWanted {
@@ -81,6 +83,35 @@ impl DeviceSampling {
     }
 }
 
+/// The tokens a constrained row may take, computed on the host while the row's step runs.
+pub trait AllowedTokens: Send + Sync {
+    /// Waits for the mask and copies it into `out` (bit `id % 32` of word `id / 32` set = `id`
+    /// allowed; words past the mask are zeroed). False when no mask applies: the sequence ends
+    /// at this step and its token is not used.
+    fn copy_mask(&self, out: &mut [u32]) -> bool;
+}
+
+/// Most `logit_bias` entries of one row (the API's limit).
+pub const MAX_ROW_BIAS: usize = 1024;
+
+/// What a row's logits get before an executor that samples on its device chooses its token:
+/// the request's logit bias (at most [`MAX_ROW_BIAS`] entries), then its grammar's mask, as the
+/// host sampler does.
+#[derive(Clone, Default)]
+pub struct RowAdjust {
+    pub bias: Arc<[(u32, f32)]>,
+    pub allowed: Option<Arc<dyn AllowedTokens>>,
+}
+
+impl std::fmt::Debug for RowAdjust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowAdjust")
+            .field("bias", &self.bias.len())
+            .field("masked", &self.allowed.is_some())
+            .finish()
+    }
+}
+
 /// One sequence's slice of the batch.
 #[derive(Debug, Clone)]
 pub struct SeqChunk {
@@ -96,6 +127,9 @@ pub struct SeqChunk {
     /// recomputed in a chunk after a preemption. A token's numbers depend on its path only, never
     /// on the rest of the batch. `usize::MAX` makes every token a prompt token.
     pub prompt_len: usize,
+    /// Bias and mask of the last token's logits, for `LastArgmax` / `LastSampled` rows on
+    /// executors that sample on their device (the host applies them itself otherwise).
+    pub adjust: Option<RowAdjust>,
 }
 
 impl SeqChunk {

@@ -44,7 +44,8 @@ pub trait Executor: Send {
         false
     }
     /// Whether `LogitsWanted::LastSampled` rows are sampled on the device (only the id comes
-    /// back); otherwise they come back as rows and the host samples.
+    /// back), each row's [`crate::RowAdjust`] applied there first; otherwise they come back as
+    /// rows and the host samples.
     fn samples_on_device(&self) -> bool {
         false
     }

@@ -17,7 +17,7 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
-pub use batch::{DeviceSampling, Logits, LogitsWanted, SeqChunk};
+pub use batch::{AllowedTokens, DeviceSampling, Logits, LogitsWanted, RowAdjust, SeqChunk, MAX_ROW_BIAS};
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use executor::{CpuExecutor, Executor, KvLayout};

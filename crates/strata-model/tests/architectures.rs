@@ -255,6 +255,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
             block_table: ta.clone(),
             logits: LogitsWanted::All,
             prompt_len: usize::MAX,
+            adjust: None,
         },
         SeqChunk {
             tokens: b.clone(),
@@ -262,6 +263,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
             block_table: tb.clone(),
             logits: LogitsWanted::All,
             prompt_len: usize::MAX,
+            adjust: None,
         },
     ];
     let l1 = t.forward(&batch, &mut kv, &pool, &mut scratch).unwrap();
@@ -271,6 +273,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
         block_table: ta.clone(),
         logits: LogitsWanted::All,
         prompt_len: usize::MAX,
+        adjust: None,
     }];
     let l2 = t.forward(&batch, &mut kv, &pool, &mut scratch).unwrap();
     let ra = model.reference(&a);
@@ -297,6 +300,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
             block_table: ta,
             logits: LogitsWanted::Last,
             prompt_len: a.len(),
+            adjust: None,
         },
         SeqChunk {
             tokens: vec![nb],
@@ -304,6 +308,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
             block_table: tb,
             logits: LogitsWanted::Last,
             prompt_len: b.len(),
+            adjust: None,
         },
     ];
     let l3 = t.forward(&batch, &mut kv, &pool, &mut scratch).unwrap();
@@ -348,6 +353,7 @@ fn bad_batches_are_errors_not_panics() {
                 block_table: vec![0],
                 logits: LogitsWanted::Last,
                 prompt_len: usize::MAX,
+                adjust: None,
             },
             "vocabulary",
         ),
@@ -358,6 +364,7 @@ fn bad_batches_are_errors_not_panics() {
                 block_table: vec![0],
                 logits: LogitsWanted::Last,
                 prompt_len: usize::MAX,
+                adjust: None,
             },
             "block table",
         ),
@@ -368,6 +375,7 @@ fn bad_batches_are_errors_not_panics() {
                 block_table: vec![9],
                 logits: LogitsWanted::Last,
                 prompt_len: usize::MAX,
+                adjust: None,
             },
             "outside the cache",
         ),

@@ -6,12 +6,14 @@ mod gpu_common;
 
 use gpu_common::argmax;
 
+use std::sync::Arc;
 use strata_model::config::{rope_cos_sin, rope_cos_sin_table};
 use strata_model::cuda::forward::sampling_words;
 use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
-use strata_model::{CpuExecutor, DeviceSampling, Executor, LogitsWanted, SeqChunk};
+
+use strata_model::{AllowedTokens, CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, RowAdjust, SeqChunk};
 use strata_runtime::cuda::kernels::{
     compile_all, nvrtc_available, rope_block_threads, KernelSpec, Kernels, FAMILIES, STAGED_ATTENTION_MAX_STAGES,
 };
@@ -139,6 +141,7 @@ fn run_lockstep(execs: &mut [&mut dyn Executor], prompts: &[Vec<u32>], steps: us
                 block_table: tables[i].clone(),
                 logits: LogitsWanted::Last,
                 prompt_len: if step == 0 { usize::MAX } else { prompts[i].len() },
+                adjust: None,
             })
             .collect();
         let mut next = Vec::new();
@@ -1516,6 +1519,7 @@ fn prompt_chunk(ids: Vec<u32>, slot: usize) -> SeqChunk {
         first_pos: 0,
         block_table: (first..first + 16).collect(),
         logits: LogitsWanted::Last,
+        adjust: None,
     }
 }
 
@@ -1657,4 +1661,126 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
             }
         }
     }
+}
+
+/// A fixed mask, as the engine's mask slots hand it over.
+struct FixedMask(Vec<u32>);
+
+impl AllowedTokens for FixedMask {
+    fn copy_mask(&self, out: &mut [u32]) -> bool {
+        out.fill(0);
+        out[..self.0.len()].copy_from_slice(&self.0);
+        true
+    }
+}
+
+/// The host sampler's rule on a row: bias, then every id outside `mask` at -inf, then the argmax
+/// (the first of the largest).
+fn adjusted_argmax(row: &[f32], mask: &[u32], bias: &[(u32, f32)]) -> u32 {
+    let mut row = row.to_vec();
+    for &(id, b) in bias {
+        row[id as usize] += b;
+    }
+    for (id, l) in row.iter_mut().enumerate() {
+        if mask[id / 32] >> (id % 32) & 1 == 0 {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    argmax(&row)
+}
+
+/// Rows with a grammar mask and a logit bias whose token the GPU chooses: in an eager prompt
+/// step and in a decode step (its layers a graph, its logits after the masks arrive), the ids
+/// are the host rule's on the GPU's own logits, and sampled ones stay inside the mask.
+#[test]
+fn masked_and_biased_rows_choose_on_the_gpu_what_the_host_would() {
+    let Some(mut exec) = gpu_executor(|_| {}) else {
+        return;
+    };
+    let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads");
+    let vocab = exec.config().vocab_size;
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    // Row i allows 40 ids spread over the vocabulary; its bias lifts one of them and lowers another.
+    let allowed: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| (0..40).map(|k| ((i * 7919 + k * 1237) % vocab) as u32).collect())
+        .collect();
+    let masks: Vec<Vec<u32>> = allowed
+        .iter()
+        .map(|ids| {
+            let mut words = vec![0u32; vocab.div_ceil(32)];
+            for &id in ids {
+                words[id as usize / 32] |= 1 << (id % 32);
+            }
+            words
+        })
+        .collect();
+    let biases: Vec<Vec<(u32, f32)>> = allowed.iter().map(|a| vec![(a[5], 3.0), (a[9], -2.0)]).collect();
+    let adjust = |i: usize| {
+        Some(RowAdjust {
+            bias: biases[i].as_slice().into(),
+            allowed: Some(Arc::new(FixedMask(masks[i].clone())) as Arc<dyn AllowedTokens>),
+        })
+    };
+    let rows_of = |logits: &Logits| {
+        (0..prompts.len())
+            .map(|i| logits.last_of(i).unwrap().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let chunks: Vec<SeqChunk> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| prompt_chunk(p.clone(), i))
+        .collect();
+    let plain = rows_of(&exec.forward(&chunks).unwrap());
+    let with = |wanted: LogitsWanted| -> Vec<SeqChunk> {
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| SeqChunk {
+                logits: wanted,
+                adjust: adjust(i),
+                ..c.clone()
+            })
+            .collect()
+    };
+    let got = exec.forward(&with(LogitsWanted::LastArgmax)).unwrap();
+    let want: Vec<u32> = (0..prompts.len())
+        .map(|i| adjusted_argmax(&plain[i], &masks[i], &biases[i]))
+        .collect();
+    let ids: Vec<u32> = (0..prompts.len()).map(|i| got.argmax_of(i).unwrap()).collect();
+    assert_eq!(ids, want, "eager prompt step");
+    let sampled = exec
+        .forward(&with(LogitsWanted::LastSampled(DeviceSampling::default())))
+        .unwrap();
+    for (i, a) in allowed.iter().enumerate() {
+        assert!(
+            a.contains(&sampled.argmax_of(i).unwrap()),
+            "row {i} sampled outside its mask"
+        );
+    }
+    // One decode step of the chosen tokens, plain (logits in the graph) and adjusted.
+    let decode = |wanted: LogitsWanted, adjusted: bool| -> Vec<SeqChunk> {
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| SeqChunk {
+                tokens: vec![want[i]],
+                first_pos: c.tokens.len(),
+                logits: wanted,
+                adjust: if adjusted { adjust(i) } else { None },
+                ..c.clone()
+            })
+            .collect()
+    };
+    let plain = rows_of(&exec.forward(&decode(LogitsWanted::Last, false)).unwrap());
+    let got = exec.forward(&decode(LogitsWanted::LastArgmax, true)).unwrap();
+    let ids: Vec<u32> = (0..prompts.len()).map(|i| got.argmax_of(i).unwrap()).collect();
+    let want: Vec<u32> = (0..prompts.len())
+        .map(|i| adjusted_argmax(&plain[i], &masks[i], &biases[i]))
+        .collect();
+    assert_eq!(ids, want, "decode step");
+    println!("masked and biased rows: the GPU chose {ids:?}, as the host rule does");
 }

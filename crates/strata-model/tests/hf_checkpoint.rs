@@ -35,6 +35,7 @@ fn logits(t: &Transformer) -> Vec<Vec<f32>> {
         block_table: table.clone(),
         logits: LogitsWanted::All,
         prompt_len: usize::MAX,
+        adjust: None,
     };
     let l1 = t.forward(&[prefill], &mut kv, &pool, &mut scratch).unwrap();
     let decode = SeqChunk {
@@ -43,6 +44,7 @@ fn logits(t: &Transformer) -> Vec<Vec<f32>> {
         block_table: table,
         logits: LogitsWanted::Last,
         prompt_len: prompt.len(),
+        adjust: None,
     };
     let l2 = t.forward(&[decode], &mut kv, &pool, &mut scratch).unwrap();
     let mut rows: Vec<Vec<f32>> = (0..prompt.len()).map(|i| l1.row(i).to_vec()).collect();

@@ -116,6 +116,7 @@ fn greedy(exec: &mut dyn Executor, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, Vec<
                         LogitsWanted::LastArgmax
                     },
                     prompt_len: prompts[i].len(),
+                    adjust: None,
                 }
             })
             .collect();
@@ -264,6 +265,7 @@ fn a_stalled_rank_fails_the_step_within_the_deadline() {
         block_table: (0..BLOCKS_PER_SEQ as u32).collect(),
         logits: LogitsWanted::LastArgmax,
         prompt_len: 4,
+        adjust: None,
     };
     let started = Instant::now();
     let err = exec.forward(std::slice::from_ref(&chunk)).unwrap_err();

@@ -257,3 +257,43 @@ extern "C" __global__ void tokens_from_argmax(int* __restrict__ tokens, const un
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) tokens[i] = (int)ids[tokens[i]];
 }
+
+// Logit bias and grammar masks (constrained decoding) on the rows that have them, before their
+// token is chosen: row r's slot is row_slot[r] (-1: none). A slot is ADJUST_HEADER words
+// (has_mask, n_bias), mask_words words of allowed-token bits (bit id % 32 of word id / 32, over
+// global ids; ids past them are forbidden), then max_bias (id, f32 bits) pairs. Forbidden
+// tokens go to -inf; allowed ones get their bias (as the host: bias, then mask). Grid (rows,
+// ADJUST_SLICES): each block a slice of the row; slice 0 also adds the biases.
+#define ADJUST_HEADER 2
+
+__device__ __forceinline__ bool token_allowed(const u32* __restrict__ mask, int mask_words, u32 id) {
+    return (id >> 5) < (u32)mask_words && ((mask[id >> 5] >> (id & 31)) & 1u);
+}
+
+extern "C" __global__ void apply_row_adjust(float* __restrict__ logits, int vocab, const int* __restrict__ row_slot,
+                                            const u32* __restrict__ slots, int mask_words, int max_bias,
+                                            int vocab_start) {
+    wait_for_previous_kernel();
+    const int slot = row_slot[blockIdx.x];
+    if (slot < 0) return;
+    const u32* s = slots + (size_t)slot * (ADJUST_HEADER + mask_words + 2 * max_bias);
+    const bool has_mask = s[0] != 0;
+    const int n_bias = min((int)s[1], max_bias);
+    const u32* mask = s + ADJUST_HEADER;
+    const u32* bias = mask + mask_words;
+    float* row = logits + (size_t)blockIdx.x * vocab;
+    if (has_mask) {
+        for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < vocab; i += gridDim.y * blockDim.x) {
+            if (!token_allowed(mask, mask_words, (u32)(vocab_start + i))) row[i] = NEG_INF;
+        }
+    }
+    if (blockIdx.y != 0) return;
+    for (int k = threadIdx.x; k < n_bias; k += blockDim.x) {
+        const u32 id = bias[2 * k];
+        const int i = (int)id - vocab_start;
+        // Only allowed tokens: the slices write -inf to the others, with no order between them.
+        if (i >= 0 && i < vocab && (!has_mask || token_allowed(mask, mask_words, id))) {
+            atomicAdd(&row[i], __uint_as_float(bias[2 * k + 1]));
+        }
+    }
+}

@@ -84,12 +84,14 @@ pub fn prepare(req: &ChatCompletionRequest, ctx: &PromptContext) -> Result<(Vec<
         .map(|v| (v, "max_completion_tokens"))
         .or(req.max_tokens.map(|v| (v, "max_tokens")));
     let logprobs = wants_logprobs.then(|| (req.top_logprobs.unwrap_or(0), "top_logprobs"));
-    let plan = plan(&req.generation_fields(max_tokens, ctx.limit.max_model_len, logprobs))?;
+    let fields = req.generation_fields(max_tokens, ctx.limit.max_model_len, logprobs);
+    let plan = plan(&fields, ctx.tokenizer.vocab_size(), ctx.grammar)?;
     let prompt = ctx
         .limit
         .chat_ids(ctx.tokenizer, ctx.template, &messages, true)
         .map_err(|e| prompt_error(e, "messages"))?;
     ctx.limit.check_ids(prompt.len(), "messages")?;
+    plan.check_room(prompt.len(), ctx.limit.max_model_len, "messages")?;
     Ok((prompt, plan))
 }
 
@@ -114,6 +116,7 @@ fn reply(meta: ResponseMeta, results: Vec<ChoiceResult>, usage: UsageInfo) -> Re
         object: "chat.completion".into(),
         created: meta.created,
         model: meta.model.clone(),
+        system_fingerprint: meta.system_fingerprint.clone(),
         choices,
         usage,
     })
@@ -142,6 +145,7 @@ impl ChatChunks {
             object: "chat.completion.chunk".into(),
             created: meta.created,
             model: meta.model.clone(),
+            system_fingerprint: meta.system_fingerprint.clone(),
             choices: index
                 .map(|index| ChatChunkChoice {
                     index,

@@ -87,14 +87,21 @@ pub fn prepare(req: &CompletionRequest, ctx: &PromptContext) -> Result<(Vec<Vec<
     }
     let max_tokens = req.max_tokens.map(|v| (v, "max_tokens"));
     let logprobs = req.logprobs.map(|k| (k, "logprobs"));
-    let plan = plan(&req.generation_fields(max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, logprobs))?;
-    Ok((prompt_ids(&req.prompt, plan.n, ctx)?, plan))
+    let fields = req.generation_fields(max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, logprobs);
+    let plan = plan(&fields, ctx.tokenizer.vocab_size(), ctx.grammar)?;
+    Ok((prompt_ids(&req.prompt, &plan, ctx)?, plan))
 }
 
 /// The prompts of a request as token ids. What cannot fit is refused before any text is
 /// tokenized or any id list copied: more prompts x `n` than the queue holds, a text longer than
-/// the context can hold, an id list of `max_model_len` ids or more.
-fn prompt_ids(prompt: &PromptInput, n: usize, ctx: &PromptContext) -> Result<Vec<Vec<u32>>, ApiError> {
+/// the context can hold, an id list of `max_model_len` ids or more, or too long to leave room for
+/// the `max_tokens` asked for.
+fn prompt_ids(prompt: &PromptInput, plan: &GenerationPlan, ctx: &PromptContext) -> Result<Vec<Vec<u32>>, ApiError> {
+    let n = plan.n;
+    let fits = |ids: usize| {
+        ctx.limit.check_ids(ids, "prompt")?;
+        plan.check_room(ids, ctx.limit.max_model_len, "prompt")
+    };
     let count = match prompt {
         PromptInput::Text(_) | PromptInput::Tokens(_) => 1,
         PromptInput::Texts(ts) => ts.len(),
@@ -117,9 +124,9 @@ fn prompt_ids(prompt: &PromptInput, n: usize, ctx: &PromptContext) -> Result<Vec
             .limit
             .text_ids(ctx.tokenizer, text, true)
             .map_err(|e| prompt_error(e, "prompt"))?;
-        ctx.limit.check_ids(ids.len(), "prompt").map(|()| ids)
+        fits(ids.len()).map(|()| ids)
     };
-    let ids = |list: &Vec<u32>| ctx.limit.check_ids(list.len(), "prompt").map(|()| list.clone());
+    let ids = |list: &Vec<u32>| fits(list.len()).map(|()| list.clone());
     let prompts = match prompt {
         PromptInput::Text(t) => vec![encode(t)?],
         PromptInput::Texts(ts) => ts.iter().map(encode).collect::<Result<_, _>>()?,
@@ -153,6 +160,7 @@ fn reply(meta: ResponseMeta, results: Vec<ChoiceResult>, usage: UsageInfo) -> Re
         object: "text_completion".into(),
         created: meta.created,
         model: meta.model.clone(),
+        system_fingerprint: meta.system_fingerprint.clone(),
         choices,
         usage: Some(Some(usage)),
     })
@@ -170,6 +178,7 @@ impl CompletionChunks {
             object: "text_completion".into(),
             created: meta.created,
             model: meta.model.clone(),
+            system_fingerprint: meta.system_fingerprint.clone(),
             choices: choice.into_iter().collect(),
             usage: meta.chunk_usage(usage),
         };

@@ -20,8 +20,8 @@ pub struct ErrorResponse {
 pub struct ErrorDetail {
     /// A sentence a person can act on.
     pub message: String,
-    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`,
-    /// `server_error` or `service_unavailable`.
+    /// `invalid_request_error`, `authentication_error`, `permission_error`, `not_found_error`,
+    /// `rate_limit_error`, `server_error` or `service_unavailable`.
     #[serde(rename = "type")]
     pub kind: String,
     /// The request field at fault, when there is one (e.g. `messages[0].content`).
@@ -120,6 +120,21 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
                 "missing or incorrect API key; send it as `Authorization: Bearer <key>`",
+            )
+        }
+    }
+
+    /// 403: a browser's CORS preflight from an origin not in `--allowed-origins`.
+    pub fn origin_not_allowed(origin: &str) -> Self {
+        ApiError {
+            code: Some("origin_not_allowed"),
+            ..Self::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                format!(
+                    "cross-origin requests from `{origin}` are not allowed; start the server with \
+                     --allowed-origins {origin} (or * for any origin)"
+                ),
             )
         }
     }

@@ -185,6 +185,7 @@ pub struct ResponseMeta {
     pub id: String,
     pub created: u64,
     pub model: String,
+    pub system_fingerprint: String,
     pub engine: EngineHandle,
     /// Whether the client asked for log-probabilities.
     pub logprobs: bool,
@@ -198,6 +199,7 @@ impl ResponseMeta {
             id: format!("{id_prefix}-{:016x}", random_u64()),
             created: unix_now(),
             model: state.config.served_model_name.clone(),
+            system_fingerprint: state.system_fingerprint.clone(),
             engine: state.engine.clone(),
             logprobs: plan.template.logprobs.is_some(),
             include_usage: plan.include_usage,

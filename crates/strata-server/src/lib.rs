@@ -5,6 +5,7 @@ pub mod body;
 pub mod chat;
 pub mod completions;
 pub mod connections;
+pub mod cors;
 pub mod error;
 pub mod generation;
 pub mod metrics;
@@ -12,10 +13,12 @@ pub mod openapi;
 pub mod params;
 pub mod prompt;
 pub mod protocol;
+pub mod response_format;
 pub mod responses;
 pub mod routes;
 
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,13 +29,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
-use strata_engine::EngineHandle;
+use strata_engine::{EngineConfig, EngineHandle};
 use subtle::ConstantTimeEq;
 
 use connections::{serve_connections, ConnectionLimits};
+pub use cors::AllowedOrigins;
 pub use error::{ApiError, ErrorDetail, ErrorResponse};
 pub use metrics::Metrics;
 use prompt::{PromptContext, PromptLimit};
+use response_format::GrammarCheck;
 
 /// How the server behaves (the engine has its own config).
 #[derive(Debug, Clone)]
@@ -49,6 +54,8 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// Read deadlines and the connection cap.
     pub connections: ConnectionLimits,
+    /// Origins whose web pages may call the API (`--allowed-origins`); none: no CORS headers.
+    pub allowed_origins: AllowedOrigins,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +72,7 @@ impl Default for ServerConfig {
                 keep_alive_timeout: Duration::from_secs(75),
                 max_connections: connections::DEFAULT_MAX_CONNECTIONS,
             },
+            allowed_origins: AllowedOrigins::default(),
         }
     }
 }
@@ -78,12 +86,18 @@ pub struct AppState {
     pub created: u64,
     /// Prompt texts longer than this cannot fit in --max-model-len.
     pub prompt_limit: PromptLimit,
+    /// `system_fingerprint` of every completion and stream chunk.
+    pub system_fingerprint: String,
+    /// Checks requests' `response_format` against the served vocabulary.
+    pub grammar: GrammarCheck,
 }
 
 impl AppState {
     pub fn new(engine: EngineHandle, config: ServerConfig) -> Self {
         AppState {
             prompt_limit: PromptLimit::new(engine.tokenizer(), engine.max_model_len()),
+            system_fingerprint: system_fingerprint(&config.served_model_name, engine.config()),
+            grammar: GrammarCheck::new(&engine),
             engine,
             config,
             metrics: Arc::new(Metrics::default()),
@@ -98,6 +112,7 @@ impl AppState {
             template: self.engine.chat_template(),
             limit: self.prompt_limit,
             max_queue: self.engine.config().max_queue,
+            grammar: &self.grammar,
         }
     }
 
@@ -110,6 +125,20 @@ impl AppState {
             _ => Ok(()),
         }
     }
+}
+
+/// OpenAI's `system_fingerprint`: `fp_` and 10 hex digits naming this build of the server, the
+/// served model and the engine settings that change its numbers (KV and activation precision).
+pub fn system_fingerprint(served_model_name: &str, engine: &EngineConfig) -> String {
+    // `DefaultHasher::new()` has fixed keys: the same value in every run of one build.
+    let mut h = std::hash::DefaultHasher::new();
+    (
+        env!("CARGO_PKG_VERSION"),
+        served_model_name,
+        format!("{:?} {:?}", engine.kv_cache_dtype, engine.activation_precision),
+    )
+        .hash(&mut h);
+    format!("fp_{:010x}", h.finish() >> 24)
 }
 
 /// Paths that need no API key.
@@ -140,6 +169,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     app.fallback(routes::unknown_route)
         .layer(middleware::from_fn(require_json_body))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), require_api_key))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), cors::cors))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count_requests))
         .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
         .with_state(state)

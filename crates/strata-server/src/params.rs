@@ -1,6 +1,8 @@
 //! The generation fields chat and completion requests share (sampling, n, stop, seed, logprobs,
-//! streaming), checked with errors naming the field and turned into engine requests.
+//! logit_bias, response_format, streaming), checked with errors naming the field and turned into
+//! engine requests.
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,6 +12,7 @@ use strata_engine::{GenerationRequest, SamplingParams};
 
 use crate::error::ApiError;
 use crate::protocol::{StopField, StreamOptions};
+use crate::response_format::{output_constraint, FormatShape, GrammarCheck};
 
 /// Most choices one request may ask for.
 pub const MAX_N: u64 = 128;
@@ -19,6 +22,12 @@ pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 512;
 /// Most stop token ids (each generated token is looked up among them).
 pub const MAX_STOP_TOKEN_IDS: usize = 1024;
+/// Highest `temperature` (OpenAI's; the engine itself takes up to 100 for the CLI).
+pub const MAX_API_TEMPERATURE: f32 = 2.0;
+/// Most `logit_bias` entries (each is applied to every step's logits).
+pub const MAX_LOGIT_BIAS_ENTRIES: usize = 1024;
+/// `logit_bias` values lie in [-100, 100] (OpenAI's range: -100 bans a token, 100 forces it).
+pub const MAX_LOGIT_BIAS: f64 = 100.0;
 
 /// The shared fields, borrowed from either request type.
 pub struct GenerationFields<'a> {
@@ -42,6 +51,9 @@ pub struct GenerationFields<'a> {
     pub ignore_eos: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<&'a StreamOptions>,
+    /// Token id (as a string) -> bias added to its logit.
+    pub logit_bias: Option<&'a BTreeMap<String, f64>>,
+    pub response_format: Option<&'a serde_json::Value>,
 }
 
 /// A checked request, ready to be submitted `n` times per prompt.
@@ -49,6 +61,8 @@ pub struct GenerationFields<'a> {
 pub struct GenerationPlan {
     /// Everything but the prompt and the seed.
     pub template: GenerationRequest,
+    /// The field the client's max-tokens value came from; `None`: the default was used.
+    pub max_tokens_field: Option<&'static str>,
     pub n: usize,
     pub seed: Option<u64>,
     pub stream: bool,
@@ -70,6 +84,62 @@ impl GenerationPlan {
             })
             .collect()
     }
+
+    /// Refuses (400, `context_length_exceeded`) a prompt of `prompt_tokens` that leaves less room
+    /// than the client's max tokens in `max_model_len`, as OpenAI does, with all three numbers;
+    /// without a max tokens given, generation simply stops where the context ends.
+    pub fn check_room(&self, prompt_tokens: usize, max_model_len: usize, prompt_field: &str) -> Result<(), ApiError> {
+        let Some(field) = self.max_tokens_field else {
+            return Ok(());
+        };
+        let max_tokens = self.template.max_tokens;
+        let total = prompt_tokens.saturating_add(max_tokens);
+        if total <= max_model_len {
+            return Ok(());
+        }
+        Err(ApiError::context_length_exceeded(
+            field,
+            format!(
+                "this model's maximum context length is {max_model_len} tokens, but you requested {total} tokens \
+                 ({prompt_tokens} in the {prompt_field} and {max_tokens} in `{field}`); reduce the length of the \
+                 {prompt_field} or `{field}` (at most {} here)",
+                max_model_len.saturating_sub(prompt_tokens)
+            ),
+        ))
+    }
+}
+
+/// `logit_bias` as the engine takes it, sorted by token id: keys must be token ids of the
+/// vocabulary written as decimal integers, values finite and in [-100, 100].
+pub fn logit_bias(map: &BTreeMap<String, f64>, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let refuse = |why: String| ApiError::invalid_field("logit_bias", format!("`logit_bias`: {why}"));
+    if map.len() > MAX_LOGIT_BIAS_ENTRIES {
+        return Err(refuse(format!(
+            "at most {MAX_LOGIT_BIAS_ENTRIES} tokens may be biased, got {}",
+            map.len()
+        )));
+    }
+    let mut biases = Vec::with_capacity(map.len());
+    for (key, &bias) in map {
+        let id = key
+            .parse::<u32>()
+            .ok()
+            .filter(|id| id.to_string() == *key)
+            .ok_or_else(|| refuse(format!("the key {key:?} is not a token id (a decimal integer)")))?;
+        if id as usize >= vocab_size {
+            return Err(refuse(format!(
+                "token id {id} is outside the vocabulary of {vocab_size}"
+            )));
+        }
+        if !(bias.is_finite() && (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias)) {
+            return Err(refuse(format!(
+                "the bias of token {id} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bias}"
+            )));
+        }
+        biases.push((id, bias as f32));
+    }
+    biases.sort_unstable_by_key(|&(id, _)| id);
+    Ok(biases)
 }
 
 fn as_f32(v: Option<f64>, default: f32, name: &str) -> Result<f32, ApiError> {
@@ -83,8 +153,9 @@ fn as_f32(v: Option<f64>, default: f32, name: &str) -> Result<f32, ApiError> {
     }
 }
 
-/// Checks the shared fields.
-pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
+/// Checks the shared fields; token ids against a vocabulary of `vocab_size`, `response_format`
+/// with `grammar`.
+pub fn plan(f: &GenerationFields, vocab_size: usize, grammar: &GrammarCheck) -> Result<GenerationPlan, ApiError> {
     let max_tokens = match f.max_tokens {
         Some((0, name)) => return Err(ApiError::invalid_field(name, format!("`{name}` must be at least 1"))),
         Some((v, _)) => usize::try_from(v).unwrap_or(usize::MAX),
@@ -108,6 +179,12 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
         }
     };
     let mut temperature = as_f32(f.temperature, 1.0, "temperature")?;
+    if !(0.0..=MAX_API_TEMPERATURE).contains(&temperature) {
+        return Err(ApiError::invalid_field(
+            "temperature",
+            format!("`temperature` must be in [0, {MAX_API_TEMPERATURE}], got {temperature}"),
+        ));
+    }
     if temperature > 0.0 && temperature < MIN_TEMPERATURE {
         temperature = 0.0;
     }
@@ -119,7 +196,10 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
         repetition_penalty: as_f32(f.repetition_penalty, 1.0, "repetition_penalty")?,
         presence_penalty: as_f32(f.presence_penalty, 0.0, "presence_penalty")?,
         frequency_penalty: as_f32(f.frequency_penalty, 0.0, "frequency_penalty")?,
-        logit_bias: Vec::new(),
+        logit_bias: match f.logit_bias {
+            Some(map) => logit_bias(map, vocab_size)?,
+            None => Vec::new(),
+        },
         seed: 0,
     };
     sampling
@@ -174,7 +254,12 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
             "`stream_options` is only allowed when `stream` is true",
         ));
     }
+    let constraint = match f.response_format {
+        Some(format) => output_constraint(format, FormatShape::ResponseFormat, grammar)?,
+        None => None,
+    };
     Ok(GenerationPlan {
+        max_tokens_field: f.max_tokens.map(|(_, name)| name),
         template: GenerationRequest {
             prompt: Vec::new(),
             sampling,
@@ -183,7 +268,7 @@ pub fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
             stop_token_ids: stop_token_ids.to_vec(),
             ignore_eos: f.ignore_eos.unwrap_or(false),
             logprobs,
-            constraint: None,
+            constraint,
         },
         n: n as usize,
         seed: f.seed.map(|s| s as u64),
@@ -229,7 +314,15 @@ mod tests {
             ignore_eos: None,
             stream: None,
             stream_options: None,
+            logit_bias: None,
+            response_format: None,
         }
+    }
+
+    const VOCAB: usize = 1000;
+
+    fn plan(f: &GenerationFields) -> Result<GenerationPlan, ApiError> {
+        super::plan(f, VOCAB, &GrammarCheck::unavailable())
     }
 
     #[test]
@@ -347,6 +440,13 @@ mod tests {
             ),
             (
                 GenerationFields {
+                    temperature: Some(2.01),
+                    ..fields()
+                },
+                "temperature",
+            ),
+            (
+                GenerationFields {
                     logprobs: Some((21, "top_logprobs")),
                     ..fields()
                 },
@@ -394,5 +494,79 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop[1]"));
+    }
+
+    #[test]
+    fn temperature_two_is_the_top() {
+        let p = plan(&GenerationFields {
+            temperature: Some(2.0),
+            ..fields()
+        })
+        .unwrap();
+        assert_eq!(p.template.sampling.temperature, 2.0);
+    }
+
+    #[test]
+    fn logit_bias_becomes_sorted_pairs() {
+        let map: BTreeMap<String, f64> = [("999", -100.0), ("10", 5.5), ("2", 100.0)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let p = plan(&GenerationFields {
+            logit_bias: Some(&map),
+            ..fields()
+        })
+        .unwrap();
+        assert_eq!(
+            p.template.sampling.logit_bias,
+            vec![(2, 100.0), (10, 5.5), (999, -100.0)]
+        );
+    }
+
+    #[test]
+    fn bad_logit_bias_is_named() {
+        let too_many: BTreeMap<String, f64> = (0..=MAX_LOGIT_BIAS_ENTRIES).map(|i| (i.to_string(), 1.0)).collect();
+        let bad = |k: &str, v: f64| BTreeMap::from([(k.to_string(), v)]);
+        let cases = [
+            (bad("1000", 1.0), "outside the vocabulary of 1000"),
+            (bad("-1", 1.0), "not a token id"),
+            (bad("01", 1.0), "not a token id"),
+            (bad("+1", 1.0), "not a token id"),
+            (bad("abc", 1.0), "not a token id"),
+            (bad("1.5", 1.0), "not a token id"),
+            (bad("5", 100.5), "in [-100, 100]"),
+            (bad("5", -101.0), "in [-100, 100]"),
+            (bad("5", f64::NAN), "in [-100, 100]"),
+            (too_many, "at most 1024"),
+        ];
+        for (map, says) in cases {
+            let e = plan(&GenerationFields {
+                logit_bias: Some(&map),
+                ..fields()
+            })
+            .unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{}", e.message);
+            assert!(e.message.contains(says), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn max_tokens_that_cannot_fit_are_refused_with_the_numbers() {
+        let p = plan(&GenerationFields {
+            max_tokens: Some((100, "max_completion_tokens")),
+            ..fields()
+        })
+        .unwrap();
+        assert!(p.check_room(924, 1024, "messages").is_ok());
+        let e = p.check_room(925, 1024, "messages").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        for n in ["1024", "1025", "925", "100", "at most 99"] {
+            assert!(e.message.contains(n), "{n}: {}", e.message);
+        }
+        // The default (no max tokens given) is whatever fits.
+        let p = plan(&fields()).unwrap();
+        assert_eq!(p.max_tokens_field, None);
+        assert!(p.check_room(1023, 1024, "prompt").is_ok());
     }
 }

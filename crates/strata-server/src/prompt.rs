@@ -8,6 +8,7 @@ use strata_model::tokenizer::{Tokenizer, TokenizerError};
 
 use crate::error::ApiError;
 use crate::protocol::{ChatMessageIn, MessageContent};
+use crate::response_format::GrammarCheck;
 
 /// Why a prompt could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +112,8 @@ pub struct PromptContext<'a> {
     pub limit: PromptLimit,
     /// Most generations (prompts x n) one request may queue (--max-queue).
     pub max_queue: usize,
+    /// Checks `response_format` schemas against the vocabulary.
+    pub grammar: &'a GrammarCheck,
 }
 
 /// [`PromptLimit::chat_ids`] without a length limit.

@@ -63,7 +63,7 @@ macro_rules! generation_request {
             /// The served model name (`--served-model-name`); absent means that model.
             pub model: Option<String>,
             $($(#[$field_meta])* pub $field: $ty,)*
-            /// Sampling temperature in [0, 100] (default 1; 0, or below 1e-5, is greedy).
+            /// Sampling temperature in [0, 2] (default 1; 0, or below 1e-5, is greedy).
             pub temperature: Option<f64>,
             /// Nucleus sampling mass in (0, 1].
             pub top_p: Option<f64>,
@@ -93,6 +93,12 @@ macro_rules! generation_request {
             pub stream_options: Option<StreamOptions>,
             /// Accepted and logged at debug level.
             pub user: Option<String>,
+            /// Token id (a decimal string) -> bias in [-100, 100] added to its logit; at most 1024.
+            pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+            /// `{"type": "text"}` (the default), `{"type": "json_object"}`, or
+            /// `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}`.
+            #[schema(value_type = Option<Object>)]
+            pub response_format: Option<serde_json::Value>,
         }
 
         impl $name {
@@ -121,6 +127,8 @@ macro_rules! generation_request {
                     ignore_eos: self.ignore_eos,
                     stream: self.stream,
                     stream_options: self.stream_options.as_ref(),
+                    logit_bias: self.logit_bias.as_ref(),
+                    response_format: self.response_format.as_ref(),
                 }
             }
         }
@@ -235,6 +243,8 @@ pub struct ChatCompletionResponse {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// Names the server build, model and numeric settings that produced the output.
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: UsageInfo,
 }
@@ -269,6 +279,8 @@ pub struct ChatCompletionChunk {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// Names the server build, model and numeric settings that produced the output.
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChunkChoice>,
     /// With `stream_options.include_usage`: null on every chunk but the last, which has the
     /// usage and no choices. Absent otherwise.
@@ -307,6 +319,8 @@ pub struct CompletionResponse {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// Names the server build, model and numeric settings that produced the output.
+    pub system_fingerprint: String,
     pub choices: Vec<CompletionChoice>,
     /// Always present when not streaming; in a stream, as for chat chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -333,16 +347,26 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
-/// `POST /tokenize`: a `prompt`, or `messages` rendered by the chat template.
+/// `POST /tokenize`: a `prompt`, llama.cpp's `content`, or `messages` rendered by the chat
+/// template.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct TokenizeRequest {
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
     pub prompt: Option<String>,
-    /// Add BOS as the model asks (plain prompts; default true).
+    /// llama.cpp's name for a plain prompt; BOS only with `add_special: true`, as llama.cpp.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// Add BOS as the model asks (plain prompts; default true for `prompt`, false for `content`).
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
+    /// llama.cpp's name for `add_special_tokens`.
+    #[serde(default)]
+    pub add_special: Option<bool>,
+    /// llama.cpp's token-and-piece answer; only `false` is supported.
+    #[serde(default)]
+    pub with_pieces: Option<bool>,
     #[serde(default)]
     pub messages: Option<Vec<ChatMessageIn>>,
     /// With `messages`: end with the assistant's turn opener (default true).

@@ -77,8 +77,9 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// Token ids of a prompt (BOS as the model asks) or of messages rendered by the chat template;
-/// more than --max-model-len of them get 400 (`context_length_exceeded`), as on the other endpoints.
+/// Token ids of a prompt (BOS as the model asks), of llama.cpp's `content` (no BOS unless
+/// `add_special`), or of messages rendered by the chat template; more than --max-model-len of
+/// them get 400 (`context_length_exceeded`), as on the other endpoints.
 #[utoipa::path(post, path = "/tokenize", tag = "strata",
     request_body = TokenizeRequest,
     responses((status = 200, body = TokenizeResponse), RequestErrors),
@@ -90,13 +91,27 @@ pub async fn tokenize(
     let req: TokenizeRequest = parse_json(body, state.config.max_request_body_bytes)?;
     state.check_model(req.model.as_deref())?;
     let ctx = state.prompt_context();
-    let (tokens, field) = match (&req.prompt, &req.messages) {
-        (Some(prompt), None) => {
-            let add_special = req.add_special_tokens.unwrap_or(true);
-            let ids = ctx.limit.text_ids(ctx.tokenizer, prompt, add_special);
-            (ids.map_err(|e| prompt_error(e, "prompt"))?, "prompt")
+    if req.with_pieces == Some(true) {
+        return Err(ApiError::invalid_field(
+            "with_pieces",
+            "`with_pieces: true` is not supported; token texts come from /detokenize",
+        ));
+    }
+    let add_special = req.add_special_tokens.or(req.add_special);
+    let (tokens, field) = match (&req.prompt, &req.content, &req.messages) {
+        (Some(text), None, None) | (None, Some(text), None) => {
+            // llama.cpp adds no BOS to `content` unless asked.
+            let (field, default_special) = if req.prompt.is_some() {
+                ("prompt", true)
+            } else {
+                ("content", false)
+            };
+            let ids = ctx
+                .limit
+                .text_ids(ctx.tokenizer, text, add_special.unwrap_or(default_special));
+            (ids.map_err(|e| prompt_error(e, field))?, field)
         }
-        (None, Some(messages)) => {
+        (None, None, Some(messages)) => {
             let messages = chat_messages(messages, "messages")?;
             let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
             let ids = ctx
@@ -107,7 +122,7 @@ pub async fn tokenize(
         _ => {
             return Err(ApiError::invalid_field(
                 "prompt",
-                "give exactly one of `prompt` (a string) and `messages` (a chat)",
+                "give exactly one of `prompt` or `content` (a string) and `messages` (a chat)",
             ))
         }
     };

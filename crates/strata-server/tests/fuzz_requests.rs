@@ -18,9 +18,12 @@ use strata_model::chat_template::ChatTemplate;
 use strata_model::loader::{default_model_path, load_text};
 use strata_model::tokenizer::Tokenizer;
 use strata_server::body::parse_json;
-use strata_server::params::{MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS};
+use strata_server::params::{
+    MAX_API_TEMPERATURE, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_N, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+};
 use strata_server::prompt::{PromptContext, PromptLimit};
 use strata_server::protocol::{ChatCompletionRequest, CompletionRequest};
+use strata_server::response_format::GrammarCheck;
 use strata_server::responses::types::ResponsesRequest;
 use strata_server::{chat, completions, responses, ApiError};
 
@@ -49,6 +52,12 @@ fn model_text() -> &'static (Tokenizer, ChatTemplate) {
     })
 }
 
+/// The grammar check of the default model's vocabulary, built once.
+fn grammar() -> &'static GrammarCheck {
+    static GRAMMAR: OnceLock<GrammarCheck> = OnceLock::new();
+    GRAMMAR.get_or_init(|| GrammarCheck::for_tokenizer(&model_text().0))
+}
+
 fn context() -> PromptContext<'static> {
     let (tokenizer, template) = model_text();
     PromptContext {
@@ -56,6 +65,7 @@ fn context() -> PromptContext<'static> {
         template,
         limit: PromptLimit::new(tokenizer, MAX_MODEL_LEN),
         max_queue: MAX_QUEUE,
+        grammar: grammar(),
     }
 }
 
@@ -102,6 +112,16 @@ fn seeds() -> Vec<(Endpoint, Value)> {
                 "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
                 "tool_choice": {"type": "function", "name": "f"}, "parallel_tool_calls": false,
                 "metadata": {"k": "v"}, "user": "u", "top_k": 40, "seed": 7, "stop": ["\n"]}),
+        ),
+        (
+            Endpoint::Chat,
+            json!({"messages": [{"role": "user", "content": "Name a city."}], "logit_bias": {"17": -100, "42": 2.5},
+                "response_format": {"type": "json_schema", "json_schema": {"name": "city", "strict": true,
+                "schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}),
+        ),
+        (
+            Endpoint::Completion,
+            json!({"prompt": "JSON:", "max_tokens": 4, "logit_bias": {"0": 1}, "response_format": {"type": "json_object"}}),
         ),
     ]
 }
@@ -368,7 +388,14 @@ fn check(endpoint: Endpoint, body: &[u8]) -> Result<bool, String> {
         && t.sampling.validate().is_ok()
         && t.stop.len() <= MAX_STOP_STRINGS
         && t.stop_token_ids.len() <= MAX_STOP_TOKEN_IDS
-        && t.logprobs.is_none_or(|k| k <= 20);
+        && t.logprobs.is_none_or(|k| k <= 20)
+        && t.sampling.temperature <= MAX_API_TEMPERATURE
+        && t.sampling.logit_bias.len() <= MAX_LOGIT_BIAS_ENTRIES
+        && t.sampling
+            .logit_bias
+            .iter()
+            .all(|&(id, bias)| (id as usize) < model_text().0.vocab_size() && bias.abs() as f64 <= MAX_LOGIT_BIAS)
+        && (plan.max_tokens_field.is_none() || prompts.iter().all(|p| p.len() + t.max_tokens <= MAX_MODEL_LEN));
     if within {
         Ok(true)
     } else {

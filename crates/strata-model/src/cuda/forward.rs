@@ -19,6 +19,7 @@ use crate::kv_cache::KvCacheDtype;
 
 use super::kv_cache::GpuKvCache;
 use super::profile::KernelProfile;
+use super::row_adjust::RowAdjusts;
 use super::shard::Shard;
 use super::weights::{ComputeDtype, GpuLayer, GpuWeights};
 
@@ -243,8 +244,11 @@ pub struct GpuTransformer {
     /// Decode steps may start before the previous one is read ([`Self::overlaps_steps`]);
     /// `STRATA_OVERLAP=0` turns it off, for measurements.
     overlap: bool,
-    /// Decode graphs by padded batch size.
-    graphs: HashMap<usize, Graph>,
+    /// Decode graphs by padded batch size and whether they compute the logits (steps with
+    /// adjusted rows compute them after the graph, once the host's masks are in).
+    graphs: HashMap<(usize, bool), Graph>,
+    /// Logit bias and grammar masks of the rows that have them.
+    adjusts: RowAdjusts,
     /// Capture decode steps as CUDA graphs (off with `--enforce-eager`).
     pub use_graphs: bool,
     /// Fixed-order GEMMs and reductions (see [`GpuTransformer::set_deterministic`]).
@@ -406,6 +410,12 @@ impl GpuTransformer {
             gathered: None,
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
         };
+        let adjusts = RowAdjusts::new(
+            &gpu,
+            config.vocab_size,
+            limits.max_tokens.max(limits.logit_rows),
+            limits.max_seqs,
+        )?;
         let host_inputs = [
             gpu.alloc_pinned(layout.len, "step inputs")?,
             gpu.alloc_pinned(layout.len, "step inputs")?,
@@ -436,6 +446,7 @@ impl GpuTransformer {
             argmax_rows_of_started: None,
             overlap: std::env::var("STRATA_OVERLAP").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
+            adjusts,
             use_graphs: true,
             deterministic: false,
             gemv_max_tokens: std::env::var("STRATA_GEMV_MAX_TOKENS")
@@ -647,6 +658,9 @@ impl GpuTransformer {
         if plan.tokens == 0 {
             return Ok(self.no_logits());
         }
+        let logit_rows = bucket.unwrap_or(plan.rows.len());
+        let adjusted =
+            self.shard.is_last_stage() && self.adjusts.stage(batch, plan.rows.iter().map(|r| r.0), logit_rows);
         let l = self.layout;
         self.gpu
             .write(&self.bufs.inputs, 0, &self.host_inputs[self.staging][..l.len])
@@ -656,49 +670,58 @@ impl GpuTransformer {
         self.profile_phase("stage and upload inputs");
         match bucket {
             Some(b) => {
-                self.run_decode(b).map_err(gpu_err)?;
+                self.run_decode(b, adjusted).map_err(gpu_err)?;
                 self.profile_phase("launch (graph or eager kernels)");
-                self.collect_logits(&plan, true).map_err(gpu_err)
+                self.collect_logits(&plan, true, adjusted).map_err(gpu_err)
             }
             None => {
                 // Parts of fewer than 32 keys only cost their merge.
                 let parts = self.attention_parts(plan.tokens).min(plan.max_ctx.div_ceil(32));
                 self.layers(plan.tokens, parts).map_err(gpu_err)?;
                 self.profile_phase("launch (graph or eager kernels)");
-                self.collect_logits(&plan, false).map_err(gpu_err)
+                self.collect_logits(&plan, false, adjusted).map_err(gpu_err)
             }
         }
     }
 
     /// Queues a decode step padded to bucket `b` (its inputs uploaded): its layers and, on the last
     /// stage, its logits rows and their argmax, as the bucket's CUDA graph (captured on first use)
-    /// or kernel by kernel.
-    fn run_decode(&mut self, b: usize) -> Result<(), CudaError> {
+    /// or kernel by kernel. With `adjusted` rows the graph stops before the logits, which follow
+    /// once the host's masks (computed while the layers run) are uploaded.
+    fn run_decode(&mut self, b: usize, adjusted: bool) -> Result<(), CudaError> {
         let parts = self.attention_parts(b);
-        let last = self.shard.is_last_stage();
+        let logits_in_graph = self.shard.is_last_stage() && !adjusted;
         let step = |m: &mut Self| {
             m.layers(b, parts)?;
-            if last {
-                m.logits_chunk(0, b)?;
+            if logits_in_graph {
+                m.logits_chunk(0, b, false)?;
             }
             Ok(())
         };
         if !self.use_graphs {
-            return step(self);
+            step(self)?;
+        } else {
+            let key = (b, logits_in_graph);
+            if !self.graphs.contains_key(&key) {
+                self.gpu.begin_capture()?;
+                self.capturing = true;
+                let run = step(self);
+                self.capturing = false;
+                let graph = self.gpu.end_capture();
+                run?;
+                self.graphs.insert(key, graph?);
+            }
+            // Profiled: the graph's GPU time, against the step's wall time.
+            let timer = self.profile_start()?;
+            self.graphs[&key].launch()?;
+            self.profile_end(timer, || "the whole step's CUDA graph".to_string())?;
         }
-        if !self.graphs.contains_key(&b) {
-            self.gpu.begin_capture()?;
-            self.capturing = true;
-            let run = step(self);
-            self.capturing = false;
-            let graph = self.gpu.end_capture();
-            run?;
-            self.graphs.insert(b, graph?);
+        if adjusted {
+            self.adjusts.upload(&self.gpu)?;
+            self.profile_phase("wait for the host's grammar masks");
+            self.logits_chunk(0, b, true)?;
         }
-        // Profiled: the graph's GPU time, against the step's wall time.
-        let timer = self.profile_start()?;
-        self.graphs[&b].launch()?;
-        self.profile_end(timer, || "the whole step's CUDA graph".to_string())
+        Ok(())
     }
 
     /// Whether decode steps of ids chosen on the GPU may be started before the host has read the
@@ -735,7 +758,10 @@ impl GpuTransformer {
         if self.started >= 2 {
             return bad("two decode steps are started already; finish one first");
         }
-        let tokens_on_device = batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only());
+        // Rows with a mask need this step's token on the host first: they run one step at a time.
+        let tokens_on_device = batch
+            .iter()
+            .all(|c| c.tokens.len() == 1 && c.logits.wants_id_only() && c.adjust.is_none());
         if batch.is_empty() || !tokens_on_device {
             return bad(
                 "only steps of decodes whose token is chosen on the GPU (argmax or sampled) start without waiting",
@@ -786,7 +812,7 @@ impl GpuTransformer {
             )
             .map_err(gpu_err)?;
         }
-        self.run_decode(b).map_err(gpu_err)?;
+        self.run_decode(b, false).map_err(gpu_err)?;
         let rows = plan.rows.len();
         unsafe {
             self.gpu
@@ -1221,8 +1247,8 @@ impl GpuTransformer {
     }
 
     /// Final norm and LM head of logits rows `first..first + n` (at most `logit_rows`), into the
-    /// logits buffer, plus their argmax.
-    fn logits_chunk(&mut self, first: usize, n: usize) -> Result<(), CudaError> {
+    /// logits buffer, then the rows' bias and masks when `adjust` (uploaded), then their argmax.
+    fn logits_chunk(&mut self, first: usize, n: usize, adjust: bool) -> Result<(), CudaError> {
         let c = &self.local;
         let rows = self.bufs.inputs.at((self.layout.rows + first) * 4);
         let (x, norm, normed, logits) = (
@@ -1261,6 +1287,10 @@ impl GpuTransformer {
         let sampling = self.bufs.inputs.at((self.layout.sampling + SAMPLING_WORDS * first) * 4);
         let sampling_limits = self.bufs.sampling_limits.ptr();
         let vocab_start = self.shard.vocab(&self.config).start as i32;
+        if adjust {
+            let call = self.adjusts.call(logits, vocab, vocab_start as usize, first, n);
+            call.launch_with(|name, grid, threads, shared, args| self.launch(name, grid, threads, shared, args))?;
+        }
         self.launch(
             "sampling_limits",
             (n as u32, 1, 1),
@@ -1298,7 +1328,7 @@ impl GpuTransformer {
     /// Copies the wanted results to the host: the argmax of argmax-only rows, whole rows of the
     /// others (running the LM head in chunks unless a captured step already did). Stages other
     /// than the last only wait for their work.
-    fn collect_logits(&mut self, plan: &StepPlan, computed: bool) -> Result<ShardLogits, CudaError> {
+    fn collect_logits(&mut self, plan: &StepPlan, computed: bool, adjusted: bool) -> Result<ShardLogits, CudaError> {
         let mut out = self.no_logits();
         if !self.shard.is_last_stage() {
             self.gpu.sync()?;
@@ -1316,7 +1346,10 @@ impl GpuTransformer {
         while first < r {
             let n = chunk.min(r - first);
             if !computed {
-                self.logits_chunk(first, n)?;
+                if adjusted && first == 0 {
+                    self.adjusts.upload(&self.gpu)?;
+                }
+                self.logits_chunk(first, n, adjusted)?;
             }
             // The ids and the logits of this chunk's rows: [0, n) and [lr, lr + n).
             self.gpu.read(&self.bufs.argmax, 0, &mut words[..lr + n])?;

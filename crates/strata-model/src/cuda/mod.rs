@@ -5,6 +5,7 @@ pub mod forward;
 pub mod kv_cache;
 pub mod parallel;
 pub mod profile;
+pub mod row_adjust;
 pub mod shard;
 pub mod weights;
 
@@ -136,6 +137,7 @@ impl ProbedShard {
             block_table: (0..probe_tokens.div_ceil(opts.block_size) as u32).collect(),
             logits: LogitsWanted::Last,
             prompt_len: usize::MAX,
+            adjust: None,
         };
         model.forward(std::slice::from_ref(&probe))?;
         model.gpu.sync().map_err(cuda)?;

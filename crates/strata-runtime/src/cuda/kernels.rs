@@ -64,7 +64,13 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
     (
         "sampling",
         include_str!("../../kernels/sampling.cu"),
-        &["sampling_limits", "argmax_slices", "argmax_merge", "tokens_from_argmax"],
+        &[
+            "sampling_limits",
+            "argmax_slices",
+            "argmax_merge",
+            "tokens_from_argmax",
+            "apply_row_adjust",
+        ],
     ),
     (
         "gemm",

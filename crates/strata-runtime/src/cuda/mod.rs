@@ -7,12 +7,14 @@ pub mod gemm;
 pub mod kernels;
 pub mod libraries;
 pub mod nccl;
+pub mod row_adjust_call;
 
 pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
 pub use gemm::{Gemm, GemmOperands, GemmOut};
 pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
+pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};
 
 /// Why the CUDA backend cannot do something.
 #[derive(Debug, thiserror::Error)]

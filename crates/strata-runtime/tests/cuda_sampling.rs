@@ -1,0 +1,102 @@
+//! sampling.cu on a GPU: `apply_row_adjust` masks and biases rows exactly as the host sampler
+//! does, on a whole vocabulary and on a TP shard's slice. Skips, saying why, without a GPU.
+#![cfg(feature = "cuda")]
+
+use strata_runtime::cuda::kernels::{KernelSpec, Kernels};
+use strata_runtime::cuda::libraries::{candidate_dirs, search};
+use strata_runtime::cuda::{Gpu, RowAdjustCall, RowAdjustSlot};
+
+fn gpu() -> Option<Gpu> {
+    let libs = search(&candidate_dirs());
+    match Gpu::count(&libs) {
+        Ok(n) if n > 0 => Some(Gpu::open(0, &libs).expect("GPU 0 opens")),
+        Ok(_) => {
+            eprintln!("skipped: no CUDA GPU");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// The host rule: bias, then every id outside the mask (or past it) at -inf.
+fn reference(row: &[f32], vocab_start: usize, mask: Option<&[u32]>, bias: &[(u32, f32)]) -> Vec<f32> {
+    let mut out = row.to_vec();
+    for &(id, b) in bias {
+        if let Some(l) = (id as usize).checked_sub(vocab_start).and_then(|i| out.get_mut(i)) {
+            *l += b;
+        }
+    }
+    if let Some(mask) = mask {
+        for (i, l) in out.iter_mut().enumerate() {
+            let id = vocab_start + i;
+            if mask.get(id / 32).is_none_or(|w| w >> (id % 32) & 1 == 0) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn masks_and_biases_match_the_host_rule() {
+    let Some(gpu) = gpu() else { return };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).expect("kernels compile");
+    let full_vocab = 1000usize;
+    let slot = RowAdjustSlot::for_vocab(full_vocab - 10, 4); // ids 990.. are past the mask
+                                                             // Whole vocabulary, and the second half as a TP shard would hold it.
+    for (vocab_start, vocab) in [(0usize, full_vocab), (500, 500)] {
+        let rows = 4;
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i * 7919) % 997) as f32 / 100.0 - 5.0)
+            .collect();
+        let mask: Vec<u32> = (0..slot.mask_words)
+            .map(|w| 0x9249_2492u32.rotate_left(w as u32))
+            .collect();
+        let bias = [(3u32, 2.5f32), (700, -1.0), (999, 4.0), (6, 100.0)];
+        // Row 0: mask and bias; row 1: bias only; row 2: none; row 3: mask only.
+        let row_slot = [0i32, 1, -1, 2];
+        let mut slots = vec![0u32; 3 * slot.words()];
+        let (s0, rest) = slots.split_at_mut(slot.words());
+        let (s1, s2) = rest.split_at_mut(slot.words());
+        slot.write_bias(s0, &bias);
+        slot.mask_mut(s0).copy_from_slice(&mask);
+        slot.set_masked(s0, true);
+        slot.write_bias(s1, &bias);
+        slot.write_bias(s2, &[]);
+        slot.mask_mut(s2).copy_from_slice(&mask);
+        slot.set_masked(s2, true);
+        let d_logits = gpu.upload(&logits, "logits").expect("upload");
+        let d_row_slot = gpu.upload(&row_slot, "row slots").expect("upload");
+        let d_slots = gpu.upload(&slots, "slots").expect("upload");
+        let call = RowAdjustCall {
+            logits: d_logits.ptr(),
+            vocab: vocab as i32,
+            row_slot: d_row_slot.ptr(),
+            slots: d_slots.ptr(),
+            mask_words: slot.mask_words as i32,
+            max_bias: slot.max_bias as i32,
+            vocab_start: vocab_start as i32,
+            rows,
+        };
+        // SAFETY: the buffers above hold `rows` rows and three slots of this layout.
+        unsafe { call.launch(&gpu, &kernels) }.expect("launches");
+        let mut got = vec![0f32; rows * vocab];
+        gpu.read(&d_logits, 0, &mut got).expect("reads back");
+        let want: Vec<f32> = [
+            (Some(&mask[..]), &bias[..]),
+            (None, &bias[..]),
+            (None, &[][..]),
+            (Some(&mask[..]), &[][..]),
+        ]
+        .iter()
+        .enumerate()
+        .flat_map(|(r, &(m, b))| reference(&logits[r * vocab..(r + 1) * vocab], vocab_start, m, b))
+        .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "vocabulary slice from {vocab_start}");
+        println!("apply_row_adjust matches the host rule on {vocab} ids from {vocab_start}");
+    }
+}
