@@ -537,6 +537,11 @@ mod tests {
         assert_eq!(echoed["tools"][0]["name"], "weather");
         assert_eq!(echoed["text"]["format"]["name"], "city");
         assert_eq!(echoed["tool_choice"], json!({"type": "function", "name": "weather"}));
+        let bare = parse(json!({"input": "hi", "tools": [{"type": "function", "name": "f"}]}));
+        assert_eq!(
+            serde_json::to_value(response_template(&bare, "m")).unwrap()["tools"],
+            json!([{"type": "function", "name": "f", "parameters": null}])
+        );
     }
 
     #[test]

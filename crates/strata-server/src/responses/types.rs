@@ -173,7 +173,7 @@ pub enum ResponsesTool {
         #[serde(default)]
         #[schema(value_type = Object)]
         parameters: Option<Value>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         strict: Option<bool>,
     },
 }
