@@ -11,6 +11,7 @@ SIGTERM stops the server with exit status 0.
 usage: clients-venv/bin/python tests/clients/real_clients.py   (env STRATA_BIN: the binary)
 """
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,9 @@ import urllib.error
 import urllib.request
 
 import openai
+import pydantic
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Literal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("STRATA_BIN", os.path.join(ROOT, "target", "debug", "strata"))
@@ -253,6 +257,92 @@ def check_system_fingerprint(client):
     assert completion.system_fingerprint == fingerprint, completion
 
 
+class Address(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=24)
+    zip: str = pydantic.Field(pattern=r"^[0-9]{5}$")
+
+
+class Person(pydantic.BaseModel):
+    """Nested objects, an array and an enum: the shape of the structured-output check."""
+    name: str = pydantic.Field(max_length=24)
+    age: int = pydantic.Field(ge=0, le=120)
+    role: Literal["admin", "user", "guest"]
+    address: Address
+    tags: list[Annotated[str, pydantic.Field(max_length=12)]] = pydantic.Field(max_length=3)
+
+
+def check_structured_output(client):
+    """The SDK's `parse` with a pydantic model (strict json_schema): 50 sampled answers, every one
+    parses and validates; a streamed one equals the unstreamed; json_object gives an object."""
+    messages = [{"role": "user", "content": "Invent a person and describe them as JSON."}]
+
+    def one(seed):
+        done = client.chat.completions.parse(model=MODEL, messages=messages, response_format=Person,
+                                             max_tokens=300, temperature=1.0, seed=seed)
+        choice = done.choices[0]
+        assert choice.finish_reason == "stop", (seed, choice)
+        assert isinstance(choice.message.parsed, Person), (seed, choice.message.content)
+        Person.model_validate_json(choice.message.content, strict=True)
+        return choice.message.parsed
+    with ThreadPoolExecutor(16) as pool:
+        people = list(pool.map(one, range(50)))
+    assert len({p.model_dump_json() for p in people}) > 1, "50 seeds gave one answer"
+    print(f"     50 of 50 sampled answers validate, e.g. {people[0].model_dump_json()}")
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
+                                                     "schema": openai.lib._pydantic.to_strict_json_schema(Person)}}
+    whole = client.chat.completions.create(model=MODEL, messages=messages, response_format=schema,
+                                           max_tokens=300, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, response_format=schema,
+                                                 max_tokens=300, temperature=0, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content, (streamed, whole)
+    Person.model_validate_json(streamed, strict=True)
+    obj = client.chat.completions.create(model=MODEL, response_format={"type": "json_object"}, max_tokens=300,
+                                         messages=[{"role": "user", "content": "A JSON object about a cat."}])
+    assert isinstance(json.loads(obj.choices[0].message.content), dict), obj
+    try:
+        client.chat.completions.create(model=MODEL, messages=messages, response_format={"type": "sound"})
+        raise AssertionError("response_format sound was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"].startswith("response_format"), e.body
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def check_tool_calls(client):
+    """tool_choice="required" through the SDK, whole and streamed: the grammar makes the tiny model
+    call get_weather with arguments that parse and match the schema."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+               tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=64,
+               temperature=0)
+    whole = client.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls", whole
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather", call
+    arguments = json.loads(call.function.arguments)
+    assert isinstance(arguments.get("city"), str) and set(arguments) == {"city"}, arguments
+
+    calls, finishes = {}, []
+    for chunk in client.chat.completions.create(stream=True, **ask):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for part in delta.tool_calls or []:
+            if part.index not in calls:
+                assert part.id.startswith("call_") and part.function.arguments == "", part
+                calls[part.index] = [part.function.name, ""]
+            else:
+                calls[part.index][1] += part.function.arguments
+        if chunk.choices[0].finish_reason:
+            finishes.append(chunk.choices[0].finish_reason)
+    assert finishes == ["tool_calls"], finishes
+    assert list(calls.values()) == [["get_weather", call.function.arguments]], (calls, call)
+
+
 def stream_arrivals(client):
     """Streams 64 greedy tokens; returns (start, [arrival time of each content chunk], end)."""
     start = time.monotonic()
@@ -423,6 +513,9 @@ def main():
         run("--allowed-origins: a browser's preflight gets 204 before the key, another origin 403",
             lambda: check_browser_cors(keyed.url))
         run("openai SDK: system_fingerprint on completions and every chunk", lambda: check_system_fingerprint(plain))
+        run("openai SDK: structured output (parse with a pydantic model), 50 of 50 validate",
+            lambda: check_structured_output(plain))
+        run("openai SDK: tool_choice=required calls parse, whole and streamed", lambda: check_tool_calls(plain))
 
         proxy = Nginx(tmp, open_server.port)
         via_nginx = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -2,13 +2,19 @@
 //! model, printing aggregate decode tok/s and per-step latency and writing JSON to bench/results/.
 //!
 //! `cargo bench -p strata-engine --bench throughput -- [--threads 2] [--levels 1,4,16,32,64]
-//! [--output-len 64] [--kv-cache-dtype auto|fp8] [--activation-precision high|standard] [--out PATH]`
+//! [--output-len 64] [--kv-cache-dtype auto|fp8] [--activation-precision high|standard]
+//! [--constrained FRACTION] [--out PATH]`
+//!
+//! With `--constrained`, each level runs twice, side by side: all requests free, then that
+//! fraction of them held to a JSON schema ([`bench_schema`]); the table gives the ratio.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_engine::{ActPrecision, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, RequestOutput};
+use strata_engine::{
+    ActPrecision, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, OutputConstraint, RequestOutput,
+};
 use strata_model::loader::{default_model_path, load_model};
 
 struct Options {
@@ -17,6 +23,8 @@ struct Options {
     output_len: usize,
     dtype: KvCacheDtype,
     precision: ActPrecision,
+    /// Fraction of requests held to [`bench_schema`] in the second run of each level (0 = one run).
+    constrained: f64,
     out: std::path::PathBuf,
 }
 
@@ -27,6 +35,7 @@ fn options() -> Result<Options, String> {
         output_len: 64,
         dtype: KvCacheDtype::F32,
         precision: ActPrecision::High,
+        constrained: 0.0,
         out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/engine_throughput.json"),
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
@@ -44,6 +53,12 @@ fn options() -> Result<Options, String> {
             }
             "--kv-cache-dtype" => o.dtype = KvCacheDtype::parse(&value()?)?,
             "--activation-precision" => o.precision = ActPrecision::parse(&value()?)?,
+            "--constrained" => {
+                o.constrained = value()?.parse().map_err(|e| format!("--constrained: {e}"))?;
+                if !(0.0..=1.0).contains(&o.constrained) {
+                    return Err("--constrained is a fraction in [0, 1]".into());
+                }
+            }
             // Relative to the workspace root (cargo runs benches from the crate's folder).
             "--out" => {
                 o.out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -93,7 +108,31 @@ fn prompt_for(i: usize, e: &EngineHandle) -> Vec<u32> {
         .collect()
 }
 
-fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize) -> Level {
+/// What constrained bench requests answer: a list of records, as an extraction API returns,
+/// long enough to fill the output length.
+fn bench_schema() -> OutputConstraint {
+    OutputConstraint::JsonSchema(serde_json::json!({
+        "type": "array",
+        "minItems": 64,
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+                "name": {"type": "string", "maxLength": 24},
+                "kind": {"enum": ["book", "film", "song"]}
+            },
+            "required": ["id", "name", "kind"],
+            "additionalProperties": false
+        }
+    }))
+}
+
+/// Whether request `i` is constrained when `fraction` of them are (spread evenly).
+fn is_constrained(i: usize, fraction: f64) -> bool {
+    ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
+}
+
+fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize, constrained: f64) -> Level {
     let requests = (concurrency * 2).max(8);
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new((Vec::new(), Vec::new(), 0usize, 0usize)));
@@ -110,6 +149,7 @@ fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize) -> Level {
                 let n_prompt = prompt.len();
                 let req = GenerationRequest {
                     ignore_eos: true,
+                    constraint: is_constrained(i, constrained).then(bench_schema),
                     ..GenerationRequest::greedy(prompt, output_len)
                 };
                 let start = Instant::now();
@@ -177,15 +217,25 @@ fn main() {
     };
     let e = EngineHandle::start(model, config.clone()).expect("engine starts");
     // Warm-up: page in weights, fill caches.
-    run_level(&e, 2, 8);
+    run_level(&e, 2, 8, o.constrained);
     println!(
-        "| concurrency | requests | output tok/s | total tok/s | step p50 ms | step p99 ms | TTFT p50 ms | TTFT p95 ms | decode-only tok/s | decode-only step ms | its batch |"
+        "| concurrency | constrained | requests | output tok/s | total tok/s | step p50 ms | step p99 ms | TTFT p50 ms | TTFT p95 ms | decode-only tok/s | decode-only step ms | its batch | mask ms | mask wait ms/step |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
-    for &c in &o.levels {
+    let mut ratios = Vec::new();
+    let runs: Vec<(usize, f64)> = o
+        .levels
+        .iter()
+        .flat_map(|&c| {
+            let both = [(c, 0.0), (c, o.constrained)];
+            both.into_iter().take(if o.constrained > 0.0 { 2 } else { 1 })
+        })
+        .collect();
+    let mut free_tps = 0.0;
+    for (c, fraction) in runs {
         let before = e.stats();
-        let l = run_level(&e, c, o.output_len);
+        let l = run_level(&e, c, o.output_len, fraction);
         // Steps without prompt chunks: the aggregate decode rate while every sequence decodes.
         let after = e.stats();
         let steps = (after.decode_steps_total - before.decode_steps_total).max(1) as f64;
@@ -196,18 +246,33 @@ fn main() {
         let total_tps = (l.output_tokens + l.prompt_tokens) as f64 / l.wall_s;
         let (s50, s99) = (percentile(&l.step_ms, 0.5), percentile(&l.step_ms, 0.99));
         let (t50, t95) = (percentile(&l.ttft_ms, 0.5), percentile(&l.ttft_ms, 0.95));
+        let masks = (after.masks_total - before.masks_total).max(1) as f64;
+        let mask_ms = (after.mask_seconds_total - before.mask_seconds_total) * 1e3 / masks;
+        let all_steps = (after.steps_total - before.steps_total).max(1) as f64;
+        let wait_ms = (after.mask_wait_seconds_total - before.mask_wait_seconds_total) * 1e3 / all_steps;
         println!(
-            "| {c} | {} | {out_tps:.1} | {total_tps:.1} | {s50:.1} | {s99:.1} | {t50:.0} | {t95:.0} | {decode_tps:.1} | {decode_ms:.1} | {decode_batch:.1} |",
+            "| {c} | {fraction} | {} | {out_tps:.1} | {total_tps:.1} | {s50:.1} | {s99:.1} | {t50:.0} | {t95:.0} | {decode_tps:.1} | {decode_ms:.1} | {decode_batch:.1} | {mask_ms:.3} | {wait_ms:.3} |",
             l.requests
         );
+        if fraction == 0.0 {
+            free_tps = out_tps;
+        } else {
+            ratios.push(format!(
+                "{c} users, {fraction} constrained: {:.3}x the free run's output tok/s",
+                out_tps / free_tps
+            ));
+        }
         rows.push(format!(
-            "{{\"concurrency\":{c},\"requests\":{},\"output_tokens\":{},\"prompt_tokens\":{},\"wall_s\":{:.3},\
+            "{{\"concurrency\":{c},\"constrained_fraction\":{fraction},\"mask_ms\":{mask_ms:.4},\"mask_wait_ms_per_step\":{wait_ms:.4},\"requests\":{},\"output_tokens\":{},\"prompt_tokens\":{},\"wall_s\":{:.3},\
              \"output_tok_s\":{out_tps:.2},\"total_tok_s\":{total_tps:.2},\"step_ms_p50\":{s50:.2},\
              \"step_ms_p99\":{s99:.2},\"ttft_ms_p50\":{t50:.1},\"ttft_ms_p95\":{t95:.1},\
              \"decode_only_tok_s\":{decode_tps:.2},\"decode_only_step_ms\":{decode_ms:.2},\"decode_only_batch\":{decode_batch:.2}}}",
             l.requests, l.output_tokens, l.prompt_tokens, l.wall_s
         ));
         std::thread::sleep(Duration::from_millis(200));
+    }
+    for r in &ratios {
+        println!("{r}");
     }
     let json = format!(
         "{{\"model\":\"{}\",\"threads\":{},\"kv_cache_dtype\":\"{}\",\"activation_precision\":\"{}\",\"output_len\":{},\

@@ -1,8 +1,10 @@
 //! Constrained decoding: the grammar a request's output must match (any JSON object, a JSON schema,
 //! or a Lark grammar), compiled by llguidance against the model's vocabulary into per-step token masks.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -227,6 +229,8 @@ type MaskJob = Box<dyn FnOnce() + Send>;
 /// grammar adds nothing to a step's time unless it is slower than the step itself.
 pub struct MaskWorkers {
     jobs: Sender<MaskJob>,
+    /// Masks computed and their summed nanoseconds of compute (the engine's statistics).
+    computed: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl MaskWorkers {
@@ -249,7 +253,16 @@ impl MaskWorkers {
                     }
                 })?;
         }
-        Ok(MaskWorkers { jobs })
+        Ok(MaskWorkers {
+            jobs,
+            computed: Arc::default(),
+        })
+    }
+
+    /// Masks computed so far and their summed compute seconds.
+    pub fn computed(&self) -> (u64, f64) {
+        let (n, nanos) = &*self.computed;
+        (n.load(Ordering::Relaxed), nanos.load(Ordering::Relaxed) as f64 * 1e-9)
     }
 
     /// Starts computing the mask of the token after `output` on a worker; the engine takes it
@@ -258,8 +271,20 @@ impl MaskWorkers {
     pub fn begin(&self, constraint: &mut SequenceConstraint, output: &[u32]) -> Option<Arc<MaskSlot>> {
         let new = output.get(constraint.consumed..).unwrap_or_default().to_vec();
         let slot = Arc::new(MaskSlot::default());
-        let (matcher, done) = (Arc::clone(&constraint.matcher), Arc::clone(&slot));
-        let job: MaskJob = Box::new(move || done.put(advance(&matcher, &new)));
+        let (matcher, done, computed) = (
+            Arc::clone(&constraint.matcher),
+            Arc::clone(&slot),
+            Arc::clone(&self.computed),
+        );
+        let job: MaskJob = Box::new(move || {
+            let start = Instant::now();
+            let next = advance(&matcher, &new);
+            computed.0.fetch_add(1, Ordering::Relaxed);
+            computed
+                .1
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            done.put(next)
+        });
         self.jobs.send(job).ok()?;
         constraint.consumed = output.len();
         constraint.pending = Some(Arc::clone(&slot));

@@ -176,6 +176,11 @@ pub struct EngineStats {
     /// Decode steps queued behind the one running, their tokens taken from its chosen ids on the
     /// device (overlapped steps, on executors that can).
     pub overlapped_steps_total: u64,
+    /// Grammar masks computed (one a constrained token), their summed compute seconds on the
+    /// mask workers, and the seconds the engine waited for them after a step's logits were in.
+    pub masks_total: u64,
+    pub mask_seconds_total: f64,
+    pub mask_wait_seconds_total: f64,
 }
 
 impl EngineStats {
@@ -1020,7 +1025,12 @@ impl EngineLoop {
                 continue;
             }
             // The grammar's verdict on this position: it may end the sequence here or have failed.
-            let allowed = match seq.constraint.as_mut().map(|c| c.next_tokens(&seq.output)) {
+            let waited = Instant::now();
+            let verdict = seq.constraint.as_mut().map(|c| c.next_tokens(&seq.output));
+            if verdict.is_some() {
+                self.stats.mask_wait_seconds_total += waited.elapsed().as_secs_f64();
+            }
+            let allowed = match verdict {
                 None => None,
                 Some(NextTokens::Allowed(mask)) => Some(mask),
                 Some(NextTokens::Complete) => {
@@ -1107,6 +1117,9 @@ impl EngineLoop {
     }
 
     fn publish(&mut self) {
+        if let Some(workers) = &self.masks {
+            (self.stats.masks_total, self.stats.mask_seconds_total) = workers.computed();
+        }
         self.stats.running = self.scheduler.num_running();
         self.stats.waiting = self.scheduler.num_waiting();
         self.stats.kv_blocks_used = self.blocks.num_used();

@@ -82,6 +82,8 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     is_fallback: bool,
+    /// The template reads the `tools` variable.
+    reads_tools: bool,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -91,6 +93,7 @@ impl fmt::Debug for ChatTemplate {
             .field("bos_token", &self.bos_token)
             .field("eos_token", &self.eos_token)
             .field("is_fallback", &self.is_fallback)
+            .field("reads_tools", &self.reads_tools)
             .finish()
     }
 }
@@ -112,12 +115,17 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        let reads_tools = env
+            .get_template(TEMPLATE_NAME)
+            .map(|t| t.undeclared_variables(false).contains("tools"))
+            .unwrap_or(false);
         Ok(ChatTemplate {
             env,
             source,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             is_fallback: false,
+            reads_tools,
         })
     }
 
@@ -253,6 +261,16 @@ impl ChatTemplate {
     /// Whether this is the ChatML fallback rather than the model's own template.
     pub fn is_fallback(&self) -> bool {
         self.is_fallback
+    }
+
+    /// Whether the template renders tool definitions itself (it reads the `tools` variable).
+    pub fn renders_tools(&self) -> bool {
+        self.reads_tools
+    }
+
+    /// Whether the template renders assistant `tool_calls` (and so `tool` messages) itself.
+    pub fn renders_tool_calls(&self) -> bool {
+        self.source.contains("tool_calls")
     }
 
     /// The string templates see as `bos_token`.
@@ -431,6 +449,23 @@ pub fn strftime(format: &str, unix_secs: i64) -> String {
         };
     }
     out
+}
+
+/// `value` as JSON the way templates' `tojson` writes it (Python's `json.dumps`: `", "` and
+/// `": "` separators), for text shown to a model next to what its template renders.
+pub fn python_json<T: Serialize + ?Sized>(value: &T) -> String {
+    let opts = JsonOpts {
+        indent: None,
+        item_sep: ", ".into(),
+        key_sep: ": ".into(),
+        ensure_ascii: false,
+        sort_keys: false,
+    };
+    let mut out = String::new();
+    match write_json(&mut out, &Value::from_serialize(value), &opts, 0) {
+        Ok(()) => out,
+        Err(_) => serde_json::to_string(&Value::from_serialize(value)).unwrap_or_default(),
+    }
 }
 
 /// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=None,
@@ -617,6 +652,37 @@ mod tests {
         );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d %a", 951_782_400), "2000-02-29 Tue");
+    }
+
+    #[test]
+    fn templates_that_read_tools_are_told_apart() {
+        let qwen_like = "{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}\
+                         {% for m in messages %}{{ m.tool_calls }}{% endfor %}";
+        let t = ChatTemplate::new(qwen_like, "", "").unwrap();
+        assert!(t.renders_tools() && t.renders_tool_calls());
+        // A loop variable named like it, or the word in text, is not the `tools` variable.
+        let t = ChatTemplate::new("{% for tools in messages %}{{ tools }}{% endfor %}tools", "", "").unwrap();
+        assert!(!t.renders_tools() && !t.renders_tool_calls());
+        assert!(!ChatTemplate::chatml("", "").renders_tools());
+    }
+
+    #[test]
+    fn python_json_keeps_key_order_and_python_separators() {
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"type": "function", "b": [1, 2.5, null], "a": "é"}"#).unwrap();
+        assert_eq!(
+            python_json(&v),
+            r#"{"type": "function", "b": [1, 2.5, null], "a": "é"}"#
+        );
+        // Templates' `tojson` sees maps in the order they were given, as Python dicts keep it.
+        let t = ChatTemplate::new("{{ tools[0] | tojson }}", "", "").unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert("tools".into(), serde_json::Value::Array(vec![v]));
+        let messages: [ChatMessage; 0] = [];
+        assert_eq!(
+            t.render_with(&messages, false, &extra).unwrap(),
+            r#"{"type": "function", "b": [1, 2.5, null], "a": "é"}"#
+        );
     }
 
     #[test]

@@ -228,8 +228,17 @@ pub trait ChunkFormat: Send + Sync + 'static {
     /// New text (possibly empty when only log-probabilities are new); `offset` is the number
     /// of characters the choice had before.
     fn delta(&self, index: usize, text: String, logprobs: &[TokenLogprob], offset: usize) -> String;
+    /// The chunks for new text: [`Self::delta`]'s one, unless the format holds text back or
+    /// splits it (chat tool calls).
+    fn deltas(&self, index: usize, text: String, logprobs: &[TokenLogprob], offset: usize) -> Vec<String> {
+        vec![self.delta(index, text, logprobs, offset)]
+    }
     /// The choice's last chunk.
     fn finish(&self, index: usize, reason: FinishReason, stop_string: Option<String>) -> String;
+    /// The choice's last chunks: [`Self::finish`]'s one, after any text the format held back.
+    fn finishing(&self, index: usize, reason: FinishReason, stop_string: Option<String>) -> Vec<String> {
+        vec![self.finish(index, reason, stop_string)]
+    }
     /// The usage chunk (`stream_options.include_usage`).
     fn usage(&self, usage: UsageInfo) -> String;
 }
@@ -323,8 +332,7 @@ impl<F: ChunkFormat> ChunkStream<F> {
                 }
                 let offset = choice.chars;
                 choice.chars += text.chars().count();
-                self.pending
-                    .push_back(self.format.delta(index, text, &logprobs, offset));
+                self.pending.extend(self.format.deltas(index, text, &logprobs, offset));
             }
             RequestOutput::Finished {
                 reason,
@@ -333,7 +341,7 @@ impl<F: ChunkFormat> ChunkStream<F> {
             } => {
                 choice.timer.finished(reason);
                 self.usages.push((index, usage));
-                self.pending.push_back(self.format.finish(index, reason, stop_string));
+                self.pending.extend(self.format.finishing(index, reason, stop_string));
             }
             RequestOutput::Failed(why) => self.end_with(ApiError::engine_failed(&why)),
             RequestOutput::Unavailable(why) => self.end_with(ApiError::engine_unavailable(&why)),

@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod response_format;
 pub mod responses;
 pub mod routes;
+pub mod tool_calls;
 
 use std::future::Future;
 use std::hash::{Hash, Hasher};

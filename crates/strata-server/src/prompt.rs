@@ -91,7 +91,26 @@ impl PromptLimit {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, PromptError> {
-        let rendered = template.render(messages, add_generation_prompt)?;
+        self.chat_ids_with(
+            tokenizer,
+            template,
+            messages,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
+    }
+
+    /// [`Self::chat_ids`] for any serializable messages (e.g. with `tool_calls`), with `extra`
+    /// template variables such as `tools`.
+    pub fn chat_ids_with<M: serde::Serialize + ?Sized>(
+        &self,
+        tokenizer: &Tokenizer,
+        template: &ChatTemplate,
+        messages: &M,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Vec<u32>, PromptError> {
+        let rendered = template.render_with(messages, add_generation_prompt, extra)?;
         self.check_text(&rendered)?;
         Ok(tokenizer.encode(&rendered, false, true)?)
     }
@@ -149,11 +168,12 @@ pub fn chat_messages(messages: &[ChatMessageIn], field: &str) -> Result<Vec<Chat
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
+                "tool" => "tool",
                 other => {
                     return Err(ApiError::invalid_field(
                         format!("{field}[{i}].role"),
                         format!(
-                        "`{field}[{i}].role` is `{other}`; supported roles are system, developer, user and assistant"
+                        "`{field}[{i}].role` is `{other}`; supported roles are system, developer, user, assistant and tool"
                     ),
                     ))
                 }
@@ -214,7 +234,7 @@ mod tests {
         ChatMessageIn {
             role: role.into(),
             content,
-            name: None,
+            ..Default::default()
         }
     }
 
@@ -271,7 +291,7 @@ mod tests {
 
     #[test]
     fn bad_messages_name_the_field() {
-        let e = chat_messages(&[msg("tool", Some(MessageContent::Text("x".into())))], "messages").unwrap_err();
+        let e = chat_messages(&[msg("function", Some(MessageContent::Text("x".into())))], "messages").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
         let image = MessageContent::Parts(vec![ContentPart {
             kind: "image_url".into(),

@@ -41,16 +41,93 @@ pub struct ContentPart {
 }
 
 /// One message of a chat request.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct ChatMessageIn {
-    /// `system`, `developer` (treated as `system`), `user` or `assistant`.
+    /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
     pub role: String,
     /// May be null or absent only for an assistant message.
     #[serde(default)]
     pub content: Option<MessageContent>,
-    /// Accepted and ignored.
+    /// Accepted and ignored (passed to the template on `tool` messages).
     #[serde(default)]
     pub name: Option<String>,
+    /// The calls an assistant message made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// On a `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct ChatTool {
+    /// Must be `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct FunctionDefinition {
+    /// 1 to 64 letters, digits, `_` or `-`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON schema of the arguments object (absent: no arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<serde_json::Value>,
+    /// Accepted; forced calls (`tool_choice` `required` or a function) always match the schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: `none`, `auto` (the default with tools), `required`, or one function.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Function(NamedToolChoice),
+}
+
+/// `tool_choice` naming the function to call.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct NamedToolChoice {
+    /// Must be `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionName,
+}
+
+/// A function named by `tool_choice`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct FunctionName {
+    pub name: String,
+}
+
+/// A call the assistant made.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct ToolCall {
+    #[serde(default)]
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+/// The function a call names and its arguments.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments object as JSON text.
+    pub arguments: String,
 }
 
 /// Defines a request type with its own fields plus the generation fields chat and completion
@@ -137,6 +214,7 @@ macro_rules! generation_request {
 
 generation_request! {
     /// `POST /v1/chat/completions`. Unknown fields are ignored.
+    #[derive(Default)]
     pub struct ChatCompletionRequest {
         pub messages: Vec<ChatMessageIn>,
         /// Most tokens to generate (default: up to `--max-model-len`).
@@ -147,6 +225,11 @@ generation_request! {
         pub logprobs: Option<bool>,
         /// Alternatives per token (0..=20); needs `logprobs: true`.
         pub top_logprobs: Option<u64>,
+        /// Functions the model may call (at most 128).
+        pub tools: Option<Vec<ChatTool>>,
+        pub tool_choice: Option<ToolChoice>,
+        /// Whether one answer may hold several calls (default true).
+        pub parallel_tool_calls: Option<bool>,
     }
 }
 
@@ -197,7 +280,11 @@ pub struct PromptTokensDetails {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ChatMessageOut {
     pub role: String,
-    pub content: String,
+    /// Null when the reply is only tool calls.
+    pub content: Option<String>,
+    /// The calls the model made (absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// One alternative token and its log-probability.
@@ -229,7 +316,7 @@ pub struct ChatChoice {
     pub index: usize,
     pub message: ChatMessageOut,
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop`, `length` or `abort` (the server shut down).
+    /// `stop`, `length`, `tool_calls` or `abort` (the server shut down).
     pub finish_reason: String,
     /// The stop string that ended the choice, if one did (vLLM extra).
     pub stop_reason: Option<String>,
@@ -257,6 +344,29 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A piece of a streamed tool call: the first of a call has its `id`, `type` and name, the
+/// later ones more of its arguments.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionCallDelta,
+}
+
+/// The new part of a streamed call's function.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCallDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice inside a stream chunk.

@@ -86,6 +86,16 @@ fn seeds() -> Vec<(Endpoint, Value)> {
                 "repetition_penalty": 1.1, "stop_token_ids": [2], "ignore_eos": false, "user": "u"}),
         ),
         (
+            Endpoint::Chat,
+            json!({"messages": [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18C"}],
+                "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": false}),
+        ),
+        (
             Endpoint::Completion,
             json!({"prompt": "Once upon a time", "max_tokens": 8}),
         ),
