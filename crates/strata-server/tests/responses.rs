@@ -506,3 +506,108 @@ async fn text_format_holds_the_output_to_json_and_its_errors_name_text_format() 
         assert!(!message.contains("response_format"), "{message}");
     }
 }
+
+/// The weather tool in the Responses shape: its fields flat, not under `function`.
+fn weather_tool() -> Value {
+    json!({"type": "function", "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_tools_give_function_call_items_and_take_their_outputs() {
+    let s = TestServer::default().await;
+    let body = request(
+        json!("Weather in Paris?"),
+        json!({"tools": [weather_tool()], "tool_choice": {"type": "function", "name": "get_weather"},
+            "parallel_tool_calls": false, "max_output_tokens": 64, "temperature": 0}),
+    );
+    let (status, r) = s.post(RESPONSES, &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["tools"], json!([weather_tool()]));
+    assert_eq!(r["parallel_tool_calls"], false);
+    let output = r["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{r}");
+    let call = &output[0];
+    assert_eq!(call["type"], "function_call");
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(call["status"], "completed");
+    assert!(call["id"].as_str().unwrap().starts_with("fc_"), "{call}");
+    assert!(call["call_id"].as_str().unwrap().starts_with("call_"), "{call}");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).expect("arguments are JSON");
+    assert!(arguments["city"].is_string(), "{arguments}");
+
+    // Streamed: the item, its arguments in pieces, then done.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = stream(&s, RESPONSES, &streamed).await.all().await;
+    let types = event_types(&events);
+    let deltas = types
+        .iter()
+        .filter(|t| *t == "response.function_call_arguments.delta")
+        .count();
+    let mut want = vec!["response.created", "response.in_progress", "response.output_item.added"];
+    want.extend(std::iter::repeat_n("response.function_call_arguments.delta", deltas));
+    want.extend([
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(types, want);
+    assert!(deltas >= 2, "the arguments arrive in pieces: {types:?}");
+    let data = common::chunks(&events);
+    let pieces: String = data
+        .iter()
+        .filter(|d| d["type"] == "response.function_call_arguments.delta")
+        .map(|d| d["delta"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(pieces, call["arguments"].as_str().unwrap());
+    assert_eq!(data[data.len() - 3]["arguments"], call["arguments"]);
+    assert_eq!(data[data.len() - 1]["response"]["output"][0]["name"], "get_weather");
+
+    // The call and its output as input items are the chat path's assistant tool call and tool
+    // message: the same prompt and the same answer.
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C and sunny"},
+    ]);
+    let (status, r) = s
+        .post(
+            RESPONSES,
+            &request(
+                history,
+                json!({"tools": [weather_tool()], "max_output_tokens": 8, "temperature": 0}),
+            ),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let chat_tool = json!({"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city", "parameters": weather_tool()["parameters"]}});
+    let (text, usage) = chat_answer(
+        &s,
+        json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"},
+        ]),
+        json!({"tools": [chat_tool], "max_tokens": 8}),
+    )
+    .await;
+    assert_eq!(r["usage"]["input_tokens"], usage["prompt_tokens"], "{r}");
+    assert_eq!(output_text(&r), text);
+
+    // The chat path's tool checks, named as the Responses request names the fields.
+    for (extra, param) in [
+        (json!({"tools": [{"type": "function", "name": "a b"}]}), "tools[0].name"),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": {"type": "function", "name": "get_stock"}}),
+            "tool_choice.name",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+    ] {
+        let (status, e) = s.post(RESPONSES, &request(json!("hi"), extra)).await;
+        assert_error(status, &e, 400, Some(param));
+    }
+}
