@@ -363,7 +363,7 @@ def bursts(arrivals, gap=0.005):
 def check_responses(client, via_nginx):
     """The Responses API through the SDK: the answer the chat path gives, `incomplete` at
     max_output_tokens, the events in order through nginx as they are generated, the stream helper's
-    final response, a stateful request refused."""
+    final response, a forced function call and its output sent back, a stateful request refused."""
     r = client.responses.create(model=MODEL, input=MESSAGES[0]["content"], instructions="Be brief.",
                                 max_output_tokens=8, temperature=0)
     assert r.object == "response" and r.id.startswith("resp_"), r
@@ -399,6 +399,19 @@ def check_responses(client, via_nginx):
         texts = [e.delta for e in helper if e.type == "response.output_text.delta"]
         done = helper.get_final_response()
     assert done.status == "completed" and done.output_text == "".join(texts) and texts, done
+
+    # A forced call, then its output sent back with the SDK's own output items, as OpenAI's docs do.
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = client.responses.create(model=MODEL, input=ask, tools=[tool], parallel_tool_calls=False, temperature=0,
+                                     max_output_tokens=64, tool_choice={"type": "function", "name": "get_weather"})
+    [call] = called.output
+    assert call.type == "function_call" and call.name == "get_weather", called
+    assert isinstance(json.loads(call.arguments).get("city"), str), call
+    answered = client.responses.create(model=MODEL, tools=[tool], max_output_tokens=8, temperature=0, input=ask
+                                       + called.output + [{"type": "function_call_output", "call_id": call.call_id,
+                                                           "output": "18C and sunny"}])
+    assert answered.output_text, answered
 
     try:
         client.responses.create(model=MODEL, input="hi", store=True)
