@@ -413,16 +413,26 @@ async fn renamed_error(chat: Response) -> Response {
     let Ok(mut error) = serde_json::from_slice::<ErrorResponse>(&bytes) else {
         return Response::from_parts(parts, bytes.into());
     };
-    if let Some(param) = error.error.param.take() {
-        let renamed = responses_param(&param);
-        error.error.message = error
-            .error
-            .message
-            .replace(&format!("`{param}`"), &format!("`{renamed}`"));
-        error.error.param = Some(renamed);
-    }
+    error.error.param = error.error.param.as_deref().map(responses_param);
+    error.error.message = responses_message(&error.error.message);
     parts.headers.remove(CONTENT_LENGTH);
     (parts, Json(error)).into_response()
+}
+
+/// A chat error message with the fields it names in backticks named as in Responses.
+fn responses_message(message: &str) -> String {
+    message
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                responses_param(part)
+            } else {
+                part.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("`")
 }
 
 /// The Responses name of a chat request field.
@@ -561,6 +571,14 @@ mod tests {
         ] {
             assert_eq!(responses_param(chat), responses, "{chat}");
         }
+        assert_eq!(
+            responses_message("a forced `tool_choice` cannot be combined with `response_format`"),
+            "a forced `tool_choice` cannot be combined with `text.format`"
+        );
+        assert_eq!(
+            responses_message("`max_completion_tokens` must be at least 1, not `0`"),
+            "`max_output_tokens` must be at least 1, not `0`"
+        );
     }
 
     #[test]

@@ -120,7 +120,7 @@ fn seeds() -> Vec<(Endpoint, Value)> {
                 "max_output_tokens": 5, "temperature": 0.7, "top_p": 0.9, "stream": true, "store": false,
                 "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": true}},
                 "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
-                "tool_choice": {"type": "function", "name": "f"}, "parallel_tool_calls": false,
+                "tool_choice": "auto", "parallel_tool_calls": false,
                 "metadata": {"k": "v"}, "user": "u", "top_k": 40, "seed": 7, "stop": ["\n"]}),
         ),
         (

@@ -606,8 +606,17 @@ async fn function_tools_give_function_call_items_and_take_their_outputs() {
             "tool_choice.name",
         ),
         (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}),
+            "tool_choice",
+        ),
     ] {
         let (status, e) = s.post(RESPONSES, &request(json!("hi"), extra)).await;
         assert_error(status, &e, 400, Some(param));
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.contains("response_format") && !message.contains(".function"),
+            "{message}"
+        );
     }
 }
