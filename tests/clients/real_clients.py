@@ -360,6 +360,66 @@ def bursts(arrivals, gap=0.005):
     return 1 + sum(1 for a, b in zip(arrivals, arrivals[1:]) if b - a > gap)
 
 
+def check_responses(client, via_nginx):
+    """The Responses API through the SDK: the answer the chat path gives, `incomplete` at
+    max_output_tokens, the events in order through nginx as they are generated, the stream helper's
+    final response, a forced function call and its output sent back, a stateful request refused."""
+    r = client.responses.create(model=MODEL, input=MESSAGES[0]["content"], instructions="Be brief.",
+                                max_output_tokens=8, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_"), r
+    assert r.output[0].type == "message" and r.output[0].content[0].type == "output_text", r
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens, r.usage
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "Be brief."}] + MESSAGES,
+                                          max_tokens=8, temperature=0)
+    assert r.output_text and r.output_text == chat.choices[0].message.content, (r.output_text, chat)
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed"), r
+
+    start = time.monotonic()
+    events, arrivals = [], []
+    for event in via_nginx.responses.create(model=MODEL, input=MESSAGES, max_output_tokens=48, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}):
+        events.append(event)
+        if event.type == "response.output_text.delta":
+            arrivals.append(time.monotonic())
+    types = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    assert types == (["response.created", "response.in_progress", "response.output_item.added",
+                      "response.content_part.added"] + ["response.output_text.delta"] * len(arrivals)
+                     + ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                        "response.incomplete"]), types
+    final = events[-1].response
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens", final
+    assert final.output_text == "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.usage.output_tokens == 48, final.usage
+    print(f"     responses via nginx: {len(arrivals)} deltas in {bursts(arrivals)} deliveries, the first "
+          f"{arrivals[0] - start:.2f}s after the request")
+    assert bursts(arrivals) >= len(arrivals) // 2, "nginx delivered the response stream in bursts"
+
+    with client.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=200, temperature=0) as helper:
+        texts = [e.delta for e in helper if e.type == "response.output_text.delta"]
+        done = helper.get_final_response()
+    assert done.status == "completed" and done.output_text == "".join(texts) and texts, done
+
+    # A forced call, then its output sent back with the SDK's own output items, as OpenAI's docs do.
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = client.responses.create(model=MODEL, input=ask, tools=[tool], parallel_tool_calls=False, temperature=0,
+                                     max_output_tokens=64, tool_choice={"type": "function", "name": "get_weather"})
+    [call] = called.output
+    assert call.type == "function_call" and call.name == "get_weather", called
+    assert isinstance(json.loads(call.arguments).get("city"), str), call
+    answered = client.responses.create(model=MODEL, tools=[tool], max_output_tokens=8, temperature=0, input=ask
+                                       + called.output + [{"type": "function_call_output", "call_id": call.call_id,
+                                                           "output": "18C and sunny"}])
+    assert answered.output_text, answered
+
+    try:
+        client.responses.create(model=MODEL, input="hi", store=True)
+        raise AssertionError("store: true was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.body["param"] == "store", e.body
+
+
 async def concurrent_streams(base_url, api_key, n):
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
 
@@ -483,6 +543,8 @@ def main():
             assert bursts(arrivals) >= len(arrivals) // 2, "nginx delivered the stream in bursts"
             assert arrivals[-1] - arrivals[0] > 0.3, "nginx held the stream back until the end"
         run("nginx (proxy_buffering on): chunks arrive as generated", incremental_through_nginx)
+
+        run("openai SDK: responses, streamed through nginx and not", lambda: check_responses(plain, via_nginx))
 
         def sixty_four_streams():
             t0 = time.monotonic()

@@ -92,6 +92,9 @@ fn untagged_expectation(message: &str) -> Option<&'static str> {
     Some(match name.trim() {
         "StopField" => "must be a string or a list of strings",
         "MessageContent" => "must be a string or a list of content parts like {\"type\": \"text\", \"text\": \"...\"}",
+        "InputContent" => {
+            "must be a string or a list of content parts like {\"type\": \"input_text\", \"text\": \"...\"}"
+        }
         "PromptInput" => "must be a string, a list of strings, a list of token ids or a list of lists of token ids",
         _ => "has the wrong type",
     })

@@ -14,6 +14,7 @@ pub mod params;
 pub mod prompt;
 pub mod protocol;
 pub mod response_format;
+pub mod responses;
 pub mod routes;
 pub mod tool_calls;
 
@@ -149,6 +150,7 @@ pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
     vec![
         ("/v1/chat/completions", post(chat::chat_completions)),
         ("/v1/completions", post(completions::completions)),
+        ("/v1/responses", post(responses::create_response)),
         ("/v1/models", get(routes::list_models)),
         ("/v1/models/{model}", get(routes::get_model)),
         ("/health", get(routes::health)),

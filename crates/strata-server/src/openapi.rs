@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{chat, completions, routes};
+use crate::{chat, completions, responses, routes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -17,6 +17,7 @@ use crate::{chat, completions, routes};
     paths(
         chat::chat_completions,
         completions::completions,
+        responses::create_response,
         routes::list_models,
         routes::get_model,
         routes::health,

@@ -5,10 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_error, default_model, engine_config, server_config, stream, TestServer, MODEL};
+use common::{assert_error, server_config, server_losing_gpus, stream, TestServer, LOST_GPU, MODEL};
 use serde_json::{json, Value};
-use strata_engine::{cpu_executor, EngineHandle};
-use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
 use strata_server::prompt::{PromptError, PromptLimit};
 use strata_server::ServerConfig;
 
@@ -625,49 +623,6 @@ async fn a_dead_engine_gives_503_and_unhealthy() {
     assert_eq!(r.status().as_u16(), 503);
     let (_, metrics) = s.get("/metrics").await;
     assert!(metrics.contains("strata_engine_alive 0"));
-}
-
-const LOST_GPU: &str = "tensor-parallel all-reduce over GPUs 0,1 did not finish within 30 s (step 17): \
-                        GPU 1 stopped responding; communicators aborted";
-
-/// The CPU executor with GPUs that are lost at its third forward pass: from then on it refuses
-/// every call, as a real one does after a fatal error.
-struct LosesDevices {
-    cpu: CpuExecutor,
-    forwards: usize,
-}
-
-impl Executor for LosesDevices {
-    fn config(&self) -> &ModelConfig {
-        self.cpu.config()
-    }
-
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.forwards += 1;
-        if self.forwards >= 3 {
-            return Err(ModelError::Unavailable(LOST_GPU.into()));
-        }
-        self.cpu.forward(batch)
-    }
-
-    fn kv_layout(&self) -> KvLayout {
-        self.cpu.kv_layout()
-    }
-
-    fn device(&self) -> String {
-        "2 GPUs (a CPU that loses them)".into()
-    }
-}
-
-/// A server whose engine loses its GPUs at the third step.
-async fn server_losing_gpus() -> TestServer {
-    let model = default_model().await;
-    let config = engine_config();
-    let cpu = cpu_executor(model.transformer, &config).expect("the cache fits");
-    let executor = Box::new(LosesDevices { cpu, forwards: 0 });
-    let engine =
-        EngineHandle::start_with(executor, model.tokenizer, model.chat_template, config).expect("engine starts");
-    TestServer::serve(engine, server_config()).await
 }
 
 /// A 503 `service_unavailable` error that gives the executor's reason.

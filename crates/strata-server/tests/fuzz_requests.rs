@@ -1,6 +1,7 @@
-//! Fuzzing the request parsers: valid chat and completion bodies, mutated byte by byte and value
-//! by value, through `body::parse_json` and each endpoint's `prepare` (the checks and the prompt
-//! building that come before the engine) must give a 4xx error or a request within every limit,
+//! Fuzzing the request parsers: valid chat, completion and Responses bodies, mutated byte by byte
+//! and value by value, through `body::parse_json` and each endpoint's `prepare` (the checks and the
+//! prompt building that come before the engine; a Responses body as the chat body it becomes) must
+//! give a 4xx error or a request within every limit,
 //! never a panic, with memory in proportion to the body. Driven by `strata-fuzz` like the loaders'
 //! targets (`make test`: the default cases from seed 0; `make fuzz`: `STRATA_FUZZ_SECONDS` each);
 //! bodies that once failed go to `regressions_stay_fixed`.
@@ -23,7 +24,8 @@ use strata_server::params::{
 use strata_server::prompt::{PromptContext, PromptLimit};
 use strata_server::protocol::{ChatCompletionRequest, CompletionRequest};
 use strata_server::response_format::GrammarCheck;
-use strata_server::{chat, completions, ApiError};
+use strata_server::responses::types::ResponsesRequest;
+use strata_server::{chat, completions, responses, ApiError};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -107,6 +109,20 @@ fn seeds() -> Vec<(Endpoint, Value)> {
             json!({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 1}),
         ),
         (Endpoint::Completion, json!({"prompt": [10, 20, 30], "suffix": null})),
+        (Endpoint::Responses, json!({"model": "smol", "input": "Hi"})),
+        (
+            Endpoint::Responses,
+            json!({"instructions": "Be brief.", "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "b"}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"role": "developer", "content": "d"}, {"role": "user", "content": "e"}],
+                "max_output_tokens": 5, "temperature": 0.7, "top_p": 0.9, "stream": true, "store": false,
+                "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": true}},
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                "tool_choice": "auto", "parallel_tool_calls": false,
+                "metadata": {"k": "v"}, "user": "u", "top_k": 40, "seed": 7, "stop": ["\n"]}),
+        ),
         (
             Endpoint::Chat,
             json!({"messages": [{"role": "user", "content": "Name a city."}], "logit_bias": {"17": -100, "42": 2.5},
@@ -124,6 +140,7 @@ fn seeds() -> Vec<(Endpoint, Value)> {
 enum Endpoint {
     Chat,
     Completion,
+    Responses,
 }
 
 /// Values that probe the edges of every field.
@@ -166,12 +183,12 @@ fn interesting_values() -> Vec<Value> {
     ]
 }
 
-/// Every field the two request types document (their OpenAPI schemas are the parsing types').
+/// Every field the request types document (their OpenAPI schemas are the parsing types').
 fn fields() -> &'static [String] {
     static FIELDS: OnceLock<Vec<String>> = OnceLock::new();
     FIELDS.get_or_init(|| {
         let doc: Value = serde_json::from_str(&strata_server::openapi::document_json()).expect("the document is JSON");
-        let mut fields: Vec<String> = ["ChatCompletionRequest", "CompletionRequest"]
+        let mut fields: Vec<String> = ["ChatCompletionRequest", "CompletionRequest", "ResponsesRequest"]
             .iter()
             .flat_map(|schema| {
                 let properties = doc["components"]["schemas"][schema]["properties"].as_object();
@@ -358,6 +375,11 @@ fn check(endpoint: Endpoint, body: &[u8]) -> Result<bool, String> {
         Endpoint::Completion => {
             parse_json::<CompletionRequest>(bytes, BODY_LIMIT).and_then(|req| completions::prepare(&req, &ctx))
         }
+        Endpoint::Responses => parse_json::<ResponsesRequest>(bytes, BODY_LIMIT)
+            .and_then(|req| responses::chat_body(&req))
+            .and_then(|chat_body| parse_json::<ChatCompletionRequest>(Ok(chat_body), BODY_LIMIT))
+            .and_then(|req| chat::prepare(&req, &ctx))
+            .map(|(prompt, plan)| (vec![prompt], plan)),
     };
     let (prompts, plan) = match prepared {
         Ok(p) => p,
@@ -426,6 +448,11 @@ fn mutated_chat_bodies_get_a_4xx_or_a_request_within_the_limits() {
 #[test]
 fn mutated_completion_bodies_get_a_4xx_or_a_request_within_the_limits() {
     fuzz_endpoint(Endpoint::Completion, "completion_request");
+}
+
+#[test]
+fn mutated_responses_bodies_get_a_4xx_or_a_request_within_the_limits() {
+    fuzz_endpoint(Endpoint::Responses, "responses_request");
 }
 
 /// Bodies that once broke a parser or a limit.

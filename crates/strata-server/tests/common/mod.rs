@@ -6,8 +6,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use strata_engine::{EngineConfig, EngineHandle};
+use strata_engine::{cpu_executor, EngineConfig, EngineHandle};
 use strata_model::loader::{default_model_path, load_model, LoadedModel};
+use strata_model::{CpuExecutor, Executor, KvLayout, Logits, ModelConfig, ModelError, SeqChunk};
 use strata_server::{ServerConfig, ServerError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -158,10 +159,12 @@ impl TestServer {
     }
 }
 
-/// One SSE event: a `data:` payload or a `:` comment, with when it arrived.
+/// One SSE event: a `data:` payload (with its `event:` name, if any) or a `:` comment, with
+/// when it arrived.
 #[derive(Debug, Clone)]
 pub struct SseEvent {
     pub at: Instant,
+    pub event: Option<String>,
     pub data: Option<String>,
     pub comment: Option<String>,
 }
@@ -196,11 +199,14 @@ impl SseReader {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 let mut event = SseEvent {
                     at: Instant::now(),
+                    event: None,
                     data: None,
                     comment: None,
                 };
                 for line in block.lines() {
-                    if let Some(d) = line.strip_prefix("data:") {
+                    if let Some(name) = line.strip_prefix("event:") {
+                        event.event = Some(name.trim_start().to_string());
+                    } else if let Some(d) = line.strip_prefix("data:") {
                         event.data = Some(d.trim_start().to_string());
                     } else if let Some(c) = line.strip_prefix(':') {
                         event.comment = Some(c.trim().to_string());
@@ -256,4 +262,47 @@ pub fn assert_error(status: u16, body: &Value, want_status: u16, want_param: Opt
     if let Some(p) = want_param {
         assert_eq!(e["param"], p, "{body}");
     }
+}
+
+pub const LOST_GPU: &str = "tensor-parallel all-reduce over GPUs 0,1 did not finish within 30 s (step 17): \
+                        GPU 1 stopped responding; communicators aborted";
+
+/// The CPU executor with GPUs that are lost at its third forward pass: from then on it refuses
+/// every call, as a real one does after a fatal error.
+pub struct LosesDevices {
+    cpu: CpuExecutor,
+    forwards: usize,
+}
+
+impl Executor for LosesDevices {
+    fn config(&self) -> &ModelConfig {
+        self.cpu.config()
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.forwards += 1;
+        if self.forwards >= 3 {
+            return Err(ModelError::Unavailable(LOST_GPU.into()));
+        }
+        self.cpu.forward(batch)
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.cpu.kv_layout()
+    }
+
+    fn device(&self) -> String {
+        "2 GPUs (a CPU that loses them)".into()
+    }
+}
+
+/// A server whose engine loses its GPUs at the third step.
+pub async fn server_losing_gpus() -> TestServer {
+    let model = default_model().await;
+    let config = engine_config();
+    let cpu = cpu_executor(model.transformer, &config).expect("the cache fits");
+    let executor = Box::new(LosesDevices { cpu, forwards: 0 });
+    let engine =
+        EngineHandle::start_with(executor, model.tokenizer, model.chat_template, config).expect("engine starts");
+    TestServer::serve(engine, server_config()).await
 }
