@@ -297,8 +297,10 @@ def check_structured_output(client):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content, (streamed, whole)
     Person.model_validate_json(streamed, strict=True)
-    obj = client.chat.completions.create(model=MODEL, response_format={"type": "json_object"}, max_tokens=300,
-                                         messages=[{"role": "user", "content": "A JSON object about a cat."}])
+    obj = client.chat.completions.create(
+        model=MODEL, response_format={"type": "json_object"}, max_tokens=300, temperature=0,
+        messages=[{"role": "user", "content": "Give me a JSON object with the keys name and age of a cat."}])
+    assert obj.choices[0].finish_reason == "stop", obj
     assert isinstance(json.loads(obj.choices[0].message.content), dict), obj
     try:
         client.chat.completions.create(model=MODEL, messages=messages, response_format={"type": "sound"})
