@@ -62,6 +62,7 @@ bench: fetch build
 	$(CARGO) bench --locked -p strata-engine --bench throughput -- --activation-precision high --out bench/results/engine_throughput_high.json
 	$(CARGO) bench --locked -p strata-engine --bench throughput -- --activation-precision standard --out bench/results/engine_throughput_standard.json
 	$(CARGO) bench --locked -p strata-engine --bench host_step -- --out bench/results/engine_host_step.json
+	$(CARGO) bench --locked -p strata-engine --bench throughput -- --levels 16,64 --constrained 0.5 --out bench/results/engine_throughput_constrained.json
 
 # strata against llama.cpp (pinned source, built once into the cache) on this CPU, interleaved:
 # pp512/tg128 and HTTP at 1 and 32 users; ratios to bench/results/peers_cpu_avx512.json.
