@@ -302,7 +302,9 @@ impl MaskWorkers {
         );
         let job: MaskJob = Box::new(move || {
             let start = Instant::now();
-            let next = advance(&matcher, &new);
+            // A panic must still fill the slot: an executor may be waiting on it.
+            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| advance(&matcher, &new)))
+                .unwrap_or_else(|_| NextTokens::Failed("the grammar's matcher panicked".into()));
             computed.0.fetch_add(1, Ordering::Relaxed);
             computed
                 .1
