@@ -1,6 +1,7 @@
 //! Constrained decoding: the grammar a request's output must match (any JSON object, a JSON schema,
 //! or a Lark grammar), compiled by llguidance against the model's vocabulary into per-step token masks.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -190,18 +191,21 @@ impl AllowedTokens for MaskSlot {
 }
 
 /// A constrained sequence's grammar state: its matcher (behind a lock, as workers advance it)
-/// and the slot of the mask being computed for its next token.
+/// and the slots of the masks of its steps in flight, oldest first. A slot is reserved for a
+/// step queued behind another (its mask needs that one's token) and begun once the token is in.
 pub struct SequenceConstraint {
     matcher: Arc<Mutex<Matcher>>,
     /// Output tokens handed to the matcher so far.
     consumed: usize,
-    pending: Option<Arc<MaskSlot>>,
+    /// (slot, whether its job has begun).
+    pending: VecDeque<(Arc<MaskSlot>, bool)>,
 }
 
 impl std::fmt::Debug for SequenceConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SequenceConstraint")
             .field("consumed", &self.consumed)
+            .field("pending", &self.pending.len())
             .finish()
     }
 }
@@ -211,19 +215,45 @@ impl SequenceConstraint {
         SequenceConstraint {
             matcher: Arc::new(Mutex::new(matcher)),
             consumed: 0,
-            pending: None,
+            pending: VecDeque::new(),
         }
     }
 
-    /// The tokens allowed after `output`: the mask begun by [`MaskWorkers::begin`], waited for,
-    /// or computed here when none was begun.
+    /// The tokens allowed after `output`: the oldest step's mask, waited for, or computed here
+    /// when none was begun.
     pub fn next_tokens(&mut self, output: &[u32]) -> NextTokens {
-        match self.pending.take() {
-            Some(slot) => slot.read(NextTokens::clone),
-            None => {
+        match self.pending.pop_front() {
+            Some((slot, true)) => slot.read(NextTokens::clone),
+            reserved => {
                 let new = output.get(self.consumed..).unwrap_or_default().to_vec();
                 self.consumed = output.len();
-                advance(&self.matcher, &new)
+                let next = advance(&self.matcher, &new);
+                if let Some((slot, _)) = reserved {
+                    slot.put(next.clone());
+                }
+                next
+            }
+        }
+    }
+
+    /// A slot for the mask of a step queued behind the one running: begun by
+    /// [`MaskWorkers::begin`] once that one's token is in.
+    pub fn reserve(&mut self) -> Arc<MaskSlot> {
+        let slot = Arc::new(MaskSlot::default());
+        self.pending.push_back((Arc::clone(&slot), false));
+        slot
+    }
+
+    /// Whether a reserved slot waits for its job.
+    pub fn has_reserved(&self) -> bool {
+        self.pending.iter().any(|(_, begun)| !begun)
+    }
+
+    /// The sequence is gone: reserved slots say so, for an executor that may wait on them.
+    pub fn abandon(&mut self) {
+        for (slot, begun) in self.pending.drain(..) {
+            if !begun {
+                slot.put(NextTokens::Complete);
             }
         }
     }
@@ -289,12 +319,17 @@ impl MaskWorkers {
         (n.load(Ordering::Relaxed), nanos.load(Ordering::Relaxed) as f64 * 1e-9)
     }
 
-    /// Starts computing the mask of the token after `output` on a worker; the engine takes it
-    /// with [`SequenceConstraint::next_tokens`] once the step's logits are in, and an executor
-    /// that samples on its device reads it through the returned slot.
-    pub fn begin(&self, constraint: &mut SequenceConstraint, output: &[u32]) -> Option<Arc<MaskSlot>> {
+    /// Starts computing the mask of the token after `output` on a worker, into the oldest
+    /// reserved slot or a new one; the engine takes it with [`SequenceConstraint::next_tokens`]
+    /// once the step's logits are in, and an executor that samples on its device reads it
+    /// through the returned slot.
+    pub fn begin(&self, constraint: &mut SequenceConstraint, output: &[u32]) -> Arc<MaskSlot> {
         let new = output.get(constraint.consumed..).unwrap_or_default().to_vec();
-        let slot = Arc::new(MaskSlot::default());
+        let reserved = constraint.pending.iter().position(|(_, begun)| !begun);
+        let slot = match reserved {
+            Some(i) => Arc::clone(&constraint.pending[i].0),
+            None => Arc::new(MaskSlot::default()),
+        };
         let (matcher, done, computed) = (
             Arc::clone(&constraint.matcher),
             Arc::clone(&slot),
@@ -311,9 +346,15 @@ impl MaskWorkers {
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             done.put(next)
         });
-        self.jobs.send(job).ok()?;
+        // Without workers (they are gone) the job runs here: a reserved slot must be filled.
+        if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
+            job();
+        }
         constraint.consumed = output.len();
-        constraint.pending = Some(Arc::clone(&slot));
-        Some(slot)
+        match reserved {
+            Some(i) => constraint.pending[i].1 = true,
+            None => constraint.pending.push_back((Arc::clone(&slot), true)),
+        }
+        slot
     }
 }

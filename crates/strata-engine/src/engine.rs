@@ -640,7 +640,13 @@ struct EngineLoop {
 impl EngineLoop {
     fn run(mut self) {
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve()));
-        // Batches still in flight finish on the devices before the executor goes.
+        // Batches still in flight finish on the devices before the executor goes; masks they
+        // may wait for are given up.
+        for seq in self.seqs.values_mut() {
+            if let Some(c) = seq.constraint.as_mut() {
+                c.abandon();
+            }
+        }
         while self.in_flight.pop_front().is_some() {
             let _ = self.executor.collect();
         }
@@ -780,6 +786,9 @@ impl EngineLoop {
     /// Frees a sequence's blocks and forgets it; returns it (its stream still open).
     fn release(&mut self, id: SequenceId) -> Option<Sequence> {
         let mut seq = self.seqs.remove(&id)?;
+        if let Some(c) = seq.constraint.as_mut() {
+            c.abandon();
+        }
         if !seq.admitted {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -883,6 +892,11 @@ impl EngineLoop {
         if !current.tokens_on_device || self.scheduler.num_waiting() > 0 {
             return None;
         }
+        // A constrained sequence's queued step needs a mask worker to begin its mask later.
+        let constrained = |c: &ScheduledChunk| self.seqs.get(&c.id).is_some_and(|s| s.constraint.is_some());
+        if self.masks.is_none() && current.chunks.iter().any(constrained) {
+            return None;
+        }
         let mut alive = 0;
         let mut next = Vec::new();
         for (row, c) in current.chunks.iter().enumerate() {
@@ -912,6 +926,8 @@ impl EngineLoop {
         for (row, id) in next {
             let seq = self.seqs.get_mut(&id)?;
             let pos = seq.num_computed + 1;
+            // Its mask needs the token of the step in flight: begun when that one's results are in.
+            let allowed = seq.constraint.as_mut().map(|c| c.reserve());
             queued.chunks.push(ScheduledChunk { id, num_tokens: 1 });
             queued.batch.push(SeqChunk {
                 // A placeholder: the token is taken on the device.
@@ -920,7 +936,7 @@ impl EngineLoop {
                 block_table: seq.table.blocks.clone(),
                 logits: next_token_logits(seq, on_device),
                 prompt_len: seq.request.prompt.len(),
-                adjust: None,
+                adjust: row_adjust(seq, allowed),
             });
             queued.tokens_from.push(row);
         }
@@ -992,7 +1008,7 @@ impl EngineLoop {
                 }
             }
         }
-        self.masks.as_ref()?.begin(constraint, &seq.output)
+        Some(self.masks.as_ref()?.begin(constraint, &seq.output))
     }
 
     /// Applies the executor's answer for a batch: advances each sequence, commits its full prompt
@@ -1066,6 +1082,11 @@ impl EngineLoop {
             self.stats.generation_tokens_total += 1;
             if seq.push_token(token, lp, self.max_model_len, &mut self.outbox) != Progress::Running {
                 finished.push(c.id);
+            } else if let (Some(constraint), Some(workers)) = (seq.constraint.as_mut(), &self.masks) {
+                // The step queued behind this one waits for the mask after this token.
+                if constraint.has_reserved() {
+                    workers.begin(constraint, &seq.output);
+                }
             }
         }
         self.executor.recycle(logits);
@@ -1152,10 +1173,9 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     }
 }
 
-/// A chunk that decodes one generated token whose id is chosen on the device, with no mask
-/// (the next step's mask needs this step's token on the host).
+/// A chunk that decodes one generated token whose id is chosen on the device.
 fn is_device_token_decode(c: &SeqChunk) -> bool {
-    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only() && c.adjust.is_none()
+    c.tokens.len() == 1 && c.first_pos >= c.prompt_len && c.logits.wants_id_only()
 }
 
 /// The bias and mask of `seq`'s row, for an executor that samples on its device; `None` when

@@ -484,38 +484,65 @@ struct OverlapLog {
 /// The CPU executor behind the overlapping interface, as one GPU presents itself: `submit` runs
 /// a greedy decode batch at once, with each token taken from the previous batch's result when
 /// asked (where the GPU takes the argmax on the device), and `collect` returns results in order.
+type Pending = (
+    Result<Logits, ModelError>,
+    Vec<usize>,
+    Vec<(usize, RowAdjust, LogitsWanted)>,
+);
+
 struct OverlappingCpu {
     cpu: CpuExecutor,
     /// Whether it says it overlaps steps, and whether it samples `LastSampled` rows itself (as
     /// the GPU does, by the Gumbel-max trick).
     overlap: bool,
     on_device: bool,
-    /// Results not yet collected, with the positions each batch computed.
-    results: VecDeque<(Result<Logits, ModelError>, Vec<usize>)>,
+    /// Results not yet collected, with the positions each batch computed and its rows whose
+    /// tokens wait for their masks.
+    results: VecDeque<Pending>,
     log: Arc<Mutex<OverlapLog>>,
 }
 
 impl OverlappingCpu {
+    /// The rows of `batch` whose token is chosen under a bias or mask (on the device).
+    fn adjusted(&self, batch: &[SeqChunk]) -> Vec<(usize, RowAdjust, LogitsWanted)> {
+        if !self.on_device {
+            return Vec::new();
+        }
+        batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.adjust.clone()?, c.logits)))
+            .collect()
+    }
+
     /// The CPU's forward pass, then, when `on_device`, the tokens of `LastSampled` rows drawn
-    /// here and those of adjusted rows (bias, then mask) chosen here, as the GPU does.
+    /// here; rows with a bias or mask are chosen later ([`Self::choose_adjusted`]), as the GPU
+    /// launches their logits only once the host's masks are in.
     fn run(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
         let mut logits = self.cpu.forward(batch)?;
         if self.on_device {
             for (i, c) in batch.iter().enumerate() {
-                let adjusted = c.adjust.as_ref().map(|a| {
-                    let row = logits.last_of(i).expect("a row for the adjusted chunk");
-                    adjust_row(row, a)
-                });
-                let row = adjusted.as_deref().or_else(|| logits.last_of(i));
-                let token = match (c.logits, row) {
-                    (LogitsWanted::LastSampled(sampling), Some(row)) => gumbel_max(row, &sampling),
-                    (LogitsWanted::LastArgmax, Some(row)) if adjusted.is_some() => greedy_token(row),
-                    _ => continue,
-                };
-                logits.argmax.push((i, token));
+                if let (LogitsWanted::LastSampled(sampling), None) = (c.logits, &c.adjust) {
+                    let row = logits.last_of(i).expect("a row for the sampled chunk");
+                    logits.argmax.push((i, gumbel_max(row, &sampling)));
+                }
             }
         }
         Ok(logits)
+    }
+}
+
+/// Chooses the tokens of a batch's rows with a bias or mask (waiting for the masks), as the GPU
+/// does before the next step takes them or the host reads them.
+fn choose_adjusted(result: &mut Result<Logits, ModelError>, adjusted: &mut Vec<(usize, RowAdjust, LogitsWanted)>) {
+    let Ok(logits) = result else { return };
+    for (i, adjust, wanted) in adjusted.drain(..) {
+        let row = adjust_row(logits.last_of(i).expect("a row for the adjusted chunk"), &adjust);
+        let token = match wanted {
+            LogitsWanted::LastSampled(sampling) => gumbel_max(&row, &sampling),
+            _ => greedy_token(&row),
+        };
+        logits.argmax.push((i, token));
     }
 }
 
@@ -581,7 +608,9 @@ impl Executor for OverlappingCpu {
             let mut log = self.log.lock().unwrap();
             log.violations.push("forward called with a batch in flight".into());
         }
-        self.run(batch)
+        let mut result = self.run(batch);
+        choose_adjusted(&mut result, &mut self.adjusted(batch));
+        result
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -609,9 +638,12 @@ impl Executor for OverlappingCpu {
             log.violations
                 .push("a batch other than decodes of tokens chosen on the device submitted".into());
         }
+        if let Some((result, _, adjusted)) = self.results.back_mut() {
+            choose_adjusted(result, adjusted);
+        }
         if let Some(from) = tokens_from {
             log.overlapped += 1;
-            let Some((Ok(previous), positions)) = self.results.back() else {
+            let Some((Ok(previous), positions, _)) = self.results.back() else {
                 log.violations
                     .push("tokens taken from a batch that is not in flight".into());
                 return Err(ModelError::BadBatch("no batch in flight".into()));
@@ -631,13 +663,17 @@ impl Executor for OverlappingCpu {
         drop(log);
         let positions = batch.iter().map(|c| c.first_pos).collect();
         let result = self.run(&batch);
-        self.results.push_back((result, positions));
+        let adjusted = self.adjusted(&batch);
+        self.results.push_back((result, positions, adjusted));
         Ok(())
     }
 
     fn collect(&mut self) -> Result<Logits, ModelError> {
         match self.results.pop_front() {
-            Some((result, _)) => result,
+            Some((mut result, _, mut adjusted)) => {
+                choose_adjusted(&mut result, &mut adjusted);
+                result
+            }
             None => Err(ModelError::BadBatch("collect without a submitted batch".into())),
         }
     }
@@ -665,7 +701,8 @@ fn device_engine(config: EngineConfig, overlap: bool, on_device: bool) -> (Engin
 }
 
 /// Constrained and biased requests whose tokens the device chooses under its masks: greedy
-/// outputs equal the host sampler's, beside free requests that keep overlapping.
+/// outputs equal the host sampler's, and their steps overlap (each queued step's mask begun
+/// once the running step's tokens are in).
 #[test]
 fn masks_and_biases_applied_on_the_device_match_the_host() {
     let schema = OutputConstraint::JsonSchema(serde_json::json!({
@@ -707,6 +744,8 @@ fn masks_and_biases_applied_on_the_device_match_the_host() {
     assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{text}");
     let log = log.lock().unwrap();
     assert!(log.violations.is_empty(), "{:?}", log.violations);
+    // Masked steps are queued behind the running one too: their masks wait for its tokens.
+    assert!(log.overlapped > 10, "{} overlapped steps", log.overlapped);
 }
 
 #[test]

@@ -1783,4 +1783,32 @@ fn masked_and_biased_rows_choose_on_the_gpu_what_the_host_would() {
         .collect();
     assert_eq!(ids, want, "decode step");
     println!("masked and biased rows: the GPU chose {ids:?}, as the host rule does");
+    // Two more adjusted steps one at a time, then again overlapped (the second queued behind
+    // the first, its tokens taken on the GPU, the first's logits launched when it starts).
+    let step = |tokens: &[u32], back: usize| -> Vec<SeqChunk> {
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| SeqChunk {
+                tokens: vec![tokens[i]],
+                first_pos: c.tokens.len() + back,
+                logits: LogitsWanted::LastArgmax,
+                adjust: adjust(i),
+                ..c.clone()
+            })
+            .collect()
+    };
+    let ids_of = |l: &Logits| {
+        (0..prompts.len())
+            .map(|i| l.argmax_of(i).unwrap())
+            .collect::<Vec<u32>>()
+    };
+    let first = ids_of(&exec.forward(&step(&ids, 1)).unwrap());
+    let second = ids_of(&exec.forward(&step(&first, 2)).unwrap());
+    exec.submit(step(&ids, 1), None).unwrap();
+    let rows: Vec<usize> = (0..prompts.len()).collect();
+    exec.submit(step(&vec![0; prompts.len()], 2), Some(rows)).unwrap();
+    assert_eq!(ids_of(&exec.collect().unwrap()), first, "overlapped first step");
+    assert_eq!(ids_of(&exec.collect().unwrap()), second, "overlapped second step");
+    println!("overlapped masked steps: {first:?} then {second:?}, as one at a time");
 }

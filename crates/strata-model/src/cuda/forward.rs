@@ -249,6 +249,9 @@ pub struct GpuTransformer {
     graphs: HashMap<(usize, bool), Graph>,
     /// Logit bias and grammar masks of the rows that have them.
     adjusts: RowAdjusts,
+    /// The started step whose logits wait for its masks, and the marks of such steps' ids.
+    deferred: Option<DeferredLogits>,
+    deferred_done: [Option<Event>; 2],
     /// Capture decode steps as CUDA graphs (off with `--enforce-eager`).
     pub use_graphs: bool,
     /// Fixed-order GEMMs and reductions (see [`GpuTransformer::set_deterministic`]).
@@ -300,8 +303,18 @@ pub struct StartedDecode {
     seqs: Vec<usize>,
     /// Its staging slot, where its ids come back.
     slot: usize,
-    /// Marked after the ids' copy back.
-    done: Event,
+    /// Marked after the ids' copy back; `None` while its logits wait for the host's masks
+    /// ([`GpuTransformer::launch_deferred`] marks it then).
+    done: Option<Event>,
+}
+
+/// A started decode step whose logits wait for the host's masks.
+struct DeferredLogits {
+    bucket: usize,
+    /// Its row adjustments' staging set, and its staging slot and logits rows.
+    set: usize,
+    slot: usize,
+    rows: usize,
 }
 
 /// Host-side description of one step.
@@ -447,6 +460,8 @@ impl GpuTransformer {
             overlap: std::env::var("STRATA_OVERLAP").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
             adjusts,
+            deferred: None,
+            deferred_done: [None, None],
             use_graphs: true,
             deterministic: false,
             gemv_max_tokens: std::env::var("STRATA_GEMV_MAX_TOKENS")
@@ -659,8 +674,13 @@ impl GpuTransformer {
             return Ok(self.no_logits());
         }
         let logit_rows = bucket.unwrap_or(plan.rows.len());
-        let adjusted =
-            self.shard.is_last_stage() && self.adjusts.stage(batch, plan.rows.iter().map(|r| r.0), logit_rows);
+        let adjusted = match self.shard.is_last_stage() {
+            true => self
+                .adjusts
+                .stage(batch, plan.rows.iter().map(|r| r.0), logit_rows)
+                .map_err(gpu_err)?,
+            false => None,
+        };
         let l = self.layout;
         self.gpu
             .write(&self.bufs.inputs, 0, &self.host_inputs[self.staging][..l.len])
@@ -670,7 +690,10 @@ impl GpuTransformer {
         self.profile_phase("stage and upload inputs");
         match bucket {
             Some(b) => {
-                self.run_decode(b, adjusted).map_err(gpu_err)?;
+                self.run_decode(b, adjusted.is_some()).map_err(gpu_err)?;
+                if let Some(set) = adjusted {
+                    self.adjusted_logits(b, set).map_err(gpu_err)?;
+                }
                 self.profile_phase("launch (graph or eager kernels)");
                 self.collect_logits(&plan, true, adjusted).map_err(gpu_err)
             }
@@ -687,7 +710,7 @@ impl GpuTransformer {
     /// Queues a decode step padded to bucket `b` (its inputs uploaded): its layers and, on the last
     /// stage, its logits rows and their argmax, as the bucket's CUDA graph (captured on first use)
     /// or kernel by kernel. With `adjusted` rows the graph stops before the logits, which follow
-    /// once the host's masks (computed while the layers run) are uploaded.
+    /// ([`Self::adjusted_logits`]) once the host's masks, computed while the layers run, are in.
     fn run_decode(&mut self, b: usize, adjusted: bool) -> Result<(), CudaError> {
         let parts = self.attention_parts(b);
         let logits_in_graph = self.shard.is_last_stage() && !adjusted;
@@ -716,11 +739,30 @@ impl GpuTransformer {
             self.graphs[&key].launch()?;
             self.profile_end(timer, || "the whole step's CUDA graph".to_string())?;
         }
-        if adjusted {
-            self.adjusts.upload(&self.gpu)?;
-            self.profile_phase("wait for the host's grammar masks");
-            self.logits_chunk(0, b, true)?;
+        Ok(())
+    }
+
+    /// The logits of a decode step of bucket `b` whose layers are queued: waits for its masks
+    /// (staging set `set`), uploads them, then the norm, LM head, bias and mask, and the choice.
+    fn adjusted_logits(&mut self, b: usize, set: usize) -> Result<(), CudaError> {
+        self.adjusts.upload(&self.gpu, set)?;
+        self.profile_phase("wait for the host's grammar masks");
+        self.logits_chunk(0, b, true)
+    }
+
+    /// Launches the logits of the started step that waits for its masks, if any, and queues its
+    /// ids' copy back.
+    fn launch_deferred(&mut self) -> Result<(), CudaError> {
+        let Some(d) = self.deferred.take() else {
+            return Ok(());
+        };
+        self.adjusted_logits(d.bucket, d.set)?;
+        // SAFETY: as in `start_decode`: `started_ids[d.slot]` is read only after this mark.
+        unsafe {
+            self.gpu
+                .read_async(&self.bufs.argmax, 0, &mut self.started_ids[d.slot], d.rows)?;
         }
+        self.deferred_done[d.slot] = Some(self.gpu.mark()?);
         Ok(())
     }
 
@@ -758,10 +800,7 @@ impl GpuTransformer {
         if self.started >= 2 {
             return bad("two decode steps are started already; finish one first");
         }
-        // Rows with a mask need this step's token on the host first: they run one step at a time.
-        let tokens_on_device = batch
-            .iter()
-            .all(|c| c.tokens.len() == 1 && c.logits.wants_id_only() && c.adjust.is_none());
+        let tokens_on_device = batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only());
         if batch.is_empty() || !tokens_on_device {
             return bad(
                 "only steps of decodes whose token is chosen on the GPU (argmax or sampled) start without waiting",
@@ -778,9 +817,16 @@ impl GpuTransformer {
         }
         let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.gpu.bind().map_err(gpu_err)?;
-        self.decode_bucket = Some(b);
         self.validate(batch)?;
+        // The step before may wait for its masks (begun once the one before it was read): its
+        // logits go first, as this step may take its tokens.
+        self.launch_deferred().map_err(gpu_err)?;
+        self.decode_bucket = Some(b);
         let plan = self.stage(batch, b).map_err(gpu_err)?;
+        let adjusted = self
+            .adjusts
+            .stage(batch, plan.rows.iter().map(|r| r.0), b)
+            .map_err(gpu_err)?;
         let (slot, l) = (self.staging, self.layout);
         // Tokens that come from the device: their rows take the placeholders' place.
         if let Some(from) = tokens_from {
@@ -812,14 +858,29 @@ impl GpuTransformer {
             )
             .map_err(gpu_err)?;
         }
-        self.run_decode(b, false).map_err(gpu_err)?;
+        self.run_decode(b, adjusted.is_some()).map_err(gpu_err)?;
         let rows = plan.rows.len();
-        unsafe {
-            self.gpu
-                .read_async(&self.bufs.argmax, 0, &mut self.started_ids[slot], rows)
-                .map_err(gpu_err)?;
-        }
-        let done = self.gpu.mark().map_err(gpu_err)?;
+        // Adjusted rows: the logits wait for the masks, which the host begins once it has read
+        // the step before (at the next start or at the finish).
+        let done = match adjusted {
+            Some(set) => {
+                self.deferred = Some(DeferredLogits {
+                    bucket: b,
+                    set,
+                    slot,
+                    rows,
+                });
+                None
+            }
+            None => {
+                unsafe {
+                    self.gpu
+                        .read_async(&self.bufs.argmax, 0, &mut self.started_ids[slot], rows)
+                        .map_err(gpu_err)?;
+                }
+                Some(self.gpu.mark().map_err(gpu_err)?)
+            }
+        };
         self.staging ^= 1;
         self.started += 1;
         self.argmax_rows_of_started = Some(rows);
@@ -832,8 +893,20 @@ impl GpuTransformer {
 
     /// Waits for a step of [`Self::start_decode`] and returns its chosen tokens.
     pub fn finish_decode(&mut self, step: StartedDecode) -> Result<Logits, ModelError> {
+        let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.started = self.started.saturating_sub(1);
-        step.done.synchronize().map_err(|e| ModelError::Device(e.to_string()))?;
+        let done = match step.done {
+            Some(done) => done,
+            None => {
+                if self.deferred.as_ref().is_some_and(|d| d.slot == step.slot) {
+                    self.launch_deferred().map_err(gpu_err)?;
+                }
+                self.deferred_done[step.slot]
+                    .take()
+                    .ok_or_else(|| ModelError::BadBatch("a started step's logits were never launched".into()))?
+            }
+        };
+        done.synchronize().map_err(gpu_err)?;
         let ids = &self.started_ids[step.slot];
         Ok(Logits {
             vocab: self.local.vocab_size,
@@ -1328,7 +1401,12 @@ impl GpuTransformer {
     /// Copies the wanted results to the host: the argmax of argmax-only rows, whole rows of the
     /// others (running the LM head in chunks unless a captured step already did). Stages other
     /// than the last only wait for their work.
-    fn collect_logits(&mut self, plan: &StepPlan, computed: bool, adjusted: bool) -> Result<ShardLogits, CudaError> {
+    fn collect_logits(
+        &mut self,
+        plan: &StepPlan,
+        computed: bool,
+        adjusted: Option<usize>,
+    ) -> Result<ShardLogits, CudaError> {
         let mut out = self.no_logits();
         if !self.shard.is_last_stage() {
             self.gpu.sync()?;
@@ -1346,10 +1424,10 @@ impl GpuTransformer {
         while first < r {
             let n = chunk.min(r - first);
             if !computed {
-                if adjusted && first == 0 {
-                    self.adjusts.upload(&self.gpu)?;
+                if let (Some(set), 0) = (adjusted, first) {
+                    self.adjusts.upload(&self.gpu, set)?;
                 }
-                self.logits_chunk(first, n, adjusted)?;
+                self.logits_chunk(first, n, adjusted.is_some())?;
             }
             // The ids and the logits of this chunk's rows: [0, n) and [lr, lr + n).
             self.gpu.read(&self.bufs.argmax, 0, &mut words[..lr + n])?;
