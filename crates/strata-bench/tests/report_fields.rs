@@ -37,12 +37,15 @@ const REPORT_FIELDS: &[&str] = &[
     "client",
 ];
 
+/// The object's keys at `path`, sorted (serde_json keeps them in the order written).
 fn keys(value: &Value, path: &str) -> Vec<String> {
-    value
+    let mut keys: Vec<String> = value
         .pointer(path)
         .and_then(Value::as_object)
         .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    keys.sort();
+    keys
 }
 
 #[tokio::test]
