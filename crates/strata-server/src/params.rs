@@ -12,7 +12,7 @@ use strata_engine::{GenerationRequest, SamplingParams};
 
 use crate::error::ApiError;
 use crate::protocol::{StopField, StreamOptions};
-use crate::response_format::{output_constraint, FormatShape, GrammarCheck};
+use crate::response_format::{output_constraint, GrammarCheck};
 
 /// Most choices one request may ask for.
 pub const MAX_N: u64 = 128;
@@ -255,7 +255,7 @@ pub fn plan(f: &GenerationFields, vocab_size: usize, grammar: &GrammarCheck) -> 
         ));
     }
     let constraint = match f.response_format {
-        Some(format) => output_constraint(format, FormatShape::ResponseFormat, grammar)?,
+        Some(format) => output_constraint(format, grammar)?,
         None => None,
     };
     Ok(GenerationPlan {

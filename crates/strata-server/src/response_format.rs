@@ -1,5 +1,5 @@
-//! `response_format` (chat and completions) and the Responses API's `text.format`: parsed into the
-//! engine's [`OutputConstraint`] and checked to compile against the served vocabulary.
+//! `response_format` (chat and completions; the Responses API's `text.format` arrives as one):
+//! parsed into the engine's [`OutputConstraint`] and checked to compile against the served vocabulary.
 
 use std::sync::Arc;
 
@@ -11,27 +11,6 @@ use crate::error::ApiError;
 
 /// Longest schema name OpenAI accepts.
 pub const MAX_SCHEMA_NAME_CHARS: usize = 64;
-
-/// Where a format object sits: that decides where its schema is and how errors name its fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FormatShape {
-    /// Chat and completions' `response_format`:
-    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`.
-    ResponseFormat,
-    /// The Responses API's `text.format`, the same fields one level up:
-    /// `{"type": "json_schema", "name", "schema", "strict", "description"}`.
-    TextFormat,
-}
-
-impl FormatShape {
-    /// The field's name in the request.
-    pub fn param(self) -> &'static str {
-        match self {
-            FormatShape::ResponseFormat => "response_format",
-            FormatShape::TextFormat => "text.format",
-        }
-    }
-}
 
 /// The served model's grammar compiler (built once at start), or why it has none.
 pub struct GrammarCheck {
@@ -84,12 +63,8 @@ impl GrammarCheck {
 /// `json_schema`, checked field by field (400 naming the field, e.g.
 /// `response_format.json_schema.name`) and, for a schema, compiled by `grammar` (400 naming the
 /// schema with llguidance's reason).
-pub fn output_constraint(
-    format: &Value,
-    shape: FormatShape,
-    grammar: &GrammarCheck,
-) -> Result<Option<OutputConstraint>, ApiError> {
-    let param = shape.param();
+pub fn output_constraint(format: &Value, grammar: &GrammarCheck) -> Result<Option<OutputConstraint>, ApiError> {
+    let param = "response_format";
     let Some(format) = format.as_object() else {
         return Err(ApiError::invalid_field(
             param,
@@ -100,23 +75,18 @@ pub fn output_constraint(
     let constraint = match format.get("type") {
         Some(Value::String(kind)) if kind == "text" => return Ok(None),
         Some(Value::String(kind)) if kind == "json_object" => return Ok(Some(OutputConstraint::JsonObject)),
-        Some(Value::String(kind)) if kind == "json_schema" => match shape {
-            FormatShape::ResponseFormat => {
-                let inner = format!("{param}.json_schema");
-                match format.get("json_schema") {
-                    Some(Value::Object(fields)) => json_schema(fields, &inner)?,
-                    _ => {
-                        return Err(ApiError::invalid_field(
-                            inner.clone(),
-                            format!(
-                                "`{inner}` is required with type `json_schema`: an object with `name` and `schema`"
-                            ),
-                        ))
-                    }
+        Some(Value::String(kind)) if kind == "json_schema" => {
+            let inner = format!("{param}.json_schema");
+            match format.get("json_schema") {
+                Some(Value::Object(fields)) => json_schema(fields, &inner)?,
+                _ => {
+                    return Err(ApiError::invalid_field(
+                        inner.clone(),
+                        format!("`{inner}` is required with type `json_schema`: an object with `name` and `schema`"),
+                    ))
                 }
             }
-            FormatShape::TextFormat => json_schema(format, param)?,
-        },
+        }
         Some(Value::String(kind)) => {
             return Err(ApiError::invalid_field(
                 format!("{param}.type"),
@@ -130,11 +100,7 @@ pub fn output_constraint(
             ))
         }
     };
-    let schema_param = match shape {
-        FormatShape::ResponseFormat => format!("{param}.json_schema.schema"),
-        FormatShape::TextFormat => format!("{param}.schema"),
-    };
-    grammar.check(&constraint, &schema_param)?;
+    grammar.check(&constraint, &format!("{param}.json_schema.schema"))?;
     Ok(Some(constraint))
 }
 
