@@ -26,6 +26,15 @@ pub enum OutputConstraint {
 }
 
 impl OutputConstraint {
+    /// What tells one grammar from another in the compiled cache.
+    fn key(&self) -> String {
+        match self {
+            OutputConstraint::JsonObject => "object".into(),
+            OutputConstraint::JsonSchema(schema) => format!("schema {schema}"),
+            OutputConstraint::Lark(text) => format!("lark {text}"),
+        }
+    }
+
     fn grammar(&self) -> TopLevelGrammar {
         match self {
             OutputConstraint::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
@@ -78,10 +87,16 @@ impl TokenizerEnv for VocabEnv {
     }
 }
 
+/// Grammars kept compiled: the server's check and the engine's submit compile each request's
+/// once between them, and clients that send one schema every time compile it once.
+const COMPILED_GRAMMARS: usize = 64;
+
 /// Compiles requests' constraints against one model's vocabulary; built once per engine.
 #[derive(Clone)]
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
+    /// Fresh matchers of the grammars compiled last, most recent first, by [`OutputConstraint::key`].
+    compiled: Arc<Mutex<VecDeque<(String, Matcher)>>>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -118,16 +133,32 @@ impl GrammarCompiler {
         factory.quiet();
         Ok(GrammarCompiler {
             factory: Arc::new(factory),
+            compiled: Arc::default(),
         })
     }
 
-    /// A fresh matcher for `constraint`, or why the grammar or schema is unusable.
+    /// A fresh matcher for `constraint` (a copy of the compiled one when it is cached), or why
+    /// the grammar or schema is unusable.
     pub fn matcher(&self, constraint: &OutputConstraint) -> Result<Matcher, String> {
+        let key = constraint.key();
+        if let Ok(mut compiled) = self.compiled.lock() {
+            if let Some(i) = compiled.iter().position(|(k, _)| *k == key) {
+                let hit = compiled.remove(i).expect("position is in range");
+                let matcher = hit.1.clone();
+                compiled.push_front(hit);
+                return Ok(matcher);
+            }
+        }
         let parser = self
             .factory
             .create_parser(constraint.grammar())
             .map_err(|e| e.to_string())?;
-        Ok(Matcher::new(Ok(parser)))
+        let matcher = Matcher::new(Ok(parser));
+        if let Ok(mut compiled) = self.compiled.lock() {
+            compiled.push_front((key, matcher.clone()));
+            compiled.truncate(COMPILED_GRAMMARS);
+        }
+        Ok(matcher)
     }
 }
 

@@ -211,3 +211,20 @@ fn unusable_constraints_and_biases_are_refused() {
     let err = e.submit(req).err().expect("refused");
     assert!(err.to_string().contains("[-100, 100]"), "{err}");
 }
+
+/// The compiled-grammar cache hands out fresh matchers: advancing one leaves the next one at
+/// the start of the grammar.
+#[test]
+fn cached_grammars_give_independent_matchers() {
+    let e = engine();
+    let compiler = e.grammar_compiler().expect("the model has a compiler");
+    let schema = OutputConstraint::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "integer"}}}));
+    let ids = e.tokenizer().encode("{\"a\": 1", false, false).expect("encodes");
+    let mut first = compiler.matcher(&schema).expect("compiles");
+    let start = first.compute_mask().expect("mask").to_list();
+    first.consume_tokens(&ids).expect("the tokens fit the schema");
+    assert_ne!(first.compute_mask().expect("mask").to_list(), start);
+    let mut second = compiler.matcher(&schema).expect("cached");
+    assert_eq!(second.compute_mask().expect("mask").to_list(), start);
+    second.consume_tokens(&ids).expect("the second starts over");
+}

@@ -12,33 +12,34 @@ use crate::error::ApiError;
 /// Longest schema name OpenAI accepts.
 pub const MAX_SCHEMA_NAME_CHARS: usize = 64;
 
-/// The served model's grammar compiler (built once at start), or why it has none.
-pub struct GrammarCheck {
-    compiler: Result<GrammarCompiler, String>,
+/// The served model's grammar compiler, or why it has none: the engine's own (built on the
+/// first request that needs it), or one of its own in tests without an engine.
+pub enum GrammarCheck {
+    Engine(EngineHandle),
+    Own(Result<GrammarCompiler, String>),
 }
 
 impl GrammarCheck {
     /// The check of the engine's own compiler (the one that will constrain the requests).
     pub fn new(engine: &EngineHandle) -> Self {
-        let compiler = engine.grammar_compiler().cloned().map_err(|e| e.to_string());
-        if let Err(why) = &compiler {
-            tracing::warn!("requests' response_format will be refused: {why}");
-        }
-        GrammarCheck { compiler }
+        GrammarCheck::Engine(engine.clone())
     }
 
     /// The check of a compiler for `tokenizer`'s vocabulary (tests without an engine).
     pub fn for_tokenizer(tokenizer: &Tokenizer) -> Self {
-        GrammarCheck {
-            compiler: GrammarCompiler::new(Arc::new(tokenizer.clone())),
-        }
+        GrammarCheck::Own(GrammarCompiler::new(Arc::new(tokenizer.clone())))
     }
 
     /// One that refuses every format but `text` (tests of the other fields need no vocabulary).
     #[cfg(test)]
     pub(crate) fn unavailable() -> Self {
-        GrammarCheck {
-            compiler: Err("no vocabulary in this test".into()),
+        GrammarCheck::Own(Err("no vocabulary in this test".into()))
+    }
+
+    fn compiler(&self) -> Result<&GrammarCompiler, String> {
+        match self {
+            GrammarCheck::Engine(engine) => engine.grammar_compiler().map_err(|e| e.to_string()),
+            GrammarCheck::Own(compiler) => compiler.as_ref().map_err(String::clone),
         }
     }
 
@@ -46,8 +47,7 @@ impl GrammarCheck {
     /// `constraint` (a schema it cannot compile, or a model without an end-of-sequence token).
     pub fn check(&self, constraint: &OutputConstraint, param: &str) -> Result<(), ApiError> {
         let compiler = self
-            .compiler
-            .as_ref()
+            .compiler()
             .map_err(|why| ApiError::invalid_field(param, format!("this model cannot constrain its output: {why}")))?;
         match compiler.matcher(constraint) {
             Ok(_) => Ok(()),
