@@ -216,7 +216,8 @@ struct HandleInner {
     commands: Mutex<Sender<Command>>,
     shared: Arc<Shared>,
     tokenizer: Tokenizer,
-    /// Built on the first constrained request: most servers never need it.
+    /// Built on the first constrained request (or the server's first check of one): most
+    /// engines never need it.
     grammar: OnceLock<Result<GrammarCompiler, String>>,
     chat_template: ChatTemplate,
     capacity: KvCapacity,
@@ -960,7 +961,7 @@ impl EngineLoop {
             return None;
         }
         let on_device = self.executor.samples_on_device();
-        let batch: Vec<SeqChunk> = plan
+        let mut batch: Vec<SeqChunk> = plan
             .chunks
             .iter()
             .map(|c| {
@@ -980,7 +981,6 @@ impl EngineLoop {
                 }
             })
             .collect();
-        let mut batch = batch;
         for (c, chunk) in plan.chunks.iter().zip(&mut batch) {
             if chunk.logits != LogitsWanted::None {
                 let allowed = self.begin_mask(c.id);

@@ -237,13 +237,6 @@ impl Sampler {
                 *l += bias;
             }
         }
-        if let Some(allowed) = allowed {
-            for (t, l) in out.iter_mut().enumerate() {
-                if t >= allowed.len() || !allowed.is_allowed(t as u32) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
         if p.repetition_penalty != 1.0 {
             let mut seen: Vec<u32> = prompt
                 .iter()
@@ -278,6 +271,13 @@ impl Sampler {
             }
             for (t, c) in counts {
                 out[t as usize] -= p.presence_penalty + p.frequency_penalty * c as f32;
+            }
+        }
+        if let Some(allowed) = allowed {
+            for (t, l) in out.iter_mut().enumerate() {
+                if t >= allowed.len() || !allowed.is_allowed(t as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         out
