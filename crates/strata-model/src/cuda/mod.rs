@@ -2,11 +2,20 @@
 //! sized by `--gpu-memory-utilization` after measuring the activation peak.
 
 pub mod forward;
+mod graphs;
+mod knobs;
 pub mod kv_cache;
+mod launch;
+mod layers;
+mod logits;
+mod overlap;
 pub mod parallel;
 pub mod profile;
 pub mod row_adjust;
 pub mod shard;
+mod step_buffers;
+mod step_inputs;
+mod tuning;
 pub mod weights;
 
 use std::collections::VecDeque;

@@ -30,9 +30,9 @@ pub struct KernelProfile {
 const BETWEEN_STEPS: &str = "between steps (engine, sampling)";
 
 impl KernelProfile {
-    /// A profile when `STRATA_GPU_PROFILE` is set.
-    pub fn from_env() -> Option<KernelProfile> {
-        std::env::var_os("STRATA_GPU_PROFILE").map(|_| KernelProfile::default())
+    /// A profile when `on` (`STRATA_GPU_PROFILE` is set: [`super::knobs::GpuKnobs`]).
+    pub fn when(on: bool) -> Option<KernelProfile> {
+        on.then(KernelProfile::default)
     }
 
     /// Marks the start of a launch.

@@ -1,0 +1,111 @@
+//! The `STRATA_*` measurement knobs of the CUDA forward pass, read from the environment once,
+//! when a model is placed on its GPU; the rest of the CUDA layer reads this struct.
+
+/// Shared-memory stages a warp of the staged attention kernel uses by default.
+const DEFAULT_ATTENTION_STAGES: usize = 3;
+/// Steps of at most this many tokens use the GEMVs instead of cuBLASLt by default.
+const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
+
+/// What the environment turns on or off; the defaults are what strata runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuKnobs {
+    /// `STRATA_OVERLAP=0`: decode steps wait to be read before the next one starts.
+    pub overlap: bool,
+    /// `STRATA_GEMV_MAX_TOKENS=N`: products of at most N tokens run as GEMVs (0: none).
+    pub gemv_max_tokens: usize,
+    /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
+    pub fuse_rope: bool,
+    /// `STRATA_FUSE_NORM=0`: the norms as kernels between the GEMVs, not carried by them.
+    pub fuse_norm: bool,
+    /// `STRATA_ATTENTION=simt`: the CUDA-core attention kernels instead of tensor cores.
+    pub simt_attention: bool,
+    /// `STRATA_ATTN_STAGES=N`: shared-memory stages of the staged attention kernel (0: off,
+    /// otherwise clamped to 2..=max).
+    pub attention_stages: usize,
+    /// `STRATA_GEMM_TUNE=0`: cuBLASLt's first choices, untimed.
+    pub tune_gemms: bool,
+    /// `STRATA_GPU_PROFILE` (any value): the GPU time of every kernel, printed at the end.
+    pub profile: bool,
+}
+
+impl GpuKnobs {
+    /// The knobs of this process's environment.
+    pub fn from_env() -> GpuKnobs {
+        GpuKnobs::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The knobs `var` gives (a variable's value, `None` when unset).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> GpuKnobs {
+        let off = |name: &str| var(name).is_some_and(|v| v == "0");
+        let number = |name: &str| var(name).and_then(|v| v.parse::<usize>().ok());
+        GpuKnobs {
+            overlap: !off("STRATA_OVERLAP"),
+            gemv_max_tokens: number("STRATA_GEMV_MAX_TOKENS").unwrap_or(DEFAULT_GEMV_MAX_TOKENS),
+            fuse_rope: !off("STRATA_FUSE_ROPE"),
+            fuse_norm: !off("STRATA_FUSE_NORM"),
+            simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
+            attention_stages: match number("STRATA_ATTN_STAGES") {
+                None => DEFAULT_ATTENTION_STAGES,
+                Some(0) => 0,
+                Some(n) => n.clamp(2, strata_runtime::cuda::STAGED_ATTENTION_MAX_STAGES),
+            },
+            tune_gemms: !off("STRATA_GEMM_TUNE"),
+            profile: var("STRATA_GPU_PROFILE").is_some(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs(vars: &[(&str, &str)]) -> GpuKnobs {
+        GpuKnobs::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn defaults_are_what_strata_runs_with_and_each_knob_turns_one_thing() {
+        let defaults = knobs(&[]);
+        assert_eq!(
+            defaults,
+            GpuKnobs {
+                overlap: true,
+                gemv_max_tokens: 8,
+                fuse_rope: true,
+                fuse_norm: true,
+                simt_attention: false,
+                attention_stages: 3,
+                tune_gemms: true,
+                profile: false,
+            }
+        );
+        let all = knobs(&[
+            ("STRATA_OVERLAP", "0"),
+            ("STRATA_GEMV_MAX_TOKENS", "0"),
+            ("STRATA_FUSE_ROPE", "0"),
+            ("STRATA_FUSE_NORM", "0"),
+            ("STRATA_ATTENTION", "simt"),
+            ("STRATA_ATTN_STAGES", "0"),
+            ("STRATA_GEMM_TUNE", "0"),
+            ("STRATA_GPU_PROFILE", "1"),
+        ]);
+        assert_eq!(
+            all,
+            GpuKnobs {
+                overlap: false,
+                gemv_max_tokens: 0,
+                fuse_rope: false,
+                fuse_norm: false,
+                simt_attention: true,
+                attention_stages: 0,
+                tune_gemms: false,
+                profile: true,
+            }
+        );
+        // Stages are clamped; values that are not numbers keep the default.
+        assert_eq!(knobs(&[("STRATA_ATTN_STAGES", "9")]).attention_stages, 4);
+        assert_eq!(knobs(&[("STRATA_ATTN_STAGES", "1")]).attention_stages, 2);
+        assert_eq!(knobs(&[("STRATA_GEMV_MAX_TOKENS", "x")]).gemv_max_tokens, 8);
+        assert!(knobs(&[("STRATA_OVERLAP", "1")]).overlap);
+    }
+}

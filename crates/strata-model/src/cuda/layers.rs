@@ -1,0 +1,596 @@
+//! The forward pass through a shard's layers on the GPU: embedding (or the previous stage's
+//! residual), then per layer an attention block and an MLP block, each product on the path chosen once per step.
+
+use strata_runtime::cpu::ops::RopeLayout;
+use strata_runtime::cuda::kernels::rope_block_threads;
+use strata_runtime::cuda::{AttentionCall, Communicator, CudaError, DeviceBuffer, GemmOut, Gpu};
+use strata_runtime::kernel_args;
+
+use crate::config::ModelConfig;
+use crate::kv_cache::KvCacheDtype;
+
+use super::forward::GpuTransformer;
+use super::knobs::GpuKnobs;
+use super::weights::ComputeDtype;
+
+/// Most parts one token's attention context is split into (flash-decoding style).
+pub(super) const MAX_PARTS: usize = 16;
+/// Batches of at most this many tokens may split attention over the context (few blocks otherwise).
+pub(super) const SPLIT_MAX_TOKENS: usize = 64;
+/// Threads of the row-wise kernels (norm.cu holds a row of up to 16 per thread in registers).
+pub(super) const ROW_THREADS: u32 = 1024;
+/// Parts the reduction of every GEMM is cut into under `--deterministic` (gemm.cu's
+/// FO_MAX_CHUNKS): the largest TP size whose results equal one GPU's bit for bit.
+pub const DETERMINISTIC_CHUNKS: usize = 8;
+/// Rows per block and tokens per warp of `gemm_fixed_order`.
+const FO_WARPS: usize = 8;
+const FO_TOKENS: usize = 8;
+
+/// The decode GEMVs of gemm.cu compiled for steps of up to `tokens` tokens (`gemv_t{T}` and its
+/// variants); a block of GEMV_THREADS computes two rows, or one gate/up pair, its threads
+/// splitting k.
+pub(super) struct GemvKernels {
+    tokens: usize,
+    /// `y = x · wᵀ` (bf16 or f32), optionally scaled by a norm carried in from the step before.
+    plain: &'static str,
+    /// The gate/up projection and SiLU.
+    silu: &'static str,
+    /// The QKV projection with RoPE and the cache write.
+    qkv_rope: &'static str,
+    /// The o or down projection added into the residual, with the next norm's sums.
+    residual: &'static str,
+}
+
+const GEMV_KERNELS: [GemvKernels; 4] = [
+    GemvKernels {
+        tokens: 1,
+        plain: "gemv_t1",
+        silu: "gemv_silu_t1",
+        qkv_rope: "gemv_qkv_rope_t1",
+        residual: "gemv_residual_t1",
+    },
+    GemvKernels {
+        tokens: 2,
+        plain: "gemv_t2",
+        silu: "gemv_silu_t2",
+        qkv_rope: "gemv_qkv_rope_t2",
+        residual: "gemv_residual_t2",
+    },
+    GemvKernels {
+        tokens: 4,
+        plain: "gemv_t4",
+        silu: "gemv_silu_t4",
+        qkv_rope: "gemv_qkv_rope_t4",
+        residual: "gemv_residual_t4",
+    },
+    GemvKernels {
+        tokens: 8,
+        plain: "gemv_t8",
+        silu: "gemv_silu_t8",
+        qkv_rope: "gemv_qkv_rope_t8",
+        residual: "gemv_residual_t8",
+    },
+];
+/// The most tokens a GEMV kernel is compiled for.
+const GEMV_KERNEL_TOKENS: usize = GEMV_KERNELS[GEMV_KERNELS.len() - 1].tokens;
+/// Slots of {coarse, fine} u64 sums per token and norm (gemm.cu's NORM_SLOTS).
+const NORM_SLOTS: usize = 32;
+/// Bytes of one norm's sums for the most tokens a GEMV takes.
+pub(super) const NORM_SUMS_BYTES: usize = GEMV_KERNEL_TOKENS * NORM_SLOTS * 2 * 8;
+const GEMV_THREADS: u32 = 128;
+
+/// The attention kernels of this model, cache type, dtype and GPU.
+pub(super) struct AttentionKernels {
+    /// On tensor cores (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8
+    /// from sm_89) unless `STRATA_ATTENTION=simt` asks for the CUDA-core kernel (measurements)
+    /// or the dtype is float32 (`paged_attention_f32`).
+    kernel: &'static str,
+    /// Decode steps of more than [`SPLIT_MAX_TOKENS`] tokens run the tensor-core kernel with its
+    /// tiles staged through shared memory (`paged_attention_staged_*`), this many stages a warp.
+    staged: Option<(&'static str, usize)>,
+}
+
+impl AttentionKernels {
+    pub(super) fn choose(gpu: &Gpu, c: &ModelConfig, bf16: bool, fp8: bool, knobs: &GpuKnobs) -> AttentionKernels {
+        let cc = gpu.info.compute_capability;
+        let mma =
+            bf16 && matches!(c.head_dim, 64 | 128) && cc >= if fp8 { (8, 9) } else { (8, 0) } && !knobs.simt_attention;
+        let kernel = match (fp8, mma) {
+            _ if !bf16 => "paged_attention_f32",
+            (true, true) => "paged_attention_mma_fp8",
+            (true, false) => "paged_attention_fp8",
+            (false, true) => "paged_attention_mma_bf16",
+            (false, false) => "paged_attention_bf16",
+        };
+        let staged = (mma && knobs.attention_stages > 0).then(|| {
+            let name = if fp8 {
+                "paged_attention_staged_fp8"
+            } else {
+                "paged_attention_staged_bf16"
+            };
+            (name, knobs.attention_stages)
+        });
+        AttentionKernels { kernel, staged }
+    }
+}
+
+/// How a step's products run, chosen once per step from its size.
+#[derive(Clone, Copy)]
+pub(super) struct StepPath {
+    /// The decode GEMVs of this step's token count; `None`: cuBLASLt, or the fixed-order GEMM
+    /// under `--deterministic`.
+    gemv: Option<&'static GemvKernels>,
+    /// The QKV GEMV also applies RoPE and writes the cache (`gemv_qkv_rope_t*`).
+    qkv_rope: bool,
+    /// The RMSNorms ride the GEMVs (each writes the sums the next one scales by) instead of
+    /// running as norm kernels.
+    carried_norms: bool,
+}
+
+impl StepPath {
+    /// The GEMVs for a product over `k` inputs (their loads need k a multiple of 8).
+    fn gemv_for(&self, k: usize) -> Option<&'static GemvKernels> {
+        self.gemv.filter(|_| k.is_multiple_of(8))
+    }
+
+    /// Whether a product over `k` inputs runs as cuBLASLt (what `tune_decode_gemms` times).
+    pub(super) fn uses_cublaslt(&self, k: usize) -> bool {
+        self.gemv_for(k).is_none()
+    }
+}
+
+impl GpuTransformer {
+    /// The path of a step of `t` tokens.
+    pub(super) fn step_path(&self, t: usize) -> StepPath {
+        let c = &self.local;
+        let gemv = (!self.deterministic
+            && self.weights.dtype == ComputeDtype::Bf16
+            && t > 0
+            && t <= self.knobs.gemv_max_tokens)
+            .then(|| GEMV_KERNELS.iter().find(|g| g.tokens >= t))
+            .flatten();
+        let path = StepPath {
+            gemv,
+            qkv_rope: false,
+            carried_norms: false,
+        };
+        // RoPE and the cache write fit the QKV GEMV with a bf16 cache, no per-head q/k norm
+        // (Qwen3), even head and rotary widths.
+        let qkv_rope = self.knobs.fuse_rope
+            && self.kv.dtype != KvCacheDtype::Fp8E4m3
+            && !c.qk_norm
+            && c.head_dim.is_multiple_of(2)
+            && c.rope.dim.is_multiple_of(2)
+            && c.rope.dim <= c.head_dim
+            && path.gemv_for(c.hidden).is_some();
+        // Norms ride the GEMVs when every product of the layer is one and the o and down outputs
+        // are whole on this GPU (no TP all-reduce before the residual).
+        let carried_norms = self.knobs.fuse_norm
+            && self.comms.tp.is_none()
+            && [c.hidden, c.q_dim(), c.intermediate]
+                .iter()
+                .all(|&k| path.gemv_for(k).is_some());
+        StepPath {
+            qkv_rope,
+            carried_norms,
+            ..path
+        }
+    }
+
+    /// Embedding (first stage) or the previous stage's residual, then this shard's layers for the
+    /// first `t` staged tokens; leaves the residual in `x` and hands it to the next stage.
+    pub(super) fn layers(&mut self, t: usize, parts: usize) -> Result<(), CudaError> {
+        let path = self.step_path(t);
+        self.embed_or_receive(t)?;
+        if path.carried_norms {
+            self.gpu.zero(&self.bufs.norm_sums, 0, self.bufs.norm_sums.bytes())?;
+        }
+        for li in 0..self.local.n_layers {
+            self.attention_block(li, t, parts, &path)?;
+            self.mlp_block(li, t, &path)?;
+        }
+        if !path.carried_norms {
+            let (x, proj, h) = (self.bufs.x.ptr(), self.bufs.proj.ptr(), self.local.hidden as i32);
+            self.launch(
+                "add_residual",
+                (t as u32, 1, 1),
+                ROW_THREADS,
+                0,
+                &mut kernel_args!(x, proj, h),
+            )?;
+        }
+        if !self.shard.is_last_stage() {
+            let stage = self.shard_stage();
+            self.pp_comm()?
+                .send_f32(&self.gpu, &self.bufs.x, t * self.local.hidden, stage + 1)?;
+        }
+        Ok(())
+    }
+
+    /// The token embeddings of this GPU's vocabulary slice (summed over the TP group), or the
+    /// residual the previous pipeline stage sends.
+    fn embed_or_receive(&mut self, t: usize) -> Result<(), CudaError> {
+        let h = self.local.hidden;
+        match (&self.weights.token_embd, self.shard.is_first_stage()) {
+            (Some(embd), true) => {
+                let (table, tokens, x) = (
+                    embd.ptr(),
+                    self.bufs.inputs.at(self.inputs.layout.tokens * 4),
+                    self.bufs.x.ptr(),
+                );
+                let vocab = self.shard.vocab(&self.config);
+                let (h32, v0, vn) = (h as i32, vocab.start as i32, vocab.len() as i32);
+                self.launch(
+                    "embedding_lookup",
+                    (t as u32, 1, 1),
+                    ROW_THREADS,
+                    0,
+                    &mut kernel_args!(table, tokens, x, h32, v0, vn),
+                )?;
+                self.all_reduce(&self.bufs.x, t * h)
+            }
+            _ => {
+                let stage = self.shard_stage();
+                self.pp_comm()?.recv_f32(&self.gpu, &self.bufs.x, t * h, stage - 1)
+            }
+        }
+    }
+
+    /// Attention block of layer `li`: norm, QKV with RoPE and the cache write, paged attention,
+    /// output projection.
+    fn attention_block(&mut self, li: usize, t: usize, parts: usize, path: &StepPath) -> Result<(), CudaError> {
+        let norm_in = self.block_norm(2 * li, t, path)?;
+        self.qkv_rope_cache_write(li, t, path, norm_in)?;
+        self.paged_attention(li, t, parts)?;
+        let (wo, attn) = (self.weights.layers[li].wo.ptr(), self.bufs.attn.ptr());
+        let shape = (self.local.hidden, self.local.q_dim(), t);
+        self.block_output(2 * li, wo, attn, shape, path)
+    }
+
+    /// MLP block of layer `li`: norm, gate/up with SiLU, down projection.
+    fn mlp_block(&mut self, li: usize, t: usize, path: &StepPath) -> Result<(), CudaError> {
+        let c = &self.local;
+        let (hidden, inter) = (c.hidden, c.intermediate);
+        let norm_in = self.block_norm(2 * li + 1, t, path)?;
+        let lw = &self.weights.layers[li];
+        let (wgu, wdown) = (lw.w_gate_up.ptr(), lw.w_down.ptr());
+        let (xn, gate_up, act) = (self.bufs.xn.ptr(), self.bufs.gate_up.ptr(), self.bufs.act.ptr());
+        if let Some(g) = path.gemv_for(hidden) {
+            let (inter32, k, t32, eps) = (inter as i32, hidden as i32, t as i32, c.rms_eps);
+            self.launch(
+                g.silu,
+                (inter as u32, 1, 1),
+                GEMV_THREADS,
+                0,
+                &mut kernel_args!(wgu, xn, act, inter32, k, t32, norm_in, eps),
+            )?;
+        } else {
+            self.matmul(wgu, xn, gate_up, (2 * inter, hidden, t), GemmOut::Bf16, path, 0)?;
+            let inter32 = inter as i32;
+            self.launch(
+                "silu_mul",
+                ((inter / 8).div_ceil(256) as u32, t as u32, 1),
+                256,
+                0,
+                &mut kernel_args!(gate_up, act, inter32),
+            )?;
+        }
+        self.block_output(2 * li + 1, wdown, act, (hidden, inter, t), path)
+    }
+
+    /// The input norm of block `i` (2 * layer: attention, 2 * layer + 1: MLP), into `xn`. The
+    /// first norms the embeddings; the others first add the previous block's output into the
+    /// residual. With carried norms, the GEMVs that read `xn` scale by the norm's sums, which
+    /// this returns (0: none).
+    fn block_norm(&self, i: usize, t: usize, path: &StepPath) -> Result<u64, CudaError> {
+        let (x, proj, xn, no_weight) = (self.bufs.x.ptr(), self.bufs.proj.ptr(), self.bufs.xn.ptr(), 0u64);
+        let (h, eps) = (self.local.hidden as i32, self.local.rms_eps);
+        // The norms' weights are folded into wqkv and w_gate_up (weights.rs).
+        if i == 0 {
+            self.launch(
+                "rms_norm",
+                (t as u32, 1, 1),
+                ROW_THREADS,
+                0,
+                &mut kernel_args!(x, no_weight, xn, h, eps),
+            )?;
+            return Ok(0);
+        }
+        if path.carried_norms {
+            return Ok(self.norm_sums(i));
+        }
+        self.launch(
+            "add_rms_norm",
+            (t as u32, 1, 1),
+            ROW_THREADS,
+            0,
+            &mut kernel_args!(x, proj, no_weight, xn, h, eps),
+        )?;
+        Ok(0)
+    }
+
+    /// The sums of norm `i` carried between GEMVs.
+    fn norm_sums(&self, i: usize) -> u64 {
+        self.bufs.norm_sums.ptr() + (i * NORM_SUMS_BYTES) as u64
+    }
+
+    /// Block `i`'s output projection `a · wᵀ`: into `proj` (summed over the TP group), which the
+    /// next block's norm adds to the residual; or, with carried norms, added into the residual
+    /// by the GEMV itself, which also writes the next norm's sums.
+    fn block_output(
+        &mut self,
+        i: usize,
+        w: u64,
+        a: u64,
+        (n, k, t): (usize, usize, usize),
+        path: &StepPath,
+    ) -> Result<(), CudaError> {
+        let Some(g) = path.gemv.filter(|_| path.carried_norms) else {
+            return self.row_parallel(w, a, (n, k, t), path);
+        };
+        let (x, xn, norm_out) = (self.bufs.x.ptr(), self.bufs.xn.ptr(), self.norm_sums(i + 1));
+        let (n32, k32, t32) = (n as i32, k as i32, t as i32);
+        self.launch(
+            g.residual,
+            (n.div_ceil(2) as u32, 1, 1),
+            GEMV_THREADS,
+            0,
+            &mut kernel_args!(w, a, x, xn, norm_out, n32, k32, t32),
+        )
+    }
+
+    /// The QKV product of layer `li` (its bias added), RoPE (after Qwen3's per-head norms) and
+    /// the K/V cache write: one GEMV when the path allows, a product and rope.cu's kernel otherwise.
+    fn qkv_rope_cache_write(&mut self, li: usize, t: usize, path: &StepPath, norm_in: u64) -> Result<(), CudaError> {
+        let c = &self.local;
+        let l = self.inputs.layout;
+        let (positions, slots) = (self.bufs.inputs.at(l.positions * 4), self.bufs.inputs.at(l.slots * 4));
+        let (xn, qkv) = (self.bufs.xn.ptr(), self.bufs.qkv.ptr());
+        let lw = &self.weights.layers[li];
+        let wqkv = lw.wqkv.ptr();
+        let bias = lw.bqkv.as_ref().map_or(0, |b| b.ptr());
+        let qn = lw.q_norm.as_ref().map_or(0, |b| b.ptr());
+        let kn = lw.k_norm.as_ref().map_or(0, |b| b.ptr());
+        let (kc, vc, ks, vs) = self.kv.layer(li);
+        let width = c.q_dim() + 2 * c.kv_dim();
+        let (n_heads, n_kv, hd, rot) = (
+            c.n_heads as i32,
+            c.n_kv_heads as i32,
+            c.head_dim as i32,
+            c.rope.dim as i32,
+        );
+        let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
+        let (rope_table, bs, eps) = (self.rope_table.ptr(), self.kv.block_size as i32, c.rms_eps);
+        let group = c.n_heads / c.n_kv_heads;
+        let (hidden, kv_heads) = (c.hidden, c.n_kv_heads);
+        if let Some(g) = path.gemv.filter(|_| path.qkv_rope) {
+            let (k, t32) = (hidden as i32, t as i32);
+            return self.launch(
+                g.qkv_rope,
+                ((width / 2) as u32, 1, 1),
+                GEMV_THREADS,
+                0,
+                &mut kernel_args!(
+                    wqkv, xn, qkv, k, t32, bias, positions, rope_table, n_heads, n_kv, hd, rot, neox, slots, kc, vc,
+                    bs, norm_in, eps
+                ),
+            );
+        }
+        self.matmul(wqkv, xn, qkv, (width, hidden, t), GemmOut::Bf16, path, norm_in)?;
+        let rope_kernel = if self.kv.dtype == KvCacheDtype::Fp8E4m3 {
+            "qkv_rope_kv_write_fp8"
+        } else {
+            "qkv_rope_kv_write_bf16"
+        };
+        self.launch(
+            rope_kernel,
+            (t as u32, kv_heads as u32, 1),
+            rope_block_threads(group),
+            0,
+            &mut kernel_args!(
+                qkv, bias, qn, kn, positions, rope_table, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks, vs, bs
+            ),
+        )
+    }
+
+    /// Paged attention of the step's `t` queries over layer `li`'s cache, each context split in
+    /// `parts`.
+    fn paged_attention(&mut self, li: usize, t: usize, parts: usize) -> Result<(), CudaError> {
+        let c = &self.local;
+        let l = self.inputs.layout;
+        let inp = |off: usize| self.bufs.inputs.at(off * 4);
+        let (kc, vc, ks, vs) = self.kv.layer(li);
+        // Prompt chunks re-read their context from L2, where more resident blocks beat
+        // deeper staging (1,198 vs 902 us a 4096-token chunk on an H200).
+        let (kernel, stages) = match self.attention.staged {
+            Some(staged) if t > SPLIT_MAX_TOKENS && self.decode_bucket.is_some() => staged,
+            _ => (self.attention.kernel, 0),
+        };
+        let call = AttentionCall {
+            q: self.bufs.qkv.ptr(),
+            q_stride: (c.q_dim() + 2 * c.kv_dim()) as i32,
+            k_cache: kc,
+            v_cache: vc,
+            k_scale: ks,
+            v_scale: vs,
+            block_tables: inp(l.tables),
+            max_blocks: self.limits.max_blocks(self.kv.block_size) as i32,
+            token_seq: inp(l.token_seq),
+            positions: inp(l.positions),
+            out: self.bufs.attn.ptr(),
+            part_acc: self.bufs.part_acc.ptr(),
+            part_ml: self.bufs.part_ml.ptr(),
+            n_kv: c.n_kv_heads as i32,
+            block_size: self.kv.block_size as i32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            stages: stages as i32,
+            tokens: t,
+            parts: parts as i32,
+            n_heads: c.n_heads,
+            head_dim: c.head_dim,
+            fp8: self.kv.dtype == KvCacheDtype::Fp8E4m3,
+        };
+        call.launch_with(kernel, |name, grid, threads, shared, args| {
+            self.launch(name, grid, threads, shared, args)
+        })
+    }
+
+    /// Context parts per token for a step of `t` tokens: enough attention blocks to fill the
+    /// GPU about four times over when the batch alone does not.
+    pub(super) fn attention_parts(&self, t: usize) -> usize {
+        if t > SPLIT_MAX_TOKENS {
+            return 1;
+        }
+        // Deterministic: the same split whatever share of the heads this GPU holds.
+        let kv_heads = if self.deterministic {
+            self.config.n_kv_heads
+        } else {
+            self.local.n_kv_heads
+        };
+        let blocks = t * kv_heads;
+        (4 * self.gpu.info.multiprocessors)
+            .div_ceil(blocks.max(1))
+            .clamp(1, MAX_PARTS)
+    }
+
+    /// This shard's pipeline stage (its rank in the pipeline communicator).
+    pub(super) fn shard_stage(&self) -> usize {
+        self.comms.pp.as_ref().map(|c| c.rank).unwrap_or(0)
+    }
+
+    fn pp_comm(&self) -> Result<&Communicator, CudaError> {
+        self.comms
+            .pp
+            .as_ref()
+            .ok_or_else(|| CudaError::NoDevice("a pipeline stage without its communicator".into()))
+    }
+
+    /// Sums `count` f32 values of `buf` over the TP group (nothing on one GPU).
+    fn all_reduce(&self, buf: &DeviceBuffer, count: usize) -> Result<(), CudaError> {
+        match &self.comms.tp {
+            Some(comm) => {
+                let t = self.profile_start()?;
+                comm.all_reduce_sum_f32(&self.gpu, buf, count)?;
+                self.profile_end(t, || "nccl all-reduce".to_string())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// `proj = x · wᵀ` of a row-parallel weight (attention output, MLP down), summed over the TP
+    /// group: NCCL's all-reduce, or under `--deterministic` a gather and the fixed-order tree.
+    fn row_parallel(
+        &mut self,
+        w: u64,
+        x: u64,
+        (n, k, t): (usize, usize, usize),
+        path: &StepPath,
+    ) -> Result<(), CudaError> {
+        let proj = self.bufs.proj.ptr();
+        let tp = self.shard.tp_size;
+        if !self.deterministic {
+            self.matmul(w, x, proj, (n, k, t), GemmOut::F32, path, 0)?;
+            return self.all_reduce(&self.bufs.proj, t * n);
+        }
+        self.gemm_fixed_order(w, x, proj, (n, k, t), DETERMINISTIC_CHUNKS / tp, GemmOut::F32)?;
+        let (Some(comm), Some(gathered)) = (&self.comms.tp, &self.bufs.gathered) else {
+            return Ok(());
+        };
+        let timer = self.profile_start()?;
+        comm.all_gather_f32(&self.gpu, &self.bufs.proj, gathered, t * n)?;
+        self.profile_end(timer, || "nccl all-gather".to_string())?;
+        let (parts, count, ranks) = (gathered.ptr(), (t * n) as i64, tp as i32);
+        let blocks = ((t * n) as u64).div_ceil(256).min(65535) as u32;
+        self.launch(
+            "sum_ranks",
+            (blocks, 1, 1),
+            256,
+            0,
+            &mut kernel_args!(parts, proj, count, ranks),
+        )
+    }
+
+    /// `y = x · wᵀ` by `gemm_fixed_order`, its reduction cut into `chunks` parts.
+    fn gemm_fixed_order(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        chunks: usize,
+        out: GemmOut,
+    ) -> Result<(), CudaError> {
+        if t == 0 {
+            return Ok(());
+        }
+        let grid = (n.div_ceil(FO_WARPS) as u32, t.div_ceil(FO_TOKENS) as u32, 1);
+        let (n, k, t, chunks, f32_out) = (
+            n as i32,
+            k as i32,
+            t as i32,
+            chunks as i32,
+            (out == GemmOut::F32) as i32,
+        );
+        self.launch(
+            "gemm_fixed_order",
+            grid,
+            (FO_WARPS * 32) as u32,
+            0,
+            &mut kernel_args!(w, x, y, n, k, t, chunks, f32_out),
+        )
+    }
+
+    /// `y = x · wᵀ` of `shape` (n, k, t) on the step's path: the fixed-order GEMM, a GEMV (its
+    /// dot products scaled by the carried norm at `norm_in`, 0: none) or cuBLASLt; `out` is the
+    /// output's type with bf16 weights (f32 is f32 throughout).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul(
+        &mut self,
+        w: u64,
+        x: u64,
+        y: u64,
+        shape: (usize, usize, usize),
+        out: GemmOut,
+        path: &StepPath,
+        norm_in: u64,
+    ) -> Result<(), CudaError> {
+        let out = match self.weights.dtype {
+            ComputeDtype::Bf16 => out,
+            ComputeDtype::F32 => GemmOut::F32,
+        };
+        if self.deterministic {
+            return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
+        }
+        let (n, k, t) = shape;
+        if let Some(g) = path.gemv_for(k) {
+            let (n32, k32, t32, f32_out, eps) = (
+                n as i32,
+                k as i32,
+                t as i32,
+                (out == GemmOut::F32) as i32,
+                self.local.rms_eps,
+            );
+            return self.launch(
+                g.plain,
+                (n.div_ceil(2) as u32, 1, 1),
+                GEMV_THREADS,
+                0,
+                &mut kernel_args!(w, x, y, n32, k32, t32, f32_out, norm_in, eps),
+            );
+        }
+        if !self.ablate.is_empty() && self.ablated(&format!("gemm {n}x{k}")) {
+            return Ok(());
+        }
+        let timer = self.profile_start()?;
+        // SAFETY: the weight and activation buffers hold the shapes given (see `new`).
+        unsafe { self.gemm.matmul(&self.gpu, w, x, y, shape, out) }?;
+        let bucket = if t <= 8 {
+            "t<=8"
+        } else if t <= 256 {
+            "t<=256"
+        } else {
+            "t>256"
+        };
+        self.profile_end(timer, || format!("gemm {n}x{k} {bucket}"))
+    }
+}

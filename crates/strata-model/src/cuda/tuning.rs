@@ -1,0 +1,133 @@
+//! How a GPU's products are chosen: cuBLASLt's algorithms timed per decode batch size, and the
+//! `--deterministic` mode of fixed-order GEMMs and reductions.
+
+use strata_runtime::cuda::{CudaError, DeviceBuffer, GemmOut};
+
+use super::forward::GpuTransformer;
+use super::graphs::graph_bucket;
+use super::layers::DETERMINISTIC_CHUNKS;
+use super::weights::{ComputeDtype, GpuLayer};
+
+impl GpuTransformer {
+    /// `--deterministic`: every GEMM sums in one fixed order whatever its shape (gemm.cu), TP
+    /// ranks gather their row-parallel partial sums and add them in that order's tree instead of
+    /// NCCL's, and attention splits contexts by the whole model's KV heads. Greedy output is then
+    /// the same bit for bit on one GPU, under TP (up to 8 ranks) and under PP; slower than cuBLAS.
+    pub fn set_deterministic(&mut self, on: bool) -> Result<(), CudaError> {
+        if on {
+            let c = &self.config;
+            let tp = self.shard.tp_size;
+            let step = 8 * DETERMINISTIC_CHUNKS;
+            for (what, k) in [
+                ("hidden size", c.hidden),
+                ("attention width", c.q_dim()),
+                ("intermediate size", c.intermediate),
+            ] {
+                if !k.is_multiple_of(step) {
+                    return Err(CudaError::NoDevice(format!(
+                        "--deterministic needs the {what} to be a multiple of {step} (this model's is {k}); run without --deterministic"
+                    )));
+                }
+            }
+            if !tp.is_power_of_two() || tp > DETERMINISTIC_CHUNKS {
+                return Err(CudaError::NoDevice(format!(
+                    "--deterministic works with a tensor-parallel size of 1, 2, 4 or 8, not {tp}"
+                )));
+            }
+            if tp > 1 && self.bufs.gathered.is_none() {
+                let bytes = tp * self.limits.max_tokens * self.local.hidden * 4;
+                self.bufs.gathered = Some(self.gpu.alloc(bytes, "gathered partial sums")?);
+            }
+        }
+        self.graphs.clear();
+        self.deterministic = on;
+        Ok(())
+    }
+
+    /// Times cuBLASLt's candidate algorithms (gemm.rs's `tune`) for the products of every
+    /// decode batch size that does not run as GEMVs, each over this shard's layers, and keeps
+    /// the fastest; `STRATA_GEMM_TUNE=0` keeps the heuristic's first choices. Under
+    /// `--deterministic` cuBLASLt is not used; under `--dtype float32`, a reference path, the
+    /// heuristic's choices are kept.
+    pub fn tune_decode_gemms(&mut self) -> Result<(), CudaError> {
+        if self.deterministic || self.weights.dtype == ComputeDtype::F32 || !self.knobs.tune_gemms {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let c = &self.local;
+        let b = &self.bufs;
+        let of_layers = |f: fn(&GpuLayer) -> &DeviceBuffer| -> Vec<u64> {
+            self.weights.layers.iter().map(|l| f(l).ptr()).collect()
+        };
+        let width = c.q_dim() + 2 * c.kv_dim();
+        let products = [
+            (
+                of_layers(|l| &l.wqkv),
+                b.xn.ptr(),
+                b.qkv.ptr(),
+                (width, c.hidden),
+                GemmOut::Bf16,
+            ),
+            (
+                of_layers(|l| &l.wo),
+                b.attn.ptr(),
+                b.proj.ptr(),
+                (c.hidden, c.q_dim()),
+                GemmOut::F32,
+            ),
+            (
+                of_layers(|l| &l.w_gate_up),
+                b.xn.ptr(),
+                b.gate_up.ptr(),
+                (2 * c.intermediate, c.hidden),
+                GemmOut::Bf16,
+            ),
+            (
+                of_layers(|l| &l.w_down),
+                b.act.ptr(),
+                b.proj.ptr(),
+                (c.hidden, c.intermediate),
+                GemmOut::F32,
+            ),
+        ];
+        let lm_head = self.weights.lm_head().filter(|_| self.shard.is_last_stage()).map(|w| {
+            (
+                vec![w.ptr()],
+                b.normed.ptr(),
+                b.logits.ptr(),
+                (c.vocab_size, c.hidden),
+                GemmOut::F32,
+            )
+        });
+        let mut buckets: Vec<usize> = (1..=self.limits.max_seqs)
+            .filter_map(|n| graph_bucket(n, self.limits.max_seqs))
+            .filter(|&t| t <= self.limits.max_tokens && self.step_path(t).uses_cublaslt(c.hidden))
+            .collect();
+        buckets.dedup();
+        let mut summary = None;
+        for &t in &buckets {
+            let head = lm_head.iter().filter(|_| t <= self.limits.logit_rows);
+            let (mut first, mut best) = (0.0f32, 0.0f32);
+            for (weights, x, y, (n, k), out) in products.iter().chain(head) {
+                // SAFETY: the weights are this shard's matrices of shape n x k; x and y are the
+                // step buffers these products read and write, sized for the step limits, which
+                // hold `t` tokens (t <= max_tokens, and t <= logit_rows for the LM head).
+                let (f, b) = unsafe { self.gemm.tune(&self.gpu, weights, *x, *y, (*n, *k, t), *out) }?;
+                first += f;
+                best += b;
+            }
+            tracing::debug!(
+                "decode GEMMs at {t} tokens: {first:.2} ms a step with cuBLASLt's first choices, {best:.2} ms tuned"
+            );
+            summary = Some((t, first, best));
+        }
+        if let Some((t, first, best)) = summary {
+            tracing::info!(
+                "tuned the GEMMs of {} decode batch sizes in {:.1} s; at {t} tokens {first:.2} -> {best:.2} ms a step",
+                buckets.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+}
