@@ -46,10 +46,12 @@ pub mod attention_call;
 pub mod device;
 pub mod embedding_call;
 pub mod gemm;
+pub mod gemm_call;
 pub mod kernels;
 pub mod libraries;
 pub mod nccl;
 pub mod norm_call;
+pub mod rope_call;
 pub mod row_adjust_call;
 
 pub use activation_call::SiluMulCall;
@@ -57,9 +59,14 @@ pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
 pub use embedding_call::EmbeddingCall;
 pub use gemm::{Gemm, GemmOperands, GemmOut};
+pub use gemm_call::{
+    gemv_kernels, FixedOrderGemmCall, GemvCall, GemvKernels, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall,
+    SumRanksCall,
+};
 pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
+pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};
 
 /// A kernel argument's address as a call's `args()` gives it: the unit tests pin each call's
