@@ -3,9 +3,6 @@
 
 use std::ffi::c_void;
 
-use super::device::Gpu;
-use super::kernels::Kernels;
-use super::CudaError;
 use crate::kernel_args;
 
 /// Blocks a row is split over (each a slice of the vocabulary).
@@ -77,8 +74,13 @@ pub struct RowAdjustCall {
 }
 
 impl RowAdjustCall {
-    fn shape(&self) -> ((u32, u32, u32), u32) {
-        ((self.rows as u32, ADJUST_SLICES, 1), 256)
+    pub fn name(&self) -> &'static str {
+        "apply_row_adjust"
+    }
+
+    /// Grid (rows, ADJUST_SLICES).
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        ((self.rows as u32, ADJUST_SLICES, 1), 256, 0)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -94,35 +96,13 @@ impl RowAdjustCall {
         .to_vec()
     }
 
-    /// Launches the kernel through `launch(name, grid, threads a block, dynamic shared bytes,
-    /// arguments)` (the forward pass's launcher profiles and ablates).
-    pub fn launch_with<E>(
-        &self,
-        mut launch: impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut c_void]) -> Result<(), E>,
-    ) -> Result<(), E> {
-        let (grid, threads) = self.shape();
-        launch("apply_row_adjust", grid, threads, 0, &mut self.args())
-    }
-
-    /// [`Self::launch_with`] straight on `gpu`'s stream.
-    ///
-    /// # Safety
-    /// The pointers must be device buffers sized for the call.
-    pub unsafe fn launch(&self, gpu: &Gpu, kernels: &Kernels) -> Result<(), CudaError> {
-        self.launch_with(|name, grid, threads, shared, args| {
-            // SAFETY: the caller's promise; the arguments are the kernel's, in sampling.cu's order.
-            unsafe { gpu.launch(kernels.get(name), grid, threads, shared, args) }
-        })
-    }
+    one_kernel_launch!("sampling.cu");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at<T>(field: &T) -> *mut c_void {
-        field as *const T as *mut c_void
-    }
+    use crate::cuda::arg_at as at;
 
     #[test]
     fn the_arguments_come_in_sampling_cu_order() {
@@ -146,7 +126,10 @@ mod tests {
             at(&c.vocab_start),
         ];
         assert_eq!(c.args(), want);
-        assert_eq!(c.shape(), ((9, ADJUST_SLICES, 1), 256));
+        assert_eq!(
+            (c.name(), c.shape()),
+            ("apply_row_adjust", ((9, ADJUST_SLICES, 1), 256, 0))
+        );
     }
 
     #[test]
