@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use strata_runtime::cpu::ops::RopeLayout;
+use strata_runtime::cuda::norm_call::ROW_THREADS;
 use strata_runtime::cuda::{Communicator, CudaError, Gemm, GemmOperands, Gpu, Graph, KernelSpec, Kernels};
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
@@ -18,7 +19,7 @@ use crate::kv_cache::KvCacheDtype;
 use super::graphs::graph_bucket;
 use super::knobs::GpuKnobs;
 use super::kv_cache::GpuKvCache;
-use super::layers::{AttentionKernels, ROW_THREADS};
+use super::layers::AttentionKernels;
 use super::overlap::OverlapState;
 use super::profile::KernelProfile;
 use super::row_adjust::RowAdjusts;

@@ -1,5 +1,5 @@
-//! How the forward pass launches a kernel: `--dtype float32` twins swapped in, `bench-gpu
-//! --ablate` entries left out, and each launch timed under `STRATA_GPU_PROFILE`.
+//! How the forward pass launches its typed kernel calls: `bench-gpu --ablate` entries left out,
+//! and each launch timed under `STRATA_GPU_PROFILE`.
 
 use strata_runtime::cuda::kernels::FAMILIES;
 use strata_runtime::cuda::{CudaError, Event};
@@ -9,23 +9,22 @@ use super::weights::ComputeDtype;
 
 /// Decode steps of at least this bucket are profiled apart from smaller ones.
 const PROFILE_BUCKET_APART: usize = 128;
-/// The kernels that read or write activations, each with its twin for `--dtype float32` (the same
-/// arguments, f32 where the first has bf16), which `launch` runs in its place. The attention
-/// kernel is chosen in `new`; the other kernels take f32 or ids only, or are bf16 fast paths that
-/// float32 does not use (decode GEMVs, tensor-core attention, fp8 cache writes).
-const F32_TWINS: [(&str, &str); 7] = [
-    ("embedding_lookup", "embedding_lookup_f32"),
-    ("rms_norm", "rms_norm_f32"),
-    ("add_rms_norm", "add_rms_norm_f32"),
-    ("rms_norm_rows", "rms_norm_rows_f32"),
-    ("silu_mul", "silu_mul_f32"),
-    ("qkv_rope_kv_write_bf16", "qkv_rope_kv_write_f32"),
-    ("attention_reduce", "attention_reduce_f32"),
-];
-
 impl GpuTransformer {
-    /// Launches kernel `name` on this GPU's stream.
-    pub(super) fn launch(
+    /// The launcher typed calls take (`launch_with`): [`Self::launch`].
+    #[allow(clippy::type_complexity)] // the signature of every call's `launch_with`
+    pub(super) fn launcher(
+        &self,
+    ) -> impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> + '_ {
+        |name, grid, threads, shared, args| self.launch(name, grid, threads, shared, args)
+    }
+
+    /// Whether activations are f32 (`--dtype float32`): the calls take the kernels' f32 twins.
+    pub(super) fn float32(&self) -> bool {
+        self.weights.dtype == ComputeDtype::F32
+    }
+
+    /// Launches kernel `name` on this GPU's stream, unless ablated, timed when profiled.
+    fn launch(
         &self,
         name: &str,
         grid: (u32, u32, u32),
@@ -36,13 +35,10 @@ impl GpuTransformer {
         if self.ablated(name) {
             return Ok(());
         }
-        let name = match self.weights.dtype {
-            ComputeDtype::Bf16 => name,
-            ComputeDtype::F32 => F32_TWINS.iter().find(|(b, _)| *b == name).map_or(name, |(_, f)| f),
-        };
         let t = self.profile_start()?;
-        // SAFETY: each call site passes the arguments of the kernel's signature in its .cu file,
-        // with device pointers into buffers sized for the step limits that `check` enforces.
+        // SAFETY: every launch comes from a typed call, which passes the arguments of the kernel's
+        // signature in its .cu file, with device pointers into buffers sized for the step limits
+        // that `StepLimits::check` enforces.
         unsafe { self.gpu.launch(self.kernels.get(name), grid, block, shared, args) }?;
         self.profile_end(t, || name.to_string())
     }

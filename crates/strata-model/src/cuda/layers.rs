@@ -2,9 +2,12 @@
 //! residual), then per layer an attention block and an MLP block, each product on the path chosen once per step.
 
 use strata_runtime::cpu::ops::RopeLayout;
-use strata_runtime::cuda::kernels::rope_block_threads;
-use strata_runtime::cuda::{AttentionCall, Communicator, CudaError, DeviceBuffer, GemmOut, Gpu};
-use strata_runtime::kernel_args;
+use strata_runtime::cuda::gemm_call::FO_MAX_CHUNKS;
+use strata_runtime::cuda::{
+    gemv_kernels, AttentionCall, Communicator, CudaError, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall, GemmOut,
+    GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, RopeCall, RopeKernel,
+    SiluMulCall, SumRanksCall,
+};
 
 use crate::config::ModelConfig;
 use crate::kv_cache::KvCacheDtype;
@@ -12,73 +15,15 @@ use crate::kv_cache::KvCacheDtype;
 use super::forward::GpuTransformer;
 use super::knobs::GpuKnobs;
 use super::weights::ComputeDtype;
+use strata_runtime::cuda::gemm_call::NORM_SUMS_BYTES;
 
 /// Most parts one token's attention context is split into (flash-decoding style).
 pub(super) const MAX_PARTS: usize = 16;
 /// Batches of at most this many tokens may split attention over the context (few blocks otherwise).
 pub(super) const SPLIT_MAX_TOKENS: usize = 64;
-/// Threads of the row-wise kernels (norm.cu holds a row of up to 16 per thread in registers).
-pub(super) const ROW_THREADS: u32 = 1024;
-/// Parts the reduction of every GEMM is cut into under `--deterministic` (gemm.cu's
-/// FO_MAX_CHUNKS): the largest TP size whose results equal one GPU's bit for bit.
-pub const DETERMINISTIC_CHUNKS: usize = 8;
-/// Rows per block and tokens per warp of `gemm_fixed_order`.
-const FO_WARPS: usize = 8;
-const FO_TOKENS: usize = 8;
-
-/// The decode GEMVs of gemm.cu compiled for steps of up to `tokens` tokens (`gemv_t{T}` and its
-/// variants); a block of GEMV_THREADS computes two rows, or one gate/up pair, its threads
-/// splitting k.
-pub(super) struct GemvKernels {
-    tokens: usize,
-    /// `y = x · wᵀ` (bf16 or f32), optionally scaled by a norm carried in from the step before.
-    plain: &'static str,
-    /// The gate/up projection and SiLU.
-    silu: &'static str,
-    /// The QKV projection with RoPE and the cache write.
-    qkv_rope: &'static str,
-    /// The o or down projection added into the residual, with the next norm's sums.
-    residual: &'static str,
-}
-
-const GEMV_KERNELS: [GemvKernels; 4] = [
-    GemvKernels {
-        tokens: 1,
-        plain: "gemv_t1",
-        silu: "gemv_silu_t1",
-        qkv_rope: "gemv_qkv_rope_t1",
-        residual: "gemv_residual_t1",
-    },
-    GemvKernels {
-        tokens: 2,
-        plain: "gemv_t2",
-        silu: "gemv_silu_t2",
-        qkv_rope: "gemv_qkv_rope_t2",
-        residual: "gemv_residual_t2",
-    },
-    GemvKernels {
-        tokens: 4,
-        plain: "gemv_t4",
-        silu: "gemv_silu_t4",
-        qkv_rope: "gemv_qkv_rope_t4",
-        residual: "gemv_residual_t4",
-    },
-    GemvKernels {
-        tokens: 8,
-        plain: "gemv_t8",
-        silu: "gemv_silu_t8",
-        qkv_rope: "gemv_qkv_rope_t8",
-        residual: "gemv_residual_t8",
-    },
-];
-/// The most tokens a GEMV kernel is compiled for.
-const GEMV_KERNEL_TOKENS: usize = GEMV_KERNELS[GEMV_KERNELS.len() - 1].tokens;
-/// Slots of {coarse, fine} u64 sums per token and norm (gemm.cu's NORM_SLOTS).
-const NORM_SLOTS: usize = 32;
-/// Bytes of one norm's sums for the most tokens a GEMV takes.
-pub(super) const NORM_SUMS_BYTES: usize = GEMV_KERNEL_TOKENS * NORM_SLOTS * 2 * 8;
-const GEMV_THREADS: u32 = 128;
-
+/// Parts the reduction of every GEMM is cut into under `--deterministic`: the largest TP size
+/// whose results equal one GPU's bit for bit.
+pub(super) const DETERMINISTIC_CHUNKS: usize = FO_MAX_CHUNKS;
 /// The attention kernels of this model, cache type, dtype and GPU.
 pub(super) struct AttentionKernels {
     /// On tensor cores (`paged_attention_mma_*`: head sizes 64 and 128; bf16 from sm_80, fp8
@@ -117,9 +62,9 @@ impl AttentionKernels {
 /// How a step's products run, chosen once per step from its size.
 #[derive(Clone, Copy)]
 pub(super) struct StepPath {
-    /// The decode GEMVs of this step's token count; `None`: cuBLASLt, or the fixed-order GEMM
-    /// under `--deterministic`.
-    gemv: Option<&'static GemvKernels>,
+    /// The products are gemm.cu's decode GEMVs (compiled for the step's token count); otherwise
+    /// cuBLASLt, or the fixed-order GEMM under `--deterministic`.
+    gemv: bool,
     /// The QKV GEMV also applies RoPE and writes the cache (`gemv_qkv_rope_t*`).
     qkv_rope: bool,
     /// The RMSNorms ride the GEMVs (each writes the sums the next one scales by) instead of
@@ -128,14 +73,14 @@ pub(super) struct StepPath {
 }
 
 impl StepPath {
-    /// The GEMVs for a product over `k` inputs (their loads need k a multiple of 8).
-    fn gemv_for(&self, k: usize) -> Option<&'static GemvKernels> {
-        self.gemv.filter(|_| k.is_multiple_of(8))
+    /// Whether a product over `k` inputs runs as a GEMV (their loads need k a multiple of 8).
+    fn gemv_for(&self, k: usize) -> bool {
+        self.gemv && k.is_multiple_of(8)
     }
 
     /// Whether a product over `k` inputs runs as cuBLASLt (what `tune_decode_gemms` times).
     pub(super) fn uses_cublaslt(&self, k: usize) -> bool {
-        self.gemv_for(k).is_none()
+        !self.gemv_for(k)
     }
 }
 
@@ -143,12 +88,10 @@ impl GpuTransformer {
     /// The path of a step of `t` tokens.
     pub(super) fn step_path(&self, t: usize) -> StepPath {
         let c = &self.local;
-        let gemv = (!self.deterministic
+        let gemv = !self.deterministic
             && self.weights.dtype == ComputeDtype::Bf16
-            && t > 0
-            && t <= self.knobs.gemv_max_tokens)
-            .then(|| GEMV_KERNELS.iter().find(|g| g.tokens >= t))
-            .flatten();
+            && t <= self.knobs.gemv_max_tokens
+            && gemv_kernels(t).is_some();
         let path = StepPath {
             gemv,
             qkv_rope: false,
@@ -162,14 +105,12 @@ impl GpuTransformer {
             && c.head_dim.is_multiple_of(2)
             && c.rope.dim.is_multiple_of(2)
             && c.rope.dim <= c.head_dim
-            && path.gemv_for(c.hidden).is_some();
+            && path.gemv_for(c.hidden);
         // Norms ride the GEMVs when every product of the layer is one and the o and down outputs
         // are whole on this GPU (no TP all-reduce before the residual).
         let carried_norms = self.knobs.fuse_norm
             && self.comms.tp.is_none()
-            && [c.hidden, c.q_dim(), c.intermediate]
-                .iter()
-                .all(|&k| path.gemv_for(k).is_some());
+            && [c.hidden, c.q_dim(), c.intermediate].iter().all(|&k| path.gemv_for(k));
         StepPath {
             qkv_rope,
             carried_norms,
@@ -190,14 +131,14 @@ impl GpuTransformer {
             self.mlp_block(li, t, &path)?;
         }
         if !path.carried_norms {
-            let (x, proj, h) = (self.bufs.x.ptr(), self.bufs.proj.ptr(), self.local.hidden as i32);
-            self.launch(
-                "add_residual",
-                (t as u32, 1, 1),
-                ROW_THREADS,
-                0,
-                &mut kernel_args!(x, proj, h),
-            )?;
+            // The last block's output into the residual.
+            self.norm_call(
+                NormOp::Add {
+                    delta: self.bufs.proj.ptr(),
+                },
+                t,
+            )
+            .launch_with(self.launcher())?;
         }
         if !self.shard.is_last_stage() {
             let stage = self.shard_stage();
@@ -213,20 +154,18 @@ impl GpuTransformer {
         let h = self.local.hidden;
         match (&self.weights.token_embd, self.shard.is_first_stage()) {
             (Some(embd), true) => {
-                let (table, tokens, x) = (
-                    embd.ptr(),
-                    self.bufs.inputs.at(self.inputs.layout.tokens * 4),
-                    self.bufs.x.ptr(),
-                );
                 let vocab = self.shard.vocab(&self.config);
-                let (h32, v0, vn) = (h as i32, vocab.start as i32, vocab.len() as i32);
-                self.launch(
-                    "embedding_lookup",
-                    (t as u32, 1, 1),
-                    ROW_THREADS,
-                    0,
-                    &mut kernel_args!(table, tokens, x, h32, v0, vn),
-                )?;
+                EmbeddingCall {
+                    table: embd.ptr(),
+                    tokens: self.bufs.inputs.at(self.inputs.layout.tokens * 4),
+                    out: self.bufs.x.ptr(),
+                    hidden: h as i32,
+                    vocab_start: vocab.start as i32,
+                    vocab_rows: vocab.len() as i32,
+                    rows: t,
+                    float32: self.float32(),
+                }
+                .launch_with(self.launcher())?;
                 self.all_reduce(&self.bufs.x, t * h)
             }
             _ => {
@@ -249,31 +188,33 @@ impl GpuTransformer {
 
     /// MLP block of layer `li`: norm, gate/up with SiLU, down projection.
     fn mlp_block(&mut self, li: usize, t: usize, path: &StepPath) -> Result<(), CudaError> {
-        let c = &self.local;
-        let (hidden, inter) = (c.hidden, c.intermediate);
+        let (hidden, inter) = (self.local.hidden, self.local.intermediate);
         let norm_in = self.block_norm(2 * li + 1, t, path)?;
         let lw = &self.weights.layers[li];
         let (wgu, wdown) = (lw.w_gate_up.ptr(), lw.w_down.ptr());
         let (xn, gate_up, act) = (self.bufs.xn.ptr(), self.bufs.gate_up.ptr(), self.bufs.act.ptr());
-        if let Some(g) = path.gemv_for(hidden) {
-            let (inter32, k, t32, eps) = (inter as i32, hidden as i32, t as i32, c.rms_eps);
-            self.launch(
-                g.silu,
-                (inter as u32, 1, 1),
-                GEMV_THREADS,
-                0,
-                &mut kernel_args!(wgu, xn, act, inter32, k, t32, norm_in, eps),
-            )?;
+        if path.gemv_for(hidden) {
+            GemvSiluCall {
+                w: wgu,
+                x: xn,
+                out: act,
+                inter: inter as i32,
+                k: hidden as i32,
+                t: t as i32,
+                norm_in,
+                eps: self.local.rms_eps,
+            }
+            .launch_with(self.launcher())?;
         } else {
             self.matmul(wgu, xn, gate_up, (2 * inter, hidden, t), GemmOut::Bf16, path, 0)?;
-            let inter32 = inter as i32;
-            self.launch(
-                "silu_mul",
-                ((inter / 8).div_ceil(256) as u32, t as u32, 1),
-                256,
-                0,
-                &mut kernel_args!(gate_up, act, inter32),
-            )?;
+            SiluMulCall {
+                gate_up,
+                out: act,
+                inter: inter as i32,
+                tokens: t,
+                float32: self.float32(),
+            }
+            .launch_with(self.launcher())?;
         }
         self.block_output(2 * li + 1, wdown, act, (hidden, inter, t), path)
     }
@@ -283,30 +224,36 @@ impl GpuTransformer {
     /// residual. With carried norms, the GEMVs that read `xn` scale by the norm's sums, which
     /// this returns (0: none).
     fn block_norm(&self, i: usize, t: usize, path: &StepPath) -> Result<u64, CudaError> {
-        let (x, proj, xn, no_weight) = (self.bufs.x.ptr(), self.bufs.proj.ptr(), self.bufs.xn.ptr(), 0u64);
-        let (h, eps) = (self.local.hidden as i32, self.local.rms_eps);
-        // The norms' weights are folded into wqkv and w_gate_up (weights.rs).
         if i == 0 {
-            self.launch(
-                "rms_norm",
-                (t as u32, 1, 1),
-                ROW_THREADS,
-                0,
-                &mut kernel_args!(x, no_weight, xn, h, eps),
-            )?;
+            self.norm_call(NormOp::Norm, t).launch_with(self.launcher())?;
             return Ok(0);
         }
         if path.carried_norms {
             return Ok(self.norm_sums(i));
         }
-        self.launch(
-            "add_rms_norm",
-            (t as u32, 1, 1),
-            ROW_THREADS,
-            0,
-            &mut kernel_args!(x, proj, no_weight, xn, h, eps),
-        )?;
+        self.norm_call(
+            NormOp::AddNorm {
+                delta: self.bufs.proj.ptr(),
+            },
+            t,
+        )
+        .launch_with(self.launcher())?;
         Ok(0)
+    }
+
+    /// A norm.cu call over the residual `x` of `t` tokens into `xn`, without weights: the norms'
+    /// weights are folded into the matrices that read `xn` (weights.rs).
+    fn norm_call(&self, op: NormOp, t: usize) -> NormCall {
+        NormCall {
+            op,
+            x: self.bufs.x.ptr(),
+            weight: 0,
+            out: self.bufs.xn.ptr(),
+            n: self.local.hidden as i32,
+            eps: self.local.rms_eps,
+            rows: t,
+            float32: self.float32(),
+        }
     }
 
     /// The sums of norm `i` carried between GEMVs.
@@ -325,18 +272,20 @@ impl GpuTransformer {
         (n, k, t): (usize, usize, usize),
         path: &StepPath,
     ) -> Result<(), CudaError> {
-        let Some(g) = path.gemv.filter(|_| path.carried_norms) else {
+        if !path.carried_norms {
             return self.row_parallel(w, a, (n, k, t), path);
-        };
-        let (x, xn, norm_out) = (self.bufs.x.ptr(), self.bufs.xn.ptr(), self.norm_sums(i + 1));
-        let (n32, k32, t32) = (n as i32, k as i32, t as i32);
-        self.launch(
-            g.residual,
-            (n.div_ceil(2) as u32, 1, 1),
-            GEMV_THREADS,
-            0,
-            &mut kernel_args!(w, a, x, xn, norm_out, n32, k32, t32),
-        )
+        }
+        GemvResidualCall {
+            w,
+            x: a,
+            res: self.bufs.x.ptr(),
+            res_bf16: self.bufs.xn.ptr(),
+            norm_out: self.norm_sums(i + 1),
+            n: n as i32,
+            k: k as i32,
+            t: t as i32,
+        }
+        .launch_with(self.launcher())
     }
 
     /// The QKV product of layer `li` (its bias added), RoPE (after Qwen3's per-head norms) and
@@ -349,48 +298,69 @@ impl GpuTransformer {
         let lw = &self.weights.layers[li];
         let wqkv = lw.wqkv.ptr();
         let bias = lw.bqkv.as_ref().map_or(0, |b| b.ptr());
-        let qn = lw.q_norm.as_ref().map_or(0, |b| b.ptr());
-        let kn = lw.k_norm.as_ref().map_or(0, |b| b.ptr());
-        let (kc, vc, ks, vs) = self.kv.layer(li);
+        let (k_cache, v_cache, k_scale, v_scale) = self.kv.layer(li);
         let width = c.q_dim() + 2 * c.kv_dim();
-        let (n_heads, n_kv, hd, rot) = (
+        let (n_heads, n_kv, head_dim, rot_dim) = (
             c.n_heads as i32,
             c.n_kv_heads as i32,
             c.head_dim as i32,
             c.rope.dim as i32,
         );
         let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
-        let (rope_table, bs, eps) = (self.rope_table.ptr(), self.kv.block_size as i32, c.rms_eps);
-        let group = c.n_heads / c.n_kv_heads;
-        let (hidden, kv_heads) = (c.hidden, c.n_kv_heads);
-        if let Some(g) = path.gemv.filter(|_| path.qkv_rope) {
-            let (k, t32) = (hidden as i32, t as i32);
-            return self.launch(
-                g.qkv_rope,
-                ((width / 2) as u32, 1, 1),
-                GEMV_THREADS,
-                0,
-                &mut kernel_args!(
-                    wqkv, xn, qkv, k, t32, bias, positions, rope_table, n_heads, n_kv, hd, rot, neox, slots, kc, vc,
-                    bs, norm_in, eps
-                ),
-            );
+        let (rope_table, block_size, eps) = (self.rope_table.ptr(), self.kv.block_size as i32, c.rms_eps);
+        if path.qkv_rope {
+            return GemvQkvRopeCall {
+                w: wqkv,
+                x: xn,
+                qkv,
+                k: c.hidden as i32,
+                t: t as i32,
+                bias,
+                positions,
+                rope_table,
+                n_heads,
+                n_kv,
+                head_dim,
+                rot_dim,
+                neox,
+                slots,
+                k_cache,
+                v_cache,
+                block_size,
+                norm_in,
+                eps,
+            }
+            .launch_with(self.launcher());
         }
-        self.matmul(wqkv, xn, qkv, (width, hidden, t), GemmOut::Bf16, path, norm_in)?;
-        let rope_kernel = if self.kv.dtype == KvCacheDtype::Fp8E4m3 {
-            "qkv_rope_kv_write_fp8"
-        } else {
-            "qkv_rope_kv_write_bf16"
+        let rope = RopeCall {
+            qkv,
+            bias,
+            q_norm: lw.q_norm.as_ref().map_or(0, |b| b.ptr()),
+            k_norm: lw.k_norm.as_ref().map_or(0, |b| b.ptr()),
+            positions,
+            rope_table,
+            n_heads,
+            n_kv,
+            head_dim,
+            rot_dim,
+            neox,
+            eps,
+            slots,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            block_size,
+            tokens: t,
+            kernel: match (self.float32(), self.kv.dtype) {
+                (true, _) => RopeKernel::F32,
+                (false, KvCacheDtype::Fp8E4m3) => RopeKernel::Fp8,
+                (false, _) => RopeKernel::Bf16,
+            },
         };
-        self.launch(
-            rope_kernel,
-            (t as u32, kv_heads as u32, 1),
-            rope_block_threads(group),
-            0,
-            &mut kernel_args!(
-                qkv, bias, qn, kn, positions, rope_table, n_heads, n_kv, hd, rot, neox, eps, slots, kc, vc, ks, vs, bs
-            ),
-        )
+        let shape = (width, c.hidden, t);
+        self.matmul(wqkv, xn, qkv, shape, GemmOut::Bf16, path, norm_in)?;
+        rope.launch_with(self.launcher())
     }
 
     /// Paged attention of the step's `t` queries over layer `li`'s cache, each context split in
@@ -430,9 +400,7 @@ impl GpuTransformer {
             head_dim: c.head_dim,
             fp8: self.kv.dtype == KvCacheDtype::Fp8E4m3,
         };
-        call.launch_with(kernel, |name, grid, threads, shared, args| {
-            self.launch(name, grid, threads, shared, args)
-        })
+        call.launch_with(kernel, self.launcher())
     }
 
     /// Context parts per token for a step of `t` tokens: enough attention blocks to fill the
@@ -499,15 +467,13 @@ impl GpuTransformer {
         let timer = self.profile_start()?;
         comm.all_gather_f32(&self.gpu, &self.bufs.proj, gathered, t * n)?;
         self.profile_end(timer, || "nccl all-gather".to_string())?;
-        let (parts, count, ranks) = (gathered.ptr(), (t * n) as i64, tp as i32);
-        let blocks = ((t * n) as u64).div_ceil(256).min(65535) as u32;
-        self.launch(
-            "sum_ranks",
-            (blocks, 1, 1),
-            256,
-            0,
-            &mut kernel_args!(parts, proj, count, ranks),
-        )
+        SumRanksCall {
+            parts: gathered.ptr(),
+            out: proj,
+            count: (t * n) as i64,
+            ranks: tp as i32,
+        }
+        .launch_with(self.launcher())
     }
 
     /// `y = x · wᵀ` by `gemm_fixed_order`, its reduction cut into `chunks` parts.
@@ -520,24 +486,17 @@ impl GpuTransformer {
         chunks: usize,
         out: GemmOut,
     ) -> Result<(), CudaError> {
-        if t == 0 {
-            return Ok(());
+        FixedOrderGemmCall {
+            w,
+            x,
+            y,
+            n: n as i32,
+            k: k as i32,
+            t: t as i32,
+            chunks: chunks as i32,
+            out_f32: (out == GemmOut::F32) as i32,
         }
-        let grid = (n.div_ceil(FO_WARPS) as u32, t.div_ceil(FO_TOKENS) as u32, 1);
-        let (n, k, t, chunks, f32_out) = (
-            n as i32,
-            k as i32,
-            t as i32,
-            chunks as i32,
-            (out == GemmOut::F32) as i32,
-        );
-        self.launch(
-            "gemm_fixed_order",
-            grid,
-            (FO_WARPS * 32) as u32,
-            0,
-            &mut kernel_args!(w, x, y, n, k, t, chunks, f32_out),
-        )
+        .launch_with(self.launcher())
     }
 
     /// `y = x · wᵀ` of `shape` (n, k, t) on the step's path: the fixed-order GEMM, a GEMV (its
@@ -562,21 +521,19 @@ impl GpuTransformer {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
         }
         let (n, k, t) = shape;
-        if let Some(g) = path.gemv_for(k) {
-            let (n32, k32, t32, f32_out, eps) = (
-                n as i32,
-                k as i32,
-                t as i32,
-                (out == GemmOut::F32) as i32,
-                self.local.rms_eps,
-            );
-            return self.launch(
-                g.plain,
-                (n.div_ceil(2) as u32, 1, 1),
-                GEMV_THREADS,
-                0,
-                &mut kernel_args!(w, x, y, n32, k32, t32, f32_out, norm_in, eps),
-            );
+        if path.gemv_for(k) {
+            return GemvCall {
+                w,
+                x,
+                y,
+                n: n as i32,
+                k: k as i32,
+                t: t as i32,
+                out_f32: (out == GemmOut::F32) as i32,
+                norm_in,
+                eps: self.local.rms_eps,
+            }
+            .launch_with(self.launcher());
         }
         if !self.ablate.is_empty() && self.ablated(&format!("gemm {n}x{k}")) {
             return Ok(());

@@ -1,19 +1,13 @@
 //! The end of a step on the last stage: final norm and LM head of the logits rows, bias and
 //! grammar masks, the device's choice of each token, and the copy of what the host asked for.
 
-use strata_runtime::cuda::{CudaError, GemmOut};
-use strata_runtime::kernel_args;
+use strata_runtime::cuda::sampling_call::ARGMAX_SLICES;
+use strata_runtime::cuda::{ChooseTokensCall, CudaError, GemmOut, NormCall, NormOp};
 
 use crate::batch::Logits;
 
 use super::forward::{GpuTransformer, ShardLogits};
-use super::layers::ROW_THREADS;
 use super::step_inputs::{StagedStep, SAMPLING_WORDS};
-
-/// Blocks a row's argmax is split over (sampling.cu's ARGMAX_SLICES).
-pub(super) const ARGMAX_SLICES: usize = 32;
-/// Threads of sampling.cu's `sampling_limits` (its LIMIT_THREADS).
-const LIMIT_THREADS: u32 = 512;
 
 impl GpuTransformer {
     /// Final norm and LM head of logits rows `first..first + n` (at most `logit_rows`), into the
@@ -28,15 +22,18 @@ impl GpuTransformer {
             self.bufs.normed.ptr(),
             self.bufs.logits.ptr(),
         );
-        let (h, eps) = (c.hidden as i32, c.rms_eps);
         let (vocab, hidden) = (c.vocab_size, c.hidden);
-        self.launch(
-            "rms_norm_rows",
-            (n as u32, 1, 1),
-            ROW_THREADS,
-            0,
-            &mut kernel_args!(x, rows, norm, normed, h, eps),
-        )?;
+        NormCall {
+            op: NormOp::Gather { row_ids: rows },
+            x,
+            weight: norm,
+            out: normed,
+            n: hidden as i32,
+            eps: c.rms_eps,
+            rows: n,
+            float32: self.float32(),
+        }
+        .launch_with(self.launcher())?;
         let lm = match self.weights.lm_head() {
             Some(b) => b.ptr(),
             None => {
@@ -48,43 +45,25 @@ impl GpuTransformer {
         // The LM head runs on the path of a step of its n rows (GEMVs for a few).
         let path = self.step_path(n);
         self.matmul(lm, normed, logits, (vocab, hidden, n), GemmOut::F32, &path, 0)?;
-        let (ids, vals, v) = (
-            self.bufs.argmax.ptr(),
-            self.bufs.argmax.at(self.limits.logit_rows * 4),
-            vocab as i32,
-        );
-        let (part_vals, part_ids) = (
-            self.bufs.argmax_parts.ptr(),
-            self.bufs.argmax_parts.at(self.limits.logit_rows * ARGMAX_SLICES * 4),
-        );
-        let sampling = self.bufs.inputs.at((l.sampling + SAMPLING_WORDS * first) * 4);
-        let sampling_limits = self.bufs.sampling_limits.ptr();
-        let vocab_start = self.shard.vocab(&self.config).start as i32;
+        let lr = self.limits.logit_rows;
+        let vocab_start = self.shard.vocab(&self.config).start;
         if adjust {
-            let call = self.adjusts.call(logits, vocab, vocab_start as usize, first, n);
-            call.launch_with(|name, grid, threads, shared, args| self.launch(name, grid, threads, shared, args))?;
+            let call = self.adjusts.call(logits, vocab, vocab_start, first, n);
+            call.launch_with(self.launcher())?;
         }
-        self.launch(
-            "sampling_limits",
-            (n as u32, 1, 1),
-            LIMIT_THREADS,
-            0,
-            &mut kernel_args!(logits, v, sampling, sampling_limits),
-        )?;
-        self.launch(
-            "argmax_slices",
-            (n as u32, ARGMAX_SLICES as u32, 1),
-            256,
-            0,
-            &mut kernel_args!(logits, v, part_vals, part_ids, sampling, sampling_limits, vocab_start),
-        )?;
-        self.launch(
-            "argmax_merge",
-            (n as u32, 1, 1),
-            32,
-            0,
-            &mut kernel_args!(part_vals, part_ids, ids, vals),
-        )
+        ChooseTokensCall {
+            logits,
+            vocab: vocab as i32,
+            sampling: self.bufs.inputs.at((l.sampling + SAMPLING_WORDS * first) * 4),
+            limits: self.bufs.sampling_limits.ptr(),
+            part_vals: self.bufs.argmax_parts.ptr(),
+            part_ids: self.bufs.argmax_parts.at(lr * ARGMAX_SLICES * 4),
+            ids: self.bufs.argmax.ptr(),
+            vals: self.bufs.argmax.at(lr * 4),
+            vocab_start: vocab_start as i32,
+            rows: n,
+        }
+        .launch_with(self.launcher())
     }
 
     /// Empty logits of this shard's vocabulary width.

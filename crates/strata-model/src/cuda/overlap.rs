@@ -1,8 +1,7 @@
 //! Overlapped decode steps: a step of ids chosen on the GPU starts before the host has read the
 //! one before it, may take its tokens from that one on the device, and is read back later.
 
-use strata_runtime::cuda::{CudaError, Event, Gpu, PinnedBuffer};
-use strata_runtime::kernel_args;
+use strata_runtime::cuda::{CudaError, Event, Gpu, PinnedBuffer, TokensFromArgmaxCall};
 
 use crate::batch::{Logits, SeqChunk};
 use crate::error::ModelError;
@@ -156,18 +155,12 @@ impl GpuTransformer {
         // in this slot before this one is finished (at most two started, slots in turn).
         let slot = unsafe { self.inputs.upload_async(&self.gpu, &self.bufs.inputs) }.map_err(gpu_err)?;
         if tokens_from.is_some() {
-            let (tokens, ids, n) = (
-                self.bufs.inputs.at(tokens_at * 4),
-                self.bufs.argmax.ptr(),
-                batch.len() as i32,
-            );
-            self.launch(
-                "tokens_from_argmax",
-                (batch.len().div_ceil(128) as u32, 1, 1),
-                128,
-                0,
-                &mut kernel_args!(tokens, ids, n),
-            )
+            TokensFromArgmaxCall {
+                tokens: self.bufs.inputs.at(tokens_at * 4),
+                ids: self.bufs.argmax.ptr(),
+                n: batch.len() as i32,
+            }
+            .launch_with(self.launcher())
             .map_err(gpu_err)?;
         }
         self.run_decode(b, adjusted.is_some()).map_err(gpu_err)?;

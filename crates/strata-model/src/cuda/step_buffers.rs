@@ -5,8 +5,10 @@ use strata_runtime::cuda::{CudaError, DeviceBuffer, Gpu};
 
 use crate::config::ModelConfig;
 
-use super::layers::{MAX_PARTS, NORM_SUMS_BYTES, SPLIT_MAX_TOKENS};
-use super::logits::ARGMAX_SLICES;
+use strata_runtime::cuda::gemm_call::NORM_SUMS_BYTES;
+use strata_runtime::cuda::sampling_call::ARGMAX_SLICES;
+
+use super::layers::{MAX_PARTS, SPLIT_MAX_TOKENS};
 use super::step_inputs::StepLimits;
 
 pub(super) struct StepBuffers {

@@ -9,8 +9,7 @@ use crate::error::ModelError;
 
 use super::kv_cache::GpuKvCache;
 
-/// Words of a logits row's sampling parameters (sampling.cu's SAMPLING_WORDS).
-pub const SAMPLING_WORDS: usize = 6;
+pub use strata_runtime::cuda::sampling_call::SAMPLING_WORDS;
 
 /// The largest step the buffers are sized for.
 #[derive(Debug, Clone, Copy)]

@@ -106,7 +106,13 @@ impl AttentionCall {
         launch(kernel, grid, threads, shared, &mut self.args())?;
         if self.parts > 1 {
             let (grid, threads) = self.reduce_shape();
-            launch("attention_reduce", grid, threads, 0, &mut self.reduce_args())?;
+            // The merge's twin has the attention kernel's element type.
+            let reduce = if kernel.ends_with("_f32") {
+                "attention_reduce_f32"
+            } else {
+                "attention_reduce"
+            };
+            launch(reduce, grid, threads, 0, &mut self.reduce_args())?;
         }
         Ok(())
     }
@@ -199,6 +205,29 @@ mod tests {
                 at(&unstaged.out),
                 at(&unstaged.parts)
             ]
+        );
+    }
+
+    #[test]
+    fn the_parts_merge_in_the_kernels_element_type() {
+        let launched = |kernel: &str, parts: i32| {
+            let mut names = Vec::new();
+            call(0, parts)
+                .launch_with(kernel, |name, _, _, _, _| {
+                    names.push(name.to_string());
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            names
+        };
+        assert_eq!(launched("paged_attention_mma_bf16", 1), ["paged_attention_mma_bf16"]);
+        assert_eq!(
+            launched("paged_attention_bf16", 4),
+            ["paged_attention_bf16", "attention_reduce"]
+        );
+        assert_eq!(
+            launched("paged_attention_f32", 4),
+            ["paged_attention_f32", "attention_reduce_f32"]
         );
     }
 }
