@@ -128,7 +128,7 @@ pub fn serving_layout(
         head_dim: c.head_dim,
         vocab_size: c.vocab_size,
         tied_embeddings: c.tied_embeddings,
-        qkv_bias: c.qkv_bias,
+        qkv_bias: c.arch.qkv_bias,
     };
     // The GPU backend holds every matrix in bf16.
     let name = strata_model::loader::model_name(&model.path);

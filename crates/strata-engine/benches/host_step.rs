@@ -19,7 +19,7 @@ use strata_model::config::{RopeConfig, RopeScaling};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::cache_dir;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{Arch, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk};
+use strata_model::{Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk};
 use strata_runtime::cpu::ops::RopeLayout;
 
 struct Options {
@@ -167,7 +167,7 @@ impl Executor for MockGpu {
 
 fn llama3_shape() -> ModelConfig {
     ModelConfig {
-        arch: Arch::Llama,
+        arch: &strata_model::architectures::LLAMA,
         n_layers: 32,
         hidden: 4096,
         intermediate: 14336,
@@ -183,8 +183,6 @@ fn llama3_shape() -> ModelConfig {
             scaling: RopeScaling::None,
         },
         max_position: 8192,
-        qkv_bias: false,
-        qk_norm: false,
         tied_embeddings: false,
     }
 }

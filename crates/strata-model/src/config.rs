@@ -1,44 +1,12 @@
 //! The shape of a decoder-only transformer of the llama family, independent of file format.
-//! Architectures fill a `ModelConfig`; the forward pass and the KV cache read only this.
+//! Readers fill a `ModelConfig` (its architecture's description included); the forward passes and the KV cache read only this.
 
 use strata_formats::limits::{
     MAX_CONTEXT, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB,
 };
 use strata_runtime::cpu::ops::RopeLayout;
 
-/// Supported architectures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-}
-
-impl Arch {
-    /// The name GGUF uses in `general.architecture`.
-    pub fn gguf_name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Mistral => "mistral",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-        }
-    }
-
-    /// The model class an HF `config.json` names in `architectures` (its `model_type` is [`Arch::gguf_name`]).
-    pub fn hf_name(self) -> &'static str {
-        match self {
-            Arch::Llama => "LlamaForCausalLM",
-            Arch::Mistral => "MistralForCausalLM",
-            Arch::Qwen2 => "Qwen2ForCausalLM",
-            Arch::Qwen3 => "Qwen3ForCausalLM",
-        }
-    }
-
-    /// All architectures strata runs.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
-}
+use crate::architectures::Architecture;
 
 /// How positions are scaled before the rotary embedding.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,7 +105,8 @@ pub fn rope_cos_sin_table(inv_freq: &[f32], positions: usize) -> Vec<f32> {
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    pub arch: Arch,
+    /// How the architecture differs from the llama family's decoder (biases, QK-norm).
+    pub arch: &'static Architecture,
     pub n_layers: usize,
     pub hidden: usize,
     pub intermediate: usize,
@@ -149,10 +118,6 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     /// Longest context the model was trained for.
     pub max_position: usize,
-    /// Q, K and V projections carry a bias (Qwen2).
-    pub qkv_bias: bool,
-    /// Q and K are RMS-normalised per head before RoPE (Qwen3).
-    pub qk_norm: bool,
     /// The LM head reuses the token embedding.
     pub tied_embeddings: bool,
 }
@@ -163,7 +128,7 @@ impl ModelConfig {
     #[cfg(test)]
     pub(crate) fn tiny_attention(n_kv_heads: usize, group: usize, head_dim: usize) -> ModelConfig {
         ModelConfig {
-            arch: Arch::Llama,
+            arch: &crate::architectures::LLAMA,
             n_layers: 1,
             hidden: n_kv_heads * group * head_dim,
             intermediate: 64,
@@ -179,8 +144,6 @@ impl ModelConfig {
                 scaling: RopeScaling::None,
             },
             max_position: 64,
-            qkv_bias: false,
-            qk_norm: false,
             tied_embeddings: false,
         }
     }

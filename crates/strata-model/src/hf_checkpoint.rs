@@ -8,8 +8,9 @@ use strata_formats::limits::{read_text_limited, MAX_JSON_FILE_BYTES, MAX_STOP_ID
 use strata_formats::safetensors::SafetensorsSet;
 use strata_runtime::cpu::ops::RopeLayout;
 
+use crate::architectures::{Architecture, ARCHITECTURES};
 use crate::chat_template::ChatTemplate;
-use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::tokenizer::{SpecialIds, Tokenizer};
 use crate::transformer::Transformer;
@@ -229,16 +230,17 @@ impl Keys<'_> {
 }
 
 /// The architecture a `config.json` names, by `model_type` or else by its first `architectures` entry.
-fn arch_of(k: &Keys) -> Result<Arch, String> {
+fn arch_of(k: &Keys) -> Result<&'static Architecture, String> {
     let model_type = k.opt_str("model_type");
     let class = k
         .get("architectures")
         .and_then(Value::as_array)
         .and_then(|a| a.first())
         .and_then(Value::as_str);
-    let found = Arch::ALL
-        .into_iter()
-        .find(|a| model_type == Some(a.gguf_name()) || (model_type.is_none() && class == Some(a.hf_name())));
+    let found = match model_type {
+        Some(t) => Architecture::named(t),
+        None => class.and_then(Architecture::of_hf_class),
+    };
     found.ok_or_else(|| {
         let named = match (model_type, class) {
             (Some(t), Some(c)) => format!("model_type '{t}' ({c})"),
@@ -246,10 +248,7 @@ fn arch_of(k: &Keys) -> Result<Arch, String> {
             (None, Some(c)) => format!("architecture '{c}'"),
             (None, None) => "no model_type or architectures".to_string(),
         };
-        let supported: Vec<String> = Arch::ALL
-            .iter()
-            .map(|a| format!("{} ({})", a.hf_name(), a.gguf_name()))
-            .collect();
+        let supported = ARCHITECTURES.map(|a| format!("{} ({})", a.hf_class, a.name));
         format!("{named} is not supported (supported: {})", supported.join(", "))
     })
 }
@@ -322,10 +321,10 @@ fn config_from_json(json: &Map<String, Value>) -> Result<ModelConfig, String> {
     if k.opt_bool("mlp_bias")? == Some(true) {
         return Err("mlp_bias = true is not supported".into());
     }
-    // Qwen2 always has Q/K/V biases; elsewhere `attention_bias` also puts one on the output
-    // projection, which the forward pass does not have.
+    // Architectures with Q/K/V biases always have them; elsewhere `attention_bias` also puts one
+    // on the output projection, which the forward pass does not have.
     let attention_bias = k.opt_bool("attention_bias")?.unwrap_or(false);
-    if attention_bias && arch != Arch::Qwen2 {
+    if attention_bias && !arch.qkv_bias {
         return Err("attention_bias = true (a bias on the output projection) is not supported".into());
     }
     let hidden = k.usize("hidden_size")?;
@@ -354,8 +353,6 @@ fn config_from_json(json: &Map<String, Value>) -> Result<ModelConfig, String> {
             scaling: rope_scaling(&k)?,
         },
         max_position: k.opt_usize("max_position_embeddings")?.unwrap_or(4096),
-        qkv_bias: arch == Arch::Qwen2,
-        qk_norm: arch == Arch::Qwen3,
         tied_embeddings: k.opt_bool("tie_word_embeddings")?.unwrap_or(false),
     };
     config.validate()?;
@@ -407,7 +404,7 @@ mod tests {
     #[test]
     fn llama3_config_reads_every_field() {
         let c = parse(LLAMA3).unwrap();
-        assert_eq!(c.arch, Arch::Llama);
+        assert_eq!(c.arch.name, "llama");
         assert_eq!(
             (
                 c.n_layers,
@@ -431,7 +428,7 @@ mod tests {
                 original_max_position: 8192.0
             }
         );
-        assert!(!c.qkv_bias && !c.qk_norm && !c.tied_embeddings);
+        assert!(!c.arch.qkv_bias && !c.arch.qk_norm && !c.tied_embeddings);
         assert_eq!(c.rms_eps, 1e-5);
     }
 
@@ -442,23 +439,23 @@ mod tests {
             "num_key_value_heads": 2, "vocab_size": 151936, "rope_theta": 1000000.0,
             "tie_word_embeddings": true, "rope_scaling": null, "max_position_embeddings": 32768}"#;
         let c = parse(qwen2).unwrap();
-        assert_eq!((c.arch, c.head_dim, c.rms_eps), (Arch::Qwen2, 64, 1e-6));
-        assert!(c.qkv_bias && !c.qk_norm && c.tied_embeddings);
+        assert_eq!((c.arch.name, c.head_dim, c.rms_eps), ("qwen2", 64, 1e-6));
+        assert!(c.arch.qkv_bias && !c.arch.qk_norm && c.tied_embeddings);
         assert_eq!(c.rope.scaling, RopeScaling::None);
 
         let qwen3 = r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
             "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "head_dim": 128,
             "num_key_value_heads": 8, "vocab_size": 151936, "attention_bias": false}"#;
         let c = parse(qwen3).unwrap();
-        assert_eq!((c.arch, c.head_dim, c.q_dim()), (Arch::Qwen3, 128, 2048));
-        assert!(!c.qkv_bias && c.qk_norm);
+        assert_eq!((c.arch.name, c.head_dim, c.q_dim()), ("qwen3", 128, 2048));
+        assert!(!c.arch.qkv_bias && c.arch.qk_norm);
 
         let mistral = r#"{"architectures": ["MistralForCausalLM"], "hidden_size": 4096,
             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
             "num_key_value_heads": 8, "vocab_size": 32768, "head_dim": null,
             "rope_scaling": {"type": "linear", "factor": 2.0}}"#;
         let c = parse(mistral).unwrap();
-        assert_eq!((c.arch, c.head_dim, c.n_kv_heads), (Arch::Mistral, 128, 8));
+        assert_eq!((c.arch.name, c.head_dim, c.n_kv_heads), ("mistral", 128, 8));
         assert_eq!(c.rope.scaling, RopeScaling::Linear { factor: 2.0 });
     }
 

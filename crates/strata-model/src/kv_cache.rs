@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn an_fp8_cache_reads_back_within_e4m3_precision_and_is_smaller() {
         let c = ModelConfig {
-            arch: crate::config::Arch::Llama,
+            arch: &crate::architectures::LLAMA,
             n_layers: 2,
             hidden: 32,
             intermediate: 64,
@@ -306,8 +306,6 @@ mod tests {
                 scaling: crate::config::RopeScaling::None,
             },
             max_position: 64,
-            qkv_bias: false,
-            qk_norm: false,
             tied_embeddings: false,
         };
         let mut f = PagedKvCache::new(&c, KvCacheDtype::F32, 4, 3);

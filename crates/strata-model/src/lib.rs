@@ -17,8 +17,9 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
+pub use architectures::Architecture;
 pub use batch::{AllowedTokens, DeviceSampling, Logits, LogitsWanted, RowAdjust, SeqChunk, MAX_ROW_BIAS};
-pub use config::{Arch, ModelConfig};
+pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuExecutor, Executor, KvLayout};
 pub use kv_cache::PagedKvCache;

@@ -110,7 +110,7 @@ fn llama_bf16_keeps_bf16_matrices_and_matches_the_bf16_gguf_twin() {
 fn sharded_qwen2_bf16_with_biases_equals_its_gguf_twin_exactly() {
     let ck = TinyCheckpoint::new("qwen2", Dtype::BF16, false, 3);
     let (hf, gguf, dir) = load_both(&ck, "qwen2-sharded", 3);
-    assert!(hf.config.qkv_bias && hf.weights.layers[1].bq.is_some());
+    assert!(hf.config.arch.qkv_bias && hf.weights.layers[1].bq.is_some());
     assert_eq!(logits(&hf), logits(&gguf));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -119,7 +119,7 @@ fn sharded_qwen2_bf16_with_biases_equals_its_gguf_twin_exactly() {
 fn tied_qwen3_f16_with_qk_norm_equals_its_gguf_twin_exactly() {
     let ck = TinyCheckpoint::new("qwen3", Dtype::F16, true, 4);
     let (hf, gguf, dir) = load_both(&ck, "qwen3-f16", 1);
-    assert!(hf.config.qk_norm && hf.config.tied_embeddings);
+    assert!(hf.config.arch.qk_norm && hf.config.tied_embeddings);
     assert_eq!((hf.config.head_dim, hf.config.q_dim()), (32, 128));
     assert_eq!(logits(&hf), logits(&gguf));
     std::fs::remove_dir_all(&dir).unwrap();

@@ -52,7 +52,7 @@ impl ModelDims {
             head_dim: config.head_dim,
             vocab_size: config.vocab_size,
             tied_embeddings: config.tied_embeddings,
-            qkv_bias: config.qkv_bias,
+            qkv_bias: config.arch.qkv_bias,
         }
     }
 

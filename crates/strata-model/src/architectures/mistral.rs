@@ -3,14 +3,12 @@
 
 use strata_runtime::cpu::ops::RopeLayout;
 
-use super::Hparams;
-use crate::config::{Arch, ModelConfig, RopeScaling};
-use crate::error::ModelError;
+use super::Architecture;
 
-pub(super) fn config(h: &Hparams) -> Result<ModelConfig, ModelError> {
-    let mut c = h.base(Arch::Mistral, RopeLayout::Interleaved)?;
-    if let Some(factors) = super::llama::rope_freq_factors(h, c.rope.dim)? {
-        c.rope.scaling = RopeScaling::FreqFactors(factors);
-    }
-    Ok(c)
-}
+pub const MISTRAL: Architecture = Architecture {
+    name: "mistral",
+    hf_class: "MistralForCausalLM",
+    qkv_bias: false,
+    qk_norm: false,
+    gguf_rope: RopeLayout::Interleaved,
+};

@@ -1,5 +1,5 @@
-//! Reading a model's shape from GGUF metadata, one small file per architecture.
-//! Each architecture says how it differs from the common llama-family hyper-parameters.
+//! The architectures strata runs, one small file each saying how it differs from the llama-family
+//! decoder (biases, QK-norm, RoPE layout): the one description GGUF and config.json readers and both backends use.
 
 mod llama;
 mod mistral;
@@ -7,30 +7,66 @@ mod qwen2;
 mod qwen3;
 
 use strata_formats::gguf::GgufFile;
+use strata_formats::GgmlType;
 use strata_runtime::cpu::ops::RopeLayout;
 
-use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::weights::check_layer_count;
+
+pub use llama::LLAMA;
+pub use mistral::MISTRAL;
+pub use qwen2::QWEN2;
+pub use qwen3::QWEN3;
+
+/// How one architecture differs from the llama-family decoder: pre-norm RMSNorm blocks,
+/// attention with RoPE, a SiLU-gated MLP. Adding an architecture is a file with one of these,
+/// its entry in [`ARCHITECTURES`], and tests.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Architecture {
+    /// `general.architecture` in GGUF files and `model_type` in config.json.
+    pub name: &'static str,
+    /// The class config.json names in `architectures`.
+    pub hf_class: &'static str,
+    /// Q, K and V projections carry a bias.
+    pub qkv_bias: bool,
+    /// Each head of Q and K is RMS-normed before RoPE.
+    pub qk_norm: bool,
+    /// The pairs RoPE rotates in GGUF files: llama.cpp permutes the Q/K rows of llama-layout
+    /// models for adjacent pairs (`Interleaved`); others keep HF's row order and rotate halves
+    /// (`Neox`), as every HF checkpoint does.
+    pub gguf_rope: RopeLayout,
+}
+
+/// Every architecture strata runs.
+pub const ARCHITECTURES: [&Architecture; 4] = [&LLAMA, &MISTRAL, &QWEN2, &QWEN3];
+
+impl Architecture {
+    /// The architecture of this GGUF / config.json name.
+    pub fn named(name: &str) -> Option<&'static Architecture> {
+        ARCHITECTURES.into_iter().find(|a| a.name == name)
+    }
+
+    /// The architecture of this config.json class.
+    pub fn of_hf_class(class: &str) -> Option<&'static Architecture> {
+        ARCHITECTURES.into_iter().find(|a| a.hf_class == class)
+    }
+}
 
 /// The model shape described by a GGUF file's metadata.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     let name = file
         .get_str("general.architecture")
         .ok_or_else(|| ModelError::BadMetadata("missing general.architecture".into()))?;
+    let arch = Architecture::named(name).ok_or_else(|| ModelError::UnsupportedArch {
+        arch: name.to_string(),
+        supported: ARCHITECTURES.map(|a| a.name).join(", "),
+    })?;
     let h = Hparams { file, prefix: name };
-    let config = match name {
-        "llama" => llama::config(&h)?,
-        "mistral" => mistral::config(&h)?,
-        "qwen2" => qwen2::config(&h)?,
-        "qwen3" => qwen3::config(&h)?,
-        other => {
-            return Err(ModelError::UnsupportedArch {
-                arch: other.to_string(),
-                supported: Arch::ALL.iter().map(|a| a.gguf_name()).collect::<Vec<_>>().join(", "),
-            })
-        }
-    };
+    let mut config = h.base(arch)?;
+    if let Some(factors) = h.rope_freq_factors(config.rope.dim)? {
+        config.rope.scaling = RopeScaling::FreqFactors(factors);
+    }
     config.validate().map_err(ModelError::BadMetadata)?;
     let names = file.tensors().iter().map(|t| t.name.as_str());
     check_layer_count(config.n_layers, names, false, &format!("{name}.block_count"))
@@ -75,7 +111,7 @@ impl Hparams<'_> {
     }
 
     /// The hyper-parameters every llama-family model shares.
-    fn base(&self, arch: Arch, layout: RopeLayout) -> Result<ModelConfig, ModelError> {
+    fn base(&self, arch: &'static Architecture) -> Result<ModelConfig, ModelError> {
         let hidden = self.usize("embedding_length")?;
         let n_heads = self.usize("attention.head_count")?;
         let n_kv_heads = self.opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
@@ -113,13 +149,63 @@ impl Hparams<'_> {
             rope: RopeConfig {
                 theta: self.opt_f32("rope.freq_base").unwrap_or(10000.0),
                 dim: rope_dim,
-                layout,
+                layout: arch.gguf_rope,
                 scaling,
             },
             max_position: self.opt_usize("context_length")?.unwrap_or(4096),
-            qkv_bias: false,
-            qk_norm: false,
             tied_embeddings: self.file.tensor("output.weight").is_none(),
         })
+    }
+
+    /// Llama-3.1 frequency factors from the `rope_freqs.weight` tensor, when present.
+    fn rope_freq_factors(&self, rope_dim: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        let Some(t) = self.file.tensor("rope_freqs.weight") else {
+            return Ok(None);
+        };
+        if t.ty != GgmlType::F32 || t.n_elements != (rope_dim / 2) as u64 {
+            return Err(ModelError::BadMetadata(format!(
+                "rope_freqs.weight should be {} F32 values, found {} {}",
+                rope_dim / 2,
+                t.n_elements,
+                t.ty
+            )));
+        }
+        let bytes = self.file.tensor_data(t);
+        Ok(Some(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_architecture_is_found_by_its_names_and_only_by_them() {
+        for arch in ARCHITECTURES {
+            assert_eq!(Architecture::named(arch.name), Some(arch));
+            assert_eq!(Architecture::of_hf_class(arch.hf_class), Some(arch));
+        }
+        let mut names = ARCHITECTURES.map(|a| a.name).to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ARCHITECTURES.len());
+        assert_eq!(Architecture::named("gpt2"), None);
+        assert_eq!(Architecture::of_hf_class("llama"), None);
+        // What sets them apart.
+        let flags = ARCHITECTURES.map(|a| (a.name, a.qkv_bias, a.qk_norm, a.gguf_rope));
+        assert_eq!(
+            flags,
+            [
+                ("llama", false, false, RopeLayout::Interleaved),
+                ("mistral", false, false, RopeLayout::Interleaved),
+                ("qwen2", true, false, RopeLayout::Neox),
+                ("qwen3", false, true, RopeLayout::Neox),
+            ]
+        );
     }
 }

@@ -3,12 +3,12 @@
 
 use strata_runtime::cpu::ops::RopeLayout;
 
-use super::Hparams;
-use crate::config::{Arch, ModelConfig};
-use crate::error::ModelError;
+use super::Architecture;
 
-pub(super) fn config(h: &Hparams) -> Result<ModelConfig, ModelError> {
-    let mut c = h.base(Arch::Qwen2, RopeLayout::Neox)?;
-    c.qkv_bias = true;
-    Ok(c)
-}
+pub const QWEN2: Architecture = Architecture {
+    name: "qwen2",
+    hf_class: "Qwen2ForCausalLM",
+    qkv_bias: true,
+    qk_norm: false,
+    gguf_rope: RopeLayout::Neox,
+};

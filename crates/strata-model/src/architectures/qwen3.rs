@@ -3,12 +3,12 @@
 
 use strata_runtime::cpu::ops::RopeLayout;
 
-use super::Hparams;
-use crate::config::{Arch, ModelConfig};
-use crate::error::ModelError;
+use super::Architecture;
 
-pub(super) fn config(h: &Hparams) -> Result<ModelConfig, ModelError> {
-    let mut c = h.base(Arch::Qwen3, RopeLayout::Neox)?;
-    c.qk_norm = true;
-    Ok(c)
-}
+pub const QWEN3: Architecture = Architecture {
+    name: "qwen3",
+    hf_class: "Qwen3ForCausalLM",
+    qkv_bias: false,
+    qk_norm: true,
+    gguf_rope: RopeLayout::Neox,
+};

@@ -101,7 +101,7 @@ impl GpuTransformer {
         // (Qwen3), even head and rotary widths.
         let qkv_rope = self.knobs.fuse_rope
             && self.kv.dtype != KvCacheDtype::Fp8E4m3
-            && !c.qk_norm
+            && !c.arch.qk_norm
             && c.head_dim.is_multiple_of(2)
             && c.rope.dim.is_multiple_of(2)
             && c.rope.dim <= c.head_dim

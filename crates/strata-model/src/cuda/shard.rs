@@ -96,12 +96,13 @@ impl Shard {
 /// Model shapes for the tests of this module and of `parallel`.
 #[cfg(test)]
 pub(crate) mod tests_support {
-    use crate::config::{Arch, ModelConfig, RopeConfig, RopeScaling};
+    use crate::architectures::LLAMA;
+    use crate::config::{ModelConfig, RopeConfig, RopeScaling};
     use strata_runtime::cpu::ops::RopeLayout;
 
     pub fn llama(n_heads: usize, n_kv: usize) -> ModelConfig {
         ModelConfig {
-            arch: Arch::Llama,
+            arch: &LLAMA,
             n_layers: 32,
             hidden: 4096,
             intermediate: 14336,
@@ -117,8 +118,6 @@ pub(crate) mod tests_support {
                 scaling: RopeScaling::None,
             },
             max_position: 8192,
-            qkv_bias: false,
-            qk_norm: false,
             tied_embeddings: false,
         }
     }
