@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sourced by the GPU scripts: makes the CUDA and NCCL libraries loadable for strata's binaries and
 # test binaries (in the scratch folder $shim, /tmp/strata-libshim unless set), unpacks what gpu-bin/
-# carries, names the binary ($S) and the checkpoints' folder ($CK, Llama-3-8B's in $L8), and makes that
-# checkpoint on demand (llama3_8b_checkpoint).
+# carries (the test binaries: cuda-test.gz from `cargo test --release -p strata-model --features cuda
+# --test cuda --no-run`, cuda-kernels-test.gz from `... -p strata-runtime --features cuda --test
+# cuda_kernels --no-run`, each executable gzipped), names the binary ($S) and the checkpoints'
+# folder ($CK, Llama-3-8B's in $L8), and makes that checkpoint on demand (llama3_8b_checkpoint).
 # cudarc dlopens bare names (libcuda.so.1, libnccl.so): put every likely folder on the path,
 # including Python's site-packages/nvidia/*/lib, and give libnccl.so.2 the bare name it wants.
 libdirs=(/usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu)

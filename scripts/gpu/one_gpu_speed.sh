@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One H200, issue 6's checks and speed figures in one call (outputs in $OUT):
 #   random Llama-3-8B and Qwen2.5-7B checkpoints (transformers) with reference logits and greedy text;
-#   the CUDA tests (kernels against cuBLASLt, checkpoints against transformers; SmolLM2's when staged,
-#   against transformers too when the gguf wheel is carried: libs.sh's smollm2_reference);
+#   the CUDA tests (the kernels' own, GEMVs against cuBLASLt among them; checkpoints against
+#   transformers; SmolLM2's when staged, against transformers too when the gguf wheel is carried:
+#   libs.sh's smollm2_reference);
 #   strata bench-gpu on Llama-3-8B as built, then once per AB variant, side by side in this run;
 #   the eager per-kernel profile at each of PROFILE_LEVELS (default "1 256") streams.
-# Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
+# Carries gpu-bin/ (strata.gz, cuda-test.gz, cuda-kernels-test.gz, tokenizers.tgz); no Rust
+# toolchain, no network.
 # SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_TESTS=1 the tests (and the references they
 # need; TEST_TIMEOUT their limit in seconds, default 300); SKIP_BENCH=1 stops after the tests;
 # SKIP_PROFILE=1 leaves out the profiles; WITH_TRANSFORMERS=1 adds transformers' own speed on the
@@ -33,6 +35,9 @@ if [ -z "${SKIP_QWEN:-}${SKIP_TESTS:-}" ]; then
 fi
 [ -n "${SKIP_TESTS:-}" ] || ! smollm2_reference || CKS=$CKS:$SM
 if [ -z "${SKIP_TESTS:-}" ]; then
+    echo "== kernel tests"
+    timeout ${TEST_TIMEOUT:-300} gpu-bin/cuda-kernels-test --nocapture --test-threads 1 2>&1 |
+        tee "$OUT/cuda_kernels_tests.log" | grep -E "^test |panicked|result|skipped"
     echo "== CUDA tests"
     STRATA_HF_CHECKPOINTS=$CKS timeout ${TEST_TIMEOUT:-300} gpu-bin/cuda-test --nocapture --test-threads 1 2>&1 |
         tee "$OUT/cuda_tests.log" | grep -E "^test |GPU (bf16|f32)|vs CPU|vs bf16|float32|panicked|result|skipped"

@@ -1,0 +1,118 @@
+//! Helpers shared by the kernel tests: the GPU (or why there is none), seeded inputs, bf16
+//! rounding and reading, the RoPE table, and the norm kernel that makes a GEMV's input.
+
+use strata_runtime::cuda::libraries::{candidate_dirs, search};
+use strata_runtime::cuda::{DeviceBuffer, Gpu, Kernels, NormCall, NormOp};
+
+/// GPU 0, or `None` (with the reason printed) without a GPU.
+pub fn first_gpu() -> Option<Gpu> {
+    let libs = search(&candidate_dirs());
+    match Gpu::count(&libs) {
+        Ok(n) if n > 0 => Some(Gpu::open(0, &libs).expect("GPU 0 opens")),
+        Ok(_) => {
+            eprintln!("skipped: no CUDA GPU");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// `count` bf16 values uniform in [-1, 1) from a fixed seed, as bits.
+pub fn random_bf16(count: usize, seed: u64) -> Vec<u16> {
+    let mut state = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            (v.to_bits() >> 16) as u16
+        })
+        .collect()
+}
+
+/// `count` f32 values uniform in [-1, 1) from a fixed seed (bf16-exact).
+pub fn random_f32(count: usize, seed: u64) -> Vec<f32> {
+    random_bf16(count, seed).into_iter().map(bf16_value).collect()
+}
+
+/// The bf16 bits of `v`, rounded to nearest even (the kernels' f2bf).
+pub fn bf16_bits(v: f32) -> u16 {
+    let u = v.to_bits();
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 a bf16 holds (exact).
+pub fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// The first `n` bf16 values of `b`, as f32.
+pub fn read_bf16(gpu: &Gpu, b: &DeviceBuffer, n: usize) -> Vec<f32> {
+    let mut v = vec![0u16; n];
+    gpu.read(b, 0, &mut v).unwrap();
+    v.into_iter().map(bf16_value).collect()
+}
+
+/// Largest difference between `got` and `want`, over the largest magnitude of `want`.
+pub fn worst_relative(got: &[f32], want: &[f32]) -> f32 {
+    let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    worst / largest.max(f32::MIN_POSITIVE)
+}
+
+/// The smallest GEMV token count compiled for `t` tokens (gemm.cu's `gemv_t{T}`).
+pub fn compiled_tokens(t: usize) -> usize {
+    strata_runtime::cuda::gemv_kernels(t).expect("a GEMV-sized step").tokens
+}
+
+/// RoPE's (cos, sin) of each rotated pair at `pos` (the model's `rope_cos_sin`).
+pub fn rope_cos_sin(inv_freq: &[f32], pos: usize) -> impl Iterator<Item = (f32, f32)> + '_ {
+    inv_freq.iter().map(move |&f| {
+        let angle = pos as f64 * f as f64;
+        (angle.cos() as f32, angle.sin() as f32)
+    })
+}
+
+/// [`rope_cos_sin`] of every position below `positions`, as `[position][pair][cos, sin]`: the
+/// table the kernels rotate by.
+pub fn rope_cos_sin_table(inv_freq: &[f32], positions: usize) -> Vec<f32> {
+    (0..positions)
+        .flat_map(|pos| rope_cos_sin(inv_freq, pos).flat_map(|(c, s)| [c, s]))
+        .collect()
+}
+
+/// The inverse frequencies of `rot` rotary dims (base 10000).
+pub fn inv_freq(rot: usize) -> Vec<f32> {
+    (0..rot / 2)
+        .map(|i| 10000f32.powf(-2.0 * i as f32 / rot as f32))
+        .collect()
+}
+
+/// Runs `rms_norm` (norm.cu) over the t rows of the f32 `x`, weight `g`, into a new bf16 buffer.
+pub fn rms_norm_rows_of(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    x: &DeviceBuffer,
+    g: &DeviceBuffer,
+    t: usize,
+    k: usize,
+) -> DeviceBuffer {
+    let xn = gpu.alloc(t * k * 2, "xn").unwrap();
+    let call = NormCall {
+        op: NormOp::Norm,
+        x: x.ptr(),
+        weight: g.ptr(),
+        out: xn.ptr(),
+        n: k as i32,
+        eps: 1e-5,
+        rows: t,
+        float32: false,
+    };
+    // SAFETY: x holds t x k f32, g k f32, xn t x k bf16.
+    unsafe { call.launch(gpu, kernels) }.unwrap();
+    xn
+}
