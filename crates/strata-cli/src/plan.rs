@@ -114,25 +114,13 @@ pub fn serving_layout(
     kv_dtype: strata_model::kv_cache::KvCacheDtype,
     dev: &crate::device::DeviceArgs,
 ) -> anyhow::Result<strata_model::cuda::ParallelLayout> {
-    let c = &model.transformer.config;
     let mut topology = load_topology(dev.topology.as_ref())?;
     if dev.topology.is_none() && topology.gpus.len() > 1 {
         crate::topo::measure(&mut topology)?;
     }
-    let dims = strata_parallel::model_shape::ModelDims {
-        n_layers: c.n_layers,
-        hidden: c.hidden,
-        intermediate: c.intermediate,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-        vocab_size: c.vocab_size,
-        tied_embeddings: c.tied_embeddings,
-        qkv_bias: c.qkv_bias,
-    };
     // The GPU backend holds every matrix in bf16.
     let name = strata_model::loader::model_name(&model.path);
-    let shape = ModelShape::dense(&name, "bf16", dims, 16.0);
+    let shape = ModelShape::dense(&name, "bf16", model.transformer.config.clone(), 16.0);
     let flags = OverrideFlags {
         tensor_parallel_size: dev.tensor_parallel_size,
         pipeline_parallel_size: dev.pipeline_parallel_size,

@@ -19,7 +19,7 @@ fn gib(bytes: u64) -> f64 {
 pub fn render(plan: &Plan, topology: &Topology) -> String {
     let mut out = String::new();
     let m = &plan.model;
-    let d = &m.dims;
+    let d = &m.config;
     let t = &plan.targets;
     let kv_name = match t.kv_cache_dtype {
         KvCacheDtype::Auto => "bf16",
@@ -205,7 +205,7 @@ fn explanation(plan: &Plan, topology: &Topology) -> String {
         DECODE_BANDWIDTH_EFFICIENCY * 100.0,
         bandwidths.join(", "),
         PER_STREAM_STEP_FRACTION * 100.0,
-        plan.model.dims.hidden * 2,
+        plan.model.config.hidden * 2,
         if measured {
             "Measured link bandwidths and all-reduce latencies from `strata topo --measure` replace the table values. "
         } else {
