@@ -4,6 +4,7 @@
 pub mod architectures;
 pub mod batch;
 pub mod chat_template;
+pub mod compute_dtype;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -18,6 +19,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use batch::{AllowedTokens, DeviceSampling, Logits, LogitsWanted, RowAdjust, SeqChunk, MAX_ROW_BIAS};
+pub use compute_dtype::ComputeDtype;
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use executor::{CpuExecutor, Executor, KvLayout};

@@ -2,6 +2,8 @@
 //! Chooses the fastest layout that fits, explains the rejected ones, honours forced layouts, refuses with what would fit.
 
 use serde::Serialize;
+use strata_model::kv_cache::KvCacheDtype;
+use strata_model::ComputeDtype;
 
 use crate::cost::{self, DECODE_BANDWIDTH_EFFICIENCY};
 use crate::model_shape::{ModelShape, QUANTIZED_FORMATS};
@@ -33,23 +35,6 @@ pub enum PlanError {
     BadOverride(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvCacheDtype {
-    Auto,
-    Fp8,
-}
-
-impl KvCacheDtype {
-    /// Bytes per cached value: `auto` keeps the model's bf16, fp8 is e4m3.
-    pub fn element_bytes(self) -> u64 {
-        match self {
-            KvCacheDtype::Auto => 2,
-            KvCacheDtype::Fp8 => 1,
-        }
-    }
-}
-
 /// What the plan must hold.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Targets {
@@ -57,9 +42,16 @@ pub struct Targets {
     pub max_num_seqs: usize,
     pub gpu_memory_utilization: f64,
     pub kv_cache_dtype: KvCacheDtype,
+    /// What the GPUs compute in (`--dtype`): what an `auto` KV cache holds.
+    pub compute_dtype: ComputeDtype,
 }
 
 impl Targets {
+    /// Bytes of one cached value on the GPUs (fp8 scales not counted).
+    fn kv_value_bytes(&self) -> u64 {
+        self.kv_cache_dtype.gpu_value_bytes(self.compute_dtype) as u64
+    }
+
     fn kv_tokens(&self) -> u64 {
         self.max_model_len as u64 * self.max_num_seqs as u64
     }
@@ -356,8 +348,7 @@ pub fn plan(
     let nccl_env = nccl_env(topology, &chosen);
     Ok(Plan {
         weight_gib: model.weight_bytes() as f64 / GIB,
-        kv_bytes_per_token: model.kv_bytes_per_token_layer(targets.kv_cache_dtype.element_bytes())
-            * model.config.n_layers as u64,
+        kv_bytes_per_token: model.kv_bytes_per_token_layer(targets.kv_value_bytes()) * model.config.n_layers as u64,
         model: model.clone(),
         targets: targets.clone(),
         chosen,
@@ -602,7 +593,7 @@ fn evaluate(
     let t = tp as u64;
     // KV heads are split across the TP group; with more GPUs than KV heads each GPU keeps a copy of one.
     let kv_heads_per_gpu = config.n_kv_heads.div_ceil(tp) as u64;
-    let kv_element = targets.kv_cache_dtype.element_bytes();
+    let kv_element = targets.kv_value_bytes();
     let kv_per_token_layer_gpu = 2 * kv_heads_per_gpu * config.head_dim as u64 * kv_element;
     let kv_per_layer_gpu = kv_per_token_layer_gpu * targets.kv_tokens();
     let avg_layer = model.layer_bytes.iter().sum::<u64>() / n_layers.max(1) as u64;
@@ -815,10 +806,7 @@ fn refusal(model: &ModelShape, topology: &Topology, targets: &Targets, tried: &[
         topology.gpus.len(),
         targets.max_num_seqs,
         targets.max_model_len,
-        match targets.kv_cache_dtype {
-            KvCacheDtype::Auto => "bf16",
-            KvCacheDtype::Fp8 => "fp8",
-        },
+        targets.kv_cache_dtype.gpu_value_type(targets.compute_dtype),
         targets.gpu_memory_utilization
     );
     if let Some(c) = closest {
@@ -863,7 +851,7 @@ fn refusal(model: &ModelShape, topology: &Topology, targets: &Targets, tried: &[
     }
     if targets.kv_cache_dtype == KvCacheDtype::Auto {
         let fp8 = Targets {
-            kv_cache_dtype: KvCacheDtype::Fp8,
+            kv_cache_dtype: KvCacheDtype::Fp8E4m3,
             ..targets.clone()
         };
         if fits(model, &fp8).is_some() {
