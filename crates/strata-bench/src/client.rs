@@ -59,14 +59,14 @@ impl RequestFailure {
 
 /// Token counts the server reported in `usage`.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
-pub struct Usage {
+pub struct ReportedUsage {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
 }
 
 /// A request that finished well, with its timings measured from just before sending.
 #[derive(Clone, Debug, Default)]
-pub struct Completion {
+pub struct TimedCompletion {
     /// Time to the first chunk carrying non-empty content (None when not streamed).
     pub ttft: Option<Duration>,
     /// Time to the end of the response.
@@ -77,7 +77,7 @@ pub struct Completion {
     pub content_chunks: u32,
     /// The generated text (content and reasoning), kept only when the server gave no completion_tokens.
     pub text: String,
-    pub usage: Option<Usage>,
+    pub usage: Option<ReportedUsage>,
 }
 
 /// Builds the HTTP client every part of the bench uses: no proxy, no Nagle, a pool as large as the load.
@@ -99,7 +99,7 @@ fn build_client(cfg: &BenchConfig, idle_per_host: usize) -> anyhow::Result<reqwe
 /// One sent request: how it ended, and whether it was resent on a new connection.
 #[derive(Debug)]
 pub struct Sent {
-    pub result: Result<Completion, RequestFailure>,
+    pub result: Result<TimedCompletion, RequestFailure>,
     /// The kept-alive connection it first went out on closed before any of the response arrived
     /// (the server had closed it while idle), so it was sent once more on a new connection.
     pub retried: bool,
@@ -148,7 +148,7 @@ impl RequestSender {
         }
     }
 
-    async fn send_with(&self, client: &reqwest::Client, body: Bytes) -> Result<Completion, Attempt> {
+    async fn send_with(&self, client: &reqwest::Client, body: Bytes) -> Result<TimedCompletion, Attempt> {
         let mut request = client
             .post(&self.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -222,7 +222,7 @@ fn closed_before_response(e: &reqwest::Error) -> bool {
     false
 }
 
-async fn read_stream(mut response: reqwest::Response, start: Instant) -> Result<Completion, RequestFailure> {
+async fn read_stream(mut response: reqwest::Response, start: Instant) -> Result<TimedCompletion, RequestFailure> {
     let mut parser = SseParser::new();
     let mut state = StreamState::default();
     loop {
@@ -250,7 +250,7 @@ async fn read_stream(mut response: reqwest::Response, start: Instant) -> Result<
     Ok(state.completion.without_counted_text())
 }
 
-async fn read_full(response: reqwest::Response, start: Instant) -> Result<Completion, RequestFailure> {
+async fn read_full(response: reqwest::Response, start: Instant) -> Result<TimedCompletion, RequestFailure> {
     let bytes = response.bytes().await.map_err(|e| classify(&e, true))?;
     let e2e = start.elapsed();
     let parsed: FullResponse = serde_json::from_slice(&bytes).map_err(|e| {
@@ -267,7 +267,7 @@ async fn read_full(response: reqwest::Response, start: Instant) -> Result<Comple
         }
         text.push_str(choice.text.as_deref().unwrap_or(""));
     }
-    Ok(Completion {
+    Ok(TimedCompletion {
         ttft: None,
         e2e,
         inter_chunk_gaps: Vec::new(),
@@ -278,7 +278,7 @@ async fn read_full(response: reqwest::Response, start: Instant) -> Result<Comple
     .without_counted_text())
 }
 
-impl Completion {
+impl TimedCompletion {
     /// Drops the text when the server already counted its tokens, so long runs keep little memory.
     fn without_counted_text(mut self) -> Self {
         if self.usage.is_some_and(|u| u.completion_tokens.is_some()) {
@@ -290,7 +290,7 @@ impl Completion {
 
 #[derive(Default)]
 struct StreamState {
-    completion: Completion,
+    completion: TimedCompletion,
     last_content_at: Option<Duration>,
     done: bool,
     failure: Option<RequestFailure>,
@@ -351,7 +351,7 @@ impl StreamState {
 struct StreamChunk {
     #[serde(default)]
     choices: Vec<StreamChoice>,
-    usage: Option<Usage>,
+    usage: Option<ReportedUsage>,
     error: Option<serde_json::Value>,
 }
 
@@ -384,7 +384,7 @@ struct Delta {
 struct FullResponse {
     #[serde(default)]
     choices: Vec<FullChoice>,
-    usage: Option<Usage>,
+    usage: Option<ReportedUsage>,
 }
 
 #[derive(Deserialize)]

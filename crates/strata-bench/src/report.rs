@@ -297,7 +297,7 @@ pub async fn build_report(cfg: &BenchConfig, workload: &Workload, records: RunRe
 async fn count_output(
     counter: &TokenCounter,
     model: &str,
-    completion: &crate::client::Completion,
+    completion: &crate::client::TimedCompletion,
 ) -> (u64, CountSource) {
     if let Some(n) = completion.usage.and_then(|u| u.completion_tokens) {
         return (n, CountSource::ServerUsage);

@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{Completion, RequestFailure, RequestSender};
+use crate::client::{RequestFailure, RequestSender, TimedCompletion};
 use crate::config::{Arrival, BenchConfig, LoadShape};
 use crate::rng::SeededRng;
 use crate::workload::{PreparedRequest, Workload};
@@ -20,7 +20,7 @@ use crate::workload::{PreparedRequest, Workload};
 pub struct RequestRecord {
     /// Prompt tokens as counted when the request was prepared.
     pub input_tokens: u64,
-    pub result: Result<Completion, RequestFailure>,
+    pub result: Result<TimedCompletion, RequestFailure>,
     /// Resent once on a new connection after its kept-alive one closed unanswered.
     pub retried: bool,
 }

@@ -269,7 +269,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             let masks = (after.masks_total - before.masks_total).max(1) as f64;
             let all_steps = (after.steps_total - before.steps_total).max(1) as f64;
             let level = Level {
-                kv_cache_dtype: strata_model::cuda::kv_cache::value_type_name(dtype, ComputeDtype::Bf16).to_string(),
+                kv_cache_dtype: dtype.gpu_value_type(ComputeDtype::Bf16).to_string(),
                 concurrency: n,
                 constrained_fraction: fraction,
                 mask_ms: (after.mask_seconds_total - before.mask_seconds_total) * 1e3 / masks,
@@ -293,7 +293,7 @@ pub fn bench_gpu(args: BenchGpuArgs) -> anyhow::Result<()> {
             };
             eprintln!(
                 "{} x{n} ({fraction} constrained): {:.0} output tok/s, step {:.2} ms vs roofline {:.2} ms; decode-only steps {:.2} ms at {:.1} seqs vs {:.2} ms; {} of {} overlapped; output tokens fnv1a {:016x}",
-                strata_model::cuda::kv_cache::value_type_name(dtype, ComputeDtype::Bf16),
+                dtype.gpu_value_type(ComputeDtype::Bf16),
                 level.output_tok_s,
                 step_ms,
                 roof_ms,

@@ -107,6 +107,15 @@ impl Default for DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// What a GPU computes in under --dtype (auto is bf16 there).
+    #[cfg(feature = "cuda")]
+    pub fn compute_dtype(&self) -> strata_model::ComputeDtype {
+        match self.dtype {
+            DtypeArg::Auto | DtypeArg::Bfloat16 => strata_model::ComputeDtype::Bf16,
+            DtypeArg::Float32 => strata_model::ComputeDtype::F32,
+        }
+    }
+
     /// GPUs asked for by --tensor-parallel-size x --pipeline-parallel-size (1 when not given).
     fn forced_gpus(&self) -> usize {
         self.tensor_parallel_size.unwrap_or(1) * self.pipeline_parallel_size.unwrap_or(1)
@@ -240,10 +249,7 @@ fn gpu_options(
     strata_model::cuda::GpuOptions {
         ordinal,
         gpu_memory_utilization: dev.gpu_memory_utilization,
-        dtype: match dev.dtype {
-            DtypeArg::Auto | DtypeArg::Bfloat16 => strata_model::cuda::ComputeDtype::Bf16,
-            DtypeArg::Float32 => strata_model::cuda::ComputeDtype::F32,
-        },
+        dtype: dev.compute_dtype(),
         kv_cache_dtype: config.kv_cache_dtype,
         block_size: config.block_size,
         max_num_batched_tokens: config.max_num_batched_tokens,

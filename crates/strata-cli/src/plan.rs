@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use strata_parallel::{KvCacheDtype, ModelShape, OverrideFlags, SplitMode, Targets};
+use strata_model::kv_cache::KvCacheDtype;
+use strata_model::ComputeDtype;
+use strata_parallel::{ModelShape, OverrideFlags, SplitMode, Targets};
 
 use crate::topo::load_topology;
 
@@ -27,8 +29,8 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 0.9, value_parser = parse_fraction)]
     pub gpu_memory_utilization: f64,
     /// KV cache element type: auto (bf16) or fp8 (e4m3, half the memory).
-    #[arg(long, value_enum, default_value_t = KvDtypeArg::Auto)]
-    pub kv_cache_dtype: KvDtypeArg,
+    #[arg(long, default_value = "auto", value_parser = KvCacheDtype::parse)]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Force the tensor parallel size (vLLM).
     #[arg(long, visible_alias = "tp")]
     pub tensor_parallel_size: Option<usize>,
@@ -47,12 +49,6 @@ pub struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum KvDtypeArg {
-    Auto,
-    Fp8,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -88,10 +84,9 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<()> {
         max_model_len: args.max_model_len as usize,
         max_num_seqs: args.max_num_seqs as usize,
         gpu_memory_utilization: args.gpu_memory_utilization,
-        kv_cache_dtype: match args.kv_cache_dtype {
-            KvDtypeArg::Auto => KvCacheDtype::Auto,
-            KvDtypeArg::Fp8 => KvCacheDtype::Fp8,
-        },
+        kv_cache_dtype: args.kv_cache_dtype,
+        // `strata plan` sizes the GPU backend's default, bf16.
+        compute_dtype: ComputeDtype::Bf16,
     };
     let plan = strata_parallel::plan(&model, &topology, &targets, forced.as_ref())?;
     if args.json {
@@ -111,28 +106,16 @@ pub fn serving_layout(
     model: &strata_model::loader::LoadedModel,
     max_model_len: usize,
     max_num_seqs: usize,
-    kv_dtype: strata_model::kv_cache::KvCacheDtype,
+    kv_dtype: KvCacheDtype,
     dev: &crate::device::DeviceArgs,
 ) -> anyhow::Result<strata_model::cuda::ParallelLayout> {
-    let c = &model.transformer.config;
     let mut topology = load_topology(dev.topology.as_ref())?;
     if dev.topology.is_none() && topology.gpus.len() > 1 {
         crate::topo::measure(&mut topology)?;
     }
-    let dims = strata_parallel::model_shape::ModelDims {
-        n_layers: c.n_layers,
-        hidden: c.hidden,
-        intermediate: c.intermediate,
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-        vocab_size: c.vocab_size,
-        tied_embeddings: c.tied_embeddings,
-        qkv_bias: c.arch.qkv_bias,
-    };
     // The GPU backend holds every matrix in bf16.
     let name = strata_model::loader::model_name(&model.path);
-    let shape = ModelShape::dense(&name, "bf16", dims, 16.0);
+    let shape = ModelShape::dense(&name, "bf16", model.transformer.config.clone(), 16.0);
     let flags = OverrideFlags {
         tensor_parallel_size: dev.tensor_parallel_size,
         pipeline_parallel_size: dev.pipeline_parallel_size,
@@ -144,10 +127,8 @@ pub fn serving_layout(
         // Enough KV for a few full-length sequences; the executor gives the KV cache all the rest.
         max_num_seqs: max_num_seqs.min(4),
         gpu_memory_utilization: dev.gpu_memory_utilization,
-        kv_cache_dtype: match kv_dtype {
-            strata_model::kv_cache::KvCacheDtype::Fp8E4m3 => KvCacheDtype::Fp8,
-            strata_model::kv_cache::KvCacheDtype::F32 => KvCacheDtype::Auto,
-        },
+        kv_cache_dtype: kv_dtype,
+        compute_dtype: dev.compute_dtype(),
     };
     let plan = strata_parallel::plan(&shape, &topology, &targets, forced.as_ref())?;
     eprint!("{}", strata_parallel::plan_report::render(&plan, &topology));

@@ -8,22 +8,22 @@ use indicatif::{ProgressBar, ProgressStyle};
 use strata_model::loader::{load_model, LoadedModel};
 
 /// A progress bar on stderr when it is a terminal; nothing otherwise.
-pub struct Progress(Option<ProgressBar>);
+pub struct TerminalProgress(Option<ProgressBar>);
 
 /// A bar labelled `label`, counting bytes or steps.
-pub fn bar(label: &str) -> Progress {
+pub fn bar(label: &str) -> TerminalProgress {
     if !std::io::stderr().is_terminal() {
-        return Progress(None);
+        return TerminalProgress(None);
     }
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}").unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(label.to_string());
-    Progress(Some(bar))
+    TerminalProgress(Some(bar))
 }
 
-impl Progress {
+impl TerminalProgress {
     /// `done` of `total` are finished.
     pub fn update(&self, done: u64, total: u64) {
         if let Some(b) = &self.0 {

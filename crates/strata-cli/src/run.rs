@@ -131,7 +131,7 @@ pub fn start_single_stream(
         "prompt + --max-tokens = {tokens} tokens exceeds the model's context of {context}; ask for fewer tokens"
     );
     let block = strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
-    let per_token = PagedKvCache::bytes_per_token(&model.transformer.config, KvCacheDtype::F32);
+    let per_token = PagedKvCache::bytes_per_token(&model.transformer.config, KvCacheDtype::Auto);
     let config = EngineConfig {
         threads,
         max_model_len: Some(tokens.max(2)),

@@ -342,7 +342,7 @@ fn plan_refuses_a_config_json_whose_layer_count_is_absurd() {
     ];
     let line = exits_with_one_line(&args);
     assert!(
-        line.contains("config.json: missing or invalid num_hidden_layers (strata reads 1 to 4096)"),
+        line.contains("config.json: block count 4294967295 is over strata's limit of 4096"),
         "{line}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

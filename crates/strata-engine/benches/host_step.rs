@@ -155,7 +155,7 @@ impl Executor for MockGpu {
             blocks: self.blocks,
             block_size: 16,
             bytes: self.blocks * 16 * 128 * 1024,
-            dtype: KvCacheDtype::F32,
+            dtype: KvCacheDtype::Auto,
             value_type: "f32",
         }
     }

@@ -60,7 +60,7 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             max_model_len: None,
             kv_cache_memory: 1 << 30,
-            kv_cache_dtype: KvCacheDtype::F32,
+            kv_cache_dtype: KvCacheDtype::Auto,
             block_size: DEFAULT_BLOCK_SIZE,
             enable_prefix_caching: true,
             max_queue: 1024,

@@ -150,7 +150,7 @@ fn preempted_sequences_finish_with_the_same_output() {
             .unwrap()
             .transformer
             .config,
-        KvCacheDtype::F32,
+        KvCacheDtype::Auto,
     );
     config.kv_cache_memory = per_token * 16 * 20;
     config.max_model_len = Some(256);
@@ -932,7 +932,8 @@ fn streams_dropped_while_their_batch_is_in_flight_are_skipped_when_it_returns() 
 fn preemption_on_a_pipeline_never_takes_the_blocks_of_a_batch_in_flight() {
     // Room for 18 blocks of 16 tokens: 8 sequences of ~20 + 40 tokens (4 blocks each) cannot all
     // fit, and the first half runs out of blocks while the second half, admitted last, is in flight.
-    let per_token = strata_model::PagedKvCache::bytes_per_token(&default_model().transformer.config, KvCacheDtype::F32);
+    let per_token =
+        strata_model::PagedKvCache::bytes_per_token(&default_model().transformer.config, KvCacheDtype::Auto);
     let config = EngineConfig {
         kv_cache_memory: per_token * 16 * 18,
         max_model_len: Some(256),

@@ -53,7 +53,7 @@ fn smollm2_matches_the_numpy_reference() {
 
         // Logits at every prompt position.
         let cfg = &model.transformer.config;
-        let mut kv = PagedKvCache::new(cfg, KvCacheDtype::F32, 16, ids.len().div_ceil(16));
+        let mut kv = PagedKvCache::new(cfg, KvCacheDtype::Auto, 16, ids.len().div_ceil(16));
         let chunk = SeqChunk {
             tokens: ids.clone(),
             first_pos: 0,

@@ -116,7 +116,7 @@ impl Executor for CpuExecutor {
             block_size: self.kv.block_size,
             bytes: self.kv.memory_bytes(),
             dtype: self.kv.dtype(),
-            value_type: self.kv.dtype().as_str(),
+            value_type: self.kv.value_type(),
         }
     }
 

@@ -82,19 +82,32 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-/// The model shape in the `config.json` of a checkpoint (`dir_or_file`: the directory or the file).
-/// Reads nothing else, so a planner can size a model without touching its weights.
-pub fn read_hf_config(dir_or_file: &Path) -> Result<ModelConfig, ModelError> {
+/// What a checkpoint's `config.json` says: the model's shape and how its weights are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfConfig {
+    pub model: ModelConfig,
+    /// `torch_dtype`, e.g. "bfloat16"; `None` when the file names none.
+    pub torch_dtype: Option<String>,
+}
+
+/// The `config.json` of a checkpoint (`dir_or_file`: the directory or the file). Reads nothing
+/// else, so a planner can size a model without touching its weights.
+pub fn read_hf_config(dir_or_file: &Path) -> Result<HfConfig, ModelError> {
     let path = checkpoint_dir(dir_or_file)?.join(CONFIG_FILE);
     let json = read_json_object(&path)?;
-    config_from_json(&json).map_err(|message| ModelError::BadCheckpoint { path, message })
+    let model = config_from_json(&json).map_err(|message| ModelError::BadCheckpoint {
+        path: path.clone(),
+        message,
+    })?;
+    let torch_dtype = Keys(&json).opt_str("torch_dtype").map(str::to_string);
+    Ok(HfConfig { model, torch_dtype })
 }
 
 /// Loads the transformer of the checkpoint at `path` (directory or `config.json`): shape from
 /// `config.json`, weights from its safetensors files; `progress(done, total)` reports bytes copied.
 pub fn load_hf_transformer(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<Transformer, ModelError> {
     let dir = checkpoint_dir(path)?;
-    let config = read_hf_config(&dir)?;
+    let config = read_hf_config(&dir)?.model;
     let set = SafetensorsSet::open_dir(&dir)?;
     let names = set.files().iter().flat_map(|f| f.tensors()).map(|t| t.name.as_str());
     check_layer_count(config.n_layers, names, true, "num_hidden_layers").map_err(|message| {
@@ -490,8 +503,12 @@ mod tests {
         let err = read_hf_config(&dir).unwrap_err().to_string();
         assert!(err.contains("has no config.json"), "{err}");
         std::fs::write(dir.join(CONFIG_FILE), LLAMA3).unwrap();
-        assert_eq!(read_hf_config(&dir).unwrap().n_layers, 32);
-        assert_eq!(read_hf_config(&dir.join(CONFIG_FILE)).unwrap().hidden, 4096);
+        let read = read_hf_config(&dir).unwrap();
+        assert_eq!(
+            (read.model.n_layers, read.torch_dtype.as_deref()),
+            (32, Some("bfloat16"))
+        );
+        assert_eq!(read_hf_config(&dir.join(CONFIG_FILE)).unwrap().model.hidden, 4096);
         std::fs::write(dir.join(CONFIG_FILE), "[1, 2]").unwrap();
         let err = read_hf_config(&dir).unwrap_err().to_string();
         assert!(

@@ -1,25 +1,31 @@
 //! The paged KV cache: fixed-size blocks of key and value vectors, addressed by block tables.
 //! Layout per layer is `[block][kv_head][slot][head_dim]`, so one head's keys in a block are contiguous.
 
+use serde::Serialize;
+
+use crate::compute_dtype::ComputeDtype;
 use crate::config::ModelConfig;
 
 /// Default number of token slots per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// Element type of the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Element type of the cache (`--kv-cache-dtype`). What a value is on a device depends on the
+/// device too: see [`KvCacheDtype::cpu_value_type`] and [`KvCacheDtype::gpu_value_type`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum KvCacheDtype {
-    /// Full precision (what `--kv-cache-dtype auto` means on the CPU backend).
-    F32,
+    /// Full precision: f32 on the CPU backend, the compute dtype (`--dtype`) on a GPU.
+    #[serde(rename = "auto")]
+    Auto,
     /// FP8 E4M3 with one f32 scale per (token, KV head) vector: ~3.8x smaller than f32.
+    #[serde(rename = "fp8")]
     Fp8E4m3,
 }
 
 impl KvCacheDtype {
-    /// Parses a `--kv-cache-dtype` value.
+    /// Parses a `--kv-cache-dtype` value ("f32" and "float32" name `auto`, what the CPU stores).
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
-            "auto" | "f32" | "float32" => Ok(KvCacheDtype::F32),
+            "auto" | "f32" | "float32" => Ok(KvCacheDtype::Auto),
             "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
             other => Err(format!(
                 "unknown --kv-cache-dtype {other:?}; use auto (full precision) or fp8 (e4m3 with scales)"
@@ -27,9 +33,26 @@ impl KvCacheDtype {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    /// What one value is in the CPU backend's cache: `auto` stores f32.
+    pub fn cpu_value_type(self) -> &'static str {
         match self {
-            KvCacheDtype::F32 => "f32",
+            KvCacheDtype::Auto => "f32",
+            KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
+        }
+    }
+
+    /// Bytes one value takes on a GPU computing in `compute`: `auto` is the compute dtype there.
+    pub fn gpu_value_bytes(self, compute: ComputeDtype) -> usize {
+        match self {
+            KvCacheDtype::Auto => compute.bytes(),
+            KvCacheDtype::Fp8E4m3 => 1,
+        }
+    }
+
+    /// What one value is on a GPU computing in `compute`: `auto` is the compute dtype there.
+    pub fn gpu_value_type(self, compute: ComputeDtype) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => compute.as_str(),
             KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
         }
     }
@@ -120,7 +143,7 @@ impl std::fmt::Debug for PagedKvCache {
             "PagedKvCache({} blocks x {} tokens, {})",
             self.num_blocks,
             self.block_size,
-            self.dtype().as_str()
+            self.value_type()
         )
     }
 }
@@ -131,7 +154,7 @@ impl PagedKvCache {
         let block_size = block_size.max(1);
         let len = c.n_layers * num_blocks * c.n_kv_heads * block_size * c.head_dim;
         let store = match dtype {
-            KvCacheDtype::F32 => Storage::F32 {
+            KvCacheDtype::Auto => Storage::F32 {
                 k: vec![0.0; len],
                 v: vec![0.0; len],
             },
@@ -154,15 +177,20 @@ impl PagedKvCache {
 
     pub fn dtype(&self) -> KvCacheDtype {
         match self.store {
-            Storage::F32 { .. } => KvCacheDtype::F32,
+            Storage::F32 { .. } => KvCacheDtype::Auto,
             Storage::Fp8 { .. } => KvCacheDtype::Fp8E4m3,
         }
+    }
+
+    /// What one value is in this cache's storage ("f32" or "fp8_e4m3").
+    pub fn value_type(&self) -> &'static str {
+        self.dtype().cpu_value_type()
     }
 
     /// Bytes one token takes across all layers (K and V).
     pub fn bytes_per_token(c: &ModelConfig, dtype: KvCacheDtype) -> usize {
         let per_layer = match dtype {
-            KvCacheDtype::F32 => c.kv_dim() * std::mem::size_of::<f32>(),
+            KvCacheDtype::Auto => c.kv_dim() * std::mem::size_of::<f32>(),
             KvCacheDtype::Fp8E4m3 => c.kv_dim() + c.n_kv_heads * std::mem::size_of::<f32>(),
         };
         2 * c.n_layers * per_layer
@@ -264,6 +292,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn auto_is_f32_on_the_cpu_and_the_compute_dtype_on_a_gpu() {
+        let auto = KvCacheDtype::Auto;
+        assert_eq!(auto.cpu_value_type(), "f32");
+        assert_eq!(auto.gpu_value_type(ComputeDtype::Bf16), "bf16");
+        assert_eq!(auto.gpu_value_type(ComputeDtype::F32), "f32");
+        assert_eq!(auto.gpu_value_bytes(ComputeDtype::Bf16), 2);
+        assert_eq!(auto.gpu_value_bytes(ComputeDtype::F32), 4);
+        let fp8 = KvCacheDtype::Fp8E4m3;
+        assert_eq!(
+            (fp8.cpu_value_type(), fp8.gpu_value_type(ComputeDtype::Bf16)),
+            ("fp8_e4m3", "fp8_e4m3")
+        );
+        assert_eq!(fp8.gpu_value_bytes(ComputeDtype::F32), 1);
+        for (flag, dtype) in [
+            ("auto", auto),
+            ("f32", auto),
+            ("float32", auto),
+            ("fp8", fp8),
+            ("fp8_e4m3", fp8),
+        ] {
+            assert_eq!(KvCacheDtype::parse(flag), Ok(dtype), "{flag}");
+        }
+        assert!(KvCacheDtype::parse("bf16").unwrap_err().contains("use auto"));
+        let json = serde_json::to_string(&[auto, fp8]).unwrap();
+        assert_eq!(json, r#"["auto","fp8"]"#);
+    }
+
+    #[test]
     fn e4m3_encodes_every_representable_value_exactly_and_rounds_to_nearest() {
         for b in 0u8..=255 {
             let v = e4m3_to_f32(b);
@@ -308,7 +364,7 @@ mod tests {
             max_position: 64,
             tied_embeddings: false,
         };
-        let mut f = PagedKvCache::new(&c, KvCacheDtype::F32, 4, 3);
+        let mut f = PagedKvCache::new(&c, KvCacheDtype::Auto, 4, 3);
         let mut q = PagedKvCache::new(&c, KvCacheDtype::Fp8E4m3, 4, 3);
         let kvd = c.kv_dim();
         let k: Vec<f32> = (0..kvd).map(|i| ((i * 37) % 23) as f32 - 11.0).collect();
@@ -326,7 +382,7 @@ mod tests {
             }
         }
         assert!(q.memory_bytes() * 2 < f.memory_bytes());
-        for (cache, dtype) in [(&f, KvCacheDtype::F32), (&q, KvCacheDtype::Fp8E4m3)] {
+        for (cache, dtype) in [(&f, KvCacheDtype::Auto), (&q, KvCacheDtype::Fp8E4m3)] {
             assert_eq!(cache.memory_bytes(), PagedKvCache::bytes_per_token(&c, dtype) * 4 * 3);
         }
     }

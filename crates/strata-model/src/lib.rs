@@ -4,6 +4,7 @@
 pub mod architectures;
 pub mod batch;
 pub mod chat_template;
+pub mod compute_dtype;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -19,6 +20,7 @@ pub mod weights;
 
 pub use architectures::Architecture;
 pub use batch::{AllowedTokens, DeviceSampling, Logits, LogitsWanted, RowAdjust, SeqChunk, MAX_ROW_BIAS};
+pub use compute_dtype::ComputeDtype;
 pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuExecutor, Executor, KvLayout};

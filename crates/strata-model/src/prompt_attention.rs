@@ -121,7 +121,7 @@ mod tests {
     /// heads per KV head.
     fn setup() -> (PagedKvCache, Vec<u32>, Vec<f32>) {
         let c = ModelConfig::tiny_attention(2, 3, 20);
-        let mut kv = PagedKvCache::new(&c, KvCacheDtype::F32, 4, 8);
+        let mut kv = PagedKvCache::new(&c, KvCacheDtype::Auto, 4, 8);
         let table = vec![5u32, 0, 7, 2, 6, 1];
         let f = |i: usize, salt: usize| (((i * 7919 + salt) % 1013) as f32 / 1013.0 - 0.5) * 2.0;
         for pos in 0..21 {

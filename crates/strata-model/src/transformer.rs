@@ -596,7 +596,7 @@ mod tests {
     fn decode_attention_keeps_the_plain_summation_order() {
         for (hd, group, ctx) in [(64usize, 3usize, 37usize), (20, 6, 21), (64, 7, 16), (128, 4, 5)] {
             let c = ModelConfig::tiny_attention(2, group, hd);
-            for dtype in [KvCacheDtype::F32, KvCacheDtype::Fp8E4m3] {
+            for dtype in [KvCacheDtype::Auto, KvCacheDtype::Fp8E4m3] {
                 let bs = 8;
                 let mut kv = PagedKvCache::new(&c, dtype, bs, 8);
                 let table = vec![5u32, 0, 7, 2, 6];

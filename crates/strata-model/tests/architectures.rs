@@ -242,7 +242,7 @@ fn check_arch(arch: &'static str, tied: bool, seed: u64) {
     let t = load(&model, arch);
     assert_eq!(t.config.tied_embeddings, tied);
     let pool = ThreadPool::new(2);
-    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::F32, 4, 8);
+    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::Auto, 4, 8);
     let a: Vec<u32> = vec![3, 17, 42, 8, 8, 1, 30, 49, 12];
     let b: Vec<u32> = vec![5, 6, 7, 44, 2];
     let (ta, tb) = (vec![6u32, 1, 3], vec![0u32, 7]);
@@ -343,7 +343,7 @@ fn bad_batches_are_errors_not_panics() {
     let model = TinyModel::new("llama", true, 5);
     let t = load(&model, "llama-bad");
     let pool = ThreadPool::new(1);
-    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::F32, 4, 2);
+    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::Auto, 4, 2);
     let mut scratch = Default::default();
     let cases = [
         (

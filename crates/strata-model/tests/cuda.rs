@@ -48,7 +48,7 @@ fn gpu_executor(change: impl FnOnce(&mut GpuOptions)) -> Option<GpuExecutor> {
         ordinal: 0,
         gpu_memory_utilization: 0.2,
         dtype: ComputeDtype::Bf16,
-        kv_cache_dtype: KvCacheDtype::F32,
+        kv_cache_dtype: KvCacheDtype::Auto,
         block_size: 16,
         max_num_batched_tokens: 512,
         max_num_seqs: 16,
@@ -389,7 +389,7 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         .iter()
         .map(|p| model.tokenizer.encode(p, true, false).unwrap())
         .collect();
-    let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 2);
+    let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 2);
     // `auto` is f32 on the CPU and the compute dtype on the GPU, and the layouts say so.
     let value_types = [
         &cpu.kv_layout(),
@@ -617,7 +617,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
         // The CPU backend (f32 activations) against transformers in float32: the loader and the
         // architecture, without bf16 rounding in the way.
         let model = load_model(&model_path, &|_, _| {}).expect("checkpoint loads");
-        let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::F32, 16, 64, 16);
+        let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 16);
         for (pi, p) in prompts.iter().enumerate() {
             let chunk = prompt_chunk(ids_of(p, "ids"), pi);
             let l = cpu.forward(std::slice::from_ref(&chunk)).unwrap();
@@ -633,9 +633,9 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
         }
         drop(cpu);
         for (dtype, compute) in [
-            (KvCacheDtype::F32, ComputeDtype::Bf16),
+            (KvCacheDtype::Auto, ComputeDtype::Bf16),
             (KvCacheDtype::Fp8E4m3, ComputeDtype::Bf16),
-            (KvCacheDtype::F32, ComputeDtype::F32),
+            (KvCacheDtype::Auto, ComputeDtype::F32),
         ] {
             let model = load_model(&model_path, &|_, _| {}).expect("checkpoint loads");
             let libs = libraries::search(&libraries::candidate_dirs());
@@ -689,7 +689,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                     "  (transformers bf16 vs f32: logits max rel {bf16_err:.4}; top-1 vs bf16 {t16}, vs f32 {t32})"
                 );
                 match (compute, dtype) {
-                    (ComputeDtype::Bf16, KvCacheDtype::F32) => assert!(
+                    (ComputeDtype::Bf16, KvCacheDtype::Auto) => assert!(
                         rel32 <= 1.25 * bf16_err,
                         "GPU logits differ from transformers f32 by {rel32}, bf16 itself by {bf16_err}"
                     ),
@@ -705,7 +705,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
             // float32 run on at least 3 prompts with float32 on the GPU (random weights too,
             // whose near-uniform logits part bf16 runs from f32 ones at near-ties), and with
             // bf16 for real weights, which pick clear winners.
-            if compute == ComputeDtype::F32 || (real_weights && dtype == KvCacheDtype::F32) {
+            if compute == ComputeDtype::F32 || (real_weights && dtype == KvCacheDtype::Auto) {
                 eprintln!(
                     "{} GPU {}: greedy 64 tokens equal to transformers f32 on {whole_runs} of {} prompts",
                     dir.display(),

@@ -25,7 +25,7 @@ fn temp_dir(name: &str) -> PathBuf {
 /// Logits of a 7-token prefill (every position) then one decode step (the decode path).
 fn logits(t: &Transformer) -> Vec<Vec<f32>> {
     let pool = ThreadPool::new(2);
-    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::F32, 4, 4);
+    let mut kv = PagedKvCache::new(&t.config, KvCacheDtype::Auto, 4, 4);
     let mut scratch = Default::default();
     let prompt: Vec<u32> = vec![3, 200, 42, 8, 8, 1, 255];
     let table = vec![2u32, 0, 3];

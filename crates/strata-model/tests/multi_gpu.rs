@@ -46,7 +46,7 @@ fn options(deterministic: bool) -> GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.45,
         dtype: ComputeDtype::Bf16,
-        kv_cache_dtype: KvCacheDtype::F32,
+        kv_cache_dtype: KvCacheDtype::Auto,
         block_size: BLOCK,
         max_num_batched_tokens: 512,
         max_num_seqs: 16,

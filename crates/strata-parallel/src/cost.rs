@@ -1,7 +1,7 @@
 //! The numbers behind the planner's estimates: GPU memory bandwidth by name, link speed and latency by kind.
 //! Measured numbers from `strata topo --measure` replace the table values wherever they exist.
 
-use crate::topology::{Gpu, Link, PcieRelation, Topology};
+use crate::topology::{Link, PcieRelation, Topology, TopologyGpu};
 
 /// Fraction of the datasheet memory bandwidth a decode step reaches (weights streamed once per step).
 pub const DECODE_BANDWIDTH_EFFICIENCY: f64 = 0.8;
@@ -31,7 +31,7 @@ const MEMORY_BANDWIDTH_GBPS: [(&str, f64); 20] = [
 ];
 
 /// Memory bandwidth in GB/s and where the number came from.
-pub fn memory_bandwidth_gbps(gpu: &Gpu) -> (f64, &'static str) {
+pub fn memory_bandwidth_gbps(gpu: &TopologyGpu) -> (f64, &'static str) {
     if let Some((_, gbps)) = MEMORY_BANDWIDTH_GBPS.iter().find(|(name, _)| gpu.name.contains(name)) {
         return (*gbps, "datasheet");
     }

@@ -11,5 +11,5 @@ pub mod planner;
 pub mod topology;
 
 pub use model_shape::ModelShape;
-pub use planner::{plan, ForcedLayout, KvCacheDtype, OverrideFlags, Plan, PlanError, SplitMode, Targets};
+pub use planner::{plan, ForcedLayout, OverrideFlags, Plan, PlanError, SplitMode, Targets};
 pub use topology::Topology;

@@ -1,13 +1,11 @@
 //! What the planner needs to know about a model: layer count, widths, and the bytes of each layer and the embeddings.
-//! Built from a GGUF file (exact tensor bytes), a HF `config.json` (the few keys the planner reads) or a named preset.
+//! Built from a GGUF file (exact tensor bytes), a HF `config.json` (strata-model's reader) or a named preset.
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-use strata_formats::limits::{
-    read_text_limited, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_JSON_FILE_BYTES, MAX_LAYERS,
-    MAX_VOCAB,
-};
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
+use strata_model::hf_checkpoint::{checkpoint_dir, config_from_json_value, read_hf_config, HfConfig};
 use strata_model::ModelConfig;
 
 /// Why a model's shape could not be read.
@@ -15,8 +13,6 @@ use strata_model::ModelConfig;
 pub enum ModelShapeError {
     #[error(transparent)]
     Model(#[from] strata_model::ModelError),
-    #[error("cannot read {path}: {error}")]
-    Read { path: String, error: std::io::Error },
     #[error("{path}: {reason}")]
     BadConfig { path: String, reason: String },
     #[error(
@@ -25,67 +21,43 @@ pub enum ModelShapeError {
     Unknown { name: String, presets: String },
 }
 
-/// The widths of a llama-family decoder.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelDims {
-    pub n_layers: usize,
-    pub hidden: usize,
-    pub intermediate: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub tied_embeddings: bool,
-    /// Q, K and V projections carry a bias (Qwen2).
-    pub qkv_bias: bool,
+/// Parameters of one decoder layer: attention, gated MLP, two norms, optional QKV bias.
+fn layer_params(c: &ModelConfig) -> u64 {
+    let (h, q, kv) = (c.hidden as u64, c.q_dim() as u64, c.kv_dim() as u64);
+    let attention = h * q + 2 * h * kv + q * h;
+    let bias = if c.arch.qkv_bias { q + 2 * kv } else { 0 };
+    attention + bias + 3 * h * c.intermediate as u64 + 2 * h
 }
 
-impl ModelDims {
-    /// The dims of a model strata-model already understands.
-    pub fn from_config(config: &ModelConfig) -> Self {
-        ModelDims {
-            n_layers: config.n_layers,
-            hidden: config.hidden,
-            intermediate: config.intermediate,
-            n_heads: config.n_heads,
-            n_kv_heads: config.n_kv_heads,
-            head_dim: config.head_dim,
-            vocab_size: config.vocab_size,
-            tied_embeddings: config.tied_embeddings,
-            qkv_bias: config.arch.qkv_bias,
-        }
-    }
+/// Parameters of the token embedding (and of an untied LM head).
+fn embedding_params(c: &ModelConfig) -> u64 {
+    (c.vocab_size * c.hidden) as u64
+}
 
-    /// Parameters of one decoder layer: attention, gated MLP, two norms, optional QKV bias.
-    pub fn layer_params(&self) -> u64 {
-        let (h, q, kv) = (
-            self.hidden as u64,
-            (self.n_heads * self.head_dim) as u64,
-            (self.n_kv_heads * self.head_dim) as u64,
-        );
-        let attention = h * q + 2 * h * kv + q * h;
-        let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
-        attention + bias + 3 * h * self.intermediate as u64 + 2 * h
-    }
-
-    /// Parameters of the token embedding (and of an untied LM head).
-    pub fn embedding_params(&self) -> u64 {
-        (self.vocab_size * self.hidden) as u64
-    }
-
-    pub fn total_params(&self) -> u64 {
-        let heads = if self.tied_embeddings { 1 } else { 2 };
-        self.layer_params() * self.n_layers as u64 + heads * self.embedding_params() + self.hidden as u64
-    }
+/// Writes the widths the planner reads as the plan's `dims` object.
+fn serialize_dims<S: Serializer>(c: &ModelConfig, serializer: S) -> Result<S::Ok, S::Error> {
+    let mut dims = serializer.serialize_struct("dims", 9)?;
+    dims.serialize_field("n_layers", &c.n_layers)?;
+    dims.serialize_field("hidden", &c.hidden)?;
+    dims.serialize_field("intermediate", &c.intermediate)?;
+    dims.serialize_field("n_heads", &c.n_heads)?;
+    dims.serialize_field("n_kv_heads", &c.n_kv_heads)?;
+    dims.serialize_field("head_dim", &c.head_dim)?;
+    dims.serialize_field("vocab_size", &c.vocab_size)?;
+    dims.serialize_field("tied_embeddings", &c.tied_embeddings)?;
+    dims.serialize_field("qkv_bias", &c.arch.qkv_bias)?;
+    dims.end()
 }
 
 /// A model as the planner sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelShape {
     pub name: String,
     /// How the weights are stored, e.g. "bf16" or "GGUF 4.85 bits/weight".
     pub weight_format: String,
-    pub dims: ModelDims,
+    /// The model's shape, written out as its `dims`: the widths the planner reads.
+    #[serde(rename = "dims", serialize_with = "serialize_dims")]
+    pub config: ModelConfig,
     /// Bytes of each decoder layer's weights, in order.
     pub layer_bytes: Vec<u64>,
     pub embedding_bytes: u64,
@@ -98,28 +70,35 @@ pub const QUANTIZED_FORMATS: [(&str, f64); 3] = [("Q8_0", 8.5), ("Q5_K_M", 5.69)
 
 impl ModelShape {
     /// A dense model whose every weight takes `bits_per_weight` bits.
-    pub fn dense(name: &str, weight_format: &str, dims: ModelDims, bits_per_weight: f64) -> Self {
+    pub fn dense(name: &str, weight_format: &str, config: ModelConfig, bits_per_weight: f64) -> Self {
         let bytes = |params: u64| (params as f64 * bits_per_weight / 8.0).round() as u64;
-        let embedding_bytes = bytes(dims.embedding_params());
-        let lm_head = bytes(dims.embedding_params() + dims.hidden as u64);
+        let embedding_bytes = bytes(embedding_params(&config));
+        let lm_head = bytes(embedding_params(&config) + config.hidden as u64);
         ModelShape {
             name: name.to_string(),
             weight_format: weight_format.to_string(),
-            layer_bytes: vec![bytes(dims.layer_params()); dims.n_layers],
+            layer_bytes: vec![bytes(layer_params(&config)); config.n_layers],
             embedding_bytes,
             lm_head_bytes: lm_head,
-            dims,
+            config,
         }
+    }
+
+    /// Parameters of the whole model (the LM head counted once when tied).
+    pub fn total_params(&self) -> u64 {
+        let c = &self.config;
+        let heads = if c.tied_embeddings { 1 } else { 2 };
+        layer_params(c) * c.n_layers as u64 + heads * embedding_params(c) + c.hidden as u64
     }
 
     /// The same model quantized to `bits_per_weight` (what a GGUF of that type would weigh).
     pub fn requantized(&self, format: &str, bits_per_weight: f64) -> Self {
-        ModelShape::dense(&self.name, format, self.dims.clone(), bits_per_weight)
+        ModelShape::dense(&self.name, format, self.config.clone(), bits_per_weight)
     }
 
     /// All weight bytes (the LM head counted once even when tied).
     pub fn weight_bytes(&self) -> u64 {
-        let head = if self.dims.tied_embeddings {
+        let head = if self.config.tied_embeddings {
             0
         } else {
             self.lm_head_bytes
@@ -129,15 +108,14 @@ impl ModelShape {
 
     /// KV-cache bytes per token per layer: K and V, `n_kv_heads * head_dim` values each.
     pub fn kv_bytes_per_token_layer(&self, kv_element_bytes: u64) -> u64 {
-        2 * (self.dims.n_kv_heads * self.dims.head_dim) as u64 * kv_element_bytes
+        2 * self.config.kv_dim() as u64 * kv_element_bytes
     }
 
     /// Reads a GGUF file: the shape from its metadata, the bytes from its tensor table (no weights are read).
     pub fn from_gguf(path: &Path) -> Result<Self, ModelShapeError> {
         let file = strata_model::loader::open_gguf(path)?;
         let config = strata_model::architectures::config_from_gguf(&file)?;
-        let dims = ModelDims::from_config(&config);
-        let mut layer_bytes = vec![0u64; dims.n_layers];
+        let mut layer_bytes = vec![0u64; config.n_layers];
         let (mut embedding_bytes, mut lm_head_bytes, mut total_bytes, mut total_elements) = (0, 0, 0u64, 0u64);
         for tensor in file.tensors() {
             total_bytes += tensor.n_bytes;
@@ -154,7 +132,7 @@ impl ModelShape {
                 _ => {}
             }
         }
-        if dims.tied_embeddings {
+        if config.tied_embeddings {
             lm_head_bytes += embedding_bytes;
         }
         let bits = if total_elements > 0 {
@@ -168,72 +146,33 @@ impl ModelShape {
         Ok(ModelShape {
             name,
             weight_format: format!("GGUF {bits:.2} bits/weight"),
-            dims,
+            config,
             layer_bytes,
             embedding_bytes,
             lm_head_bytes,
         })
     }
 
-    /// Reads the planner's keys from a HF `config.json` (or the folder holding it).
+    /// Reads a HF `config.json` (or the folder holding it) with strata-model's reader; sizes the
+    /// weights by its `torch_dtype` (bf16 when absent).
     pub fn from_hf_config(path: &Path) -> Result<Self, ModelShapeError> {
-        let file = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        let shown = file.display().to_string();
-        let text = read_text_limited(&file, MAX_JSON_FILE_BYTES).map_err(|error| ModelShapeError::Read {
-            path: shown.clone(),
-            error,
-        })?;
-        let bad = |reason: String| ModelShapeError::BadConfig {
-            path: shown.clone(),
-            reason,
-        };
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        // Bounded by the loaders' limits: the plan sizes per-layer tables by these numbers.
-        let key = |name: &str, limit: usize| -> Result<usize, ModelShapeError> {
-            json.get(name)
-                .and_then(|v| v.as_u64())
-                .filter(|&n| n > 0 && n <= limit as u64)
-                .map(|n| n as usize)
-                .ok_or_else(|| bad(format!("missing or invalid {name} (strata reads 1 to {limit})")))
-        };
-        let n_heads = key("num_attention_heads", MAX_HEADS)?;
-        let hidden = key("hidden_size", MAX_HIDDEN)?;
-        let dims = ModelDims {
-            n_layers: key("num_hidden_layers", MAX_LAYERS)?,
-            hidden,
-            intermediate: key("intermediate_size", MAX_INTERMEDIATE)?,
-            n_heads,
-            n_kv_heads: key("num_key_value_heads", MAX_HEADS).unwrap_or(n_heads),
-            head_dim: key("head_dim", MAX_HEAD_DIM).unwrap_or(hidden / n_heads),
-            vocab_size: key("vocab_size", MAX_VOCAB)?,
-            tied_embeddings: json
-                .get("tie_word_embeddings")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
-            qkv_bias: json.get("model_type").and_then(|v| v.as_str()) == Some("qwen2"),
-        };
-        if dims.head_dim == 0 || !dims.n_heads.is_multiple_of(dims.n_kv_heads) {
-            return Err(bad(format!(
-                "{} heads, {} KV heads, head_dim {}: inconsistent",
-                dims.n_heads, dims.n_kv_heads, dims.head_dim
-            )));
-        }
-        let dtype = json.get("torch_dtype").and_then(|v| v.as_str()).unwrap_or("bfloat16");
-        let (format, bits) = match dtype {
+        let dir = checkpoint_dir(path)?;
+        let HfConfig { model, torch_dtype } = read_hf_config(&dir)?;
+        let (format, bits) = match torch_dtype.as_deref().unwrap_or("bfloat16") {
             "float32" => ("f32", 32.0),
             "float16" => ("f16", 16.0),
             "bfloat16" => ("bf16", 16.0),
-            other => return Err(bad(format!("torch_dtype {other:?} is not one the planner sizes"))),
+            other => {
+                return Err(ModelShapeError::BadConfig {
+                    path: path.display().to_string(),
+                    reason: format!("torch_dtype {other:?} is not one the planner sizes"),
+                })
+            }
         };
-        let name = file
-            .parent()
-            .and_then(|p| p.file_name())
+        let name = dir
+            .file_name()
             .map_or("model".into(), |s| s.to_string_lossy().to_string());
-        Ok(ModelShape::dense(&name, format, dims, bits))
+        Ok(ModelShape::dense(&name, format, model, bits))
     }
 
     /// A GGUF file, a folder or `config.json`, or a preset name.
@@ -255,70 +194,43 @@ impl ModelShape {
     }
 }
 
-/// Published architectures (the models' own `config.json`), all bf16.
-const PRESETS: [(&str, ModelDims); 4] = [
+/// Published architectures: the shape keys of the models' own `config.json`, all bf16.
+const PRESETS: [(&str, &str); 4] = [
     (
         "llama-3-8b",
-        ModelDims {
-            n_layers: 32,
-            hidden: 4096,
-            intermediate: 14336,
-            n_heads: 32,
-            n_kv_heads: 8,
-            head_dim: 128,
-            vocab_size: 128256,
-            tied_embeddings: false,
-            qkv_bias: false,
-        },
+        r#"{"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": false}"#,
     ),
     (
         "llama-3-70b",
-        ModelDims {
-            n_layers: 80,
-            hidden: 8192,
-            intermediate: 28672,
-            n_heads: 64,
-            n_kv_heads: 8,
-            head_dim: 128,
-            vocab_size: 128256,
-            tied_embeddings: false,
-            qkv_bias: false,
-        },
+        r#"{"model_type": "llama", "num_hidden_layers": 80, "hidden_size": 8192, "intermediate_size": 28672,
+            "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": false}"#,
     ),
     (
         "qwen2.5-7b",
-        ModelDims {
-            n_layers: 28,
-            hidden: 3584,
-            intermediate: 18944,
-            n_heads: 28,
-            n_kv_heads: 4,
-            head_dim: 128,
-            vocab_size: 152064,
-            tied_embeddings: false,
-            qkv_bias: true,
-        },
+        r#"{"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": false}"#,
     ),
     (
         "qwen2.5-32b",
-        ModelDims {
-            n_layers: 64,
-            hidden: 5120,
-            intermediate: 27648,
-            n_heads: 40,
-            n_kv_heads: 8,
-            head_dim: 128,
-            vocab_size: 152064,
-            tied_embeddings: false,
-            qkv_bias: true,
-        },
+        r#"{"model_type": "qwen2", "num_hidden_layers": 64, "hidden_size": 5120, "intermediate_size": 27648,
+            "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": false}"#,
     ),
 ];
 
 /// A preset by name (case-insensitive), in bf16.
 pub fn preset(name: &str) -> Option<ModelShape> {
-    let (name, dims) = PRESETS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))?;
-    Some(ModelShape::dense(name, "bf16", dims.clone(), 16.0))
+    let (name, json) = PRESETS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))?;
+    // The texts are constants; `every_preset_is_a_config_strata_model_reads` reads each.
+    let config = serde_json::from_str(json)
+        .map_err(|e| e.to_string())
+        .and_then(|v| config_from_json_value(&v))
+        .expect("a preset's config.json is valid");
+    Some(ModelShape::dense(name, "bf16", config, 16.0))
 }
 
 /// The preset names, for help texts.
@@ -332,7 +244,7 @@ mod tests {
 
     #[test]
     fn presets_have_their_published_parameter_counts() {
-        let billions = |name: &str| preset(name).unwrap().dims.total_params() as f64 / 1e9;
+        let billions = |name: &str| preset(name).unwrap().total_params() as f64 / 1e9;
         assert!(
             (billions("llama-3-8b") - 8.03).abs() < 0.01,
             "{}",
@@ -356,6 +268,23 @@ mod tests {
     }
 
     #[test]
+    fn every_preset_is_a_config_strata_model_reads() {
+        for name in preset_names() {
+            let shape = preset(name).unwrap();
+            assert!(
+                shape.config.validate().is_ok() && shape.weight_format == "bf16",
+                "{name}"
+            );
+        }
+        let json = serde_json::to_value(preset("qwen2.5-7b").unwrap()).unwrap();
+        assert_eq!(
+            json["dims"],
+            serde_json::json!({"n_layers": 28, "hidden": 3584, "intermediate": 18944, "n_heads": 28,
+                "n_kv_heads": 4, "head_dim": 128, "vocab_size": 152064, "tied_embeddings": false, "qkv_bias": true})
+        );
+    }
+
+    #[test]
     fn a_q4_k_m_32b_weighs_about_twenty_gigabytes() {
         let q4 = preset("qwen2.5-32b").unwrap().requantized("Q4_K_M", 4.85);
         let gb = q4.weight_bytes() as f64 / 1e9;
@@ -370,15 +299,27 @@ mod tests {
             dir.join("config.json"),
             r#"{"model_type":"llama","num_hidden_layers":32,"hidden_size":4096,"intermediate_size":14336,
                 "num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+                "rms_norm_eps":1e-5,"rope_theta":500000.0,"max_position_embeddings":8192,
                 "tie_word_embeddings":false,"torch_dtype":"bfloat16"}"#,
         )
         .unwrap();
         let shape = ModelShape::resolve(dir.to_str().unwrap()).unwrap();
-        assert_eq!(shape.dims, preset("llama-3-8b").unwrap().dims);
+        assert_eq!(shape.config, preset("llama-3-8b").unwrap().config);
         assert_eq!(shape.weight_bytes(), preset("llama-3-8b").unwrap().weight_bytes());
-        std::fs::write(dir.join("config.json"), r#"{"hidden_size":4096}"#).unwrap();
+        std::fs::write(dir.join("config.json"), r#"{"model_type":"llama","hidden_size":4096}"#).unwrap();
         let err = ModelShape::resolve(dir.to_str().unwrap()).unwrap_err().to_string();
-        assert!(err.contains("missing or invalid num_attention_heads"), "{err}");
+        assert!(err.contains("config.json: missing num_attention_heads"), "{err}");
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"model_type":"llama","num_hidden_layers":2,"hidden_size":64,"intermediate_size":128,
+                "num_attention_heads":4,"vocab_size":100,"torch_dtype":"int8"}"#,
+        )
+        .unwrap();
+        let err = ModelShape::resolve(dir.to_str().unwrap()).unwrap_err().to_string();
+        assert!(
+            err.contains("torch_dtype \"int8\" is not one the planner sizes"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -392,7 +333,7 @@ mod tests {
         let shape = ModelShape::from_gguf(&path).unwrap();
         assert_eq!(shape.layer_bytes.len(), 30);
         assert!(shape.layer_bytes.iter().all(|&b| b > 0));
-        assert!(shape.dims.tied_embeddings && shape.lm_head_bytes >= shape.embedding_bytes);
+        assert!(shape.config.tied_embeddings && shape.lm_head_bytes >= shape.embedding_bytes);
         let file_len = std::fs::metadata(&path).unwrap().len();
         assert!(shape.weight_bytes() <= file_len && shape.weight_bytes() > file_len / 2);
     }

@@ -5,7 +5,7 @@ use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, Topol
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::topology::{Gpu, Link, PcieRelation, Topology};
+use crate::topology::{Link, PcieRelation, Topology, TopologyGpu};
 
 /// Why the GPUs could not be listed.
 #[derive(Debug, thiserror::Error)]
@@ -68,14 +68,14 @@ pub fn discover() -> Result<Topology, DiscoveryError> {
     })
 }
 
-fn gpu_info(index: usize, device: &Device) -> Result<Gpu, DiscoveryError> {
+fn gpu_info(index: usize, device: &Device) -> Result<TopologyGpu, DiscoveryError> {
     let memory = device.memory_info().map_err(nvml_err(format!("GPU{index} memory")))?;
     let pci_bus_id = device.pci_info().ok().map(|p| p.bus_id);
     let numa_node = device
         .numa_node_id()
         .ok()
         .or_else(|| pci_bus_id.as_deref().and_then(numa_node_from_sysfs));
-    Ok(Gpu {
+    Ok(TopologyGpu {
         index,
         name: device.name().map_err(nvml_err(format!("GPU{index} name")))?,
         memory_total_mib: memory.total / (1 << 20),

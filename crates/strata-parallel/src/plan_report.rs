@@ -4,9 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::cost::{self, DECODE_BANDWIDTH_EFFICIENCY};
-use crate::planner::{
-    Candidate, KvCacheDtype, Plan, Verdict, CONCURRENT_STREAMS, PER_STREAM_STEP_FRACTION, RUNTIME_OVERHEAD_BYTES,
-};
+use crate::planner::{Candidate, Plan, Verdict, CONCURRENT_STREAMS, PER_STREAM_STEP_FRACTION, RUNTIME_OVERHEAD_BYTES};
 use crate::topology::Topology;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -19,12 +17,9 @@ fn gib(bytes: u64) -> f64 {
 pub fn render(plan: &Plan, topology: &Topology) -> String {
     let mut out = String::new();
     let m = &plan.model;
-    let d = &m.dims;
+    let d = &m.config;
     let t = &plan.targets;
-    let kv_name = match t.kv_cache_dtype {
-        KvCacheDtype::Auto => "bf16",
-        KvCacheDtype::Fp8 => "fp8",
-    };
+    let kv_name = t.kv_cache_dtype.gpu_value_type(t.compute_dtype);
     let kv_tokens = t.max_model_len as u64 * t.max_num_seqs as u64;
     let _ = writeln!(
         out,
@@ -205,7 +200,7 @@ fn explanation(plan: &Plan, topology: &Topology) -> String {
         DECODE_BANDWIDTH_EFFICIENCY * 100.0,
         bandwidths.join(", "),
         PER_STREAM_STEP_FRACTION * 100.0,
-        plan.model.dims.hidden * 2,
+        plan.model.config.hidden * 2,
         if measured {
             "Measured link bandwidths and all-reduce latencies from `strata topo --measure` replace the table values. "
         } else {

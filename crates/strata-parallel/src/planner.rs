@@ -2,6 +2,8 @@
 //! Chooses the fastest layout that fits, explains the rejected ones, honours forced layouts, refuses with what would fit.
 
 use serde::Serialize;
+use strata_model::kv_cache::KvCacheDtype;
+use strata_model::ComputeDtype;
 
 use crate::cost::{self, DECODE_BANDWIDTH_EFFICIENCY};
 use crate::model_shape::{ModelShape, QUANTIZED_FORMATS};
@@ -33,23 +35,6 @@ pub enum PlanError {
     BadOverride(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvCacheDtype {
-    Auto,
-    Fp8,
-}
-
-impl KvCacheDtype {
-    /// Bytes per cached value: `auto` keeps the model's bf16, fp8 is e4m3.
-    pub fn element_bytes(self) -> u64 {
-        match self {
-            KvCacheDtype::Auto => 2,
-            KvCacheDtype::Fp8 => 1,
-        }
-    }
-}
-
 /// What the plan must hold.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Targets {
@@ -57,9 +42,16 @@ pub struct Targets {
     pub max_num_seqs: usize,
     pub gpu_memory_utilization: f64,
     pub kv_cache_dtype: KvCacheDtype,
+    /// What the GPUs compute in (`--dtype`): what an `auto` KV cache holds.
+    pub compute_dtype: ComputeDtype,
 }
 
 impl Targets {
+    /// Bytes of one cached value on the GPUs (fp8 scales not counted).
+    fn kv_value_bytes(&self) -> u64 {
+        self.kv_cache_dtype.gpu_value_bytes(self.compute_dtype) as u64
+    }
+
     fn kv_tokens(&self) -> u64 {
         self.max_model_len as u64 * self.max_num_seqs as u64
     }
@@ -356,8 +348,7 @@ pub fn plan(
     let nccl_env = nccl_env(topology, &chosen);
     Ok(Plan {
         weight_gib: model.weight_bytes() as f64 / GIB,
-        kv_bytes_per_token: model.kv_bytes_per_token_layer(targets.kv_cache_dtype.element_bytes())
-            * model.dims.n_layers as u64,
+        kv_bytes_per_token: model.kv_bytes_per_token_layer(targets.kv_value_bytes()) * model.config.n_layers as u64,
         model: model.clone(),
         targets: targets.clone(),
         chosen,
@@ -373,14 +364,14 @@ pub fn candidates(model: &ModelShape, topology: &Topology, targets: &Targets) ->
     let mut out = Vec::new();
     let mut tp = 1;
     while tp <= n {
-        if !model.dims.n_heads.is_multiple_of(tp) {
+        if !model.config.n_heads.is_multiple_of(tp) {
             out.push(impossible(
                 tp,
                 1,
-                format!("{} attention heads do not split {tp} ways", model.dims.n_heads),
+                format!("{} attention heads do not split {tp} ways", model.config.n_heads),
             ));
         } else {
-            for pp in 1..=(n / tp).min(model.dims.n_layers) {
+            for pp in 1..=(n / tp).min(model.config.n_layers) {
                 let best = groupings(n, tp, pp)
                     .into_iter()
                     .map(|groups| evaluate(model, topology, targets, tp, &groups, None))
@@ -521,22 +512,22 @@ fn evaluate_forced(
     layout: &ForcedLayout,
 ) -> Result<Candidate, PlanError> {
     let n = topology.gpus.len();
-    if !model.dims.n_heads.is_multiple_of(layout.tp) {
+    if !model.config.n_heads.is_multiple_of(layout.tp) {
         return Err(PlanError::BadOverride(format!(
             "tensor parallel size {} does not divide the model's {} attention heads; use a divisor such as {}",
             layout.tp,
-            model.dims.n_heads,
+            model.config.n_heads,
             (1..=n)
-                .filter(|t| model.dims.n_heads.is_multiple_of(*t))
+                .filter(|t| model.config.n_heads.is_multiple_of(*t))
                 .map(|t| t.to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
     }
-    if layout.pp > model.dims.n_layers {
+    if layout.pp > model.config.n_layers {
         return Err(PlanError::BadOverride(format!(
             "pipeline parallel size {} exceeds the model's {} layers",
-            layout.pp, model.dims.n_layers
+            layout.pp, model.config.n_layers
         )));
     }
     let shares = layout.layer_shares.as_deref();
@@ -597,13 +588,13 @@ fn evaluate(
     layer_shares: Option<&[f64]>,
 ) -> Candidate {
     let pp = groups.len();
-    let dims = &model.dims;
-    let n_layers = dims.n_layers;
+    let config = &model.config;
+    let n_layers = config.n_layers;
     let t = tp as u64;
     // KV heads are split across the TP group; with more GPUs than KV heads each GPU keeps a copy of one.
-    let kv_heads_per_gpu = dims.n_kv_heads.div_ceil(tp) as u64;
-    let kv_element = targets.kv_cache_dtype.element_bytes();
-    let kv_per_token_layer_gpu = 2 * kv_heads_per_gpu * dims.head_dim as u64 * kv_element;
+    let kv_heads_per_gpu = config.n_kv_heads.div_ceil(tp) as u64;
+    let kv_element = targets.kv_value_bytes();
+    let kv_per_token_layer_gpu = 2 * kv_heads_per_gpu * config.head_dim as u64 * kv_element;
     let kv_per_layer_gpu = kv_per_token_layer_gpu * targets.kv_tokens();
     let avg_layer = model.layer_bytes.iter().sum::<u64>() / n_layers.max(1) as u64;
     let usable: Vec<u64> = groups
@@ -622,7 +613,7 @@ fn evaluate(
         if s == 0 {
             bytes += model.embedding_bytes / t;
         }
-        if s == pp - 1 && (pp > 1 || !dims.tied_embeddings) {
+        if s == pp - 1 && (pp > 1 || !config.tied_embeddings) {
             bytes += model.lm_head_bytes / t;
         }
         bytes
@@ -674,7 +665,7 @@ fn evaluate(
     let mut candidate = Candidate {
         tp,
         pp,
-        all_reduce_us: cost::all_reduce_us(topology, &groups[0], dims.hidden as u64 * ACTIVATION_BYTES),
+        all_reduce_us: cost::all_reduce_us(topology, &groups[0], config.hidden as u64 * ACTIVATION_BYTES),
         tp_link: groups
             .iter()
             .filter_map(|g| cost::slowest_link(topology, g))
@@ -709,7 +700,7 @@ impl Timing<'_> {
     /// PP runs `pp` micro-batches through the stages, so the step takes `pp` times the slowest stage
     /// (one stream alone passes through every stage in turn).
     fn step_us(&self, c: &Candidate, streams: usize, context: f64) -> f64 {
-        let hidden_bytes = self.model.dims.hidden as u64 * ACTIVATION_BYTES;
+        let hidden_bytes = self.model.config.hidden as u64 * ACTIVATION_BYTES;
         if streams == 1 {
             let stages: f64 = c
                 .stages
@@ -748,7 +739,7 @@ impl Timing<'_> {
         // below their roofline): measured as ~4% of a weight pass per stream (bench/NOTES.md).
         let memory_us =
             (weights as f64 * (1.0 + PER_STREAM_STEP_FRACTION * streams as f64) + kv) / (bandwidth_gbps * 1e3);
-        let message = self.model.dims.hidden as u64 * ACTIVATION_BYTES * streams as u64;
+        let message = self.model.config.hidden as u64 * ACTIVATION_BYTES * streams as u64;
         let all_reduces = 2.0 * stage.n_layers as f64 * cost::all_reduce_us(self.topology, &stage.gpus, message);
         memory_us + all_reduces
     }
@@ -815,10 +806,7 @@ fn refusal(model: &ModelShape, topology: &Topology, targets: &Targets, tried: &[
         topology.gpus.len(),
         targets.max_num_seqs,
         targets.max_model_len,
-        match targets.kv_cache_dtype {
-            KvCacheDtype::Auto => "bf16",
-            KvCacheDtype::Fp8 => "fp8",
-        },
+        targets.kv_cache_dtype.gpu_value_type(targets.compute_dtype),
         targets.gpu_memory_utilization
     );
     if let Some(c) = closest {
@@ -863,14 +851,14 @@ fn refusal(model: &ModelShape, topology: &Topology, targets: &Targets, tried: &[
     }
     if targets.kv_cache_dtype == KvCacheDtype::Auto {
         let fp8 = Targets {
-            kv_cache_dtype: KvCacheDtype::Fp8,
+            kv_cache_dtype: KvCacheDtype::Fp8E4m3,
             ..targets.clone()
         };
         if fits(model, &fp8).is_some() {
             would_fit.push("--kv-cache-dtype fp8".into());
         }
     }
-    let current_bits = model.weight_bytes() as f64 * 8.0 / model.dims.total_params() as f64;
+    let current_bits = model.weight_bytes() as f64 * 8.0 / model.total_params() as f64;
     for (format, bits) in QUANTIZED_FORMATS {
         if bits >= current_bits - 0.1 {
             continue;

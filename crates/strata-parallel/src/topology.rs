@@ -31,9 +31,9 @@ pub enum TopologyError {
     Invalid { path: String, reason: String },
 }
 
-/// One GPU as the driver reports it.
+/// One GPU of a topology, as the driver reports it (the device handle is `strata_runtime::cuda::Gpu`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Gpu {
+pub struct TopologyGpu {
     /// Position in this topology (0-based, as CUDA and NVML number devices by default).
     pub index: usize,
     pub name: String,
@@ -135,7 +135,7 @@ pub struct Topology {
     pub source: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
-    pub gpus: Vec<Gpu>,
+    pub gpus: Vec<TopologyGpu>,
     /// One entry per unordered pair of GPUs.
     pub links: Vec<Link>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

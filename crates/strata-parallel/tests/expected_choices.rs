@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 
+use strata_model::kv_cache::KvCacheDtype;
+use strata_model::ComputeDtype;
 use strata_parallel::model_shape::preset;
 use strata_parallel::planner::{Candidate, Verdict};
-use strata_parallel::{plan, KvCacheDtype, ModelShape, OverrideFlags, Plan, PlanError, SplitMode, Targets, Topology};
+use strata_parallel::{plan, ModelShape, OverrideFlags, Plan, PlanError, SplitMode, Targets, Topology};
 
 fn fixture(name: &str) -> Topology {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name);
@@ -18,6 +20,35 @@ fn targets() -> Targets {
         max_num_seqs: 16,
         gpu_memory_utilization: 0.9,
         kv_cache_dtype: KvCacheDtype::Auto,
+        compute_dtype: ComputeDtype::Bf16,
+    }
+}
+
+#[test]
+fn kv_bytes_per_token_follow_the_cache_and_compute_dtypes() {
+    let topology = fixture("h200x2_nv18.json");
+    let model = preset("llama-3-8b").unwrap();
+    // 32 layers x K and V x 8 KV heads x 128 values.
+    let values = 32 * 2 * 8 * 128;
+    for (kv_cache_dtype, compute_dtype, bytes, shown) in [
+        (KvCacheDtype::Auto, ComputeDtype::Bf16, 2, ["auto", "bf16"]),
+        (KvCacheDtype::Auto, ComputeDtype::F32, 4, ["auto", "f32"]),
+        (KvCacheDtype::Fp8E4m3, ComputeDtype::Bf16, 1, ["fp8", "bf16"]),
+    ] {
+        let t = Targets {
+            kv_cache_dtype,
+            compute_dtype,
+            ..targets()
+        };
+        let chosen = plan(&model, &topology, &t, None).unwrap();
+        assert_eq!(
+            chosen.kv_bytes_per_token,
+            values * bytes,
+            "{kv_cache_dtype:?} {compute_dtype:?}"
+        );
+        let json = serde_json::to_value(&chosen).unwrap();
+        let targets = &json["targets"];
+        assert_eq!([&targets["kv_cache_dtype"], &targets["compute_dtype"]], shown);
     }
 }
 

@@ -339,7 +339,7 @@ mod tests {
             blocks: 10,
             block_size: 16,
             bytes: 0,
-            dtype: strata_engine::KvCacheDtype::F32,
+            dtype: strata_engine::KvCacheDtype::Auto,
             value_type: "f32",
             max_model_len: 64,
         };

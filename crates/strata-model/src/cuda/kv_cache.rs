@@ -25,28 +25,12 @@ pub struct GpuKvCache {
     head_dim: usize,
 }
 
-/// Bytes one value takes on the GPU: `auto` (the CPU's f32) is the compute dtype there.
-pub fn value_bytes(dtype: KvCacheDtype, compute: ComputeDtype) -> usize {
-    match dtype {
-        KvCacheDtype::F32 => compute.bytes(),
-        KvCacheDtype::Fp8E4m3 => 1,
-    }
-}
-
-/// The name of what one value is on the GPU: `auto` (the CPU's f32) is the compute dtype there.
-pub fn value_type_name(dtype: KvCacheDtype, compute: ComputeDtype) -> &'static str {
-    match dtype {
-        KvCacheDtype::F32 => compute.as_str(),
-        KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
-    }
-}
-
 /// Bytes per token of cache over all layers, scales included.
 pub fn bytes_per_token(c: &ModelConfig, dtype: KvCacheDtype, compute: ComputeDtype) -> usize {
-    let per_layer = 2 * c.kv_dim() * value_bytes(dtype, compute)
+    let per_layer = 2 * c.kv_dim() * dtype.gpu_value_bytes(compute)
         + match dtype {
             KvCacheDtype::Fp8E4m3 => 2 * c.n_kv_heads * 4,
-            KvCacheDtype::F32 => 0,
+            KvCacheDtype::Auto => 0,
         };
     per_layer * c.n_layers
 }
@@ -61,7 +45,7 @@ impl GpuKvCache {
         num_blocks: usize,
     ) -> Result<GpuKvCache, CudaError> {
         let vectors = c.n_layers * (num_blocks + 1) * c.n_kv_heads * block_size;
-        let bytes = vectors * c.head_dim * value_bytes(dtype, compute);
+        let bytes = vectors * c.head_dim * dtype.gpu_value_bytes(compute);
         let k = gpu.alloc(bytes, "the KV cache (keys)")?;
         let v = gpu.alloc(bytes, "the KV cache (values)")?;
         let (k_scale, v_scale) = match dtype {
@@ -69,7 +53,7 @@ impl GpuKvCache {
                 Some(gpu.alloc(vectors * 4, "the KV cache scales")?),
                 Some(gpu.alloc(vectors * 4, "the KV cache scales")?),
             ),
-            KvCacheDtype::F32 => (None, None),
+            KvCacheDtype::Auto => (None, None),
         };
         Ok(GpuKvCache {
             k,
@@ -93,7 +77,7 @@ impl GpuKvCache {
     /// Device addresses of layer `l`: (k, v, k_scale, v_scale); scales are 0 but for fp8.
     pub fn layer(&self, l: usize) -> (u64, u64, u64, u64) {
         let vecs = l * self.layer_vectors();
-        let off = vecs * self.head_dim * value_bytes(self.dtype, self.compute);
+        let off = vecs * self.head_dim * self.dtype.gpu_value_bytes(self.compute);
         let scale = |b: &Option<DeviceBuffer>| b.as_ref().map(|b| b.at(vecs * 4)).unwrap_or(0);
         (
             self.k.at(off),
@@ -105,7 +89,7 @@ impl GpuKvCache {
 
     /// What one value is (`bf16`, `f32` or `fp8_e4m3`).
     pub fn value_type(&self) -> &'static str {
-        value_type_name(self.dtype, self.compute)
+        self.dtype.gpu_value_type(self.compute)
     }
 
     /// Bytes of device memory held.

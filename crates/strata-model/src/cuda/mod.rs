@@ -326,23 +326,14 @@ mod tests {
     fn float32_refuses_what_it_cannot_do_with_a_way_out() {
         let (bf16, f32) = (ComputeDtype::Bf16, ComputeDtype::F32);
         assert!(options(bf16, KvCacheDtype::Fp8E4m3, true).check_dtype(2).is_ok());
-        assert!(options(f32, KvCacheDtype::F32, false).check_dtype(1).is_ok());
+        assert!(options(f32, KvCacheDtype::Auto, false).check_dtype(1).is_ok());
         for (kv, det, gpus, flag) in [
-            (KvCacheDtype::F32, false, 2, "runs on one GPU, not 2"),
+            (KvCacheDtype::Auto, false, 2, "runs on one GPU, not 2"),
             (KvCacheDtype::Fp8E4m3, false, 1, "--kv-cache-dtype fp8"),
-            (KvCacheDtype::F32, true, 1, "--deterministic"),
+            (KvCacheDtype::Auto, true, 1, "--deterministic"),
         ] {
             let err = options(f32, kv, det).check_dtype(gpus).unwrap_err().to_string();
             assert!(err.contains(flag) && err.contains("--dtype bfloat16"), "{err}");
         }
-    }
-
-    #[test]
-    fn the_auto_cache_takes_the_compute_dtype() {
-        let auto = KvCacheDtype::F32;
-        assert_eq!(kv_cache::value_type_name(auto, ComputeDtype::Bf16), "bf16");
-        assert_eq!(kv_cache::value_type_name(auto, ComputeDtype::F32), "f32");
-        assert_eq!(kv_cache::value_bytes(auto, ComputeDtype::F32), 4);
-        assert_eq!(kv_cache::value_bytes(KvCacheDtype::Fp8E4m3, ComputeDtype::F32), 1);
     }
 }

@@ -300,7 +300,7 @@ impl ParallelExecutor {
                 block_size: opts.block_size,
                 bytes: 0,
                 dtype: opts.kv_cache_dtype,
-                value_type: super::kv_cache::value_type_name(opts.kv_cache_dtype, opts.dtype),
+                value_type: opts.kv_cache_dtype.gpu_value_type(opts.dtype),
             },
             weight_bytes: 0,
             timeout: collective_timeout,
