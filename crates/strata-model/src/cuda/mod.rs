@@ -72,8 +72,16 @@ impl GpuOptions {
 /// The model on a GPU, ready for the engine.
 pub struct GpuExecutor {
     model: GpuTransformer,
-    /// Decode steps submitted and not yet collected (overlapped steps), oldest first.
-    started: VecDeque<StartedDecode>,
+    /// Batches submitted and not yet collected, oldest first.
+    submitted: VecDeque<Submitted>,
+}
+
+/// A batch handed to [`GpuExecutor::submit`].
+enum Submitted {
+    /// A decode step of tokens chosen on the GPU, running (overlapped steps).
+    Started(StartedDecode),
+    /// Any other step, run at once.
+    Done(Logits),
 }
 
 /// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows.
@@ -230,7 +238,7 @@ impl GpuExecutor {
         let blocks = probed.blocks;
         Ok(GpuExecutor {
             model: probed.allocate(blocks, opts)?,
-            started: VecDeque::new(),
+            submitted: VecDeque::new(),
         })
     }
 
@@ -252,10 +260,6 @@ impl Executor for GpuExecutor {
         &self.model.config
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.model.forward(batch)
-    }
-
     fn overlaps_steps(&self) -> bool {
         self.model.overlaps_steps()
     }
@@ -264,18 +268,30 @@ impl Executor for GpuExecutor {
         true
     }
 
+    /// Starts a decode step of tokens chosen on the GPU without waiting for it when the GPU
+    /// overlaps steps (and always with `tokens_from`); runs any other step at once, once the
+    /// steps started before it are collected.
     fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
-        let step = self.model.start_decode(&batch, tokens_from.as_deref())?;
-        self.started.push_back(step);
+        let ids_on_gpu = !batch.is_empty() && batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only());
+        let step = if tokens_from.is_some() || (ids_on_gpu && self.model.overlaps_steps()) {
+            Submitted::Started(self.model.start_decode(&batch, tokens_from.as_deref())?)
+        } else if !self.submitted.is_empty() {
+            return Err(ModelError::BadBatch(
+                "only decode steps of tokens chosen on the GPU queue behind a step in flight; collect it first".into(),
+            ));
+        } else {
+            Submitted::Done(self.model.forward(&batch)?)
+        };
+        self.submitted.push_back(step);
         Ok(())
     }
 
     fn collect(&mut self) -> Result<Logits, ModelError> {
-        let step = self
-            .started
-            .pop_front()
-            .ok_or_else(|| ModelError::BadBatch("no decode step was submitted; call forward".into()))?;
-        self.model.finish_decode(step)
+        match self.submitted.pop_front() {
+            Some(Submitted::Started(step)) => self.model.finish_decode(step),
+            Some(Submitted::Done(logits)) => Ok(logits),
+            None => Err(ModelError::BadBatch("collect called with no batch submitted".into())),
+        }
     }
 
     fn kv_layout(&self) -> KvLayout {

@@ -509,16 +509,6 @@ impl Executor for ParallelExecutor {
         &self.config
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        if !self.in_flight.is_empty() {
-            return Err(ModelError::BadBatch(
-                "forward called while batches are in flight; collect them first".into(),
-            ));
-        }
-        self.submit(batch.to_vec(), None)?;
-        self.collect()
-    }
-
     /// One batch per stage. (One more, to hide the engine's turnaround, was measured slower:
     /// 64 streams then run as three batches of 22 on two stages; bench/NOTES.md.)
     fn pipeline_depth(&self) -> usize {
