@@ -3,7 +3,6 @@
 
 pub mod forward;
 pub mod kv_cache;
-pub mod parallel;
 pub mod profile;
 pub mod row_adjust;
 pub mod shard;
@@ -22,7 +21,6 @@ use crate::kv_cache::KvCacheDtype;
 use crate::transformer::Transformer;
 
 pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StartedDecode, StepLimits};
-pub use parallel::{ParallelExecutor, ParallelLayout};
 pub use shard::Shard;
 pub use weights::ComputeDtype;
 
@@ -84,8 +82,9 @@ enum Submitted {
     Done(Logits),
 }
 
-/// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows.
-pub(crate) struct ProbedShard {
+/// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows (the
+/// multi-GPU executors of strata-parallel load one per worker).
+pub struct ProbedShard {
     model: GpuTransformer,
     /// KV blocks that fit in what is left.
     pub blocks: usize,
@@ -98,7 +97,7 @@ impl ProbedShard {
     /// Uploads `shard` of `transformer` to `gpu`, measures the activation peak with a full-budget
     /// forward pass (every shard of a TP/PP group runs it together: it includes their
     /// collectives), and works out how many KV blocks the rest of the allowed memory holds.
-    pub(crate) fn load(
+    pub fn load(
         gpu: Gpu,
         transformer: &Transformer,
         shard: Shard,
@@ -191,7 +190,7 @@ impl ProbedShard {
 
     /// Replaces the probe cache with one of `blocks` blocks and turns CUDA graphs on (unless
     /// `--enforce-eager`).
-    pub(crate) fn allocate(self, blocks: usize, opts: &GpuOptions) -> Result<GpuTransformer, ModelError> {
+    pub fn allocate(self, blocks: usize, opts: &GpuOptions) -> Result<GpuTransformer, ModelError> {
         self.check_fits(blocks, opts)?;
         let mut model = self.model;
         // Free the probe cache first.
