@@ -10,6 +10,8 @@
 #   seeds    Qwen2.5-32B-shaped random weights served under the auto plan; strata bench, 20 users, 512 in / 1024 out:
 #            all 20 arriving at once (closed loop), and arriving as a Poisson stream capped at 20 in flight
 # Carries gpu-bin/ (strata.gz, multi-gpu-test.gz, tokenizers.tgz); no Rust toolchain, no network.
+# multi-gpu-test.gz is strata-parallel's multi_gpu test binary (`cargo test --release -p strata-parallel
+# --features cuda --test multi_gpu --no-run`), executable and gzipped.
 set -u
 PHASE=${1:?phase: correct | stall | fast | slow | seeds}
 OUT=${OUT:-/tmp/out}

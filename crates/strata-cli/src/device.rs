@@ -269,7 +269,7 @@ pub fn start_planned(
     config: EngineConfig,
     dev: &DeviceArgs,
 ) -> anyhow::Result<(EngineHandle, u64)> {
-    use strata_model::cuda::ParallelExecutor;
+    use strata_parallel::ParallelExecutor;
     use strata_runtime::cuda::libraries;
 
     let max_model_len = config.max_model_len.unwrap_or(model.transformer.config.max_position);

@@ -108,14 +108,11 @@ pub fn serving_layout(
     max_num_seqs: usize,
     kv_dtype: KvCacheDtype,
     dev: &crate::device::DeviceArgs,
-) -> anyhow::Result<strata_model::cuda::ParallelLayout> {
+) -> anyhow::Result<strata_parallel::ParallelLayout> {
     let mut topology = load_topology(dev.topology.as_ref())?;
     if dev.topology.is_none() && topology.gpus.len() > 1 {
         crate::topo::measure(&mut topology)?;
     }
-    // The GPU backend holds every matrix in bf16.
-    let name = strata_model::loader::model_name(&model.path);
-    let shape = ModelShape::dense(&name, "bf16", model.transformer.config.clone(), 16.0);
     let flags = OverrideFlags {
         tensor_parallel_size: dev.tensor_parallel_size,
         pipeline_parallel_size: dev.pipeline_parallel_size,
@@ -130,21 +127,9 @@ pub fn serving_layout(
         kv_cache_dtype: kv_dtype,
         compute_dtype: dev.compute_dtype(),
     };
-    let plan = strata_parallel::plan(&shape, &topology, &targets, forced.as_ref())?;
+    let name = strata_model::loader::model_name(&model.path);
+    let plan = strata_parallel::plan_for_gpus(&name, &model.transformer.config, &topology, &targets, forced.as_ref())?;
     eprint!("{}", strata_parallel::plan_report::render(&plan, &topology));
-    for s in &plan.nccl_env {
-        if std::env::var_os(&s.name).is_none() {
-            std::env::set_var(&s.name, &s.value);
-        }
-    }
-    let chosen = &plan.chosen;
-    Ok(strata_model::cuda::ParallelLayout {
-        tp: chosen.tp,
-        stages: chosen
-            .stages
-            .iter()
-            .map(|s| s.first_layer..s.first_layer + s.n_layers)
-            .collect(),
-        gpus: chosen.stages.iter().flat_map(|s| s.gpus.iter().copied()).collect(),
-    })
+    plan.set_nccl_env();
+    Ok(plan.layout())
 }

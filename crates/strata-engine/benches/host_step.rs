@@ -6,10 +6,11 @@
 //! [--out bench/results/engine_host_step.json]`
 //!
 //! Prints, for the decode steps of big batches (3/4 of the users or more) and of all batches, the
-//! host gap (from one forward's return to the next forward's call: everything the engine thread
+//! host gap (from one step's collect to the next step's submit: everything the engine thread
 //! does between two GPU steps), and the engine's decode step time minus the mock's step time.
 //! `--max-batched-tokens` (2048, the GPU default) sets how fast the prompts are taken in.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,11 +86,11 @@ fn options() -> Result<Options, String> {
 /// One decode step as the mock saw it.
 struct Step {
     batch: usize,
-    /// From the previous forward's return to this call (the previous step decoded too).
+    /// From the previous step's collect to this submit (the previous step decoded too).
     host_gap: Duration,
 }
 
-/// A Llama-3-8B-shaped model whose forward pass waits `step` and answers pseudo-random argmax
+/// A Llama-3-8B-shaped model whose every step waits `step` and answers pseudo-random argmax
 /// tokens; it records the host gap before every decode step that follows a decode step.
 struct MockGpu {
     config: ModelConfig,
@@ -98,6 +99,8 @@ struct MockGpu {
     sleep: bool,
     last_return: Option<(Instant, bool)>,
     steps: Arc<Mutex<Vec<Step>>>,
+    /// Logits of steps run and not yet collected, and whether each decoded.
+    done: VecDeque<(Logits, bool)>,
 }
 
 impl Executor for MockGpu {
@@ -105,7 +108,8 @@ impl Executor for MockGpu {
         &self.config
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+    /// Runs the step now; `collect` hands its logits back.
+    fn submit(&mut self, batch: Vec<SeqChunk>, _tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         let called = Instant::now();
         let decode = batch.iter().all(|c| c.tokens.len() == 1 && c.first_pos >= c.prompt_len);
         if let Some((at, true)) = self.last_return {
@@ -146,6 +150,15 @@ impl Executor for MockGpu {
                 }
             }
         }
+        self.done.push_back((logits, decode));
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        let (logits, decode) = self
+            .done
+            .pop_front()
+            .ok_or_else(|| ModelError::BadBatch("collect without a submitted batch".into()))?;
         self.last_return = Some((Instant::now(), decode));
         Ok(logits)
     }
@@ -214,6 +227,7 @@ fn run(o: &Options, tokenizer: &Tokenizer) -> serde_json::Value {
         sleep: o.sleep,
         last_return: None,
         steps: Arc::clone(&steps),
+        done: VecDeque::new(),
     };
     let config = EngineConfig {
         max_num_seqs: o.users,

@@ -1,5 +1,5 @@
 //! The engine: one OS thread that owns the model, the KV cache and every sequence, and runs schedule ->
-//! forward -> sample steps (overlapped on pipelined and overlapping executors); callers use an [`EngineHandle`].
+//! submit -> collect -> sample steps (overlapped on pipelined and overlapping executors); callers use an [`EngineHandle`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -591,8 +591,7 @@ impl EngineHandle {
     }
 }
 
-/// A batch handed to a pipelined (or overlapping) executor whose logits have not been collected
-/// yet.
+/// A batch handed to the executor whose logits have not been collected yet.
 struct InFlightBatch {
     chunks: Vec<ScheduledChunk>,
     /// When it was scheduled (for `last_step_seconds`).
@@ -616,14 +615,14 @@ struct DevicesLost(String);
 /// Everything the engine thread owns.
 struct EngineLoop {
     executor: Box<dyn Executor>,
-    /// Batches the executor can hold in flight (its pipeline depth); 1 = one `forward` per step.
+    /// Batches the executor can hold in flight (its pipeline depth); 1 = one batch per step.
     depth: usize,
     /// At depth 1 on an executor that overlaps steps: a decode step is queued behind the
-    /// one running before the host takes that one's results ([`Self::overlapped_step`]).
+    /// one running before the host takes that one's results ([`Self::next_decode`]).
     overlap: bool,
     /// When the last batch's results were taken.
     results_taken: Instant,
-    /// Submitted batches, oldest first (only when `depth > 1` or `overlap`).
+    /// Submitted batches, oldest first.
     in_flight: VecDeque<InFlightBatch>,
     blocks: BlockManager,
     scheduler: Scheduler,
@@ -798,79 +797,35 @@ impl EngineLoop {
         Some(seq)
     }
 
-    /// One step. At depth 1: schedule -> forward -> sample. Deeper: submit batches of sequences
-    /// that are not in flight until `depth` batches are (or nothing more can run), then take the
-    /// results of the oldest. `Err` when the devices are lost.
+    /// One step: submit batches of sequences not in flight until the executor holds as many as
+    /// its pipeline depth (one on the CPU and one GPU) or nothing more can run; on an executor
+    /// that overlaps steps, queue the next decode behind a lone batch of tokens chosen on the
+    /// device ([`Self::next_decode`]), so the device does not wait for the host between decode
+    /// steps; then take the results of the oldest batch. `Err` when the devices are lost.
     fn step(&mut self) -> Result<(), DevicesLost> {
-        if self.overlap {
-            return self.overlapped_step();
-        }
-        if self.depth == 1 {
-            let started = Instant::now();
-            let Some((chunks, batch)) = self.schedule() else {
-                return Ok(());
-            };
-            let result = self.executor.forward(&batch);
-            return self.take_results(&chunks, started, result);
-        }
         while self.in_flight.len() < self.depth {
             let started = Instant::now();
             let Some((chunks, batch)) = self.schedule() else {
                 break;
             };
-            match self.executor.submit(batch, None) {
-                Ok(()) => self.in_flight.push_back(InFlightBatch {
-                    chunks,
-                    started,
-                    tokens_on_device: false,
-                }),
-                Err(e) => self.fail_batch(&chunks, e)?,
-            }
-        }
-        let Some(oldest) = self.in_flight.pop_front() else {
-            return Ok(());
-        };
-        let result = self.executor.collect();
-        self.take_results(&oldest.chunks, oldest.started, result)
-    }
-
-    /// One step on an executor that overlaps steps. A batch of decodes whose tokens are chosen on
-    /// the device (greedy, or sampled there) is submitted; while one runs, the next decode of the
-    /// same sequences ([`Self::next_decode`]) is queued behind it, then the host takes the running
-    /// one's results, so the GPU does not wait for the host between decode steps. Any other batch
-    /// runs as at depth 1, once nothing is in flight.
-    fn overlapped_step(&mut self) -> Result<(), DevicesLost> {
-        if self.in_flight.is_empty() {
-            let started = Instant::now();
-            let Some((chunks, batch)) = self.schedule() else {
-                return Ok(());
+            let tokens_on_device = self.overlap && batch.iter().all(is_device_token_decode);
+            let flight = InFlightBatch {
+                chunks,
+                started,
+                tokens_on_device,
             };
-            if !batch.iter().all(is_device_token_decode) {
-                let result = self.executor.forward(&batch);
-                return self.take_results(&chunks, started, result);
-            }
-            match self.executor.submit(batch, None) {
-                Ok(()) => self.in_flight.push_back(InFlightBatch {
-                    chunks,
-                    started,
-                    tokens_on_device: true,
-                }),
-                Err(e) => return self.fail_batch(&chunks, e),
-            }
+            self.submit(flight, batch, None)?;
         }
-        if self.in_flight.len() == 1 {
+        if self.overlap && self.in_flight.len() == 1 {
             let started = Instant::now();
             if let Some(next) = self.next_decode() {
-                match self.executor.submit(next.batch, Some(next.tokens_from)) {
-                    Ok(()) => {
-                        self.stats.overlapped_steps_total += 1;
-                        self.in_flight.push_back(InFlightBatch {
-                            chunks: next.chunks,
-                            started,
-                            tokens_on_device: true,
-                        });
-                    }
-                    Err(e) => self.fail_batch(&next.chunks, e)?,
+                let flight = InFlightBatch {
+                    chunks: next.chunks,
+                    started,
+                    tokens_on_device: true,
+                };
+                if self.submit(flight, next.batch, Some(next.tokens_from))? {
+                    self.stats.overlapped_steps_total += 1;
                 }
             }
         }
@@ -879,8 +834,29 @@ impl EngineLoop {
         };
         let result = self.executor.collect();
         // A batch queued behind another took its step from that one's results on.
-        let started = oldest.started.max(self.results_taken);
+        let started = if self.overlap {
+            oldest.started.max(self.results_taken)
+        } else {
+            oldest.started
+        };
         self.take_results(&oldest.chunks, started, result)
+    }
+
+    /// Hands `batch` to the executor and keeps `flight` as in flight (true); a batch the executor
+    /// refuses fails its requests (false), or ends serving when the devices are lost (`Err`).
+    fn submit(
+        &mut self,
+        flight: InFlightBatch,
+        batch: Vec<SeqChunk>,
+        tokens_from: Option<Vec<usize>>,
+    ) -> Result<bool, DevicesLost> {
+        match self.executor.submit(batch, tokens_from) {
+            Ok(()) => {
+                self.in_flight.push_back(flight);
+                Ok(true)
+            }
+            Err(e) => self.fail_batch(&flight.chunks, e).map(|()| false),
+        }
     }
 
     /// The decode step to queue behind the only batch in flight, one of tokens chosen on the

@@ -407,10 +407,6 @@ impl Executor for PipelinedCpu {
         self.cpu.config()
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.cpu.forward(batch)
-    }
-
     fn recycle(&mut self, logits: Logits) {
         self.cpu.recycle(logits);
     }
@@ -482,8 +478,8 @@ struct OverlapLog {
 }
 
 /// The CPU executor behind the overlapping interface, as one GPU presents itself: `submit` runs
-/// a greedy decode batch at once, with each token taken from the previous batch's result when
-/// asked (where the GPU takes the argmax on the device), and `collect` returns results in order.
+/// a batch at once, a decode's tokens taken from the previous batch's result when asked (where
+/// the GPU takes the argmax on the device), and `collect` returns results in order.
 type Pending = (
     Result<Logits, ModelError>,
     Vec<usize>,
@@ -603,16 +599,6 @@ impl Executor for OverlappingCpu {
         self.cpu.config()
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        if !self.results.is_empty() {
-            let mut log = self.log.lock().unwrap();
-            log.violations.push("forward called with a batch in flight".into());
-        }
-        let mut result = self.run(batch);
-        choose_adjusted(&mut result, &mut self.adjusted(batch));
-        result
-    }
-
     fn kv_layout(&self) -> KvLayout {
         self.cpu.kv_layout()
     }
@@ -634,9 +620,10 @@ impl Executor for OverlappingCpu {
         if self.results.len() >= 2 {
             log.violations.push("a third batch submitted".into());
         }
-        if !batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only()) {
+        let ids_on_device = batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only());
+        if !ids_on_device && !self.results.is_empty() {
             log.violations
-                .push("a batch other than decodes of tokens chosen on the device submitted".into());
+                .push("a batch other than decodes of tokens chosen on the device submitted with one in flight".into());
         }
         if let Some((result, _, adjusted)) = self.results.back_mut() {
             choose_adjusted(result, adjusted);
@@ -975,7 +962,6 @@ fn preemption_on_a_pipeline_never_takes_the_blocks_of_a_batch_in_flight() {
 /// Which executor call loses the devices.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Call {
-    Forward,
     Submit,
     Collect,
 }
@@ -1011,11 +997,6 @@ impl Executor for LosesDevices {
         self.inner.config()
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.check(Call::Forward)?;
-        self.inner.forward(batch)
-    }
-
     fn kv_layout(&self) -> KvLayout {
         self.inner.kv_layout()
     }
@@ -1041,7 +1022,12 @@ impl Executor for LosesDevices {
 
 #[test]
 fn lost_devices_end_every_request_as_unavailable_and_the_engine_refuses_new_ones() {
-    for (depth, call) in [(1, Call::Forward), (2, Call::Submit), (2, Call::Collect)] {
+    for (depth, call) in [
+        (1, Call::Submit),
+        (1, Call::Collect),
+        (2, Call::Submit),
+        (2, Call::Collect),
+    ] {
         // Two run at a time, so some requests are still waiting when the devices go.
         let config = EngineConfig {
             max_num_seqs: 2,
@@ -1194,7 +1180,7 @@ fn shutdown_ends_every_stream_before_it_returns() {
     assert!(!e.is_alive());
 }
 
-/// The CPU executor, panicking at its `panic_at`-th forward pass (a bug of ours in a step).
+/// The CPU executor, panicking at its `panic_at`-th batch submitted (a bug of ours in a step).
 struct PanicsAt {
     cpu: CpuExecutor,
     panic_at: usize,
@@ -1206,10 +1192,14 @@ impl Executor for PanicsAt {
         self.cpu.config()
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         self.calls += 1;
         assert!(self.calls < self.panic_at, "step {} went wrong", self.calls);
-        self.cpu.forward(batch)
+        self.cpu.submit(batch, tokens_from)
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        self.cpu.collect()
     }
 
     fn kv_layout(&self) -> KvLayout {

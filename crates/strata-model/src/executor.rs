@@ -1,6 +1,8 @@
 //! The device-independent face of a loaded model with its KV cache: what the engine calls each
 //! step. The CPU executor lives here; the CUDA one under `cuda/` (feature `cuda`).
 
+use std::collections::VecDeque;
+
 use strata_runtime::cpu::ThreadPool;
 
 use crate::batch::{Logits, SeqChunk};
@@ -20,19 +22,33 @@ pub struct KvLayout {
     pub value_type: &'static str,
 }
 
-/// Runs forward passes of one model over its own paged KV cache.
+/// Runs forward passes of one model over its own paged KV cache. One protocol: `submit` hands a
+/// batch over, `collect` returns the logits of the oldest one submitted; how many may be in
+/// flight at once is what [`Self::pipeline_depth`] and [`Self::overlaps_steps`] say.
 pub trait Executor: Send {
     /// The model's shape.
     fn config(&self) -> &ModelConfig;
-    /// Runs one batch: appends every new token's K/V to the cache and returns the logits asked for.
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError>;
+    /// Starts `batch` (an executor may also run it at once and keep its logits); `collect` returns
+    /// results in submission order. Every new token's K/V goes into the cache. With `tokens_from`
+    /// (overlapped steps only), chunk i's token is the id chosen for row `tokens_from[i]` of the
+    /// batch submitted just before, and its own token is a placeholder.
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError>;
+    /// The logits of the oldest submitted batch, waiting for them.
+    fn collect(&mut self) -> Result<Logits, ModelError>;
+    /// Runs one batch and waits for its logits (`submit`, then `collect`); only with nothing in
+    /// flight, or the logits returned are an earlier batch's.
+    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+        self.submit(batch.to_vec(), None)?;
+        self.collect()
+    }
     /// Hands a consumed logits buffer back for reuse.
     fn recycle(&mut self, _logits: Logits) {}
     /// The KV cache's size.
     fn kv_layout(&self) -> KvLayout;
     /// Where it runs, in words (for logs and `/health`).
     fn device(&self) -> String;
-    /// Batches this executor can hold in flight at once (pipeline stages); 1 = `forward` only.
+    /// Batches this executor can hold in flight at once (pipeline stages); 1 = submit one, collect
+    /// it, then the next.
     fn pipeline_depth(&self) -> usize {
         1
     }
@@ -49,22 +65,6 @@ pub trait Executor: Send {
     fn samples_on_device(&self) -> bool {
         false
     }
-    /// Starts `batch` without waiting for its logits (executors with `pipeline_depth() > 1`, or
-    /// decodes of ids chosen on the device on executors that [`Self::overlaps_steps`]); `collect`
-    /// returns results in submission order. With `tokens_from` (overlapped steps only), chunk i's
-    /// token is the id chosen for row `tokens_from[i]` of the batch submitted just before, and
-    /// its own token is a placeholder.
-    fn submit(&mut self, _batch: Vec<SeqChunk>, _tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
-        Err(ModelError::BadBatch(
-            "this executor runs one batch at a time; call forward".into(),
-        ))
-    }
-    /// The logits of the oldest submitted batch, waiting for them.
-    fn collect(&mut self) -> Result<Logits, ModelError> {
-        Err(ModelError::BadBatch(
-            "this executor runs one batch at a time and holds no submitted batch; call forward".into(),
-        ))
-    }
 }
 
 /// The CPU backend: the transformer, its cache and a thread pool.
@@ -74,6 +74,8 @@ pub struct CpuExecutor {
     pool: ThreadPool,
     scratch: ForwardScratch,
     threads: usize,
+    /// Logits of batches run at `submit` and not yet collected, oldest first.
+    done: VecDeque<Logits>,
 }
 
 impl CpuExecutor {
@@ -92,6 +94,7 @@ impl CpuExecutor {
             pool: ThreadPool::new(threads.max(1)),
             scratch: ForwardScratch::default(),
             threads: threads.max(1),
+            done: VecDeque::new(),
         }
     }
 }
@@ -101,9 +104,24 @@ impl Executor for CpuExecutor {
         &self.transformer.config
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.transformer
-            .forward(batch, &mut self.kv, &self.pool, &mut self.scratch)
+    /// Runs `batch` now and keeps its logits for `collect`.
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
+        if tokens_from.is_some() {
+            return Err(ModelError::BadBatch(
+                "the CPU takes every token from the host; submit without tokens_from".into(),
+            ));
+        }
+        let logits = self
+            .transformer
+            .forward(&batch, &mut self.kv, &self.pool, &mut self.scratch)?;
+        self.done.push_back(logits);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        self.done
+            .pop_front()
+            .ok_or_else(|| ModelError::BadBatch("collect called with no batch submitted".into()))
     }
 
     fn recycle(&mut self, logits: Logits) {

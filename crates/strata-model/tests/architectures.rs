@@ -12,7 +12,7 @@ use strata_formats::gguf::GgufWriter;
 use strata_formats::GgmlType;
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{load_transformer, open_gguf};
-use strata_model::{LogitsWanted, PagedKvCache, SeqChunk, Transformer};
+use strata_model::{CpuExecutor, Executor, LogitsWanted, PagedKvCache, SeqChunk, Transformer};
 use strata_runtime::cpu::ThreadPool;
 
 const HEAD_DIM: usize = 16;
@@ -387,4 +387,34 @@ fn bad_batches_are_errors_not_panics() {
             .expect_err("must fail");
         assert!(err.to_string().contains(want), "{err}");
     }
+}
+
+/// The CPU executor's one protocol: batches submitted come back from `collect` in order, each as
+/// `forward` (submit then collect) gives it; tokens from the device and a collect with nothing
+/// submitted are refused with a clear error.
+#[test]
+fn the_cpu_executor_collects_in_submission_order() {
+    let model = TinyModel::new("llama", true, 9);
+    let chunk = |tokens: Vec<u32>, block: u32| SeqChunk {
+        tokens,
+        first_pos: 0,
+        block_table: vec![block, block + 1],
+        logits: LogitsWanted::Last,
+        prompt_len: usize::MAX,
+        adjust: None,
+    };
+    let (a, b) = (chunk(vec![3, 17, 42], 0), chunk(vec![5, 6], 2));
+    let mut once = CpuExecutor::new(load(&model, "llama-once"), KvCacheDtype::Auto, 4, 4, 1);
+    let want_a = once.forward(std::slice::from_ref(&a)).unwrap();
+    let want_b = once.forward(std::slice::from_ref(&b)).unwrap();
+    let mut exec = CpuExecutor::new(load(&model, "llama-queued"), KvCacheDtype::Auto, 4, 4, 1);
+    exec.submit(vec![a.clone()], None).unwrap();
+    exec.submit(vec![b.clone()], None).unwrap();
+    assert_eq!(exec.collect().unwrap().data, want_a.data);
+    assert_eq!(exec.collect().unwrap().data, want_b.data);
+    assert_ne!(want_a.data, want_b.data);
+    let err = exec.collect().unwrap_err().to_string();
+    assert!(err.contains("no batch submitted"), "{err}");
+    let err = exec.submit(vec![a], Some(vec![0])).unwrap_err().to_string();
+    assert!(err.contains("tokens_from"), "{err}");
 }

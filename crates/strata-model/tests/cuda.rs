@@ -454,7 +454,7 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
 }
 
 /// Greedy decoding of `PROMPTS` on `exec`, `steps` steps after the prompts, sequence 2 leaving
-/// after step `steps / 2`: plainly (`forward`, tokens from the host) or overlapped (each step
+/// after step `steps / 2`: plainly (the transformer's `forward`, tokens from the host) or overlapped (each step
 /// submitted before the previous one is collected, its tokens taken on the GPU). Returns each
 /// sequence's tokens.
 fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, overlapped: bool) -> Vec<Vec<u32>> {
@@ -497,7 +497,7 @@ fn greedy_decode(exec: &mut GpuExecutor, prompts: &[Vec<u32>], steps: usize, ove
             })
             .collect();
         if !overlapped {
-            let logits = exec.forward(&batch).unwrap();
+            let logits = exec.model().forward(&batch).unwrap();
             for (j, &s) in running.iter().enumerate() {
                 tokens[s].push(logits.argmax_of(j).unwrap());
             }
@@ -831,7 +831,7 @@ fn masked_and_biased_rows_choose_on_the_gpu_what_the_host_would() {
             .collect()
     };
     let plain = rows_of(&exec.forward(&decode(LogitsWanted::Last, false)).unwrap());
-    let got = exec.forward(&decode(LogitsWanted::LastArgmax, true)).unwrap();
+    let got = exec.model().forward(&decode(LogitsWanted::LastArgmax, true)).unwrap();
     let ids: Vec<u32> = (0..prompts.len()).map(|i| got.argmax_of(i).unwrap()).collect();
     let want: Vec<u32> = (0..prompts.len())
         .map(|i| adjusted_argmax(&plain[i], &masks[i], &biases[i]))
@@ -858,8 +858,8 @@ fn masked_and_biased_rows_choose_on_the_gpu_what_the_host_would() {
             .map(|i| l.argmax_of(i).unwrap())
             .collect::<Vec<u32>>()
     };
-    let first = ids_of(&exec.forward(&step(&ids, 1)).unwrap());
-    let second = ids_of(&exec.forward(&step(&first, 2)).unwrap());
+    let first = ids_of(&exec.model().forward(&step(&ids, 1)).unwrap());
+    let second = ids_of(&exec.model().forward(&step(&first, 2)).unwrap());
     exec.submit(step(&ids, 1), None).unwrap();
     let rows: Vec<usize> = (0..prompts.len()).collect();
     exec.submit(step(&vec![0; prompts.len()], 2), Some(rows)).unwrap();

@@ -1,7 +1,10 @@
-//! strata-parallel: the GPUs and the wires between them, and the plan for spreading a model over them.
-//! Topology (NVML discovery, JSON fixtures, optional measurement) feeds the TP x PP planner.
+//! strata-parallel: the GPUs and the wires between them, the plan for spreading a model over them,
+//! and (feature `cuda`) the executors that run it so. Topology feeds the TP x PP planner.
 
 pub mod cost;
+#[cfg(feature = "cuda")]
+pub mod executors;
+pub mod layout;
 #[cfg(feature = "cuda")]
 pub mod measure;
 pub mod model_shape;
@@ -10,6 +13,9 @@ pub mod plan_report;
 pub mod planner;
 pub mod topology;
 
+#[cfg(feature = "cuda")]
+pub use executors::ParallelExecutor;
+pub use layout::{plan_for_gpus, ParallelLayout};
 pub use model_shape::ModelShape;
 pub use planner::{plan, ForcedLayout, OverrideFlags, Plan, PlanError, SplitMode, Targets};
 pub use topology::Topology;

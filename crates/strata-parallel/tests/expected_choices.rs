@@ -1,5 +1,6 @@
-//! The planner's choices on the fixture machines, as issue 7 expects them (no GPU needed).
-//! Each test loads a topology JSON from `fixtures/` and checks the layout, the reasons and the numbers.
+//! The planner's choices on the fixture machines, as issue 7 expects them (no GPU needed), and the
+//! layout the executors run for them. Each test loads a topology JSON from `fixtures/` and checks the
+//! layout, the reasons and the numbers.
 
 use std::path::PathBuf;
 
@@ -7,7 +8,9 @@ use strata_model::kv_cache::KvCacheDtype;
 use strata_model::ComputeDtype;
 use strata_parallel::model_shape::preset;
 use strata_parallel::planner::{Candidate, Verdict};
-use strata_parallel::{plan, ModelShape, OverrideFlags, Plan, PlanError, SplitMode, Targets, Topology};
+use strata_parallel::{
+    plan, plan_for_gpus, ModelShape, OverrideFlags, ParallelLayout, Plan, PlanError, SplitMode, Targets, Topology,
+};
 
 fn fixture(name: &str) -> Topology {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name);
@@ -244,4 +247,70 @@ fn measured_h200s_rank_the_layouts_as_the_benchmark_did() {
     let slow = auto(&model, &fixture("h200x2_sockets_measured.json"));
     assert_eq!((slow.chosen.tp, slow.chosen.pp), (1, 2), "{}", slow.chosen.describe());
     assert!(ms(&slow, 1, 2) < ms(&slow, 2, 1));
+}
+
+#[test]
+fn a_plan_becomes_the_executors_layout_stage_by_stage() {
+    let flags = OverrideFlags {
+        tensor_parallel_size: Some(2),
+        pipeline_parallel_size: Some(2),
+        ..Default::default()
+    };
+    let topology = fixture("h100x8_nvswitch.json");
+    let forced = flags.layout(topology.gpus.len()).unwrap().unwrap();
+    let p = plan(&preset("llama-3-8b").unwrap(), &topology, &targets(), Some(&forced)).unwrap();
+    let layout = p.layout();
+    assert_eq!(layout.tp, 2);
+    assert_eq!(layout.stages, vec![0..16, 16..32]);
+    let by_stage: Vec<usize> = p.chosen.stages.iter().flat_map(|s| s.gpus.clone()).collect();
+    assert_eq!(layout.gpus, by_stage);
+    assert_eq!(layout.gpus.len(), 4);
+    // Uneven llama.cpp shares give uneven stages, on the GPUs they name.
+    let flags = OverrideFlags {
+        tensor_split: Some(vec![3.0, 1.0]),
+        ..Default::default()
+    };
+    let forced = flags.layout(2).unwrap().unwrap();
+    let p = plan(
+        &preset("llama-3-8b").unwrap(),
+        &fixture("rtx3090x2_sys.json"),
+        &targets(),
+        Some(&forced),
+    )
+    .unwrap();
+    assert_eq!(
+        p.layout(),
+        ParallelLayout {
+            tp: 1,
+            stages: vec![0..24, 24..32],
+            gpus: vec![0, 1],
+        }
+    );
+}
+
+#[test]
+fn a_loaded_model_is_planned_from_its_own_shape() {
+    let path = strata_model::loader::default_model_path();
+    if !path.exists() {
+        println!("skipped: {} is missing (make fetch)", path.display());
+        return;
+    }
+    let file = strata_model::loader::open_gguf(&path).unwrap();
+    let config = strata_model::architectures::config_from_gguf(&file).unwrap();
+    let flags = OverrideFlags {
+        pipeline_parallel_size: Some(2),
+        ..Default::default()
+    };
+    let forced = flags.layout(2).unwrap();
+    let p = plan_for_gpus(
+        "smollm2",
+        &config,
+        &fixture("h200x2_nv18.json"),
+        &targets(),
+        forced.as_ref(),
+    )
+    .unwrap();
+    // Held in bf16 by the GPU executors, whatever the file's quantization.
+    assert_eq!(p.model.weight_format, "bf16");
+    assert_eq!(p.layout(), ParallelLayout::even(config.n_layers, 1, 2));
 }

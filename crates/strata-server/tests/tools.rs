@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::collections::VecDeque;
+
 use common::{assert_error, default_model, engine_config, server_config, stream, TestServer, MODEL};
 use serde_json::{json, Value};
 use strata_engine::{cpu_executor, EngineHandle};
@@ -102,6 +104,8 @@ struct Scripted {
     cpu: CpuExecutor,
     script: Vec<u32>,
     eos: u32,
+    /// Answers to batches submitted and not yet collected.
+    answers: VecDeque<Logits>,
 }
 
 impl Executor for Scripted {
@@ -109,7 +113,7 @@ impl Executor for Scripted {
         self.cpu.config()
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
+    fn submit(&mut self, batch: Vec<SeqChunk>, _tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
         let vocab = self.cpu.config().vocab_size;
         let mut logits = Logits {
             rows: Vec::new(),
@@ -128,7 +132,14 @@ impl Executor for Scripted {
             logits.rows.push((i, chunk.end_pos() - 1));
             logits.data.extend(row);
         }
-        Ok(logits)
+        self.answers.push_back(logits);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        self.answers
+            .pop_front()
+            .ok_or_else(|| ModelError::BadBatch("collect without a submitted batch".into()))
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -146,7 +157,12 @@ async fn scripted_server() -> TestServer {
     let script = model.tokenizer.encode(SCRIPT, false, true).expect("script tokenizes");
     let eos = model.tokenizer.eos_id().expect("the model has EOS");
     let cpu = cpu_executor(model.transformer, &config).expect("the cache fits");
-    let executor = Box::new(Scripted { cpu, script, eos });
+    let executor = Box::new(Scripted {
+        cpu,
+        script,
+        eos,
+        answers: VecDeque::new(),
+    });
     let engine =
         EngineHandle::start_with(executor, model.tokenizer, model.chat_template, config).expect("engine starts");
     TestServer::serve(engine, server_config()).await

@@ -9,7 +9,6 @@ mod launch;
 mod layers;
 mod logits;
 mod overlap;
-pub mod parallel;
 pub mod profile;
 pub mod row_adjust;
 pub mod shard;
@@ -31,7 +30,6 @@ use crate::kv_cache::KvCacheDtype;
 use crate::transformer::Transformer;
 
 pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StartedDecode, StepLimits};
-pub use parallel::{ParallelExecutor, ParallelLayout};
 pub use shard::Shard;
 pub use weights::ComputeDtype;
 
@@ -81,12 +79,21 @@ impl GpuOptions {
 /// The model on a GPU, ready for the engine.
 pub struct GpuExecutor {
     model: GpuTransformer,
-    /// Decode steps submitted and not yet collected (overlapped steps), oldest first.
-    started: VecDeque<StartedDecode>,
+    /// Batches submitted and not yet collected, oldest first.
+    submitted: VecDeque<Submitted>,
 }
 
-/// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows.
-pub(crate) struct ProbedShard {
+/// A batch handed to [`GpuExecutor::submit`].
+enum Submitted {
+    /// A decode step of tokens chosen on the GPU, running (overlapped steps).
+    Started(StartedDecode),
+    /// Any other step, run at once.
+    Done(Logits),
+}
+
+/// A shard on its GPU with a probe-sized KV cache, and how many KV blocks its memory allows (the
+/// multi-GPU executors of strata-parallel load one per worker).
+pub struct ProbedShard {
     model: GpuTransformer,
     /// KV blocks that fit in what is left.
     pub blocks: usize,
@@ -99,7 +106,7 @@ impl ProbedShard {
     /// Uploads `shard` of `transformer` to `gpu`, measures the activation peak with a full-budget
     /// forward pass (every shard of a TP/PP group runs it together: it includes their
     /// collectives), and works out how many KV blocks the rest of the allowed memory holds.
-    pub(crate) fn load(
+    pub fn load(
         gpu: Gpu,
         transformer: &Transformer,
         shard: Shard,
@@ -192,7 +199,7 @@ impl ProbedShard {
 
     /// Replaces the probe cache with one of `blocks` blocks and turns CUDA graphs on (unless
     /// `--enforce-eager`).
-    pub(crate) fn allocate(self, blocks: usize, opts: &GpuOptions) -> Result<GpuTransformer, ModelError> {
+    pub fn allocate(self, blocks: usize, opts: &GpuOptions) -> Result<GpuTransformer, ModelError> {
         self.check_fits(blocks, opts)?;
         let mut model = self.model;
         // Free the probe cache first.
@@ -239,7 +246,7 @@ impl GpuExecutor {
         let blocks = probed.blocks;
         Ok(GpuExecutor {
             model: probed.allocate(blocks, opts)?,
-            started: VecDeque::new(),
+            submitted: VecDeque::new(),
         })
     }
 
@@ -261,10 +268,6 @@ impl Executor for GpuExecutor {
         &self.model.config
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.model.forward(batch)
-    }
-
     fn overlaps_steps(&self) -> bool {
         self.model.overlaps_steps()
     }
@@ -273,18 +276,30 @@ impl Executor for GpuExecutor {
         true
     }
 
+    /// Starts a decode step of tokens chosen on the GPU without waiting for it when the GPU
+    /// overlaps steps (and always with `tokens_from`); runs any other step at once, once the
+    /// steps started before it are collected.
     fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
-        let step = self.model.start_decode(&batch, tokens_from.as_deref())?;
-        self.started.push_back(step);
+        let ids_on_gpu = !batch.is_empty() && batch.iter().all(|c| c.tokens.len() == 1 && c.logits.wants_id_only());
+        let step = if tokens_from.is_some() || (ids_on_gpu && self.model.overlaps_steps()) {
+            Submitted::Started(self.model.start_decode(&batch, tokens_from.as_deref())?)
+        } else if !self.submitted.is_empty() {
+            return Err(ModelError::BadBatch(
+                "only decode steps of tokens chosen on the GPU queue behind a step in flight; collect it first".into(),
+            ));
+        } else {
+            Submitted::Done(self.model.forward(&batch)?)
+        };
+        self.submitted.push_back(step);
         Ok(())
     }
 
     fn collect(&mut self) -> Result<Logits, ModelError> {
-        let step = self
-            .started
-            .pop_front()
-            .ok_or_else(|| ModelError::BadBatch("no decode step was submitted; call forward".into()))?;
-        self.model.finish_decode(step)
+        match self.submitted.pop_front() {
+            Some(Submitted::Started(step)) => self.model.finish_decode(step),
+            Some(Submitted::Done(logits)) => Ok(logits),
+            None => Err(ModelError::BadBatch("collect called with no batch submitted".into())),
+        }
     }
 
     fn kv_layout(&self) -> KvLayout {

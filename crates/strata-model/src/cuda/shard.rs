@@ -93,7 +93,7 @@ impl Shard {
     }
 }
 
-/// Model shapes for the tests of this module and of `parallel`.
+/// Model shapes for the tests of this module.
 #[cfg(test)]
 pub(crate) mod tests_support {
     use crate::architectures::LLAMA;
@@ -120,11 +120,6 @@ pub(crate) mod tests_support {
             max_position: 8192,
             tied_embeddings: false,
         }
-    }
-
-    /// Llama-3-8B's shape.
-    pub fn llama_8b() -> ModelConfig {
-        llama(32, 8)
     }
 }
 

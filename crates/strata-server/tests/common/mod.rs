@@ -267,11 +267,11 @@ pub fn assert_error(status: u16, body: &Value, want_status: u16, want_param: Opt
 pub const LOST_GPU: &str = "tensor-parallel all-reduce over GPUs 0,1 did not finish within 30 s (step 17): \
                         GPU 1 stopped responding; communicators aborted";
 
-/// The CPU executor with GPUs that are lost at its third forward pass: from then on it refuses
+/// The CPU executor with GPUs that are lost at its third batch submitted: from then on it refuses
 /// every call, as a real one does after a fatal error.
 pub struct LosesDevices {
     cpu: CpuExecutor,
-    forwards: usize,
+    submitted: usize,
 }
 
 impl Executor for LosesDevices {
@@ -279,12 +279,16 @@ impl Executor for LosesDevices {
         self.cpu.config()
     }
 
-    fn forward(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
-        self.forwards += 1;
-        if self.forwards >= 3 {
+    fn submit(&mut self, batch: Vec<SeqChunk>, tokens_from: Option<Vec<usize>>) -> Result<(), ModelError> {
+        self.submitted += 1;
+        if self.submitted >= 3 {
             return Err(ModelError::Unavailable(LOST_GPU.into()));
         }
-        self.cpu.forward(batch)
+        self.cpu.submit(batch, tokens_from)
+    }
+
+    fn collect(&mut self) -> Result<Logits, ModelError> {
+        self.cpu.collect()
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -301,7 +305,7 @@ pub async fn server_losing_gpus() -> TestServer {
     let model = default_model().await;
     let config = engine_config();
     let cpu = cpu_executor(model.transformer, &config).expect("the cache fits");
-    let executor = Box::new(LosesDevices { cpu, forwards: 0 });
+    let executor = Box::new(LosesDevices { cpu, submitted: 0 });
     let engine =
         EngineHandle::start_with(executor, model.tokenizer, model.chat_template, config).expect("engine starts");
     TestServer::serve(engine, server_config()).await

@@ -2,22 +2,30 @@
 //! noise (bit for bit with `--deterministic`), and a stalled rank fails the step within the deadline.
 #![cfg(feature = "cuda")]
 
-mod gpu_common;
-
-use gpu_common::argmax;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions, ParallelExecutor, ParallelLayout, Shard};
+use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions, Shard};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{Executor, LogitsWanted, ModelConfig, ModelError, SeqChunk};
+use strata_parallel::{ParallelExecutor, ParallelLayout};
 use strata_runtime::cuda::libraries;
 
 const GREEDY_TOKENS: usize = 64;
 const BLOCK: usize = 16;
 const BLOCKS_PER_SEQ: usize = 8;
+
+/// The index of the largest logit (the first on ties).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
 
 /// `true` when at least two GPUs and NCCL are usable; prints why not otherwise.
 fn two_gpus() -> bool {
