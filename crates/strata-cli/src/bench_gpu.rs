@@ -49,6 +49,12 @@ pub struct BenchGpuArgs {
     pub kv_cache_dtypes: Vec<KvCacheDtype>,
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
+    /// Size the GPU as if it had only SIZE of memory (e.g. 24GiB).
+    #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
+    pub gpu_memory_limit: Option<usize>,
+    /// GGUF matrices on the GPU: auto (kept quantized) or none (dequantized to bf16).
+    #[arg(long, default_value = "auto", value_parser = crate::device::parse_quantization)]
+    pub quantization: crate::device::Quantization,
     #[arg(long, default_value_t = 4096)]
     pub max_num_batched_tokens: usize,
     /// No CUDA graphs.
@@ -392,6 +398,8 @@ fn start(
         tensor_parallel_size: args.tensor_parallel_size,
         pipeline_parallel_size: args.pipeline_parallel_size,
         gpu_memory_utilization: args.gpu_memory_utilization,
+        gpu_memory_limit: args.gpu_memory_limit,
+        quantization: args.quantization,
         enforce_eager: args.enforce_eager,
         ablate: args.ablate.clone(),
         ..Default::default()

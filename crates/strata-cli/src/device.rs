@@ -54,6 +54,14 @@ pub struct DeviceArgs {
     /// Fraction of GPU memory for weights, activations and KV cache together (GPU only).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
+    /// Size every GPU as if it had only SIZE of memory (e.g. 24GiB: plan for, or emulate, a
+    /// smaller card); --gpu-memory-utilization applies to the smaller of the two.
+    #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
+    pub gpu_memory_limit: Option<usize>,
+    /// GPU weights: auto keeps a GGUF file's quantized matrices as they are (Q4_0, Q4_1, Q8_0,
+    /// Q4_K, Q5_K, Q6_K; others are dequantized with a warning), none dequantizes them to --dtype.
+    #[arg(long, default_value = "auto", value_parser = parse_quantization)]
+    pub quantization: Quantization,
     /// Run every step eagerly: no CUDA graphs (GPU only; outputs are the same either way).
     #[arg(long)]
     pub enforce_eager: bool,
@@ -70,6 +78,24 @@ pub struct DeviceArgs {
     /// Kernels left out of every GPU step (`bench-gpu --ablate`; not a flag of serve or run).
     #[arg(skip)]
     pub ablate: Vec<String>,
+}
+
+/// `--quantization` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Quantization {
+    #[default]
+    Auto,
+    None,
+}
+
+pub fn parse_quantization(s: &str) -> Result<Quantization, String> {
+    match s {
+        "auto" => Ok(Quantization::Auto),
+        "none" => Ok(Quantization::None),
+        other => Err(format!(
+            "unknown --quantization {other:?}: auto keeps a GGUF file's quantized matrices quantized on the GPU, none dequantizes them to --dtype"
+        )),
+    }
 }
 
 /// `--dtype` values (vLLM's names, with short aliases).
@@ -98,6 +124,8 @@ impl Default for DeviceArgs {
             collective_timeout: 30.0,
             topology: None,
             gpu_memory_utilization: 0.9,
+            gpu_memory_limit: None,
+            quantization: Quantization::Auto,
             enforce_eager: false,
             deterministic: false,
             dtype: DtypeArg::Auto,
@@ -249,6 +277,11 @@ fn gpu_options(
     strata_model::cuda::GpuOptions {
         ordinal,
         gpu_memory_utilization: dev.gpu_memory_utilization,
+        gpu_memory_limit: dev.gpu_memory_limit,
+        quantization: match dev.quantization {
+            Quantization::Auto => strata_model::cuda::GpuQuantization::Auto,
+            Quantization::None => strata_model::cuda::GpuQuantization::None,
+        },
         dtype: dev.compute_dtype(),
         kv_cache_dtype: config.kv_cache_dtype,
         block_size: config.block_size,

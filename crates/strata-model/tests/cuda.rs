@@ -9,7 +9,7 @@ use gpu_common::argmax;
 
 use std::sync::Arc;
 use strata_model::cuda::forward::sampling_words;
-use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions};
+use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions, GpuQuantization};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 
@@ -47,6 +47,8 @@ fn gpu_executor(change: impl FnOnce(&mut GpuOptions)) -> Option<GpuExecutor> {
     let mut opts = GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.2,
+        gpu_memory_limit: None,
+        quantization: Default::default(),
         dtype: ComputeDtype::Bf16,
         kv_cache_dtype: KvCacheDtype::Auto,
         block_size: 16,
@@ -384,6 +386,7 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     let mut fp8 = gpu_executor(|o| o.kv_cache_dtype = KvCacheDtype::Fp8E4m3).unwrap();
     let mut fixed_order = gpu_executor(|o| o.deterministic = true).unwrap();
     let mut float32 = gpu_executor(|o| o.dtype = ComputeDtype::F32).unwrap();
+    let mut dequantized = gpu_executor(|o| o.quantization = GpuQuantization::None).unwrap();
     let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
@@ -408,6 +411,7 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
             &mut fp8,
             &mut fixed_order,
             &mut float32,
+            &mut dequantized,
         ],
         &prompts,
         steps,
@@ -451,6 +455,75 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         topf >= top1,
         "float32 top-1 agrees on {topf} of {n} rows, bf16 on {top1}"
     );
+    // The default keeps the file's Q4_1 blocks on the GPU (the CPU's exact weights); with
+    // `--quantization none` they are rounded to bf16 at load.
+    let (relq, meanq, topq) = compare(&rows[0], &rows[6]);
+    eprintln!("dequantized-to-bf16 GPU vs CPU: max rel {relq:.5}, mean abs {meanq:.5}, top-1 equal {topq}/{n}");
+    assert!(relq < 0.05, "dequantized GPU logits differ from the CPU's by {relq}");
+    assert!(
+        topq * 100 >= n * 95,
+        "dequantized top-1 agrees on only {topq} of {n} rows"
+    );
+}
+
+/// The GGUF files in `$STRATA_QUANT_MODELS` (the default model re-quantized to each type by
+/// `strata quantize`; the GPU scripts make them), each on the GPU with its blocks kept against
+/// the CPU backend on the same file: 100 rows, top-1 on at least 98, the worst difference under
+/// 5 % of the row's largest logit.
+#[test]
+fn quantized_files_on_the_gpu_match_the_cpu_backend() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let Some(dir) = std::env::var_os("STRATA_QUANT_MODELS") else {
+        eprintln!("skipped: STRATA_QUANT_MODELS is not set (scripts/gpu/quantized.sh makes the files)");
+        return;
+    };
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("STRATA_QUANT_MODELS is a folder")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .gguf files in {dir:?}");
+    for path in files {
+        let opts = GpuOptions {
+            ordinal: 0,
+            gpu_memory_utilization: 0.2,
+            gpu_memory_limit: None,
+            quantization: GpuQuantization::Auto,
+            dtype: ComputeDtype::Bf16,
+            kv_cache_dtype: KvCacheDtype::Auto,
+            block_size: 16,
+            max_num_batched_tokens: 512,
+            max_num_seqs: 16,
+            max_model_len: 1024,
+            enforce_eager: false,
+            deterministic: false,
+            ablate: Vec::new(),
+        };
+        let gpu_model = load_model(&path, &|_, _| {}).expect("the quantized file loads");
+        let mut gpu = GpuExecutor::new(gpu_model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
+        let model = load_model(&path, &|_, _| {}).unwrap();
+        let prompts: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+            .collect();
+        let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 2);
+        let rows = run_lockstep(&mut [&mut cpu, &mut gpu], &prompts, 24);
+        let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+        let n = rows[0].len();
+        let name = path.file_name().unwrap().to_string_lossy();
+        eprintln!(
+            "{name}: GPU weights {:.1} MiB; GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}",
+            gpu.weight_bytes() as f64 / (1 << 20) as f64
+        );
+        assert!(
+            rel < 0.05,
+            "{name}: GPU logits differ from the CPU's by {rel} of the row's scale"
+        );
+        assert!(top1 * 100 >= n * 98, "{name}: top-1 agrees on only {top1} of {n} rows");
+    }
 }
 
 /// Greedy decoding of `PROMPTS` on `exec`, `steps` steps after the prompts, sequence 2 leaving
@@ -642,6 +715,8 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
             let opts = GpuOptions {
                 ordinal: 0,
                 gpu_memory_utilization: 0.5,
+                gpu_memory_limit: None,
+                quantization: Default::default(),
                 dtype: compute,
                 kv_cache_dtype: dtype,
                 block_size: 16,

@@ -53,6 +53,8 @@ fn options(deterministic: bool) -> GpuOptions {
     GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.45,
+        gpu_memory_limit: None,
+        quantization: Default::default(),
         dtype: ComputeDtype::Bf16,
         kv_cache_dtype: KvCacheDtype::Auto,
         block_size: BLOCK,

@@ -147,7 +147,10 @@ impl GpuTransformer {
         let table = rope_cos_sin_table(&config.rope.inv_freq(), limits.max_model_len);
         let rope_table = gpu.upload(&table, "the RoPE cos/sin table")?;
         let inputs = StepInputs::new(&gpu, &limits, kv.block_size)?;
-        let bufs = StepBuffers::new(&gpu, &local, &limits, inputs.layout.len, weights.dtype.bytes())?;
+        let mut bufs = StepBuffers::new(&gpu, &local, &limits, inputs.layout.len, weights.dtype.bytes())?;
+        if weights.dequant_elems > 0 {
+            bufs.dequant = Some(gpu.alloc(weights.dequant_elems * 2, "dequantized weights")?);
+        }
         let adjusts = RowAdjusts::new(
             &gpu,
             config.vocab_size,

@@ -2,11 +2,11 @@
 //! residual), then per layer an attention block and an MLP block, each product on the path chosen once per step.
 
 use strata_runtime::cpu::ops::RopeLayout;
-use strata_runtime::cuda::gemm_call::FO_MAX_CHUNKS;
+use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
-    gemv_kernels, AttentionCall, Communicator, CudaError, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall, GemmOut,
-    GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, RopeCall, RopeKernel,
-    SiluMulCall, SumRanksCall,
+    gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
+    GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, QuantEmbeddingCall,
+    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, RopeCall, RopeKernel, SiluMulCall, SumRanksCall,
 };
 
 use crate::config::ModelConfig;
@@ -14,7 +14,7 @@ use crate::kv_cache::KvCacheDtype;
 
 use super::forward::GpuTransformer;
 use super::knobs::GpuKnobs;
-use super::weights::ComputeDtype;
+use super::weights::{ComputeDtype, GpuMatrix, MatrixView};
 use strata_runtime::cuda::gemm_call::NORM_SUMS_BYTES;
 
 /// Most parts one token's attention context is split into (flash-decoding style).
@@ -105,11 +105,13 @@ impl GpuTransformer {
             && c.head_dim.is_multiple_of(2)
             && c.rope.dim.is_multiple_of(2)
             && c.rope.dim <= c.head_dim
-            && path.gemv_for(c.hidden);
+            && path.gemv_for(c.hidden)
+            && self.weights.layers.iter().all(|l| !l.wqkv.is_quantized());
         // Norms ride the GEMVs when every product of the layer is one and the o and down outputs
         // are whole on this GPU (no TP all-reduce before the residual).
         let carried_norms = self.knobs.fuse_norm
             && self.comms.tp.is_none()
+            && self.weights.layer_matrices_uniform()
             && [c.hidden, c.q_dim(), c.intermediate].iter().all(|&k| path.gemv_for(k));
         StepPath {
             qkv_rope,
@@ -137,6 +139,7 @@ impl GpuTransformer {
                     delta: self.bufs.proj.ptr(),
                 },
                 t,
+                0,
             )
             .launch_with(self.launcher())?;
         }
@@ -152,20 +155,42 @@ impl GpuTransformer {
     /// residual the previous pipeline stage sends.
     fn embed_or_receive(&mut self, t: usize) -> Result<(), CudaError> {
         let h = self.local.hidden;
-        match (&self.weights.token_embd, self.shard.is_first_stage()) {
+        match (
+            self.weights.token_embd.as_ref().map(GpuMatrix::view),
+            self.shard.is_first_stage(),
+        ) {
             (Some(embd), true) => {
                 let vocab = self.shard.vocab(&self.config);
-                EmbeddingCall {
-                    table: embd.ptr(),
-                    tokens: self.bufs.inputs.at(self.inputs.layout.tokens * 4),
-                    out: self.bufs.x.ptr(),
-                    hidden: h as i32,
-                    vocab_start: vocab.start as i32,
-                    vocab_rows: vocab.len() as i32,
-                    rows: t,
-                    float32: self.float32(),
+                let tokens = self.bufs.inputs.at(self.inputs.layout.tokens * 4);
+                match embd {
+                    MatrixView::Dense(table) => EmbeddingCall {
+                        table,
+                        tokens,
+                        out: self.bufs.x.ptr(),
+                        hidden: h as i32,
+                        vocab_start: vocab.start as i32,
+                        vocab_rows: vocab.len() as i32,
+                        rows: t,
+                        float32: self.float32(),
+                    }
+                    .launch_with(self.launcher())?,
+                    // One segment: the table is one tensor.
+                    MatrixView::Quant(_) => {
+                        for seg in embd.segments() {
+                            QuantEmbeddingCall {
+                                format: seg.format,
+                                table: seg.ptr,
+                                tokens,
+                                out: self.bufs.x.ptr(),
+                                hidden: h as i32,
+                                vocab_start: vocab.start as i32,
+                                vocab_rows: vocab.len() as i32,
+                                rows: t,
+                            }
+                            .launch_with(self.launcher())?;
+                        }
+                    }
                 }
-                .launch_with(self.launcher())?;
                 self.all_reduce(&self.bufs.x, t * h)
             }
             _ => {
@@ -181,7 +206,7 @@ impl GpuTransformer {
         let norm_in = self.block_norm(2 * li, t, path)?;
         self.qkv_rope_cache_write(li, t, path, norm_in)?;
         self.paged_attention(li, t, parts)?;
-        let (wo, attn) = (self.weights.layers[li].wo.ptr(), self.bufs.attn.ptr());
+        let (wo, attn) = (self.weights.layers[li].wo.view(), self.bufs.attn.ptr());
         let shape = (self.local.hidden, self.local.q_dim(), t);
         self.block_output(2 * li, wo, attn, shape, path)
     }
@@ -191,18 +216,36 @@ impl GpuTransformer {
         let (hidden, inter) = (self.local.hidden, self.local.intermediate);
         let norm_in = self.block_norm(2 * li + 1, t, path)?;
         let lw = &self.weights.layers[li];
-        let (wgu, wdown) = (lw.w_gate_up.ptr(), lw.w_down.ptr());
+        let (wgu, wdown) = (lw.w_gate_up.view(), lw.w_down.view());
         let (xn, gate_up, act) = (self.bufs.xn.ptr(), self.bufs.gate_up.ptr(), self.bufs.act.ptr());
-        if path.gemv_for(hidden) {
+        let one_segment = match wgu {
+            MatrixView::Quant([Some(seg), None, None]) => Some(seg),
+            _ => None,
+        };
+        let eps = self.local.rms_eps;
+        if let (MatrixView::Dense(w), true) = (wgu, path.gemv_for(hidden)) {
             GemvSiluCall {
-                w: wgu,
+                w,
                 x: xn,
                 out: act,
                 inter: inter as i32,
                 k: hidden as i32,
                 t: t as i32,
                 norm_in,
-                eps: self.local.rms_eps,
+                eps,
+            }
+            .launch_with(self.launcher())?;
+        } else if let (Some(seg), true) = (one_segment, path.gemv_for(hidden) && !self.deterministic) {
+            QuantGemvSiluCall {
+                format: seg.format,
+                w: seg.ptr,
+                x: xn,
+                out: act,
+                inter: inter as i32,
+                k: hidden as i32,
+                t: t as i32,
+                norm_in,
+                eps,
             }
             .launch_with(self.launcher())?;
         } else {
@@ -225,29 +268,41 @@ impl GpuTransformer {
     /// this returns (0: none).
     fn block_norm(&self, i: usize, t: usize, path: &StepPath) -> Result<u64, CudaError> {
         if i == 0 {
-            self.norm_call(NormOp::Norm, t).launch_with(self.launcher())?;
+            self.norm_call(NormOp::Norm, t, self.norm_weight(0))
+                .launch_with(self.launcher())?;
             return Ok(0);
         }
         if path.carried_norms {
             return Ok(self.norm_sums(i));
         }
-        self.norm_call(
-            NormOp::AddNorm {
-                delta: self.bufs.proj.ptr(),
-            },
-            t,
-        )
-        .launch_with(self.launcher())?;
+        let op = NormOp::AddNorm {
+            delta: self.bufs.proj.ptr(),
+        };
+        self.norm_call(op, t, self.norm_weight(i))
+            .launch_with(self.launcher())?;
         Ok(0)
     }
 
-    /// A norm.cu call over the residual `x` of `t` tokens into `xn`, without weights: the norms'
-    /// weights are folded into the matrices that read `xn` (weights.rs).
-    fn norm_call(&self, op: NormOp, t: usize) -> NormCall {
+    /// The weights of block norm `i` where x takes them (the matrix after it is quantized), or 0:
+    /// folded into a dense matrix (weights.rs), or past the last block.
+    fn norm_weight(&self, i: usize) -> u64 {
+        let layer = self.weights.layers.get(i / 2);
+        let norm = layer.and_then(|l| {
+            if i.is_multiple_of(2) {
+                l.attn_norm.as_ref()
+            } else {
+                l.ffn_norm.as_ref()
+            }
+        });
+        norm.map_or(0, DeviceBuffer::ptr)
+    }
+
+    /// A norm.cu call over the residual `x` of `t` tokens into `xn`, with `weight` (0: none).
+    fn norm_call(&self, op: NormOp, t: usize, weight: u64) -> NormCall {
         NormCall {
             op,
             x: self.bufs.x.ptr(),
-            weight: 0,
+            weight,
             out: self.bufs.xn.ptr(),
             n: self.local.hidden as i32,
             eps: self.local.rms_eps,
@@ -267,7 +322,7 @@ impl GpuTransformer {
     fn block_output(
         &mut self,
         i: usize,
-        w: u64,
+        w: MatrixView,
         a: u64,
         (n, k, t): (usize, usize, usize),
         path: &StepPath,
@@ -275,17 +330,39 @@ impl GpuTransformer {
         if !path.carried_norms {
             return self.row_parallel(w, a, (n, k, t), path);
         }
-        GemvResidualCall {
-            w,
-            x: a,
-            res: self.bufs.x.ptr(),
-            res_bf16: self.bufs.xn.ptr(),
-            norm_out: self.norm_sums(i + 1),
-            n: n as i32,
-            k: k as i32,
-            t: t as i32,
+        let (res, res_bf16, norm_out) = (self.bufs.x.ptr(), self.bufs.xn.ptr(), self.norm_sums(i + 1));
+        match w {
+            MatrixView::Dense(w) => GemvResidualCall {
+                w,
+                x: a,
+                res,
+                res_bf16,
+                norm_out,
+                n: n as i32,
+                k: k as i32,
+                t: t as i32,
+            }
+            .launch_with(self.launcher()),
+            // One segment: o and down are one tensor each.
+            MatrixView::Quant(_) => {
+                for seg in w.segments() {
+                    QuantGemvResidualCall {
+                        format: seg.format,
+                        w: seg.ptr,
+                        x: a,
+                        res,
+                        res_bf16,
+                        norm_out,
+                        next_norm: self.norm_weight(i + 1),
+                        n: n as i32,
+                        k: k as i32,
+                        t: t as i32,
+                    }
+                    .launch_with(self.launcher())?;
+                }
+                Ok(())
+            }
         }
-        .launch_with(self.launcher())
     }
 
     /// The QKV product of layer `li` (its bias added), RoPE (after Qwen3's per-head norms) and
@@ -296,7 +373,7 @@ impl GpuTransformer {
         let (positions, slots) = (self.bufs.inputs.at(l.positions * 4), self.bufs.inputs.at(l.slots * 4));
         let (xn, qkv) = (self.bufs.xn.ptr(), self.bufs.qkv.ptr());
         let lw = &self.weights.layers[li];
-        let wqkv = lw.wqkv.ptr();
+        let wqkv = lw.wqkv.view();
         let bias = lw.bqkv.as_ref().map_or(0, |b| b.ptr());
         let (k_cache, v_cache, k_scale, v_scale) = self.kv.layer(li);
         let width = c.q_dim() + 2 * c.kv_dim();
@@ -308,9 +385,9 @@ impl GpuTransformer {
         );
         let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
         let (rope_table, block_size, eps) = (self.rope_table.ptr(), self.kv.block_size as i32, c.rms_eps);
-        if path.qkv_rope {
+        if let (true, MatrixView::Dense(w)) = (path.qkv_rope, wqkv) {
             return GemvQkvRopeCall {
-                w: wqkv,
+                w,
                 x: xn,
                 qkv,
                 k: c.hidden as i32,
@@ -449,7 +526,7 @@ impl GpuTransformer {
     /// group: NCCL's all-reduce, or under `--deterministic` a gather and the fixed-order tree.
     fn row_parallel(
         &mut self,
-        w: u64,
+        w: MatrixView,
         x: u64,
         (n, k, t): (usize, usize, usize),
         path: &StepPath,
@@ -460,6 +537,7 @@ impl GpuTransformer {
             self.matmul(w, x, proj, (n, k, t), GemmOut::F32, path, 0)?;
             return self.all_reduce(&self.bufs.proj, t * n);
         }
+        let w = self.dense_weights(w, (n, k))?;
         self.gemm_fixed_order(w, x, proj, (n, k, t), DETERMINISTIC_CHUNKS / tp, GemmOut::F32)?;
         let (Some(comm), Some(gathered)) = (&self.comms.tp, &self.bufs.gathered) else {
             return Ok(());
@@ -505,7 +583,7 @@ impl GpuTransformer {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
         &mut self,
-        w: u64,
+        w: MatrixView,
         x: u64,
         y: u64,
         shape: (usize, usize, usize),
@@ -516,6 +594,10 @@ impl GpuTransformer {
         let out = match self.weights.dtype {
             ComputeDtype::Bf16 => out,
             ComputeDtype::F32 => GemmOut::F32,
+        };
+        let w = match w {
+            MatrixView::Dense(w) => w,
+            MatrixView::Quant(_) => return self.quantized_matmul(w, x, y, shape, out, path, norm_in),
         };
         if self.deterministic {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
@@ -549,5 +631,78 @@ impl GpuTransformer {
             "t>256"
         };
         self.profile_end(timer, || format!("gemm {n}x{k} {bucket}"))
+    }
+}
+
+impl GpuTransformer {
+    /// [`Self::matmul`] of a quantized matrix: quant.cu's GEMVs over its segments for a few
+    /// tokens; otherwise the matrix dequantized into the scratch and a dense product of it, or,
+    /// for a matrix larger than the scratch (an LM head), GEMVs over the tokens a few at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn quantized_matmul(
+        &mut self,
+        w: MatrixView,
+        x: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+        path: &StepPath,
+        norm_in: u64,
+    ) -> Result<(), CudaError> {
+        let gemv = !self.deterministic && path.gemv_for(k);
+        if gemv || n * k > self.weights.dequant_elems {
+            let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+            let step = GEMV_KERNEL_TOKENS;
+            for first in (0..t).step_by(step) {
+                let tokens = step.min(t - first);
+                for seg in w.segments() {
+                    QuantGemvCall {
+                        format: seg.format,
+                        w: seg.ptr,
+                        x: x + (first * k * 2) as u64,
+                        y: y + ((first * n + seg.first_row) * y_elem) as u64,
+                        n: seg.rows as i32,
+                        k: k as i32,
+                        t: tokens as i32,
+                        ld: n as i32,
+                        out_f32: (out == GemmOut::F32) as i32,
+                        norm_in,
+                        eps: self.local.rms_eps,
+                    }
+                    .launch_with(self.launcher())?;
+                }
+            }
+            return Ok(());
+        }
+        let scratch = self.dense_weights(w, (n, k))?;
+        self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in)
+    }
+
+    /// A dense address of `w` (`[n, k]`): its own, or the scratch it is dequantized into.
+    fn dense_weights(&self, w: MatrixView, (n, k): (usize, usize)) -> Result<u64, CudaError> {
+        if let MatrixView::Dense(p) = w {
+            return Ok(p);
+        }
+        let scratch = match &self.bufs.dequant {
+            Some(b) if n * k <= self.weights.dequant_elems => b.ptr(),
+            _ => {
+                return Err(CudaError::NoDevice(format!(
+                    "a quantized {n}x{k} matrix is larger than the dequantization scratch ({} values)",
+                    self.weights.dequant_elems
+                )))
+            }
+        };
+        for seg in w.segments() {
+            DequantCall {
+                format: seg.format,
+                w: seg.ptr,
+                out: scratch + (seg.first_row * k * 2) as u64,
+                n: seg.rows as i32,
+                k: k as i32,
+                ld: k as i32,
+            }
+            .launch_with(self.launcher())?;
+        }
+        Ok(scratch)
     }
 }

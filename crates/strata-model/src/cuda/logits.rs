@@ -35,7 +35,7 @@ impl GpuTransformer {
         }
         .launch_with(self.launcher())?;
         let lm = match self.weights.lm_head() {
-            Some(b) => b.ptr(),
+            Some(m) => m.view(),
             None => {
                 return Err(CudaError::NoDevice(
                     "logits asked of a stage without the LM head".into(),

@@ -31,7 +31,7 @@ use crate::transformer::Transformer;
 
 pub use forward::{check_ablation, GpuTransformer, ShardComms, ShardLogits, StartedDecode, StepLimits};
 pub use shard::Shard;
-pub use weights::ComputeDtype;
+pub use weights::{ComputeDtype, GpuQuantization};
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]
@@ -39,6 +39,10 @@ pub struct GpuOptions {
     pub ordinal: usize,
     /// Fraction of the GPU's memory strata may use in all (weights, activations, KV cache).
     pub gpu_memory_utilization: f64,
+    /// Bytes the GPU is sized as if it had (`--gpu-memory-limit`), when less than it has.
+    pub gpu_memory_limit: Option<usize>,
+    /// Whether GGUF matrices stay quantized (`--quantization`).
+    pub quantization: GpuQuantization,
     /// What weights, activations and the `auto` KV cache are (`--dtype`).
     pub dtype: ComputeDtype,
     pub kv_cache_dtype: KvCacheDtype,
@@ -124,9 +128,29 @@ impl ProbedShard {
         let c = transformer.config.clone();
         let local = shard.local_config(&c);
         let (free0, total) = gpu.memory().map_err(cuda)?;
-        let budget = (total as f64 * util) as usize;
-        let weights =
-            weights::GpuWeights::upload(&gpu, &c, &shard, &transformer.weights, opts.dtype, progress).map_err(cuda)?;
+        let card = opts.gpu_memory_limit.map_or(total, |limit| limit.min(total));
+        let budget = (card as f64 * util) as usize;
+        let weights = weights::GpuWeights::upload(
+            &gpu,
+            &c,
+            &shard,
+            &transformer.weights,
+            opts.dtype,
+            opts.quantization,
+            progress,
+        )
+        .map_err(cuda)?;
+        tracing::info!(
+            "{} (GPU {}): weight matrices {:.2} GiB on the GPU ({:.2} GiB in the file){}",
+            gpu.info.name,
+            gpu.info.ordinal,
+            weights.matrix_bytes as f64 / GIB,
+            weights.file_bytes as f64 / GIB,
+            opts.gpu_memory_limit.map_or(String::new(), |l| format!(
+                ", sized as a {:.1} GiB card (--gpu-memory-limit)",
+                l.min(total) as f64 / GIB
+            ))
+        );
         let limits = StepLimits {
             max_tokens: opts.max_num_batched_tokens.max(opts.max_num_seqs),
             max_seqs: opts.max_num_seqs,
@@ -325,6 +349,8 @@ mod tests {
         GpuOptions {
             ordinal: 0,
             gpu_memory_utilization: 0.9,
+            gpu_memory_limit: None,
+            quantization: Default::default(),
             dtype,
             kv_cache_dtype,
             block_size: 16,

@@ -41,6 +41,9 @@ pub(super) struct StepBuffers {
     /// The sums of squares each norm of a step carries between GEMVs (gemm.cu's NormIn):
     /// `2 * layers + 1` norms of NORM_SUMS_BYTES.
     pub norm_sums: DeviceBuffer,
+    /// bf16 scratch a quantized matrix is dequantized into before a cuBLASLt product (the
+    /// largest quantized layer matrix); `None` without quantized matrices.
+    pub dequant: Option<DeviceBuffer>,
 }
 
 impl StepBuffers {
@@ -76,6 +79,7 @@ impl StepBuffers {
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
             gathered: None,
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
+            dequant: None,
         })
     }
 }

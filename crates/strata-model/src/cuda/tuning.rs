@@ -1,12 +1,12 @@
 //! How a GPU's products are chosen: cuBLASLt's algorithms timed per decode batch size, and the
 //! `--deterministic` mode of fixed-order GEMMs and reductions.
 
-use strata_runtime::cuda::{CudaError, DeviceBuffer, GemmOut};
+use strata_runtime::cuda::{CudaError, GemmOut};
 
 use super::forward::GpuTransformer;
 use super::graphs::graph_bucket;
 use super::layers::DETERMINISTIC_CHUNKS;
-use super::weights::{ComputeDtype, GpuLayer};
+use super::weights::{ComputeDtype, GpuLayer, GpuMatrix};
 
 impl GpuTransformer {
     /// `--deterministic`: every GEMM sums in one fixed order whatever its shape (gemm.cu), TP
@@ -56,8 +56,10 @@ impl GpuTransformer {
         let started = std::time::Instant::now();
         let c = &self.local;
         let b = &self.bufs;
-        let of_layers = |f: fn(&GpuLayer) -> &DeviceBuffer| -> Vec<u64> {
-            self.weights.layers.iter().map(|l| f(l).ptr()).collect()
+        // Quantized matrices' products read the scratch they are dequantized into.
+        let scratch = b.dequant.as_ref().map_or(0, |d| d.ptr());
+        let of_layers = |f: fn(&GpuLayer) -> &GpuMatrix| -> Vec<u64> {
+            self.weights.layers.iter().map(|l| f(l).gemm_ptr(scratch)).collect()
         };
         let width = c.q_dim() + 2 * c.kv_dim();
         let products = [
@@ -90,15 +92,21 @@ impl GpuTransformer {
                 GemmOut::F32,
             ),
         ];
-        let lm_head = self.weights.lm_head().filter(|_| self.shard.is_last_stage()).map(|w| {
-            (
-                vec![w.ptr()],
-                b.normed.ptr(),
-                b.logits.ptr(),
-                (c.vocab_size, c.hidden),
-                GemmOut::F32,
-            )
-        });
+        let dense_head = |w: &&GpuMatrix| !w.is_quantized();
+        let lm_head = self
+            .weights
+            .lm_head()
+            .filter(|_| self.shard.is_last_stage())
+            .filter(dense_head)
+            .map(|w| {
+                (
+                    vec![w.gemm_ptr(0)],
+                    b.normed.ptr(),
+                    b.logits.ptr(),
+                    (c.vocab_size, c.hidden),
+                    GemmOut::F32,
+                )
+            });
         let mut buckets: Vec<usize> = (1..=self.limits.max_seqs)
             .filter_map(|n| graph_bucket(n, self.limits.max_seqs))
             .filter(|&t| t <= self.limits.max_tokens && self.step_path(t).uses_cublaslt(c.hidden))

@@ -1,12 +1,12 @@
-//! A model's weights on one GPU in bf16 or f32 (`--dtype`; its shard under TP/PP): fused QKV and
-//! gate/up matrices with the layers' RMSNorm weights folded into their columns, f32 biases and
-//! output norm. Quantized GGUF matrices are dequantized at load.
+//! A model's weights on one GPU (its shard under TP/PP): GGUF matrices in their quantized blocks
+//! (quant.cu reads them), others in bf16 or f32 (`--dtype`) with the RMSNorm weights folded into
+//! their columns; fused QKV and gate/up matrices, f32 biases and norms.
 
 use std::ops::Range;
 
 use half::bf16;
 use strata_formats::GgmlType;
-use strata_runtime::cuda::{CudaError, DeviceBuffer, Gpu};
+use strata_runtime::cuda::{CudaError, DeviceBuffer, Gpu, QuantFormat};
 
 use crate::config::ModelConfig;
 use crate::weights::{Linear, ModelWeights};
@@ -15,35 +15,130 @@ use super::shard::Shard;
 
 pub use crate::compute_dtype::ComputeDtype;
 
+/// One matrix on the GPU: dense (`--dtype`, the norm before it folded into its columns) or the
+/// file's quantized blocks, in segments of rows of one block format each (quant.cu's layout).
+pub enum GpuMatrix {
+    Dense(DeviceBuffer),
+    Quant(Vec<QuantSegment>),
+}
+
+/// Rows of a quantized matrix in one block format.
+pub struct QuantSegment {
+    pub format: QuantFormat,
+    pub buf: DeviceBuffer,
+    /// The segment's first row in the matrix.
+    pub first_row: usize,
+    pub rows: usize,
+}
+
+/// Most segments a matrix is made of (the QKV matrix: q, k and v of three formats).
+pub const MAX_SEGMENTS: usize = 3;
+
+/// A [`GpuMatrix`] by its device addresses, to launch products with.
+#[derive(Debug, Clone, Copy)]
+pub enum MatrixView {
+    Dense(u64),
+    Quant([Option<SegmentView>; MAX_SEGMENTS]),
+}
+
+/// A [`QuantSegment`] by its device address.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentView {
+    pub format: QuantFormat,
+    pub ptr: u64,
+    pub first_row: usize,
+    pub rows: usize,
+}
+
+impl GpuMatrix {
+    pub fn view(&self) -> MatrixView {
+        match self {
+            GpuMatrix::Dense(b) => MatrixView::Dense(b.ptr()),
+            GpuMatrix::Quant(segs) => {
+                let mut v = [None; MAX_SEGMENTS];
+                for (slot, s) in v.iter_mut().zip(segs) {
+                    *slot = Some(SegmentView {
+                        format: s.format,
+                        ptr: s.buf.ptr(),
+                        first_row: s.first_row,
+                        rows: s.rows,
+                    });
+                }
+                MatrixView::Quant(v)
+            }
+        }
+    }
+
+    /// Device bytes of the matrix.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            GpuMatrix::Dense(b) => b.bytes() as u64,
+            GpuMatrix::Quant(segs) => segs.iter().map(|s| s.buf.bytes() as u64).sum(),
+        }
+    }
+
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, GpuMatrix::Quant(_))
+    }
+
+    /// The dense matrix's address; a quantized one's products read `scratch`, where it is
+    /// dequantized first.
+    pub fn gemm_ptr(&self, scratch: u64) -> u64 {
+        match self {
+            GpuMatrix::Dense(b) => b.ptr(),
+            GpuMatrix::Quant(_) => scratch,
+        }
+    }
+}
+
+impl MatrixView {
+    /// The quantized segments, in row order.
+    pub fn segments(&self) -> impl Iterator<Item = SegmentView> + '_ {
+        let segs: &[Option<SegmentView>] = match self {
+            MatrixView::Dense(_) => &[],
+            MatrixView::Quant(s) => s,
+        };
+        segs.iter().flatten().copied()
+    }
+}
+
 /// One transformer block on the GPU.
 pub struct GpuLayer {
-    /// `[(n_heads + 2 * n_kv) * head_dim, hidden]`: q rows, then k, then v; column c scaled by
-    /// the attention norm's weight c, so the forward pass normalises without it.
-    pub wqkv: DeviceBuffer,
+    /// `[(n_heads + 2 * n_kv) * head_dim, hidden]`: q rows, then k, then v; dense, column c is
+    /// scaled by the attention norm's weight c, so the forward pass normalises without it.
+    pub wqkv: GpuMatrix,
     /// f32 `[(n_heads + 2 * n_kv) * head_dim]` when the model has q/k/v biases.
     pub bqkv: Option<DeviceBuffer>,
     pub q_norm: Option<DeviceBuffer>,
     pub k_norm: Option<DeviceBuffer>,
-    pub wo: DeviceBuffer,
-    /// `[2 * intermediate, hidden]`: gate rows, then up; columns scaled by the MLP norm's weights.
-    pub w_gate_up: DeviceBuffer,
-    pub w_down: DeviceBuffer,
+    pub wo: GpuMatrix,
+    /// `[2 * intermediate, hidden]`: gate rows, then up; dense, columns scaled by the MLP norm's weights.
+    pub w_gate_up: GpuMatrix,
+    pub w_down: GpuMatrix,
+    /// The attention and MLP norms' weights (f32 `[hidden]`) when the matrix reading that norm
+    /// is quantized: the norm applies them to x instead.
+    pub attn_norm: Option<DeviceBuffer>,
+    pub ffn_norm: Option<DeviceBuffer>,
 }
 
 /// The weights one GPU holds (its [`Shard`]).
 pub struct GpuWeights {
     /// This rank's vocabulary rows of the embedding (first stage only).
-    pub token_embd: Option<DeviceBuffer>,
+    pub token_embd: Option<GpuMatrix>,
     pub output_norm: DeviceBuffer,
     /// This rank's vocabulary rows of the LM head (last stage only; `None` when tied to an
     /// embedding held here).
-    pub lm_head: Option<DeviceBuffer>,
+    pub lm_head: Option<GpuMatrix>,
     /// This stage's layers.
     pub layers: Vec<GpuLayer>,
-    /// Bytes of all matrices, what one decode step reads.
+    /// Device bytes of all matrices, what one decode step reads.
     pub matrix_bytes: u64,
-    /// The matrices' element type.
+    /// Bytes the same matrices (this shard's part of them) take in the file.
+    pub file_bytes: u64,
+    /// The dense matrices' element type, and the activations'.
     pub dtype: ComputeDtype,
+    /// Elements of the largest quantized layer matrix (the bf16 scratch its GEMMs read), 0 if none.
+    pub dequant_elems: usize,
 }
 
 /// Rows `rows` and columns `cols` of one matrix.
@@ -69,27 +164,83 @@ impl<'a> Part<'a> {
             cols,
         }
     }
+
+    /// The part's GPU block format when it can stay quantized: a type quant.cu reads, and
+    /// columns on whole blocks. Otherwise why not, when its type is quantized (`None`: dense type).
+    fn quant_format(&self) -> Result<QuantFormat, Option<String>> {
+        let ty = self.m.info.ty;
+        let Some(f) = QuantFormat::of(ty) else {
+            return Err(ty.is_quantized().then(|| format!("no GPU kernel reads {}", ty.name())));
+        };
+        let b = f.block_len();
+        if !self.cols.start.is_multiple_of(b) || !self.cols.len().is_multiple_of(b) {
+            return Err(Some(format!(
+                "its columns {}..{} on this GPU split {} blocks of {b}",
+                self.cols.start,
+                self.cols.end,
+                ty.name()
+            )));
+        }
+        Ok(f)
+    }
+}
+
+/// Whether GGUF matrices stay quantized on the GPU (`--quantization auto`) or are dequantized
+/// to `--dtype` at load (`none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuQuantization {
+    #[default]
+    Auto,
+    None,
+}
+
+impl GpuQuantization {
+    pub fn parse(s: &str) -> Result<GpuQuantization, String> {
+        match s {
+            "auto" => Ok(GpuQuantization::Auto),
+            "none" => Ok(GpuQuantization::None),
+            other => Err(format!(
+                "unknown --quantization {other:?}: auto keeps a GGUF file's quantized matrices as they are on the GPU, none dequantizes them to --dtype"
+            )),
+        }
+    }
 }
 
 impl GpuWeights {
     /// The LM head matrix (last stage only).
-    pub fn lm_head(&self) -> Option<&DeviceBuffer> {
+    pub fn lm_head(&self) -> Option<&GpuMatrix> {
         self.lm_head.as_ref().or(self.token_embd.as_ref())
     }
 
-    /// Uploads this shard's part of `w` as `dtype`: query/KV heads and MLP columns of its TP
-    /// rank, its stage's layers, its vocabulary rows. `progress(done, total)` reports layers
-    /// uploaded.
+    /// Whether every layer matrix is dense, or every one quantized: where a norm's weights go
+    /// (folded, or on x) is then the same for each product, as norms carried between GEMVs need.
+    pub fn layer_matrices_uniform(&self) -> bool {
+        let mut all = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+        let Some(first) = all.next() else {
+            return true;
+        };
+        all.all(|m| m.is_quantized() == first.is_quantized())
+    }
+
+    /// Uploads this shard's part of `w`: query/KV heads and MLP columns of its TP rank, its
+    /// stage's layers, its vocabulary rows; quantized GGUF matrices stay quantized (unless
+    /// `quant` is `None`, or `dtype` is f32), the rest as `dtype`. `progress(done, total)`
+    /// reports layers uploaded.
     pub fn upload(
         gpu: &Gpu,
         c: &ModelConfig,
         shard: &Shard,
         w: &ModelWeights,
         dtype: ComputeDtype,
+        quant: GpuQuantization,
         progress: &dyn Fn(u64, u64),
     ) -> Result<GpuWeights, CudaError> {
+        let keep = quant == GpuQuantization::Auto && dtype == ComputeDtype::Bf16;
         let matrices = |parts: &[Part], col_scale: Option<&[f32]>, what: &str| {
-            upload_matrices(gpu, w, parts, col_scale, dtype, what)
+            upload_matrix(gpu, w, parts, col_scale, dtype, keep, what)
         };
         let total = (shard.layers.len() + 2) as u64;
         let vocab = shard.vocab(c);
@@ -136,39 +287,173 @@ impl GpuWeights {
                 Part::rows(&l.wv, kv_rows.clone()),
             ];
             let gate_up = [Part::rows(&l.w_gate, mlp.clone()), Part::rows(&l.w_up, mlp.clone())];
+            let wqkv = matrices(&qkv, Some(&l.attn_norm), &what("qkv"))?;
+            let w_gate_up = matrices(&gate_up, Some(&l.ffn_norm), &what("gate/up"))?;
+            let norm_on_x = |m: &GpuMatrix, g: &[f32], s: &str| -> Result<Option<DeviceBuffer>, CudaError> {
+                m.is_quantized().then(|| gpu.upload(g, &what(s))).transpose()
+            };
             layers.push(GpuLayer {
-                wqkv: matrices(&qkv, Some(&l.attn_norm), &what("qkv"))?,
+                attn_norm: norm_on_x(&wqkv, &l.attn_norm, "attention norm")?,
+                ffn_norm: norm_on_x(&w_gate_up, &l.ffn_norm, "MLP norm")?,
+                wqkv,
                 bqkv,
                 q_norm: opt(&l.q_norm, "q norm")?,
                 k_norm: opt(&l.k_norm, "k norm")?,
                 wo: matrices(&[Part::cols(&l.wo, q_rows.clone())], None, &what("attention output"))?,
-                w_gate_up: matrices(&gate_up, Some(&l.ffn_norm), &what("gate/up"))?,
+                w_gate_up,
                 w_down: matrices(&[Part::cols(&l.w_down, mlp.clone())], None, &what("down"))?,
             });
             progress(n as u64 + 2, total);
         }
         let local = shard.local_config(c);
-        let h = c.hidden as u64;
-        let per_layer = (local.q_dim() as u64 + 2 * local.kv_dim() as u64) * h
-            + local.q_dim() as u64 * h
-            + 3 * local.intermediate as u64 * h;
-        let vocab_bytes = if shard.is_last_stage() {
-            local.vocab_size as u64 * h
-        } else {
-            0
+        let h = c.hidden;
+        let mut dequant_elems = 0;
+        let mut matrix_bytes = 0;
+        for l in &layers {
+            let shapes = [
+                (&l.wqkv, local.q_dim() + 2 * local.kv_dim(), h),
+                (&l.wo, h, local.q_dim()),
+                (&l.w_gate_up, 2 * local.intermediate, h),
+                (&l.w_down, h, local.intermediate),
+            ];
+            for (m, rows, cols) in shapes {
+                matrix_bytes += m.bytes();
+                if m.is_quantized() {
+                    dequant_elems = dequant_elems.max(rows * cols);
+                }
+            }
+        }
+        let head = lm_head
+            .as_ref()
+            .or(token_embd.as_ref().filter(|_| shard.is_last_stage()));
+        matrix_bytes += head.map_or(0, GpuMatrix::bytes);
+        let part_bytes = |m: &Linear, rows: usize, cols: usize| {
+            (m.info.n_bytes as f64 * (rows * cols) as f64 / (m.rows * m.cols).max(1) as f64) as u64
         };
-        let matrix_bytes = dtype.bytes() as u64 * (per_layer * local.n_layers as u64 + vocab_bytes);
+        let (q_dim, kv_dim, mlp_cols) = (local.q_dim(), local.kv_dim(), local.intermediate);
+        let mut file_bytes: u64 = shard
+            .layers
+            .clone()
+            .map(|i| {
+                let l = &w.layers[i];
+                part_bytes(&l.wq, q_dim, h)
+                    + part_bytes(&l.wk, kv_dim, h)
+                    + part_bytes(&l.wv, kv_dim, h)
+                    + part_bytes(&l.wo, h, q_dim)
+                    + part_bytes(&l.w_gate, mlp_cols, h)
+                    + part_bytes(&l.w_up, mlp_cols, h)
+                    + part_bytes(&l.w_down, h, mlp_cols)
+            })
+            .sum();
+        if shard.is_last_stage() {
+            file_bytes += part_bytes(&w.lm_head, local.vocab_size, h);
+        }
         let out = GpuWeights {
             token_embd,
             output_norm: gpu.upload(&w.output_norm, "the output norm")?,
             lm_head,
             layers,
             matrix_bytes,
+            file_bytes,
             dtype,
+            dequant_elems,
         };
         progress(total, total);
         Ok(out)
     }
+}
+
+/// One matrix of the stacked parts (same column count): quantized segments when `keep` and
+/// every part can stay quantized, else dense (with a warning naming a quantized tensor that
+/// could not stay so).
+fn upload_matrix(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    parts: &[Part],
+    col_scale: Option<&[f32]>,
+    dtype: ComputeDtype,
+    keep: bool,
+    what: &str,
+) -> Result<GpuMatrix, CudaError> {
+    if keep {
+        let formats: Result<Vec<QuantFormat>, Option<String>> = parts.iter().map(Part::quant_format).collect();
+        match formats {
+            Ok(formats) => return upload_quantized(gpu, w, parts, &formats, what).map(GpuMatrix::Quant),
+            Err(Some(why)) => {
+                let names: Vec<&str> = parts.iter().map(|p| p.m.info.name.as_str()).collect();
+                tracing::warn!(
+                    "{} is dequantized to {} on the GPU: {why}",
+                    names.join(" + "),
+                    dtype.as_str()
+                );
+            }
+            Err(None) => {}
+        }
+    }
+    upload_matrices(gpu, w, parts, col_scale, dtype, what).map(GpuMatrix::Dense)
+}
+
+/// The parts' file blocks in quant.cu's layout, consecutive parts of one format in one segment.
+fn upload_quantized(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    parts: &[Part],
+    formats: &[QuantFormat],
+    what: &str,
+) -> Result<Vec<QuantSegment>, CudaError> {
+    let mut segments: Vec<QuantSegment> = Vec::new();
+    let mut first_row = 0;
+    let mut i = 0;
+    while i < parts.len() {
+        let format = formats[i];
+        let mut j = i;
+        while j < parts.len() && formats[j] == format {
+            j += 1;
+        }
+        let group = &parts[i..j];
+        let rows: usize = group.iter().map(|p| p.rows.len()).sum();
+        let cols = group[0].cols.len();
+        let (bl, bb) = (format.block_len(), format.block_bytes());
+        let row_blocks = cols / bl;
+        let buf = gpu.alloc(rows * row_blocks * bb, what)?;
+        let mut err = None;
+        let mut put = |at: usize, bytes: &[u8]| {
+            if err.is_none() {
+                err = gpu.write(&buf, at, bytes).err();
+            }
+        };
+        let mut row = 0;
+        for p in group {
+            let bytes = w.arena.bytes(p.m);
+            let file_row = (p.m.cols / bl) * bb;
+            let (c0, c1) = (p.cols.start / bl * bb, p.cols.end / bl * bb);
+            // In slabs of rows to bound host memory.
+            let slab_rows = ((4 << 20) / (row_blocks * bb).max(1)).max(1);
+            let mut r = p.rows.start;
+            while r < p.rows.end {
+                let n = slab_rows.min(p.rows.end - r);
+                let slab: Vec<u8> = (r..r + n)
+                    .flat_map(|rr| &bytes[rr * file_row + c0..rr * file_row + c1])
+                    .copied()
+                    .collect();
+                format.place_rows(&slab, row_blocks, row, rows, &mut put);
+                row += n;
+                r += n;
+            }
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        segments.push(QuantSegment {
+            format,
+            buf,
+            first_row,
+            rows,
+        });
+        first_row += rows;
+        i = j;
+    }
+    Ok(segments)
 }
 
 /// Stacks the parts (same column count) into one device matrix of `dtype`, column c of each

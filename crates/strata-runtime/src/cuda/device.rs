@@ -82,7 +82,7 @@ impl Gpu {
         let info = GpuInfo {
             ordinal,
             name: ctx.name().map_err(driver("cuDeviceGetName"))?,
-            compute_capability: ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?,
+            compute_capability: capped_capability(ctx.compute_capability().map_err(driver("cuDeviceGetAttribute"))?)?,
             memory_total,
             memory_free,
             multiprocessors: ctx
@@ -458,4 +458,22 @@ macro_rules! kernel_args {
     ($($a:expr),* $(,)?) => {
         [$(&$a as *const _ as *mut ::std::ffi::c_void),*]
     };
+}
+
+/// `cc`, or less under `STRATA_GPU_CAPABILITY=8.0` (or 8.6, 8.9): kernels are then compiled for
+/// that architecture and every capability check takes its fallback (no fp8 conversions below 8.9,
+/// no programmatic dependent launch below 9.0), to run an Ampere card's paths on a newer GPU.
+fn capped_capability(cc: (i32, i32)) -> Result<(i32, i32), CudaError> {
+    let Ok(v) = std::env::var("STRATA_GPU_CAPABILITY") else {
+        return Ok(cc);
+    };
+    let parsed = v
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.trim().parse::<i32>().ok()?, b.trim().parse::<i32>().ok()?)));
+    match parsed {
+        Some(cap) if cap >= (7, 5) => Ok(cap.min(cc)),
+        _ => Err(CudaError::NoDevice(format!(
+            "STRATA_GPU_CAPABILITY={v:?} is not a compute capability like 8.0 or 8.6 (7.5 at least)"
+        ))),
+    }
 }

@@ -12,8 +12,24 @@ use super::{driver, CudaError};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
+/// The kernels quant.cu defines for each block format: its GEMVs for 1, 2, 4 and 8 tokens
+/// (plain, gate/up with SiLU, residual), its dequantization and its embedding lookup.
+macro_rules! quant_kernel_names {
+    ($($f:literal),*) => {
+        [$(
+            concat!("qgemv_", $f, "_t1"), concat!("qgemv_", $f, "_t2"),
+            concat!("qgemv_", $f, "_t4"), concat!("qgemv_", $f, "_t8"),
+            concat!("qgemv_silu_", $f, "_t1"), concat!("qgemv_silu_", $f, "_t2"),
+            concat!("qgemv_silu_", $f, "_t4"), concat!("qgemv_silu_", $f, "_t8"),
+            concat!("qgemv_residual_", $f, "_t1"), concat!("qgemv_residual_", $f, "_t2"),
+            concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
+            concat!("dequant_", $f), concat!("embedding_", $f),
+        )*]
+    };
+}
+
 /// Every kernel family: (name, source, kernels it defines).
-pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
+pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
     (
         "embedding",
         include_str!("../../kernels/embedding.cu"),
@@ -74,7 +90,10 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
     ),
     (
         "gemm",
-        include_str!("../../kernels/gemm.cu"),
+        concat!(
+            include_str!("../../kernels/gemv.cuh"),
+            include_str!("../../kernels/gemm.cu")
+        ),
         &[
             "gemm_fixed_order",
             "sum_ranks",
@@ -95,6 +114,14 @@ pub const FAMILIES: [(&str, &str, &[&str]); 7] = [
             "gemv_residual_t4",
             "gemv_residual_t8",
         ],
+    ),
+    (
+        "quant",
+        concat!(
+            include_str!("../../kernels/gemv.cuh"),
+            include_str!("../../kernels/quant.cu")
+        ),
+        &quant_kernel_names!["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"],
     ),
 ];
 
@@ -162,10 +189,18 @@ impl KernelSpec {
     }
 }
 
+/// The families whose kernels are compiled for the model's shape ([`KernelSpec`]); the others
+/// compile once for every model.
+const SHAPED_FAMILIES: [&str; 1] = ["attention"];
+
 /// Compiles one family to PTX for `arch` (e.g. `compute_90`).
 pub fn compile(family: &str, source: &str, spec: KernelSpec, arch: &'static str) -> Result<String, CudaError> {
     let src = format!("{COMMON}\n{source}");
-    let mut options = spec.defines();
+    let mut options = if SHAPED_FAMILIES.contains(&family) {
+        spec.defines()
+    } else {
+        Vec::new()
+    };
     options.push("--std=c++17".into());
     if std::env::var("STRATA_PDL").is_ok_and(|v| v == "late") {
         options.push("-DLAUNCH_NEXT_LATE".into());

@@ -51,6 +51,7 @@ pub mod kernels;
 pub mod libraries;
 pub mod nccl;
 pub mod norm_call;
+pub mod quant_call;
 pub mod rope_call;
 pub mod row_adjust_call;
 pub mod sampling_call;
@@ -67,6 +68,10 @@ pub use gemm_call::{
 pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
+pub use quant_call::{
+    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
+    QUANT_FORMATS,
+};
 pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};
 pub use sampling_call::{ChooseTokensCall, TokensFromArgmaxCall};
@@ -203,6 +208,66 @@ mod tests {
             .iter()
             .flat_map(|g| [g.plain, g.silu, g.qkv_rope, g.residual]);
         names.extend(rope.into_iter().chain(gemvs).map(String::from));
+        for format in QUANT_FORMATS {
+            for t in [1, 2, 4, 8] {
+                let g = QuantGemvCall {
+                    format,
+                    w: 1,
+                    x: 1,
+                    y: 1,
+                    n: 1,
+                    k: 256,
+                    t,
+                    ld: 1,
+                    out_f32: 0,
+                    norm_in: 0,
+                    eps: 0.0,
+                };
+                let s = QuantGemvSiluCall {
+                    format,
+                    w: 1,
+                    x: 1,
+                    out: 1,
+                    inter: 1,
+                    k: 256,
+                    t,
+                    norm_in: 0,
+                    eps: 0.0,
+                };
+                let r = QuantGemvResidualCall {
+                    format,
+                    w: 1,
+                    x: 1,
+                    res: 1,
+                    res_bf16: 1,
+                    norm_out: 1,
+                    next_norm: 0,
+                    n: 1,
+                    k: 256,
+                    t,
+                };
+                names.extend([g.name(), s.name(), r.name()].map(String::from));
+            }
+            let d = DequantCall {
+                format,
+                w: 1,
+                out: 1,
+                n: 1,
+                k: 256,
+                ld: 256,
+            };
+            let e = QuantEmbeddingCall {
+                format,
+                table: 1,
+                tokens: 1,
+                out: 1,
+                hidden: 256,
+                vocab_start: 0,
+                vocab_rows: 1,
+                rows: 1,
+            };
+            names.extend([d.name(), e.name()].map(String::from));
+        }
         names
     }
 

@@ -1,10 +1,10 @@
-//! Every kernel family compiles with NVRTC for sm_90 (no GPU needed), and the model shapes the
-//! kernels are not written for are refused before compiling.
+//! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (no GPU needed), and the
+//! model shapes the kernels are not written for are refused before compiling.
 
 use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, FAMILIES};
 
 #[test]
-fn every_kernel_compiles_with_nvrtc_for_sm90() {
+fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     // `make test` puts the fetched NVRTC wheel's folder on LD_LIBRARY_PATH.
     if !nvrtc_available() {
         let why = "libnvrtc.so.13 is not loadable (run `make test`, which fetches it and sets LD_LIBRARY_PATH)";
@@ -13,9 +13,12 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         return;
     }
     // The shapes of the models strata is tested on: SmolLM2, Llama-3-8B, Qwen2.5-7B, MHA, head 256.
-    for (head_dim, group) in [(64, 3), (128, 4), (128, 7), (128, 1), (256, 8)] {
+    // Ampere (A30/A100 sm_80, RTX 3090 sm_86) for one shape: the shape only changes attention.
+    let shapes = [(64, 3), (128, 4), (128, 7), (128, 1), (256, 8)].map(|(h, g)| (h, g, "compute_90"));
+    let ampere = [(128, 4, "compute_86"), (128, 4, "compute_80")];
+    for (head_dim, group, arch) in shapes.into_iter().chain(ampere) {
         let spec = KernelSpec { head_dim, group };
-        let ptx = compile_all(spec, "compute_90").unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+        let ptx = compile_all(spec, arch).unwrap_or_else(|e| panic!("{spec:?} {arch}: {e}"));
         for ((family, text), (_, _, names)) in ptx.iter().zip(FAMILIES) {
             for name in names {
                 assert!(

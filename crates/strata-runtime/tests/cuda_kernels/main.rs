@@ -7,5 +7,6 @@ mod attention;
 mod common;
 mod compile;
 mod gemm;
+mod quant;
 mod rope;
 mod sampling;

@@ -1,0 +1,99 @@
+// The decode GEMVs' common parts, shared by gemm.cu (bf16 weights) and quant.cu (quantized
+// weights): block shape, streaming loads, the block's fixed-order row sums and the carried RMSNorm.
+
+#define GEMV_WARPS 4
+#define GEMV_THREADS (GEMV_WARPS * 32)
+#define GEMV_LOADS 4
+
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Sums each thread's acc over the block, in a fixed order (lanes by a butterfly, warps in
+// shared memory); the result is valid in thread 0.
+template <int T, int R>
+__device__ __forceinline__ void block_sum_rows(float (&acc)[R][T]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float partial[GEMV_WARPS][R][T];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            const float v = warp_sum(acc[r][j]);
+            if (lane == 0) partial[warp][r][j] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < T; j++) {
+                float v = partial[0][r][j];
+#pragma unroll
+                for (int p = 1; p < GEMV_WARPS; p++) v += partial[p][r][j];
+                acc[r][j] = v;
+            }
+    }
+}
+
+// ---- RMSNorm carried across the decode GEMVs (one GPU, no norm kernels between them). ----
+// The per-layer norm weights are folded into the columns of the bf16 matrices that read normed
+// rows (weights.rs: w' = w · diag(g); quantized matrices take x · diag(g) instead, quant.cu), so (rms_norm(x) * g) · wᵀ = s · (x · w'ᵀ) with
+// s = 1 / sqrt(mean(x²) + eps) per token. A GEMV that adds into the residual (gemv_residual: the
+// o and down projections) writes the new residual in f32 and bf16 and adds its rows' squares
+// into the next norm's sums; the GEMV that reads it (QKV, gate/up) multiplies its dot products
+// by s. The sums are integers (fixed point) so that any order of the atomic adds gives the same
+// bits and graph steps equal eager ones: a fine sum at 2^-40, and a coarse one at 2^-8 used once
+// the total reaches 2^22, past which the fine one may wrap. A token's sums sit in NORM_SLOTS
+// slots of {coarse, fine} (block b adds into slot b % NORM_SLOTS), zeroed before each step.
+
+#define NORM_SLOTS 32
+#define NORM_FINE 1099511627776.0
+#define NORM_COARSE 256.0
+#define NORM_SWITCH 4194304.0
+
+// A norm's sums as a GEMV that reads the residual takes them: warp 0 loads them right after the
+// wait (lane l: slot l of each token), and scales() turns them into each token's s.
+template <int T>
+struct NormIn {
+    const u64* sums;  // null: no norm, s = 1
+    ulonglong2 v[T];
+
+    __device__ __forceinline__ void load(int t) {
+        if (!sums || threadIdx.x >= NORM_SLOTS) return;
+#pragma unroll
+        for (int j = 0; j < T; j++)
+            if (j < t) v[j] = ((const ulonglong2*)sums)[j * NORM_SLOTS + threadIdx.x];
+    }
+
+    // Warp 0, all lanes; valid in lane 0.
+    __device__ __forceinline__ void scales(int t, int k, float eps, float (&s)[T]) const {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            s[j] = 1.0f;
+            if (!sums || j >= t) continue;
+            u64 coarse = lane < NORM_SLOTS ? v[j].x : 0, fine = lane < NORM_SLOTS ? v[j].y : 0;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                coarse += __shfl_xor_sync(FULL_MASK, coarse, o);
+                fine += __shfl_xor_sync(FULL_MASK, fine, o);
+            }
+            const double c = (double)coarse / NORM_COARSE;
+            const double total = c >= NORM_SWITCH ? c : (double)fine / NORM_FINE;
+            s[j] = rsqrtf((float)(total / (double)k) + eps);
+        }
+    }
+};
+
+// Adds one block's share ss (>= 0) of token j's sum of squares into its slot.
+__device__ __forceinline__ void norm_add(u64* __restrict__ sums, int j, float ss) {
+    u64* slot = sums + ((size_t)j * NORM_SLOTS + blockIdx.x % NORM_SLOTS) * 2;
+    atomicAdd((unsigned long long*)slot, (unsigned long long)__double2ull_rn((double)ss * NORM_COARSE));
+    atomicAdd((unsigned long long*)slot + 1, (unsigned long long)__double2ull_rn((double)ss * NORM_FINE));
+}
+

@@ -1,0 +1,502 @@
+// Quantized GGUF matrices read where they lie: block decoders for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
+// and Q6_K, the decode GEMVs over them, dequantization to bf16 and the embedding lookup.
+//
+// Layout (strata-model's weights.rs writes it): a segment of n rows and k columns (k a multiple
+// of the block) holds its rows' blocks row after row. Q4_K and Q5_K keep the file's blocks (144
+// and 176 bytes, so 16-byte aligned). Q4_0, Q4_1, Q8_0 and Q6_K move each block's f16 fields
+// into a plane after all the blocks' other bytes (their bodies, then 16-byte aligned): the
+// file's bytes, repacked, the same size.
+//
+// A thread decodes a unit at a time: a Q4_0/Q4_1/Q8_0 block (32 values), a Q4_K/Q5_K pair of
+// sub-blocks that share quant bytes (64), or a quarter of a Q6_K block (64), handing them on 8
+// consecutive columns at a time. Normed inputs carry the norm's weights in x (norm kernels with
+// weights, or the residual GEMV scaling res_bf16): quantized matrices cannot fold them in.
+
+typedef unsigned char u8;
+
+// 0x4B000000 | q is the float 2^23 + q: a byte to a float by one permute and one add.
+#define MAGIC 8388608.0f
+
+__device__ __forceinline__ float half_to_f32(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h & 0xffffu)));
+    return f;
+}
+
+// v[0..4) = (byte j of m - offset) * scale + bias, each byte at most 255.
+__device__ __forceinline__ void four_values(u32 m, float offset, float scale, float bias, float* v) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float q = __uint_as_float(__byte_perm(m, 0x4B000000u, j | 0x7540)) - (MAGIC + offset);
+        v[j] = fmaf(q, scale, bias);
+    }
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block from its packed bytes
+// q0 (bytes 0..3), q1 (4..7) and q2 (8..11): ggml's get_scale_min_k4.
+__device__ __forceinline__ void k4_scale_min(u32 q0, u32 q1, u32 q2, int j, float& sc, float& mn) {
+    if (j < 4) {
+        sc = (float)((q0 >> (8 * j)) & 63u);
+        mn = (float)((q1 >> (8 * j)) & 63u);
+    } else {
+        const int s = 8 * (j - 4);
+        sc = (float)(((q2 >> s) & 0xFu) | (((q0 >> (s + 6)) & 3u) << 4));
+        mn = (float)(((q2 >> (s + 4)) & 0xFu) | (((q1 >> (s + 6)) & 3u) << 4));
+    }
+}
+
+// Q4_0: f16 d, 16 bytes of nibbles; value i = d * (nibble - 8), low nibbles first.
+struct FmtQ4_0 {
+    static constexpr int BLOCK = 32, UNIT = 32, BODY = 16, FIELDS = 2;
+    struct Raw {
+        uint4 q;
+        u32 f;
+    };
+    __device__ static Raw load(const u8* w, int n, int kb, int row, int unit) {
+        const size_t b = (size_t)row * kb + unit;
+        return {load_streaming(w + b * BODY), __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    template <typename Eat>
+    __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
+        const float d = half_to_f32(r.f);
+        const u32 q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v[8];
+            const int shift = 4 * (e >> 1), w0 = 2 * (e & 1);
+            four_values((q[w0] >> shift) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
+            four_values((q[w0 + 1] >> shift) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
+            eat(unit * 32 + 8 * e, v);
+        }
+    }
+};
+
+// Q4_1: f16 d, f16 m, 16 bytes of nibbles; value i = d * nibble + m.
+struct FmtQ4_1 {
+    static constexpr int BLOCK = 32, UNIT = 32, BODY = 16, FIELDS = 4;
+    struct Raw {
+        uint4 q;
+        u32 f;
+    };
+    __device__ static Raw load(const u8* w, int n, int kb, int row, int unit) {
+        const size_t b = (size_t)row * kb + unit;
+        return {load_streaming(w + b * BODY), __ldg((const u32*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    template <typename Eat>
+    __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
+        const float d = half_to_f32(r.f), m = half_to_f32(r.f >> 16);
+        const u32 q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v[8];
+            const int shift = 4 * (e >> 1), w0 = 2 * (e & 1);
+            four_values((q[w0] >> shift) & 0x0F0F0F0Fu, 0.0f, d, m, v);
+            four_values((q[w0 + 1] >> shift) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
+            eat(unit * 32 + 8 * e, v);
+        }
+    }
+};
+
+// Q8_0: f16 d, 32 signed bytes; value i = d * q_i.
+struct FmtQ8_0 {
+    static constexpr int BLOCK = 32, UNIT = 32, BODY = 32, FIELDS = 2;
+    struct Raw {
+        uint4 q0, q1;
+        u32 f;
+    };
+    __device__ static Raw load(const u8* w, int n, int kb, int row, int unit) {
+        const size_t b = (size_t)row * kb + unit;
+        return {load_streaming(w + b * BODY), load_streaming(w + b * BODY + 16),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    template <typename Eat>
+    __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
+        const float d = half_to_f32(r.f);
+        const u32 q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v[8];
+            // Flipping the sign bits maps -128..127 to 0..255.
+            four_values(q[2 * e] ^ 0x80808080u, 128.0f, d, 0.0f, v);
+            four_values(q[2 * e + 1] ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
+            eat(unit * 32 + 8 * e, v);
+        }
+    }
+};
+
+// Q4_K (file layout, 144 bytes): f16 d, f16 dmin, 12 packed bytes of 6-bit scales and mins, 128
+// bytes of nibbles; sub-blocks 2c and 2c + 1 are the low and high nibbles of bytes 32c..32c+32;
+// value = d * scale * q - dmin * min. A unit is such a pair.
+struct FmtQ4_K {
+    static constexpr int BLOCK = 256, UNIT = 64, BYTES = 144;
+    struct Raw {
+        uint4 head, q0, q1;
+        int c;
+    };
+    __device__ static Raw load(const u8* w, int, int kb, int row, int unit) {
+        const u8* blk = w + ((size_t)row * kb + (unit >> 2)) * BYTES;
+        const int c = unit & 3;
+        // The header is the same for a block's four units, neighbours in a warp: one load.
+        return {__ldg((const uint4*)blk), load_streaming(blk + 16 + 32 * c), load_streaming(blk + 32 + 32 * c), c};
+    }
+    template <typename Eat>
+    __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
+        const float d = half_to_f32(r.head.x), dmin = half_to_f32(r.head.x >> 16);
+        const u32 q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sc, mn;
+            k4_scale_min(r.head.y, r.head.z, r.head.w, 2 * r.c + h, sc, mn);
+            const float dl = d * sc, ml = -(dmin * mn);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v[8];
+                four_values((q[2 * e] >> (4 * h)) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
+                four_values((q[2 * e + 1] >> (4 * h)) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
+                eat(unit * 64 + 32 * h + 8 * e, v);
+            }
+        }
+    }
+};
+
+// Q5_K (file layout, 176 bytes): as Q4_K with 32 bytes of fifth bits after the scales (bit s of
+// byte l: value 32s + l) and the nibbles after them.
+struct FmtQ5_K {
+    static constexpr int BLOCK = 256, UNIT = 64, BYTES = 176;
+    struct Raw {
+        uint4 head, h0, h1, q0, q1;
+        int c;
+    };
+    __device__ static Raw load(const u8* w, int, int kb, int row, int unit) {
+        const u8* blk = w + ((size_t)row * kb + (unit >> 2)) * BYTES;
+        const int c = unit & 3;
+        return {__ldg((const uint4*)blk),
+                __ldg((const uint4*)(blk + 16)),
+                __ldg((const uint4*)(blk + 32)),
+                load_streaming(blk + 48 + 32 * c),
+                load_streaming(blk + 64 + 32 * c),
+                c};
+    }
+    template <typename Eat>
+    __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
+        const float d = half_to_f32(r.head.x), dmin = half_to_f32(r.head.x >> 16);
+        const u32 q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+        const u32 hb[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int sub = 2 * r.c + h;
+            float sc, mn;
+            k4_scale_min(r.head.y, r.head.z, r.head.w, sub, sc, mn);
+            const float dl = d * sc, ml = -(dmin * mn);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v[8];
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const int i = 2 * e + p;
+                    const u32 m = ((q[i] >> (4 * h)) & 0x0F0F0F0Fu) | (((hb[i] >> sub) & 0x01010101u) << 4);
+                    four_values(m, 0.0f, dl, ml, v + 4 * p);
+                }
+                eat(unit * 64 + 32 * h + 8 * e, v);
+            }
+        }
+    }
+};
+
+// Q6_K (body 208 bytes: 128 of low nibbles, 64 of 2-bit high parts, 16 signed scales; f16 d in
+// the plane): value 128h + 32j + l takes its low nibble from byte 64h + 32(j % 2) + l (high
+// nibble for j >= 2), its high bits from bits 2j of byte 128 + 32h + l, and its scale from byte
+// 192 + 8h + 2j + l / 16; value = d * scale * (q - 32). A unit is h and a half of l's range.
+struct FmtQ6_K {
+    static constexpr int BLOCK = 256, UNIT = 64, BODY = 208, FIELDS = 2;
+    struct Raw {
+        uint4 a, b, hi;
+        uint2 sc;
+        u32 f;
+        int u;
+    };
+    __device__ static Raw load(const u8* w, int n, int kb, int row, int unit) {
+        const size_t blk = (size_t)row * kb + (unit >> 2);
+        const u8* body = w + blk * BODY;
+        const int u = unit & 3, h = u >> 1, l0 = 16 * (u & 1);
+        return {load_streaming(body + 64 * h + l0),
+                load_streaming(body + 64 * h + 32 + l0),
+                load_streaming(body + 128 + 32 * h + l0),
+                __ldg((const uint2*)(body + 192 + 8 * h)),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + blk * FIELDS)),
+                u};
+    }
+    template <typename Eat>
+    __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
+        const float d = half_to_f32(r.f);
+        const int h = r.u >> 1, half = r.u & 1;
+        const u32 a[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, b[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+        const u32 hi[4] = {r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+        const int col0 = (unit >> 2) * 256 + 128 * h + 16 * half;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int si = half + 2 * j;
+            const u32 sw = si < 4 ? r.sc.x : r.sc.y;
+            const float dl = d * (float)(signed char)(sw >> (8 * (si & 3)));
+            const u32* lo = (j & 1) ? b : a;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v[8];
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const int i = 2 * e + p;
+                    const u32 m = ((lo[i] >> (4 * (j >> 1))) & 0x0F0F0F0Fu) | (((hi[i] >> (2 * j)) & 0x03030303u) << 4);
+                    four_values(m, 32.0f, dl, 0.0f, v + 4 * p);
+                }
+                eat(col0 + 32 * j + 8 * e, v);
+            }
+        }
+    }
+};
+
+// ---- Decode GEMVs over quantized rows: t <= 8 tokens. ----
+// A block of GEMV_THREADS computes R rows, each row by an equal group of its threads (whole
+// warps); a thread takes units g, g + group, ... of its row, QGEMV_LOADS of them in flight at
+// once. Weight loads start before the wait for the previous kernel, as in gemm.cu.
+
+#define QGEMV_LOADS 2
+
+// acc[j] = w[row] · x[j] over this thread's units (j < t); row = rows[threadIdx.x / group].
+template <class F, int T, int R, typename AfterWait>
+__device__ __forceinline__ void qgemv_units(const u8* __restrict__ w, int n, int k, const bf16* __restrict__ x, int t,
+                                            int row, float (&acc)[T], AfterWait&& after_wait) {
+    constexpr int ROW_GROUP = GEMV_THREADS / R;
+    const int g = threadIdx.x % ROW_GROUP;
+    const int kb = k / F::BLOCK, units = k / F::UNIT;
+#pragma unroll
+    for (int j = 0; j < T; j++) acc[j] = 0.0f;
+    bool waited = false;
+    for (int base = g; base < units; base += ROW_GROUP * QGEMV_LOADS) {
+        typename F::Raw raw[QGEMV_LOADS];
+#pragma unroll
+        for (int u = 0; u < QGEMV_LOADS; u++) {
+            const int i = base + u * ROW_GROUP;
+            if (i < units) raw[u] = F::load(w, n, kb, row, i);
+        }
+        if (!waited) {
+            wait_for_previous_kernel();
+            after_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < QGEMV_LOADS; u++) {
+            const int i = base + u * ROW_GROUP;
+            if (i < units) {
+                F::decode(raw[u], i, [&](int col, const float(&v)[8]) {
+#pragma unroll
+                    for (int j = 0; j < T; j++) {
+                        if (j < t) {
+                            float xf[8];
+                            unpack8(__ldg((const uint4*)(x + (size_t)j * k + col)), xf);
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[j] = fmaf(v[e], xf[e], acc[j]);
+                        }
+                    }
+                });
+            }
+        }
+    }
+    if (!waited) {
+        wait_for_previous_kernel();
+        after_wait();
+    }
+}
+
+// Sums acc over each row's group of threads in a fixed order (lanes by a butterfly, warps in
+// shared memory); valid in the group's first thread, which this returns true in.
+template <int T, int R>
+__device__ __forceinline__ bool group_sum(float (&acc)[T]) {
+    constexpr int ROW_GROUP = GEMV_THREADS / R, GROUP_WARPS = ROW_GROUP / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float partial[GEMV_WARPS][T];
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        const float v = warp_sum(acc[j]);
+        if (lane == 0) partial[warp][j] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x % ROW_GROUP != 0) return false;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        float v = partial[warp][j];
+#pragma unroll
+        for (int p = 1; p < GROUP_WARPS; p++) v += partial[warp + p][j];
+        acc[j] = v;
+    }
+    return true;
+}
+
+// The two rows of a block (the second may repeat the first past n): acc, summed, and each
+// token's norm scale s from `norm_in` (NormIn; 1 when null). True in each row's first thread;
+// r is that thread's row index (0 or 1).
+template <class F, int T>
+__device__ __forceinline__ bool qgemv_pair(const u8* __restrict__ w, int n, int k, const bf16* __restrict__ x, int t,
+                                           int row0, int row1, const u64* __restrict__ norm_in, float eps,
+                                           float (&acc)[T], float (&s)[T], int& r) {
+    __shared__ float scale[T];
+    NormIn<T> norm{norm_in};
+    r = threadIdx.x / (GEMV_THREADS / 2);
+    qgemv_units<F, T, 2>(w, n, k, x, t, r ? row1 : row0, acc, [&] { norm.load(t); });
+    if (threadIdx.x < 32) {
+        norm.scales(t, k, eps, s);
+        if (threadIdx.x == 0)
+#pragma unroll
+            for (int j = 0; j < T; j++) scale[j] = s[j];
+    }
+    if (!group_sum<T, 2>(acc)) return false;  // its __syncthreads publishes `scale`
+#pragma unroll
+    for (int j = 0; j < T; j++) s[j] = scale[j];
+    return true;
+}
+
+// y[j * ld + row] = (x[j] · w[row]) * s[j] (bf16, or f32 when out_f32). Grid ceil(n / 2).
+template <class F, int T>
+__device__ void qgemv(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k, int t,
+                      int ld, int out_f32, const u64* __restrict__ norm_in, float eps) {
+    const int row0 = 2 * blockIdx.x, row1 = min(row0 + 1, n - 1);
+    float acc[T], s[T];
+    int r;
+    if (!qgemv_pair<F, T>(w, n, k, x, t, row0, row1, norm_in, eps, acc, s, r)) return;
+    if (r == 1 && row1 == row0) return;
+    const int row = r ? row1 : row0;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j < t) {
+            const size_t at = (size_t)j * ld + row;
+            const float v = acc[j] * s[j];
+            if (out_f32) ((float*)y)[at] = v;
+            else ((bf16*)y)[at] = f2bf(v);
+        }
+    }
+}
+
+// Gate/up with SiLU: w holds the gate rows, then the up rows (2 * inter); out[j, row] =
+// silu(gate) * up, each rounded to bf16 first as the unfused path does. Grid `inter`.
+template <class F, int T>
+__device__ void qgemv_silu(const u8* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter,
+                           int k, int t, const u64* __restrict__ norm_in, float eps) {
+    __shared__ float up[T];
+    const int row = blockIdx.x;
+    float acc[T], s[T];
+    int r;
+    const bool first = qgemv_pair<F, T>(w, 2 * inter, k, x, t, row, row + inter, norm_in, eps, acc, s, r);
+    if (first && r == 1)
+#pragma unroll
+        for (int j = 0; j < T; j++) up[j] = acc[j];
+    __syncthreads();
+    if (!first || r != 0) return;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j < t) {
+            const float g = bf2f(f2bf(acc[j] * s[j])), u = bf2f(f2bf(up[j] * s[j]));
+            out[(size_t)j * inter + row] = f2bf(silu_times(g, u));
+        }
+    }
+}
+
+// The o and down projections on one GPU, as gemm.cu's gemv_residual: res += x · wᵀ (f32), the
+// new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
+// `next_norm` (the input of the quantized matrix after it). Grid ceil(n / 2).
+template <class F, int T>
+__device__ void qgemv_residual(const u8* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ res,
+                               bf16* __restrict__ res_bf16, u64* __restrict__ norm_out,
+                               const float* __restrict__ next_norm, int n, int k, int t) {
+    const int row0 = 2 * blockIdx.x, row1 = min(row0 + 1, n - 1);
+    const int r = threadIdx.x / (GEMV_THREADS / 2);
+    const int row = r ? row1 : row0;
+    float acc[T], before[T];
+    qgemv_units<F, T, 2>(w, n, k, x, t, row, acc, [&] {
+        if (threadIdx.x % (GEMV_THREADS / 2) != 0) return;
+#pragma unroll
+        for (int j = 0; j < T; j++)
+            if (j < t) before[j] = res[(size_t)j * n + row];
+    });
+    if (!group_sum<T, 2>(acc)) return;
+    if (r == 1 && row1 == row0) return;
+    const float g = next_norm ? next_norm[row] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j >= t) break;
+        const size_t at = (size_t)j * n + row;
+        const float v = before[j] + acc[j];
+        res[at] = v;
+        res_bf16[at] = f2bf(v * g);
+        norm_add(norm_out, j, v * v);
+    }
+}
+
+// out[row * ld + col] = w[row, col] in bf16: a quantized matrix for cuBLASLt. One unit a thread.
+template <class F>
+__device__ void dequant(const u8* __restrict__ w, bf16* __restrict__ out, int n, int k, int ld) {
+    const int units = k / F::UNIT;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool mine = i < (long long)n * units;
+    const int row = mine ? (int)(i / units) : 0, unit = mine ? (int)(i % units) : 0;
+    typename F::Raw raw;
+    if (mine) raw = F::load(w, n, k / F::BLOCK, row, unit);
+    // `out` may still be read by the product before this one.
+    wait_for_previous_kernel();
+    if (!mine) return;
+    F::decode(raw, unit, [&](int col, const float(&v)[8]) { store_bf16s(out + (size_t)row * ld + col, 8, v); });
+}
+
+// Token embedding from a quantized table (embedding.cu's rule: rows vocab_start.. of this GPU,
+// zeros for other tokens). One block a token.
+template <class F>
+__device__ void embedding_quant(const u8* __restrict__ table, const u32* __restrict__ tokens, float* __restrict__ out,
+                                int hidden, int vocab_start, int vocab_rows) {
+    wait_for_previous_kernel();
+    const int local = (int)tokens[blockIdx.x] - vocab_start;
+    float* o = out + (size_t)blockIdx.x * hidden;
+    if (local < 0 || local >= vocab_rows) {
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    for (int unit = threadIdx.x; unit < hidden / F::UNIT; unit += blockDim.x) {
+        F::decode(F::load(table, vocab_rows, hidden / F::BLOCK, local, unit), unit, [&](int col, const float(&v)[8]) {
+            ((float4*)(o + col))[0] = make_float4(v[0], v[1], v[2], v[3]);
+            ((float4*)(o + col))[1] = make_float4(v[4], v[5], v[6], v[7]);
+        });
+    }
+}
+
+#define QUANT_GEMVS(F, NAME, T)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_##NAME##_t##T(                            \
+        const u8* w, const bf16* x, void* y, int n, int k, int t, int ld, int out_f32, const u64* norm_in,     \
+        float eps) {                                                                                           \
+        qgemv<F, T>(w, x, y, n, k, t, ld, out_f32, norm_in, eps);                                              \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_silu_##NAME##_t##T(                       \
+        const u8* w, const bf16* x, bf16* out, int inter, int k, int t, const u64* norm_in, float eps) {       \
+        qgemv_silu<F, T>(w, x, out, inter, k, t, norm_in, eps);                                                \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_residual_##NAME##_t##T(                   \
+        const u8* w, const bf16* x, float* res, bf16* res_bf16, u64* norm_out, const float* next_norm, int n,  \
+        int k, int t) {                                                                                        \
+        qgemv_residual<F, T>(w, x, res, res_bf16, norm_out, next_norm, n, k, t);                               \
+    }
+
+#define QUANT_KERNELS(F, NAME)                                                                                 \
+    QUANT_GEMVS(F, NAME, 1)                                                                                    \
+    QUANT_GEMVS(F, NAME, 2)                                                                                    \
+    QUANT_GEMVS(F, NAME, 4)                                                                                    \
+    QUANT_GEMVS(F, NAME, 8)                                                                                    \
+    extern "C" __global__ void dequant_##NAME(const u8* w, bf16* out, int n, int k, int ld) {                  \
+        dequant<F>(w, out, n, k, ld);                                                                          \
+    }                                                                                                          \
+    extern "C" __global__ void embedding_##NAME(const u8* table, const u32* tokens, float* out, int hidden,    \
+                                                int vocab_start, int vocab_rows) {                             \
+        embedding_quant<F>(table, tokens, out, hidden, vocab_start, vocab_rows);                               \
+    }
+
+QUANT_KERNELS(FmtQ4_0, q4_0)
+QUANT_KERNELS(FmtQ4_1, q4_1)
+QUANT_KERNELS(FmtQ8_0, q8_0)
+QUANT_KERNELS(FmtQ4_K, q4_k)
+QUANT_KERNELS(FmtQ5_K, q5_k)
+QUANT_KERNELS(FmtQ6_K, q6_k)

@@ -1,0 +1,509 @@
+//! The calls of quant.cu over GGUF blocks kept quantized on the GPU (GEMVs, dequantization to
+//! bf16, embedding lookups), and the block formats with the layout those kernels read.
+
+use std::ffi::c_void;
+
+use strata_formats::GgmlType;
+
+use super::gemm_call::{gemv_kernels, GEMV_KERNEL_TOKENS, GEMV_THREADS};
+use super::kernels::FAMILIES;
+use super::norm_call::ROW_THREADS;
+use crate::kernel_args;
+
+/// A GGUF block format the GPU reads without dequantizing it first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantFormat {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// Every format, in quant.cu's (and [`FAMILIES`]') order.
+pub const QUANT_FORMATS: [QuantFormat; 6] = [
+    QuantFormat::Q4_0,
+    QuantFormat::Q4_1,
+    QuantFormat::Q8_0,
+    QuantFormat::Q4K,
+    QuantFormat::Q5K,
+    QuantFormat::Q6K,
+];
+
+/// Kernels quant.cu defines per format: GEMVs (plain, SiLU, residual) for each compiled token
+/// count, then dequantization and the embedding lookup.
+const KERNELS_PER_FORMAT: usize = 3 * 4 + 2;
+
+/// Which of a format's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gemv,
+    Silu,
+    Residual,
+    Dequant,
+    Embedding,
+}
+
+impl QuantFormat {
+    /// The GPU format of a GGML type, if it has one.
+    pub fn of(ty: GgmlType) -> Option<QuantFormat> {
+        Some(match ty {
+            GgmlType::Q4_0 => QuantFormat::Q4_0,
+            GgmlType::Q4_1 => QuantFormat::Q4_1,
+            GgmlType::Q8_0 => QuantFormat::Q8_0,
+            GgmlType::Q4K => QuantFormat::Q4K,
+            GgmlType::Q5K => QuantFormat::Q5K,
+            GgmlType::Q6K => QuantFormat::Q6K,
+            _ => return None,
+        })
+    }
+
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            QuantFormat::Q4_0 => GgmlType::Q4_0,
+            QuantFormat::Q4_1 => GgmlType::Q4_1,
+            QuantFormat::Q8_0 => GgmlType::Q8_0,
+            QuantFormat::Q4K => GgmlType::Q4K,
+            QuantFormat::Q5K => GgmlType::Q5K,
+            QuantFormat::Q6K => GgmlType::Q6K,
+        }
+    }
+
+    /// Values a block holds (a row's length must be a multiple).
+    pub fn block_len(self) -> usize {
+        self.ggml_type().block_len()
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(self) -> usize {
+        self.ggml_type().block_bytes()
+    }
+
+    /// The f16 fields quant.cu reads from a plane after the blocks' other bytes: (offset in the
+    /// block, bytes); `None` keeps the file's blocks (already 16-byte aligned).
+    pub fn plane_fields(self) -> Option<(usize, usize)> {
+        match self {
+            QuantFormat::Q4_0 | QuantFormat::Q8_0 => Some((0, 2)),
+            QuantFormat::Q4_1 => Some((0, 4)),
+            QuantFormat::Q6K => Some((208, 2)),
+            QuantFormat::Q4K | QuantFormat::Q5K => None,
+        }
+    }
+
+    /// Writes `rows` whole rows of file blocks (`blocks`, rows of `row_blocks` blocks, the
+    /// rows `first..first + rows` of a segment of `segment_rows`) where quant.cu reads them in
+    /// the segment's device bytes: `put(offset, bytes)` once or twice.
+    pub fn place_rows(
+        self,
+        blocks: &[u8],
+        row_blocks: usize,
+        first: usize,
+        segment_rows: usize,
+        put: &mut dyn FnMut(usize, &[u8]),
+    ) {
+        let bb = self.block_bytes();
+        match self.plane_fields() {
+            None => put(first * row_blocks * bb, blocks),
+            Some((at, len)) => {
+                let body = bb - len;
+                let n = blocks.len() / bb;
+                let mut bodies = Vec::with_capacity(n * body);
+                let mut fields = Vec::with_capacity(n * len);
+                for b in blocks.chunks_exact(bb) {
+                    bodies.extend_from_slice(&b[..at]);
+                    bodies.extend_from_slice(&b[at + len..]);
+                    fields.extend_from_slice(&b[at..at + len]);
+                }
+                put(first * row_blocks * body, &bodies);
+                put(segment_rows * row_blocks * body + first * row_blocks * len, &fields);
+            }
+        }
+    }
+
+    /// quant.cu's name for the format (`q4_k`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantFormat::Q4_0 => "q4_0",
+            QuantFormat::Q4_1 => "q4_1",
+            QuantFormat::Q8_0 => "q8_0",
+            QuantFormat::Q4K => "q4_k",
+            QuantFormat::Q5K => "q5_k",
+            QuantFormat::Q6K => "q6_k",
+        }
+    }
+
+    /// Values a quant.cu thread decodes at a time (the columns of a dequantization thread).
+    fn unit_len(self) -> usize {
+        match self {
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0 => 32,
+            QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 64,
+        }
+    }
+
+    /// The kernel of `kind` for this format (and `t` tokens for the GEMVs), by its place in
+    /// [`FAMILIES`]' quant list.
+    ///
+    /// # Panics
+    /// When a GEMV is asked for 0 or more than [`GEMV_KERNEL_TOKENS`] tokens.
+    fn kernel(self, kind: Kind, t: i32) -> &'static str {
+        let tokens = || {
+            let g = gemv_kernels(t.max(0) as usize)
+                .unwrap_or_else(|| panic!("no quantized GEMV is compiled for {t} tokens (1 to {GEMV_KERNEL_TOKENS})"));
+            g.tokens.trailing_zeros() as usize
+        };
+        let offset = match kind {
+            Kind::Gemv => tokens(),
+            Kind::Silu => 4 + tokens(),
+            Kind::Residual => 8 + tokens(),
+            Kind::Dequant => 12,
+            Kind::Embedding => 13,
+        };
+        let format = QUANT_FORMATS.iter().position(|&f| f == self).unwrap_or_default();
+        quant_kernels()[format * KERNELS_PER_FORMAT + offset]
+    }
+}
+
+/// quant.cu's kernel names (its entry in [`FAMILIES`]).
+fn quant_kernels() -> &'static [&'static str] {
+    FAMILIES
+        .iter()
+        .find(|(family, _, _)| *family == "quant")
+        .map(|(_, _, names)| *names)
+        .unwrap_or_default()
+}
+
+/// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows (`qgemv_{format}_t{T}`),
+/// times the norm scale of `norm_in` when given.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemvCall {
+    pub format: QuantFormat,
+    /// The segment's bytes (quant.cu's layout).
+    pub w: u64,
+    /// bf16 `[t, k]`.
+    pub x: u64,
+    /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
+    pub y: u64,
+    pub n: i32,
+    /// A multiple of the format's block.
+    pub k: i32,
+    /// 1 to [`GEMV_KERNEL_TOKENS`]; picks the kernel.
+    pub t: i32,
+    /// Elements between tokens of y.
+    pub ld: i32,
+    pub out_f32: i32,
+    /// The sums of the norm the dot products are scaled by, or 0.
+    pub norm_in: u64,
+    pub eps: f32,
+}
+
+impl QuantGemvCall {
+    pub fn name(&self) -> &'static str {
+        self.format.kernel(Kind::Gemv, self.t)
+    }
+
+    /// A block every two rows.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        (((self.n as u32).div_ceil(2), 1, 1), GEMV_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.x,
+            self.y,
+            self.n,
+            self.k,
+            self.t,
+            self.ld,
+            self.out_f32,
+            self.norm_in,
+            self.eps
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// `out[t, inter] = silu(gate) * up` of a quantized `[gate; up]` segment (`qgemv_silu_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemvSiluCall {
+    pub format: QuantFormat,
+    /// `2 * inter` rows, the gate's first.
+    pub w: u64,
+    pub x: u64,
+    /// bf16 `[t, inter]`.
+    pub out: u64,
+    pub inter: i32,
+    pub k: i32,
+    pub t: i32,
+    pub norm_in: u64,
+    pub eps: f32,
+}
+
+impl QuantGemvSiluCall {
+    pub fn name(&self) -> &'static str {
+        self.format.kernel(Kind::Silu, self.t)
+    }
+
+    /// A block every gate/up pair of rows.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        ((self.inter as u32, 1, 1), GEMV_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.x,
+            self.out,
+            self.inter,
+            self.k,
+            self.t,
+            self.norm_in,
+            self.eps
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// `res[t, n] += x · wᵀ` over a quantized matrix, `res_bf16` = the new rows times `next_norm`
+/// (the next norm's weights, or 0: none), their squares into `norm_out` (`qgemv_residual_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemvResidualCall {
+    pub format: QuantFormat,
+    pub w: u64,
+    pub x: u64,
+    /// f32 `[t, n]`.
+    pub res: u64,
+    /// bf16 `[t, n]`.
+    pub res_bf16: u64,
+    pub norm_out: u64,
+    /// f32 `[n]` or 0.
+    pub next_norm: u64,
+    pub n: i32,
+    pub k: i32,
+    pub t: i32,
+}
+
+impl QuantGemvResidualCall {
+    pub fn name(&self) -> &'static str {
+        self.format.kernel(Kind::Residual, self.t)
+    }
+
+    /// A block every two rows.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        (((self.n as u32).div_ceil(2), 1, 1), GEMV_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.x,
+            self.res,
+            self.res_bf16,
+            self.norm_out,
+            self.next_norm,
+            self.n,
+            self.k,
+            self.t
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// A quantized segment of `n` rows as bf16 rows of `ld` elements at `out` (`dequant_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct DequantCall {
+    pub format: QuantFormat,
+    pub w: u64,
+    pub out: u64,
+    pub n: i32,
+    pub k: i32,
+    pub ld: i32,
+}
+
+/// Threads of a `dequant_*` block, a unit each.
+const DEQUANT_THREADS: u32 = 256;
+
+impl DequantCall {
+    pub fn name(&self) -> &'static str {
+        self.format.kernel(Kind::Dequant, 0)
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let units = self.n as u64 * (self.k as u64 / self.format.unit_len() as u64);
+        (
+            (units.div_ceil(DEQUANT_THREADS as u64) as u32, 1, 1),
+            DEQUANT_THREADS,
+            0,
+        )
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.w, self.out, self.n, self.k, self.ld).to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// The embeddings of `rows` tokens from a quantized table into the f32 residual
+/// (`embedding_*`; embedding.cu's rule for ids outside this GPU's rows).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantEmbeddingCall {
+    pub format: QuantFormat,
+    pub table: u64,
+    pub tokens: u64,
+    pub out: u64,
+    pub hidden: i32,
+    pub vocab_start: i32,
+    pub vocab_rows: i32,
+    pub rows: usize,
+}
+
+impl QuantEmbeddingCall {
+    pub fn name(&self) -> &'static str {
+        self.format.kernel(Kind::Embedding, 0)
+    }
+
+    /// One block a token.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        ((self.rows as u32, 1, 1), ROW_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.table,
+            self.tokens,
+            self.out,
+            self.hidden,
+            self.vocab_start,
+            self.vocab_rows
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::arg_at as at;
+
+    #[test]
+    fn each_format_finds_its_kernels_by_position() {
+        for f in QUANT_FORMATS {
+            for (t, tn) in [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8)] {
+                assert_eq!(f.kernel(Kind::Gemv, t), format!("qgemv_{}_t{tn}", f.name()));
+                assert_eq!(f.kernel(Kind::Silu, t), format!("qgemv_silu_{}_t{tn}", f.name()));
+                assert_eq!(
+                    f.kernel(Kind::Residual, t),
+                    format!("qgemv_residual_{}_t{tn}", f.name())
+                );
+            }
+            assert_eq!(f.kernel(Kind::Dequant, 0), format!("dequant_{}", f.name()));
+            assert_eq!(f.kernel(Kind::Embedding, 0), format!("embedding_{}", f.name()));
+            assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
+            assert!(f.block_len().is_multiple_of(f.unit_len()));
+        }
+        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT);
+        assert_eq!(QuantFormat::of(GgmlType::Q5_0), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "no quantized GEMV is compiled for 9 tokens")]
+    fn a_quantized_gemv_past_the_compiled_tokens_is_a_bug() {
+        QuantFormat::Q4K.kernel(Kind::Gemv, 9);
+    }
+
+    #[test]
+    fn planar_formats_move_their_fields_after_the_bodies() {
+        // Two rows of two Q4_0 blocks (18 bytes: d, then 16 bytes), rows 1..2 of a 3-row segment.
+        let block = |tag: u8| -> Vec<u8> { (0..18).map(|i| tag * 32 + i).collect() };
+        let blocks: Vec<u8> = [1, 2, 3, 4].iter().flat_map(|&t| block(t)).collect();
+        let mut dev = [0u8; 3 * 2 * 18];
+        QuantFormat::Q4_0.place_rows(&blocks, 2, 1, 3, &mut |at, b| dev[at..at + b.len()].copy_from_slice(b));
+        // Bodies of rows 1 and 2 after row 0's 32 bytes, fields after all 3 * 2 bodies.
+        assert_eq!(&dev[32..48], &block(1)[2..]);
+        assert_eq!(&dev[80..96], &block(4)[2..]);
+        assert_eq!(&dev[96 + 4..96 + 6], &block(1)[..2]);
+        assert_eq!(&dev[96 + 10..96 + 12], &block(4)[..2]);
+        assert!(dev[..32].iter().all(|&b| b == 0));
+        // Q4_K keeps the file's blocks.
+        let k: Vec<u8> = (0..144u32).map(|i| i as u8).collect();
+        let mut dev = [0u8; 2 * 144];
+        QuantFormat::Q4K.place_rows(&k, 1, 1, 2, &mut |at, b| dev[at..at + b.len()].copy_from_slice(b));
+        assert_eq!(&dev[144..], &k[..]);
+    }
+
+    #[test]
+    fn the_quantized_calls_pass_quant_cu_arguments_in_order() {
+        let c = QuantGemvCall {
+            format: QuantFormat::Q6K,
+            w: 1,
+            x: 2,
+            y: 3,
+            n: 7,
+            k: 256,
+            t: 3,
+            ld: 9,
+            out_f32: 1,
+            norm_in: 4,
+            eps: 0.5,
+        };
+        let want = vec![
+            at(&c.w),
+            at(&c.x),
+            at(&c.y),
+            at(&c.n),
+            at(&c.k),
+            at(&c.t),
+            at(&c.ld),
+            at(&c.out_f32),
+            at(&c.norm_in),
+            at(&c.eps),
+        ];
+        assert_eq!(c.args(), want);
+        assert_eq!((c.name(), c.shape()), ("qgemv_q6_k_t4", ((4, 1, 1), 128, 0)));
+        let r = QuantGemvResidualCall {
+            format: QuantFormat::Q4_0,
+            w: 1,
+            x: 2,
+            res: 3,
+            res_bf16: 4,
+            norm_out: 5,
+            next_norm: 6,
+            n: 10,
+            k: 64,
+            t: 1,
+        };
+        let want = vec![
+            at(&r.w),
+            at(&r.x),
+            at(&r.res),
+            at(&r.res_bf16),
+            at(&r.norm_out),
+            at(&r.next_norm),
+            at(&r.n),
+            at(&r.k),
+            at(&r.t),
+        ];
+        assert_eq!(r.args(), want);
+        assert_eq!((r.name(), r.shape()), ("qgemv_residual_q4_0_t1", ((5, 1, 1), 128, 0)));
+        let d = DequantCall {
+            format: QuantFormat::Q4K,
+            w: 1,
+            out: 2,
+            n: 3,
+            k: 512,
+            ld: 512,
+        };
+        assert_eq!(d.args(), vec![at(&d.w), at(&d.out), at(&d.n), at(&d.k), at(&d.ld)]);
+        assert_eq!((d.name(), d.shape()), ("dequant_q4_k", ((1, 1, 1), 256, 0)));
+    }
+}

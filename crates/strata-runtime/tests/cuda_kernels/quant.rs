@@ -1,0 +1,245 @@
+//! quant.cu against strata's CPU dequantizer: for each block format, the decode GEMVs (plain,
+//! gate/up with SiLU, residual with the next norm's sums), dequantization and the embedding.
+
+use strata_formats::quant::dequantize;
+use strata_runtime::cuda::gemm_call::NORM_SLOTS;
+use strata_runtime::cuda::{
+    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemvCall,
+    QuantGemvResidualCall, QuantGemvSiluCall, QUANT_FORMATS,
+};
+
+use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, random_f32, read_bf16};
+
+/// `rows` rows of `k / block` random blocks of `format` whose f16 scale fields are small finite
+/// values (the rest of each block random bytes), as the file holds them.
+fn random_blocks(format: QuantFormat, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let (bb, n) = (format.block_bytes(), rows * k / format.block_len());
+    let mut state = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut bytes: Vec<u8> = (0..n * bb).map(|_| next() as u8).collect();
+    // f16 scale fields: (offset in the block, count).
+    let fields: &[usize] = match format {
+        QuantFormat::Q4_0 | QuantFormat::Q8_0 => &[0],
+        QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+        QuantFormat::Q6K => &[208],
+    };
+    for b in bytes.chunks_exact_mut(bb) {
+        for &at in fields {
+            // 2^-10 .. 2^-6, either sign: 0x1400..0x2400 | sign.
+            let h = (0x1400u16 + (next() % 0x1000) as u16) | if next() & 1 == 1 { 0x8000 } else { 0 };
+            b[at..at + 2].copy_from_slice(&h.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// The blocks in quant.cu's layout on the GPU.
+fn upload_segment(gpu: &Gpu, format: QuantFormat, blocks: &[u8], rows: usize, k: usize) -> DeviceBuffer {
+    let buf = gpu.alloc(blocks.len(), "segment").unwrap();
+    let mut placed = vec![0u8; blocks.len()];
+    format.place_rows(blocks, k / format.block_len(), 0, rows, &mut |at, b| {
+        placed[at..at + b.len()].copy_from_slice(b)
+    });
+    gpu.write(&buf, 0, &placed).unwrap();
+    buf
+}
+
+fn dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+#[test]
+fn quantized_kernels_match_the_cpu_dequantizer() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    for format in QUANT_FORMATS {
+        // An odd row count, a short and a long row (multiples of 256 for every format).
+        for (n, k) in [(37usize, 768usize), (258, 2816)] {
+            let blocks = random_blocks(format, 2 * n, k, n as u64 + k as u64);
+            let mut w = vec![0f32; 2 * n * k];
+            dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(scale.is_finite() && scale > 0.0, "{format:?}: weights {scale}");
+            let seg = upload_segment(&gpu, format, &blocks, 2 * n, k);
+            let ctx = format!("{format:?} n {n} k {k}");
+
+            // Dequantization: exact (products of an f16 and a small integer, in f32, bf16-rounded).
+            let out = gpu.alloc(2 * n * k * 2, "dequant").unwrap();
+            let d = DequantCall {
+                format,
+                w: seg.ptr(),
+                out: out.ptr(),
+                n: 2 * n as i32,
+                k: k as i32,
+                ld: k as i32,
+            };
+            // SAFETY: seg holds 2n x k of `format`, out 2n x k bf16.
+            unsafe { d.launch(&gpu, &kernels) }.unwrap();
+            let got = read_bf16(&gpu, &out, 2 * n * k);
+            let worst = got
+                .iter()
+                .zip(&w)
+                .map(|(g, v)| (g - bf16_value(bf16_bits(*v))).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-6 * scale, "{ctx}: dequant off by {worst}");
+
+            // Embedding rows 3 and 2n - 1 and an id outside the table.
+            let ids = [3u32, 2 * n as u32 - 1, 10_000_000];
+            let tokens = gpu.upload(&ids, "ids").unwrap();
+            let emb = gpu.alloc(3 * k * 4, "emb").unwrap();
+            let e = QuantEmbeddingCall {
+                format,
+                table: seg.ptr(),
+                tokens: tokens.ptr(),
+                out: emb.ptr(),
+                hidden: k as i32,
+                vocab_start: 0,
+                vocab_rows: 2 * n as i32,
+                rows: 3,
+            };
+            // SAFETY: table 2n x k, 3 ids, emb 3 x k f32.
+            unsafe { e.launch(&gpu, &kernels) }.unwrap();
+            let mut got = vec![0f32; 3 * k];
+            gpu.read(&emb, 0, &mut got).unwrap();
+            for (i, &id) in ids.iter().enumerate() {
+                let want: &[f32] = if (id as usize) < 2 * n {
+                    &w[id as usize * k..(id as usize + 1) * k]
+                } else {
+                    &[0.0; 4096][..k]
+                };
+                let row = &got[i * k..(i + 1) * k];
+                let off = row.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(off <= 1e-6 * scale, "{ctx}: embedding of {id} off by {off}");
+            }
+
+            for t in [1usize, 3, 8] {
+                let xb = random_bf16(t * k, 7 + t as u64);
+                let x: Vec<f32> = xb.iter().map(|&b| bf16_value(b)).collect();
+                let xd = gpu.upload(&xb, "x").unwrap();
+                let want = |j: usize, r: usize| dot(&w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
+                let tol = 2e-5 * scale as f64 * k as f64;
+
+                // Plain, f32 out into a wider output (ld = 2n + 5), rows n..2n.
+                let ld = 2 * n + 5;
+                let y = gpu.alloc(t * ld * 4, "y").unwrap();
+                gpu.zero(&y, 0, t * ld * 4).unwrap();
+                let plain = QuantGemvCall {
+                    format,
+                    w: seg.ptr(),
+                    x: xd.ptr(),
+                    y: y.ptr(),
+                    n: 2 * n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    ld: ld as i32,
+                    out_f32: 1,
+                    norm_in: 0,
+                    eps: 0.0,
+                };
+                // SAFETY: seg 2n x k, x t x k bf16, y t x ld f32.
+                unsafe { plain.launch(&gpu, &kernels) }.unwrap();
+                let mut got = vec![0f32; t * ld];
+                gpu.read(&y, 0, &mut got).unwrap();
+                for j in 0..t {
+                    for r in 0..2 * n {
+                        let (a, b) = (got[j * ld + r] as f64, want(j, r));
+                        assert!((a - b).abs() <= tol, "{ctx} t {t}: gemv row {r} token {j}: {a} vs {b}");
+                    }
+                    assert_eq!(got[j * ld + 2 * n], 0.0, "{ctx}: wrote past its rows");
+                }
+
+                // Gate (rows 0..n) and up (n..2n) with SiLU, bf16 out.
+                let act = gpu.alloc(t * n * 2, "act").unwrap();
+                let silu = QuantGemvSiluCall {
+                    format,
+                    w: seg.ptr(),
+                    x: xd.ptr(),
+                    out: act.ptr(),
+                    inter: n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    norm_in: 0,
+                    eps: 0.0,
+                };
+                // SAFETY: as above; act t x n bf16.
+                unsafe { silu.launch(&gpu, &kernels) }.unwrap();
+                let got = read_bf16(&gpu, &act, t * n);
+                for j in 0..t {
+                    for r in 0..n {
+                        let (g, u) = (want(j, r), want(j, n + r));
+                        let s = g / (1.0 + (-g).exp()) * u;
+                        let a = got[j * n + r] as f64;
+                        let bound = 1e-2 * s.abs() + tol * (u.abs() + g.abs() + 1.0);
+                        assert!(
+                            (a - s).abs() <= bound,
+                            "{ctx} t {t}: silu row {r} token {j}: {a} vs {s}"
+                        );
+                    }
+                }
+
+                // Residual over all 2n rows, times the next norm's weights, with its sums.
+                let res0 = random_f32(t * 2 * n, 99);
+                let g = random_f32(2 * n, 98);
+                let res = gpu.upload(&res0, "res").unwrap();
+                let res_bf16 = gpu.alloc(t * 2 * n * 2, "res_bf16").unwrap();
+                let gd = gpu.upload(&g, "g").unwrap();
+                let sums_len = t * NORM_SLOTS * 2;
+                let sums = gpu.alloc(sums_len * 8, "sums").unwrap();
+                gpu.zero(&sums, 0, sums_len * 8).unwrap();
+                let residual = QuantGemvResidualCall {
+                    format,
+                    w: seg.ptr(),
+                    x: xd.ptr(),
+                    res: res.ptr(),
+                    res_bf16: res_bf16.ptr(),
+                    norm_out: sums.ptr(),
+                    next_norm: gd.ptr(),
+                    n: 2 * n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                };
+                // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
+                unsafe { residual.launch(&gpu, &kernels) }.unwrap();
+                let mut new = vec![0f32; t * 2 * n];
+                gpu.read(&res, 0, &mut new).unwrap();
+                let new_bf16 = read_bf16(&gpu, &res_bf16, t * 2 * n);
+                let mut raw = vec![0u64; sums_len];
+                gpu.read(&sums, 0, &mut raw).unwrap();
+                for j in 0..t {
+                    let mut squares = 0f64;
+                    for r in 0..2 * n {
+                        let v = res0[j * 2 * n + r] as f64 + want(j, r);
+                        let a = new[j * 2 * n + r] as f64;
+                        assert!(
+                            (a - v).abs() <= tol,
+                            "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
+                        );
+                        let b = new_bf16[j * 2 * n + r];
+                        let want_b = bf16_value(bf16_bits(a as f32 * g[r]));
+                        assert_eq!(b, want_b, "{ctx} t {t}: res_bf16 row {r} token {j}");
+                        squares += a * a;
+                    }
+                    // gemv.cuh's rule: the coarse sum (2^-8) once it reaches 2^22, else the fine (2^-40).
+                    let sum = |f: usize| -> u64 { (0..NORM_SLOTS).map(|s| raw[(j * NORM_SLOTS + s) * 2 + f]).sum() };
+                    let coarse = sum(0) as f64 / 256.0;
+                    let total = if coarse >= (1u64 << 22) as f64 {
+                        coarse
+                    } else {
+                        sum(1) as f64 / (1u64 << 40) as f64
+                    };
+                    assert!(
+                        (total - squares).abs() <= 1e-5 * squares,
+                        "{ctx} t {t}: norm sums {total} vs {squares}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Issue 30's GPU run: quantized GGUF weights on one H200 beside llama.cpp CUDA, in two calls made
+# back to back (the machine keeps its disk between calls within its idle limit). Outputs in $OUT.
+#   peer: carries gpu-bin/llama-src.tar.xz (the pinned llama-cpp-python sdist's vendor/llama.cpp
+#     without docs, models and other backends) and the default model's first part; builds
+#     llama-bench and llama-quantize with CUDA for sm_90 (saved under $OUT as 15 MB parts, to carry
+#     as gpu-bin/llama-bin.tar.xz.part* next time instead of rebuilding), makes a random Qwen2.5-7B
+#     (real tokenizer), converts it with llama.cpp's convert_hf_to_gguf.py (bf16) and quantizes it
+#     to Q4_K_M with llama-quantize, then runs llama-bench pp512/tg128 on both files.
+#   test: carries the rest of the model and strata's binaries (gpu-bin/: strata.gz, cuda-test.gz,
+#     cuda-kernels-test.gz); runs the kernel tests, the CUDA tests (the default model's Q4_1 kept
+#     on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against the CPU
+#     backend), the CUDA tests again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), then bench-gpu
+#     on the Q4_K_M file and on the bf16 checkpoint, interleaved with llama-bench on the Q4_K_M.
+set -u
+OUT=${OUT:-/tmp/out}
+source "$(dirname "$0")/libs.sh"
+Q7=$CK/qwen2.5-7b-prompts
+LL=/root/llama.cpp
+GG=/root/gguf
+mkdir -p $GG
+
+# llama-bench on FILE: pp512 and tg128, all layers on the GPU, into $OUT/llama_bench_NAME.json.
+llama_bench() {
+    local file=$1 name=$2
+    timeout 240 $LL/build/bin/llama-bench -m "$file" -p 512 -n 128 -ngl 99 -r 3 -o json \
+        > "$OUT/llama_bench_$name.json" 2> "$OUT/llama_bench_$name.err"
+    python3 - "$OUT/llama_bench_$name.json" "$name" <<'EOF'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    kind = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+    print(f"llama.cpp {sys.argv[2]} {kind}: {r['avg_ts']:.1f} tok/s (+- {r['stddev_ts']:.1f})")
+EOF
+}
+
+case "${1:-}" in
+peer)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+    bash scripts/gpu/stage_model.sh
+    if [ ! -x $LL/build/bin/llama-bench ]; then
+        mkdir -p $LL
+        if ls gpu-bin/llama-bin.tar.xz.part* >/dev/null 2>&1; then
+            cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
+        else
+            tar xJf gpu-bin/llama-src.tar.xz -C $LL
+            (cd $LL && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+                -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+                -DBUILD_SHARED_LIBS=OFF > /tmp/llama_cmake.log 2>&1 &&
+                cmake --build build -j 16 --target llama-bench llama-quantize > /tmp/llama_build.log 2>&1;
+                echo "llama.cpp build exit $?" > /tmp/llama_build.done) &
+        fi
+    fi
+    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
+        --prompts-only 2>&1 | grep -v -i warn | tail -2
+    if [ ! -f $GG/qwen7b-bf16.gguf ]; then
+        [ -d $LL/gguf-py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL ./gguf-py ./convert_hf_to_gguf.py ./conversion 2>/dev/null
+        timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype bf16 --outfile $GG/qwen7b-bf16.gguf \
+            > /tmp/convert.log 2>&1 || tail -5 /tmp/convert.log
+    fi
+    while [ ! -x $LL/build/bin/llama-bench ] && [ ! -f /tmp/llama_build.done ]; do sleep 5; done
+    cat /tmp/llama_build.done 2>/dev/null; tail -3 /tmp/llama_build.log 2>/dev/null
+    [ -f $GG/qwen7b-q4_k_m.gguf ] || timeout 200 $LL/build/bin/llama-quantize $GG/qwen7b-bf16.gguf \
+        $GG/qwen7b-q4_k_m.gguf Q4_K_M > /tmp/quantize.log 2>&1 || tail -5 /tmp/quantize.log
+    ls -la $GG
+    (cd $LL && tar cJf /tmp/llama-bin.tar.xz build/bin/llama-bench build/bin/llama-quantize &&
+        split -b 15M /tmp/llama-bin.tar.xz "$OUT/llama-bin.tar.xz.part")
+    llama_bench $GG/qwen7b-q4_k_m.gguf q4_k_m
+    llama_bench $GG/qwen7b-bf16.gguf bf16
+    ;;
+test)
+    bash scripts/gpu/stage_model.sh
+    MODEL=${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    QM=/root/smollm2-quant
+    mkdir -p $QM
+    for t in Q4_0 Q8_0 Q4_K Q5_K Q6_K Q4_K_M; do
+        [ -f $QM/smollm2-$t.gguf ] || timeout 120 $S quantize "$MODEL" $QM/smollm2-$t.gguf --type $t \
+            > "$OUT/quantize_$t.log" 2>&1 || tail -3 "$OUT/quantize_$t.log"
+    done
+    echo "== kernel tests"
+    timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 > "$OUT/cuda_kernels_tests.log" 2>&1
+    grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
+    echo "== CUDA tests"
+    STRATA_QUANT_MODELS=$QM timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
+    grep -E "^test |GPU vs CPU|vs CPU over|panicked|result|skipped" "$OUT/cuda_tests.log"
+    echo "== CUDA tests as an sm_80 card (STRATA_GPU_CAPABILITY=8.0)"
+    STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 \
+        > "$OUT/cuda_tests_sm80.log" 2>&1
+    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
+    echo "== bench-gpu, Qwen2.5-7B shape: Q4_K_M GGUF (llama-quantize) and the bf16 checkpoint"
+    for round in 1 2; do
+        for m in q4_k_m bf16; do
+            file=$GG/qwen7b-q4_k_m.gguf
+            [ $m = bf16 ] && file=$Q7
+            timeout 240 $S bench-gpu --model $file --levels ${LEVELS:-1,256} --kv-cache-dtypes auto \
+                --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_${m}_$round.json" \
+                > "$OUT/bench_${m}_$round.log" 2>&1
+            echo "-- strata $m (round $round), exit $?"
+            grep -E "weight matrices|^single stream|prompt|^\| (bf16|fp8) " "$OUT/bench_${m}_$round.log"
+        done
+        [ -x $LL/build/bin/llama-bench ] && llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
+    done
+    ;;
+*) echo "usage: quantized.sh peer|test"; exit 2 ;;
+esac
