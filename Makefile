@@ -7,7 +7,7 @@ STRATA := target/release/strata
 # The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
 CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures clean-cache
+.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures quant-models clean-cache
 
 setup:
 	@scripts/setup.sh
@@ -75,3 +75,8 @@ fidelity-reference: fetch
 
 quant-fixtures:
 	python3 scripts/make_quant_fixtures.py
+
+# SmolLM2 re-quantized by `strata quantize` to Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and Q4_K_M in
+# $STRATA_CACHE/models/quant/ (the GPU correctness tests' files); existing files are kept.
+quant-models: fetch build
+	STRATA_BIN=$(STRATA) scripts/make_quant_models.sh

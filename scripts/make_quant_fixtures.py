@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Generate the dequantization fixtures in crates/strata-formats/tests/fixtures/quant.
+"""Generate the (de)quantization fixtures in crates/strata-formats/tests/fixtures/quant.
 
 For each GGML type that strata dequantizes, writes `<TYPE>.bin` (raw block bytes) and
 `<TYPE>.f32` (the values `gguf.quants.dequantize` decodes from them, little-endian f32).
 Quantized blocks are random bytes whose f16 scale/min fields are overwritten by finite
 f16 values, so the expected outputs are finite. Float types are raw random bit patterns
 plus a list of special values (zeros, subnormals, infinities, quiet and signaling NaNs).
+
+For each type that `gguf.quants.quantize` implements and strata quantizes (F16, BF16 and
+the 32-value types; the reference has no K-quant quantizer), writes `quantize_<TYPE>.bin`:
+the bytes it makes of the values in `quantize_input.f32` (random blocks of widely varying
+scale, plus all-zero, constant, tied-extreme and single-outlier blocks).
 
 Pinned reference: gguf==0.19.0, numpy==2.4.6 (the script refuses other versions).
 Rerunning it reproduces the committed files byte for byte; `--check` compares instead
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 GGUF_VERSION = "0.19.0"
 NUMPY_VERSION = "2.4.6"
@@ -111,6 +116,30 @@ def float_fixture(qtype: GGMLQuantizationType, rng: np.random.Generator) -> tupl
 
 FIXTURE_TYPES = [T.F32, T.F16, T.BF16, *F16_FIELD_OFFSETS]
 
+# Types whose quantizer bytes are compared with the reference's.
+QUANTIZE_TYPES = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+QUANTIZE_BLOCKS = 64
+
+
+def quantize_input() -> np.ndarray:
+    """64 blocks of 32 values: random normals scaled by 2^-12 .. 2^6 per block, then a few
+    blocks of shapes that exercise the rounding rules (zeros, constants, ties, one outlier)."""
+    rng = np.random.default_rng([SEED, 0x9A])
+    scales = np.exp2(rng.uniform(-12, 6, size=(QUANTIZE_BLOCKS, 1)))
+    values = (rng.standard_normal((QUANTIZE_BLOCKS, 32)) * scales).astype(np.float32)
+    values[0] = 0.0
+    values[1] = 0.5
+    values[2] = -3.0
+    values[3, :] = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
+    values[4, :] = 0.0
+    values[4, 7] = -2.5
+    values[5, ::2] = 1.25
+    values[5, 1::2] = -1.25
+    # All positive, all negative: the _1 types' minimum and the _0 types' sign both matter.
+    values[6] = np.abs(values[6]) + 0.25
+    values[7] = -np.abs(values[7]) - 0.25
+    return values.reshape(-1)
+
 
 def fixtures() -> dict[str, bytes]:
     files: dict[str, bytes] = {}
@@ -121,6 +150,11 @@ def fixtures() -> dict[str, bytes]:
         raw, values = make(qtype, rng)
         files[f"{qtype.name}.bin"] = raw
         files[f"{qtype.name}.f32"] = values
+    inputs = quantize_input()
+    files["quantize_input.f32"] = inputs.astype("<f4").tobytes()
+    for qtype in QUANTIZE_TYPES:
+        encoded = np.asarray(quantize(inputs, qtype))
+        files[f"quantize_{qtype.name}.bin"] = encoded.view(np.uint8).tobytes()
     return files
 
 

@@ -1,4 +1,4 @@
-//! The `strata` command line: serve the OpenAI API, run a model, load-test, benchmark, show GPUs, plan layouts.
+//! The `strata` command line: serve the OpenAI API, run a model, load-test, benchmark, show GPUs, plan layouts, quantize.
 //! Errors end the process with one line saying what went wrong and how to fix it.
 
 #[cfg(feature = "cuda")]
@@ -9,6 +9,7 @@ mod bench_local;
 mod device;
 mod plan;
 mod progress;
+mod quantize;
 mod run;
 mod serve;
 mod synthetic_prompt;
@@ -48,6 +49,8 @@ enum Command {
     Topo(topo::TopoArgs),
     /// Choose how to spread a model over the GPUs (tensor / pipeline parallel, layer ranges) and say why.
     Plan(plan::PlanArgs),
+    /// Re-quantize a GGUF model's weights (Q4_K_M, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, ...) into a new GGUF file.
+    Quantize(quantize::QuantizeArgs),
 }
 
 fn main() {
@@ -87,6 +90,7 @@ fn main() {
         Command::Tokenize(args) => tokenize::tokenize(args),
         Command::Topo(args) => topo::topo(args),
         Command::Plan(args) => plan::plan(args),
+        Command::Quantize(args) => quantize::quantize_command(args),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -1,5 +1,5 @@
 //! GGUF writer: builds a v2 or v3 image (header, metadata, tensor infos, aligned tensor data).
-//! It refuses anything the reader would refuse, so every image it writes reads back unchanged.
+//! It refuses anything the reader would refuse; tensor data can be held or streamed in at write time.
 
 use std::collections::HashSet;
 use std::io::{self, Write};
@@ -20,7 +20,9 @@ struct PendingTensor {
     name: String,
     dims: Vec<u64>,
     ty: GgmlType,
-    data: Vec<u8>,
+    n_bytes: u64,
+    /// `None` for a tensor declared with [`GgufWriter::add_tensor_info`]: its bytes come at write time.
+    data: Option<Vec<u8>>,
 }
 
 /// Where each part of the image will lie, in bytes from the start of the file.
@@ -179,6 +181,30 @@ impl GgufWriter {
                 reason: format!("{} bytes of data given, {dims:?} {ty} needs {expected}", data.len()),
             });
         }
+        self.push_tensor(name, dims, ty, expected, Some(data))
+    }
+
+    /// Declares a tensor, with the checks of [`Self::add_tensor`], whose bytes are asked for only
+    /// when [`Self::write_streaming`] reaches it: how a file larger than memory is written.
+    pub fn add_tensor_info(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+    ) -> Result<&mut Self, GgufError> {
+        let name = name.into();
+        let n_bytes = tensor_size(&name, dims, ty)?;
+        self.push_tensor(name, dims, ty, n_bytes, None)
+    }
+
+    fn push_tensor(
+        &mut self,
+        name: String,
+        dims: &[u64],
+        ty: GgmlType,
+        n_bytes: u64,
+        data: Option<Vec<u8>>,
+    ) -> Result<&mut Self, GgufError> {
         if self.tensor_names.contains(&name) {
             return Err(GgufError::DuplicateTensor(name));
         }
@@ -187,6 +213,7 @@ impl GgufWriter {
             name,
             dims: dims.to_vec(),
             ty,
+            n_bytes,
             data,
         });
         Ok(self)
@@ -211,7 +238,7 @@ impl GgufWriter {
         let mut data_len = 0;
         for t in &self.tensors {
             tensor_offsets.push(data_len);
-            data_len = align_up(data_len + t.data.len() as u64, self.alignment);
+            data_len = align_up(data_len + t.n_bytes, self.alignment);
         }
         GgufLayout {
             metadata_start,
@@ -223,7 +250,24 @@ impl GgufWriter {
     }
 
     /// Writes the image to `out`: header, metadata, tensor infos, padding, then tensor data.
+    /// Errors (InvalidInput) at a tensor declared by [`Self::add_tensor_info`], which has no data here.
     pub fn write_to<W: Write>(&self, out: &mut W) -> io::Result<()> {
+        self.write_streaming(out, |index| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("tensor {:?} was declared without data", self.tensors[index].name),
+            ))
+        })
+    }
+
+    /// Writes the image as [`Self::write_to`] does, asking `data_of(i)` for the bytes of the `i`-th
+    /// tensor (in the order added) where it was declared without data, one tensor at a time, so
+    /// only one tensor's bytes need be in memory. Bytes of the wrong length are an InvalidData error.
+    pub fn write_streaming<W: Write, E: From<io::Error>>(
+        &self,
+        out: &mut W,
+        mut data_of: impl FnMut(usize) -> Result<Vec<u8>, E>,
+    ) -> Result<(), E> {
         let layout = self.layout();
         let mut out = CountingWriter { out, written: 0 };
 
@@ -252,19 +296,37 @@ impl GgufWriter {
             out.put(&buf)?;
         }
 
-        for (t, offset) in self.tensors.iter().zip(&layout.tensor_offsets) {
+        for (index, (t, offset)) in self.tensors.iter().zip(&layout.tensor_offsets).enumerate() {
             out.pad_to(layout.data_start + offset)?;
-            out.put(&t.data)?;
+            match &t.data {
+                Some(data) => out.put(data)?,
+                None => {
+                    let data = data_of(index)?;
+                    if data.len() as u64 != t.n_bytes {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "tensor {:?}: {} bytes given, {} declared",
+                                t.name,
+                                data.len(),
+                                t.n_bytes
+                            ),
+                        )
+                        .into());
+                    }
+                    out.put(&data)?;
+                }
+            }
         }
         out.pad_to(layout.total_len)?;
         debug_assert_eq!(out.written, layout.total_len);
         Ok(())
     }
 
-    /// The whole image as bytes.
+    /// The whole image as bytes (cut short at a tensor declared without data).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(self.layout().total_len as usize);
-        // Writing into a Vec cannot fail.
+        // Writing into a Vec cannot fail; only a tensor without data stops it.
         let _ = self.write_to(&mut bytes);
         bytes
     }
@@ -450,5 +512,35 @@ mod tests {
         assert_eq!(layout.tensor_offsets, vec![0, 64]);
         assert_eq!(w.to_bytes().len() as u64, layout.total_len);
         assert_eq!(layout.total_len, layout.data_start + 64 + 128);
+    }
+
+    #[test]
+    fn streamed_tensors_write_the_same_image_as_held_ones() {
+        let mut held = GgufWriter::new();
+        held.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12]).unwrap();
+        held.add_tensor("b", &[32, 2], GgmlType::Q8_0, vec![2u8; 68]).unwrap();
+        let mut streamed = GgufWriter::new();
+        streamed.add_tensor("a", &[3], GgmlType::F32, vec![1u8; 12]).unwrap();
+        streamed.add_tensor_info("b", &[32, 2], GgmlType::Q8_0).unwrap();
+        let mut bytes = Vec::new();
+        let mut asked = Vec::new();
+        streamed
+            .write_streaming(&mut bytes, |i| {
+                asked.push(i);
+                Ok::<_, io::Error>(vec![2u8; 68])
+            })
+            .unwrap();
+        assert_eq!(asked, [1]);
+        assert_eq!(bytes, held.to_bytes());
+
+        let short = streamed.write_streaming(&mut Vec::new(), |_| Ok::<_, io::Error>(vec![2u8; 67]));
+        assert_eq!(short.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let unfilled = streamed.write_to(&mut Vec::new()).unwrap_err();
+        assert_eq!(unfilled.kind(), io::ErrorKind::InvalidInput);
+        assert!(unfilled.to_string().contains("\"b\""), "{unfilled}");
+        assert!(matches!(
+            streamed.add_tensor_info("c", &[100], GgmlType::Q4K),
+            Err(GgufError::BadTensor { .. })
+        ));
     }
 }

@@ -1,4 +1,4 @@
-//! The entry point that turns GGML-typed bytes into f32 values, and the errors it reports.
+//! The entry point that turns GGML-typed bytes into f32 values, and the errors it and `quantize` report.
 //! Checks lengths up front, then hands whole blocks to the per-family decoders.
 
 use thiserror::Error;
@@ -11,6 +11,12 @@ pub enum QuantError {
     /// strata has no dequantizer for this type.
     #[error("dequantizing {ty} is not supported")]
     Unsupported { ty: GgmlType },
+    /// strata has no quantizer for this type.
+    #[error("quantizing to {ty} is not supported (strata writes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K)")]
+    QuantizeUnsupported { ty: GgmlType },
+    /// A value to quantize is infinite or NaN.
+    #[error("value {index} is infinite or NaN; only finite values can be quantized")]
+    NonFinite { index: usize },
     /// The requested number of values does not fill whole blocks.
     #[error("{values} values are not a whole number of {ty} blocks of {block_len} values")]
     PartialBlock {

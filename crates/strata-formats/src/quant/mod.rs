@@ -1,4 +1,4 @@
-//! Quantized block formats of GGML (the types a GGUF tensor can have) and their dequantization.
+//! Quantized block formats of GGML (the types a GGUF tensor can have): dequantization and quantization.
 //! Layouts and dequantization here are bit-identical to the reference `gguf` Python package.
 
 use std::fmt;
@@ -7,8 +7,10 @@ mod dequant;
 mod floats;
 mod kquants;
 mod legacy;
+mod quantize;
 
 pub use dequant::{dequantize, QuantError};
+pub use quantize::{quantize, QUANTIZABLE};
 
 /// Element type of a GGUF tensor, numbered as in GGML's `ggml_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,6 +125,11 @@ impl GgmlType {
             F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => true,
             Q8_1 | Q8K | I8 | I16 | I32 | I64 | F64 => false,
         }
+    }
+
+    /// Whether [`quantize`] can encode values as this type.
+    pub fn can_quantize(self) -> bool {
+        QUANTIZABLE.contains(&self)
     }
 
     /// GGML's name of the type (`Q4_K`, `BF16`, ...).
