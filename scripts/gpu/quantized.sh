@@ -45,7 +45,8 @@ peer)
             tar xJf gpu-bin/llama-src.tar.xz -C $LL
             (cd $LL && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
                 -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-                -DBUILD_SHARED_LIBS=OFF > /tmp/llama_cmake.log 2>&1 &&
+                -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+                -DBUILD_SHARED_LIBS=ON > /tmp/llama_cmake.log 2>&1 &&
                 cmake --build build -j 16 --target llama-bench llama-quantize > /tmp/llama_build.log 2>&1;
                 echo "llama.cpp build exit $?" > /tmp/llama_build.done) &
         fi
@@ -62,7 +63,7 @@ peer)
     [ -f $GG/qwen7b-q4_k_m.gguf ] || timeout 200 $LL/build/bin/llama-quantize $GG/qwen7b-bf16.gguf \
         $GG/qwen7b-q4_k_m.gguf Q4_K_M > /tmp/quantize.log 2>&1 || tail -5 /tmp/quantize.log
     ls -la $GG
-    (cd $LL && tar cJf /tmp/llama-bin.tar.xz build/bin/llama-bench build/bin/llama-quantize &&
+    (cd $LL && tar cJf /tmp/llama-bin.tar.xz build/bin &&
         split -b 15M /tmp/llama-bin.tar.xz "$OUT/llama-bin.tar.xz.part")
     llama_bench $GG/qwen7b-q4_k_m.gguf q4_k_m
     llama_bench $GG/qwen7b-bf16.gguf bf16
@@ -80,7 +81,8 @@ test)
     timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 > "$OUT/cuda_kernels_tests.log" 2>&1
     grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
     echo "== CUDA tests"
-    STRATA_QUANT_MODELS=$QM timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
+    ls $QM/*.gguf >/dev/null 2>&1 && export STRATA_QUANT_MODELS=$QM
+    timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
     grep -E "^test |GPU vs CPU|vs CPU over|panicked|result|skipped" "$OUT/cuda_tests.log"
     echo "== CUDA tests as an sm_80 card (STRATA_GPU_CAPABILITY=8.0)"
     STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 \
@@ -99,6 +101,19 @@ test)
         done
         [ -x $LL/build/bin/llama-bench ] && llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
     done
+    for loads in ${LOADS:-1 4}; do
+        STRATA_KERNEL_DEFINES="QGEMV_LOADS=$loads" timeout 150 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --levels 1 \
+            --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_loads$loads.json" \
+            > "$OUT/bench_loads$loads.log" 2>&1
+        echo "-- strata q4_k_m, QGEMV_LOADS=$loads"; grep -E "^single stream" "$OUT/bench_loads$loads.log"
+    done
+    echo "== where a Q4_K_M decode step goes at 1 stream (eager steps, GPU time of each kernel)"
+    STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --enforce-eager --levels 1 \
+        --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out /tmp/profile.json 2>&1 |
+        grep -A40 "GPU profile" | tee "$OUT/profile_q4_k_m_1.log" | head -24
     ;;
 *) echo "usage: quantized.sh peer|test"; exit 2 ;;
 esac
+# At most 8 files come back from $OUT: the figures and logs in one archive.
+(cd "$OUT" && tar czf "results_$1.tgz" --exclude='llama-bin*' --exclude='results_*' . && find . -maxdepth 1 -type f \
+    ! -name 'llama-bin*' ! -name 'results_*' -delete)

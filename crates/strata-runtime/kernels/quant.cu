@@ -259,7 +259,10 @@ struct FmtQ6_K {
 // warps); a thread takes units g, g + group, ... of its row, QGEMV_LOADS of them in flight at
 // once. Weight loads start before the wait for the previous kernel, as in gemm.cu.
 
+// Units in flight per thread (STRATA_KERNEL_DEFINES="QGEMV_LOADS=4" for measurements).
+#ifndef QGEMV_LOADS
 #define QGEMV_LOADS 2
+#endif
 
 // acc[j] = w[row] · x[j] over this thread's units (j < t); row = rows[threadIdx.x / group].
 template <class F, int T, int R, typename AfterWait>
