@@ -112,8 +112,34 @@ test)
         --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out /tmp/profile.json 2>&1 |
         grep -A40 "GPU profile" | tee "$OUT/profile_q4_k_m_1.log" | head -24
     ;;
-*) echo "usage: quantized.sh peer|test"; exit 2 ;;
+decode)
+    # A fresh machine after a kernel change: the kernel tests, the Q4_K_M file made again (llama.cpp's
+    # binaries carried as gpu-bin/llama-bin.tar.xz.part*), llama-bench beside strata's single stream.
+    timeout 200 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quant > "$OUT/cuda_kernels_quant.log" 2>&1
+    grep -E "^test |panicked|result" "$OUT/cuda_kernels_quant.log"
+    mkdir -p $LL && cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
+    tar xJf gpu-bin/llama-src.tar.xz -C $LL ./gguf-py ./convert_hf_to_gguf.py ./conversion
+    python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 --prompts-only 2>&1 | tail -1
+    timeout 200 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype bf16 --outfile $GG/qwen7b-bf16.gguf \
+        > /tmp/convert.log 2>&1 || tail -5 /tmp/convert.log
+    timeout 200 $LL/build/bin/llama-quantize $GG/qwen7b-bf16.gguf $GG/qwen7b-q4_k_m.gguf Q4_K_M \
+        > /tmp/quantize.log 2>&1 || tail -5 /tmp/quantize.log
+    rm -f $GG/qwen7b-bf16.gguf
+    for round in $(seq ${ROUNDS:-1}); do
+        llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
+        timeout 120 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --levels 1 --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_q4_k_m_$round.json" > "$OUT/bench_q4_k_m_$round.log" 2>&1
+        echo "-- strata q4_k_m (round $round)"; grep -E "weight matrices|^single stream" "$OUT/bench_q4_k_m_$round.log"
+    done
+    if [ -n "${PROFILE:-}" ]; then
+        STRATA_GPU_PROFILE=1 timeout 120 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --enforce-eager --levels 1 \
+            --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out /tmp/profile.json 2>&1 |
+            grep -A40 "GPU profile" > "$OUT/profile_q4_k_m_1.log"
+        grep -E "decode" "$OUT/profile_q4_k_m_1.log" | head -12
+    fi
+    ;;
+*) echo "usage: quantized.sh peer|test|decode"; exit 2 ;;
 esac
 # At most 8 files come back from $OUT: the figures and logs in one archive.
-(cd "$OUT" && tar czf "results_$1.tgz" --exclude='llama-bin*' --exclude='results_*' . && find . -maxdepth 1 -type f \
-    ! -name 'llama-bin*' ! -name 'results_*' -delete)
+(cd "$OUT" && tar czf "/tmp/results_$1.tgz" --exclude='llama-bin*' . && find . -maxdepth 1 -type f \
+    ! -name 'llama-bin*' -delete && mv "/tmp/results_$1.tgz" .)
