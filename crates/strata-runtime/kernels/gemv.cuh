@@ -63,14 +63,19 @@ struct NormIn {
     const u64* sums;  // null: no norm, s = 1
     ulonglong2 v[T];
 
-    __device__ __forceinline__ void load(int t) {
-        if (!sums || threadIdx.x >= NORM_SLOTS) return;
+    __device__ __forceinline__ void load(int t) { load_slot(t, threadIdx.x); }
+
+    // Every warp its own copy (lane l: slot l), for kernels whose warps compute rows alone.
+    __device__ __forceinline__ void load_in_each_warp(int t) { load_slot(t, threadIdx.x & 31); }
+
+    __device__ __forceinline__ void load_slot(int t, int slot) {
+        if (!sums || slot >= NORM_SLOTS) return;
 #pragma unroll
         for (int j = 0; j < T; j++)
-            if (j < t) v[j] = ((const ulonglong2*)sums)[j * NORM_SLOTS + threadIdx.x];
+            if (j < t) v[j] = ((const ulonglong2*)sums)[j * NORM_SLOTS + slot];
     }
 
-    // Warp 0, all lanes; valid in lane 0.
+    // A warp that loaded them (warp 0 after load()), all lanes; valid in lane 0.
     __device__ __forceinline__ void scales(int t, int k, float eps, float (&s)[T]) const {
         const int lane = threadIdx.x & 31;
 #pragma unroll

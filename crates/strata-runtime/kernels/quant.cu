@@ -255,30 +255,32 @@ struct FmtQ6_K {
 };
 
 // ---- Decode GEMVs over quantized rows: t <= 8 tokens. ----
-// A block of GEMV_THREADS computes R rows, each row by an equal group of its threads (whole
-// warps); a thread takes units g, g + group, ... of its row, QGEMV_LOADS of them in flight at
-// once. Weight loads start before the wait for the previous kernel, as in gemm.cu.
+// A warp computes a row (gate/up: a row of each) and a block GEMV_WARPS rows: lane l takes units
+// l, l + 32, ... of the row, QGEMV_LOADS of them in flight at once, and the lanes meet by a
+// butterfly; no shared memory, no block barrier. Weight loads start before the wait for the
+// previous kernel, as in gemm.cu. (One row per two warps, their halves met in shared memory,
+// ran gate/up at 0.8 TB/s on an H200: too little work a block; bench/NOTES.md v22.)
 
-// Units in flight per thread (STRATA_KERNEL_DEFINES="QGEMV_LOADS=4" for measurements).
+// Units in flight per lane (STRATA_KERNEL_DEFINES="QGEMV_LOADS=4" for measurements).
 #ifndef QGEMV_LOADS
 #define QGEMV_LOADS 2
 #endif
 
-// acc[j] = w[row] · x[j] over this thread's units (j < t); row = rows[threadIdx.x / group].
-template <class F, int T, int R, typename AfterWait>
-__device__ __forceinline__ void qgemv_units(const u8* __restrict__ w, int n, int k, const bf16* __restrict__ x, int t,
-                                            int row, float (&acc)[T], AfterWait&& after_wait) {
-    constexpr int ROW_GROUP = GEMV_THREADS / R;
-    const int g = threadIdx.x % ROW_GROUP;
+// acc[j] = w[row] · x[j] (j < t), summed over the warp (every lane holds it). after_wait() runs
+// right after the wait for the previous kernel.
+template <class F, int T, typename AfterWait>
+__device__ __forceinline__ void qgemv_row(const u8* __restrict__ w, int n, int k, const bf16* __restrict__ x, int t,
+                                          int row, float (&acc)[T], AfterWait&& after_wait) {
+    const int lane = threadIdx.x & 31;
     const int kb = k / F::BLOCK, units = k / F::UNIT;
 #pragma unroll
     for (int j = 0; j < T; j++) acc[j] = 0.0f;
     bool waited = false;
-    for (int base = g; base < units; base += ROW_GROUP * QGEMV_LOADS) {
+    for (int base = lane; base < units; base += 32 * QGEMV_LOADS) {
         typename F::Raw raw[QGEMV_LOADS];
 #pragma unroll
         for (int u = 0; u < QGEMV_LOADS; u++) {
-            const int i = base + u * ROW_GROUP;
+            const int i = base + 32 * u;
             if (i < units) raw[u] = F::load(w, n, kb, row, i);
         }
         if (!waited) {
@@ -288,7 +290,7 @@ __device__ __forceinline__ void qgemv_units(const u8* __restrict__ w, int n, int
         }
 #pragma unroll
         for (int u = 0; u < QGEMV_LOADS; u++) {
-            const int i = base + u * ROW_GROUP;
+            const int i = base + 32 * u;
             if (i < units) {
                 F::decode(raw[u], i, [&](int col, const float(&v)[8]) {
 #pragma unroll
@@ -308,65 +310,25 @@ __device__ __forceinline__ void qgemv_units(const u8* __restrict__ w, int n, int
         wait_for_previous_kernel();
         after_wait();
     }
+#pragma unroll
+    for (int j = 0; j < T; j++) acc[j] = warp_sum(acc[j]);
 }
 
-// Sums acc over each row's group of threads in a fixed order (lanes by a butterfly, warps in
-// shared memory); valid in the group's first thread, which this returns true in.
-template <int T, int R>
-__device__ __forceinline__ bool group_sum(float (&acc)[T]) {
-    constexpr int ROW_GROUP = GEMV_THREADS / R, GROUP_WARPS = ROW_GROUP / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __shared__ float partial[GEMV_WARPS][T];
-#pragma unroll
-    for (int j = 0; j < T; j++) {
-        const float v = warp_sum(acc[j]);
-        if (lane == 0) partial[warp][j] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x % ROW_GROUP != 0) return false;
-#pragma unroll
-    for (int j = 0; j < T; j++) {
-        float v = partial[warp][j];
-#pragma unroll
-        for (int p = 1; p < GROUP_WARPS; p++) v += partial[warp + p][j];
-        acc[j] = v;
-    }
-    return true;
-}
+// This warp's row of the block's GEMV_WARPS.
+__device__ __forceinline__ int warp_row() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
 
-// The two rows of a block (the second may repeat the first past n): acc, summed, and each
-// token's norm scale s from `norm_in` (NormIn; 1 when null). True in each row's first thread;
-// r is that thread's row index (0 or 1).
-template <class F, int T>
-__device__ __forceinline__ bool qgemv_pair(const u8* __restrict__ w, int n, int k, const bf16* __restrict__ x, int t,
-                                           int row0, int row1, const u64* __restrict__ norm_in, float eps,
-                                           float (&acc)[T], float (&s)[T], int& r) {
-    __shared__ float scale[T];
-    NormIn<T> norm{norm_in};
-    r = threadIdx.x / (GEMV_THREADS / 2);
-    qgemv_units<F, T, 2>(w, n, k, x, t, r ? row1 : row0, acc, [&] { norm.load(t); });
-    if (threadIdx.x < 32) {
-        norm.scales(t, k, eps, s);
-        if (threadIdx.x == 0)
-#pragma unroll
-            for (int j = 0; j < T; j++) scale[j] = s[j];
-    }
-    if (!group_sum<T, 2>(acc)) return false;  // its __syncthreads publishes `scale`
-#pragma unroll
-    for (int j = 0; j < T; j++) s[j] = scale[j];
-    return true;
-}
-
-// y[j * ld + row] = (x[j] · w[row]) * s[j] (bf16, or f32 when out_f32). Grid ceil(n / 2).
+// y[j * ld + row] = (x[j] · w[row]) * s[j] (bf16, or f32 when out_f32), s the norm scale of
+// `norm_in` (NormIn; 1 when null). Grid ceil(n / GEMV_WARPS).
 template <class F, int T>
 __device__ void qgemv(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y, int n, int k, int t,
                       int ld, int out_f32, const u64* __restrict__ norm_in, float eps) {
-    const int row0 = 2 * blockIdx.x, row1 = min(row0 + 1, n - 1);
+    const int row = warp_row();
+    if (row >= n) return;
+    NormIn<T> norm{norm_in};
     float acc[T], s[T];
-    int r;
-    if (!qgemv_pair<F, T>(w, n, k, x, t, row0, row1, norm_in, eps, acc, s, r)) return;
-    if (r == 1 && row1 == row0) return;
-    const int row = r ? row1 : row0;
+    qgemv_row<F, T>(w, n, k, x, t, row, acc, [&] { norm.load_in_each_warp(t); });
+    norm.scales(t, k, eps, s);
+    if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
         if (j < t) {
@@ -379,24 +341,23 @@ __device__ void qgemv(const u8* __restrict__ w, const bf16* __restrict__ x, void
 }
 
 // Gate/up with SiLU: w holds the gate rows, then the up rows (2 * inter); out[j, row] =
-// silu(gate) * up, each rounded to bf16 first as the unfused path does. Grid `inter`.
+// silu(gate) * up, each rounded to bf16 first as the unfused path does. Grid
+// ceil(inter / GEMV_WARPS), a warp a gate row and its up row.
 template <class F, int T>
 __device__ void qgemv_silu(const u8* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ out, int inter,
                            int k, int t, const u64* __restrict__ norm_in, float eps) {
-    __shared__ float up[T];
-    const int row = blockIdx.x;
-    float acc[T], s[T];
-    int r;
-    const bool first = qgemv_pair<F, T>(w, 2 * inter, k, x, t, row, row + inter, norm_in, eps, acc, s, r);
-    if (first && r == 1)
-#pragma unroll
-        for (int j = 0; j < T; j++) up[j] = acc[j];
-    __syncthreads();
-    if (!first || r != 0) return;
+    const int row = warp_row();
+    if (row >= inter) return;
+    NormIn<T> norm{norm_in};
+    float gate[T], up[T], s[T];
+    qgemv_row<F, T>(w, 2 * inter, k, x, t, row, gate, [&] { norm.load_in_each_warp(t); });
+    qgemv_row<F, T>(w, 2 * inter, k, x, t, row + inter, up, [] {});
+    norm.scales(t, k, eps, s);
+    if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
         if (j < t) {
-            const float g = bf2f(f2bf(acc[j] * s[j])), u = bf2f(f2bf(up[j] * s[j]));
+            const float g = bf2f(f2bf(gate[j] * s[j])), u = bf2f(f2bf(up[j] * s[j]));
             out[(size_t)j * inter + row] = f2bf(silu_times(g, u));
         }
     }
@@ -404,23 +365,22 @@ __device__ void qgemv_silu(const u8* __restrict__ w, const bf16* __restrict__ x,
 
 // The o and down projections on one GPU, as gemm.cu's gemv_residual: res += x · wᵀ (f32), the
 // new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
-// `next_norm` (the input of the quantized matrix after it). Grid ceil(n / 2).
+// `next_norm` (the input of the quantized matrix after it). Grid ceil(n / GEMV_WARPS).
 template <class F, int T>
 __device__ void qgemv_residual(const u8* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ res,
                                bf16* __restrict__ res_bf16, u64* __restrict__ norm_out,
                                const float* __restrict__ next_norm, int n, int k, int t) {
-    const int row0 = 2 * blockIdx.x, row1 = min(row0 + 1, n - 1);
-    const int r = threadIdx.x / (GEMV_THREADS / 2);
-    const int row = r ? row1 : row0;
+    const int row = warp_row();
+    if (row >= n) return;
+    const bool first = (threadIdx.x & 31) == 0;
     float acc[T], before[T];
-    qgemv_units<F, T, 2>(w, n, k, x, t, row, acc, [&] {
-        if (threadIdx.x % (GEMV_THREADS / 2) != 0) return;
+    qgemv_row<F, T>(w, n, k, x, t, row, acc, [&] {
+        if (!first) return;
 #pragma unroll
         for (int j = 0; j < T; j++)
             if (j < t) before[j] = res[(size_t)j * n + row];
     });
-    if (!group_sum<T, 2>(acc)) return;
-    if (r == 1 && row1 == row0) return;
+    if (!first) return;
     const float g = next_norm ? next_norm[row] : 1.0f;
 #pragma unroll
     for (int j = 0; j < T; j++) {

@@ -31,6 +31,9 @@ pub const QUANT_FORMATS: [QuantFormat; 6] = [
     QuantFormat::Q6K,
 ];
 
+/// Rows a quantized GEMV block computes, a warp each (quant.cu: GEMV_WARPS).
+const QGEMV_ROWS: u32 = GEMV_THREADS / 32;
+
 /// Kernels quant.cu defines per format: GEMVs (plain, SiLU, residual) for each compiled token
 /// count, then dequantization and the embedding lookup.
 const KERNELS_PER_FORMAT: usize = 3 * 4 + 2;
@@ -202,9 +205,9 @@ impl QuantGemvCall {
         self.format.kernel(Kind::Gemv, self.t)
     }
 
-    /// A block every two rows.
+    /// A warp a row.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        (((self.n as u32).div_ceil(2), 1, 1), GEMV_THREADS, 0)
+        (((self.n as u32).div_ceil(QGEMV_ROWS), 1, 1), GEMV_THREADS, 0)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -247,9 +250,9 @@ impl QuantGemvSiluCall {
         self.format.kernel(Kind::Silu, self.t)
     }
 
-    /// A block every gate/up pair of rows.
+    /// A warp a gate/up pair of rows.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        ((self.inter as u32, 1, 1), GEMV_THREADS, 0)
+        (((self.inter as u32).div_ceil(QGEMV_ROWS), 1, 1), GEMV_THREADS, 0)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -293,9 +296,9 @@ impl QuantGemvResidualCall {
         self.format.kernel(Kind::Residual, self.t)
     }
 
-    /// A block every two rows.
+    /// A warp a row.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        (((self.n as u32).div_ceil(2), 1, 1), GEMV_THREADS, 0)
+        (((self.n as u32).div_ceil(QGEMV_ROWS), 1, 1), GEMV_THREADS, 0)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -469,7 +472,7 @@ mod tests {
             at(&c.eps),
         ];
         assert_eq!(c.args(), want);
-        assert_eq!((c.name(), c.shape()), ("qgemv_q6_k_t4", ((4, 1, 1), 128, 0)));
+        assert_eq!((c.name(), c.shape()), ("qgemv_q6_k_t4", ((2, 1, 1), 128, 0)));
         let r = QuantGemvResidualCall {
             format: QuantFormat::Q4_0,
             w: 1,
@@ -494,7 +497,7 @@ mod tests {
             at(&r.t),
         ];
         assert_eq!(r.args(), want);
-        assert_eq!((r.name(), r.shape()), ("qgemv_residual_q4_0_t1", ((5, 1, 1), 128, 0)));
+        assert_eq!((r.name(), r.shape()), ("qgemv_residual_q4_0_t1", ((3, 1, 1), 128, 0)));
         let d = DequantCall {
             format: QuantFormat::Q4K,
             w: 1,
