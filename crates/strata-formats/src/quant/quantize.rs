@@ -1,7 +1,7 @@
 //! Quantizers: f32 values into GGML blocks (float types, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q4_K/Q5_K/Q6_K).
 //! The 32-value types round as ggml's reference does; K-quants search sub-block scales as ggml does without an importance matrix.
 
-use super::dequant::f16_scale;
+use super::dequant::{check_lengths, f16_scale, for_each_block};
 use super::{GgmlType, QuantError, QK_K};
 
 /// Encodes `values` as `ty` into `out`, which must be exactly `ty.bytes_for(values.len())` long.
@@ -15,20 +15,7 @@ pub fn quantize(ty: GgmlType, values: &[f32], out: &mut [u8]) -> Result<(), Quan
     if !ty.can_quantize() {
         return Err(QuantError::QuantizeUnsupported { ty });
     }
-    let n = values.len();
-    let expected = ty.bytes_for(n as u64).ok_or(QuantError::PartialBlock {
-        ty,
-        values: n,
-        block_len: ty.block_len(),
-    })?;
-    if out.len() as u64 != expected {
-        return Err(QuantError::WrongByteLength {
-            ty,
-            values: n,
-            expected,
-            actual: out.len(),
-        });
-    }
+    check_lengths(ty, values.len(), out.len())?;
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(QuantError::NonFinite { index });
     }
@@ -68,22 +55,6 @@ pub const QUANTIZABLE: [GgmlType; 11] = [
 fn for_each_value<const N: usize>(values: &[f32], out: &mut [u8], encode: impl Fn(f32) -> [u8; N]) {
     for (&v, le) in values.iter().zip(out.chunks_exact_mut(N)) {
         le.copy_from_slice(&encode(v));
-    }
-}
-
-/// Calls `encode` on each whole block of `values` and its bytes in `out`, as fixed-size arrays.
-/// Callers have checked that both slices hold the same number of blocks.
-#[inline(always)]
-fn for_each_block<const LEN: usize, const BYTES: usize>(
-    values: &[f32],
-    out: &mut [u8],
-    encode: impl Fn(&[f32; LEN], &mut [u8; BYTES]),
-) {
-    for (values, block) in values.chunks_exact(LEN).zip(out.chunks_exact_mut(BYTES)) {
-        // chunks_exact yields exactly LEN / BYTES items, so both conversions succeed.
-        if let (Ok(values), Ok(block)) = (<&[f32; LEN]>::try_from(values), <&mut [u8; BYTES]>::try_from(block)) {
-            encode(values, block);
-        }
     }
 }
 
