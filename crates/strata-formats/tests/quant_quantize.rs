@@ -1,5 +1,6 @@
-//! The quantizers: bytes checked against the reference `gguf` package where it quantizes
-//! (scripts/make_quant_fixtures.py), round-trip error bounds per type, and the errors for bad calls.
+//! The quantizers: bytes checked against the reference `gguf` package where it quantizes and
+//! against ggml's own reference quantizers for the K-quants (scripts/make_quant_fixtures.py),
+//! round-trip error bounds per type, and the errors for bad calls.
 
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng};
@@ -7,33 +8,39 @@ use strata_formats::quant::{dequantize, quantize, GgmlType, QuantError, QUANTIZA
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Values the reference quantized, and what it made of them per type.
+/// Values the `gguf` package quantized (64 blocks of 32), and what it made of them per type.
 const INPUT: &[u8] = include_bytes!("fixtures/quant/quantize_input.f32");
+/// Values ggml's reference K-quantizers quantized (64 super-blocks of 256).
+const K_INPUT: &[u8] = include_bytes!("fixtures/quant/quantize_k_input.f32");
 
 macro_rules! reference {
-    ($ty:expr, $name:literal) => {
+    ($ty:expr, $name:literal, $input:expr) => {
         (
             $ty,
+            $input,
             &include_bytes!(concat!("fixtures/quant/quantize_", $name, ".bin"))[..],
         )
     };
 }
 
-fn references() -> [(GgmlType, &'static [u8]); 7] {
+/// Each type, the little-endian f32 input, and the reference's bytes.
+fn references() -> [(GgmlType, &'static [u8], &'static [u8]); 10] {
     [
-        reference!(GgmlType::F16, "F16"),
-        reference!(GgmlType::BF16, "BF16"),
-        reference!(GgmlType::Q4_0, "Q4_0"),
-        reference!(GgmlType::Q4_1, "Q4_1"),
-        reference!(GgmlType::Q5_0, "Q5_0"),
-        reference!(GgmlType::Q5_1, "Q5_1"),
-        reference!(GgmlType::Q8_0, "Q8_0"),
+        reference!(GgmlType::F16, "F16", INPUT),
+        reference!(GgmlType::BF16, "BF16", INPUT),
+        reference!(GgmlType::Q4_0, "Q4_0", INPUT),
+        reference!(GgmlType::Q4_1, "Q4_1", INPUT),
+        reference!(GgmlType::Q5_0, "Q5_0", INPUT),
+        reference!(GgmlType::Q5_1, "Q5_1", INPUT),
+        reference!(GgmlType::Q8_0, "Q8_0", INPUT),
+        reference!(GgmlType::Q4K, "Q4_K", K_INPUT),
+        reference!(GgmlType::Q5K, "Q5_K", K_INPUT),
+        reference!(GgmlType::Q6K, "Q6_K", K_INPUT),
     ]
 }
 
-fn input_values() -> Vec<f32> {
-    INPUT
-        .chunks_exact(4)
+fn f32_values(le: &[u8]) -> Vec<f32> {
+    le.chunks_exact(4)
         .map(|le| f32::from_le_bytes([le[0], le[1], le[2], le[3]]))
         .collect()
 }
@@ -138,13 +145,13 @@ fn error_bound(ty: GgmlType) -> f64 {
 }
 
 #[test]
-fn bytes_match_the_reference_quantizer() -> TestResult {
-    let values = input_values();
-    assert_eq!(values.len(), 64 * 32);
-    for (ty, expected) in references() {
-        let ours = quantized(ty, &values)?;
-        let first_diff = ours.iter().zip(expected).position(|(a, b)| a != b);
+fn bytes_match_the_reference_quantizers() -> TestResult {
+    assert_eq!(f32_values(INPUT).len(), 64 * 32);
+    assert_eq!(f32_values(K_INPUT).len(), 64 * 256);
+    for (ty, input, expected) in references() {
+        let ours = quantized(ty, &f32_values(input))?;
         assert_eq!(ours.len(), expected.len(), "{ty}");
+        let first_diff = ours.iter().zip(expected).position(|(a, b)| a != b);
         assert_eq!(
             first_diff,
             None,
