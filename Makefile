@@ -73,6 +73,7 @@ bench-peers: fetch build
 fidelity-reference: fetch
 	python3 scripts/reference_smollm2.py
 
+# The K-quant fixtures come from ggml's reference quantizers: `make bench-peers` builds them once.
 quant-fixtures:
 	python3 scripts/make_quant_fixtures.py
 

@@ -12,6 +12,12 @@ the 32-value types; the reference has no K-quant quantizer), writes `quantize_<T
 the bytes it makes of the values in `quantize_input.f32` (random blocks of widely varying
 scale, plus all-zero, constant, tied-extreme and single-outlier blocks).
 
+The reference package has no K-quant quantizer, so `quantize_Q4_K.bin`, `quantize_Q5_K.bin`
+and `quantize_Q6_K.bin` come from ggml's own reference quantizers (`quantize_row_q*_K_ref`)
+run on `quantize_k_input.f32`: a small C driver linked against the `libggml-base.a` that
+`make bench-peers` builds from the pinned llama.cpp source into $STRATA_CACHE/llama.cpp
+(needs gcc; the script says so when that library is missing).
+
 Pinned reference: gguf==0.19.0, numpy==2.4.6 (the script refuses other versions).
 Rerunning it reproduces the committed files byte for byte; `--check` compares instead
 of writing and exits non-zero on any difference.
@@ -20,7 +26,11 @@ of writing and exits non-zero on any difference.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -141,6 +151,82 @@ def quantize_input() -> np.ndarray:
     return values.reshape(-1)
 
 
+# The K-quant types whose bytes come from ggml's reference quantizer, by driver name.
+KQUANT_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+KQUANT_BLOCKS = 64
+
+GGML_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+void quantize_row_q4_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q5_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q6_K_ref(const float *x, void *y, int64_t k);
+/* usage: driver TYPE IN.f32 OUT.bin */
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    FILE *f = fopen(argv[2], "rb");
+    if (!f) return 2;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f) / 4;
+    fseek(f, 0, SEEK_SET);
+    float *x = malloc(n * 4);
+    if (fread(x, 4, n, f) != (size_t)n) return 2;
+    fclose(f);
+    void *y = malloc(n);
+    size_t bytes;
+    if (!strcmp(argv[1], "Q4_K")) { quantize_row_q4_K_ref(x, y, n); bytes = n / 256 * 144; }
+    else if (!strcmp(argv[1], "Q5_K")) { quantize_row_q5_K_ref(x, y, n); bytes = n / 256 * 176; }
+    else if (!strcmp(argv[1], "Q6_K")) { quantize_row_q6_K_ref(x, y, n); bytes = n / 256 * 210; }
+    else return 2;
+    FILE *o = fopen(argv[3], "wb");
+    fwrite(y, 1, bytes, o);
+    fclose(o);
+    return 0;
+}
+"""
+
+
+def kquant_input() -> np.ndarray:
+    """64 super-blocks of 256 values: normals scaled by 2^-20 .. 2^8 per super-block (the
+    smallest make f16 scales underflow), then all-zero, half-zero, constant, all-positive,
+    all-negative and single-outlier super-blocks."""
+    rng = np.random.default_rng([SEED, 0x4B])
+    scales = np.exp2(rng.uniform(-20, 8, size=(KQUANT_BLOCKS, 1)))
+    values = (rng.standard_normal((KQUANT_BLOCKS, 256)) * scales).astype(np.float32)
+    values[0] = 0.0
+    values[1, 64:160] = 0.0
+    values[2] = 0.75
+    values[3] = np.abs(values[3]) + 0.5
+    values[4] = -np.abs(values[4]) - 0.5
+    values[5] *= np.float32(0.01)
+    values[5, 200] = 3.0
+    return values.reshape(-1)
+
+
+def ggml_quantizer() -> Path:
+    """Compiles the driver against the cached llama.cpp build; exits with a way out when absent."""
+    cache = Path(os.environ.get("STRATA_CACHE") or Path.home() / ".cache" / "strata") / "llama.cpp"
+    libs = sorted(cache.glob("build-*/ggml/src/libggml-base.a"))
+    include = cache / "src" / "ggml" / "include"
+    if not libs or not include.is_dir():
+        sys.exit(f"K-quant fixtures need ggml's reference quantizer: {cache}/build-*/ggml/src/libggml-base.a "
+                 "is missing; run `make bench-peers` once (it builds llama.cpp into the cache)")
+    work = Path(tempfile.mkdtemp(prefix="strata-ggml-quant-"))
+    (work / "driver.c").write_text(GGML_DRIVER)
+    subprocess.run(["gcc", "-O2", "-I", str(include), str(work / "driver.c"), str(libs[0]), "-fopenmp",
+                    "-lm", "-lpthread", "-lstdc++", "-o", str(work / "driver")], check=True)
+    return work / "driver"
+
+
+def ggml_quantize(driver: Path, type_name: str, values: np.ndarray) -> bytes:
+    inp, out = driver.parent / "in.f32", driver.parent / f"{type_name}.bin"
+    values.astype("<f4").tofile(inp)
+    subprocess.run([str(driver), type_name, str(inp), str(out)], check=True)
+    return out.read_bytes()
+
+
 def fixtures() -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     for qtype in FIXTURE_TYPES:
@@ -155,6 +241,12 @@ def fixtures() -> dict[str, bytes]:
     for qtype in QUANTIZE_TYPES:
         encoded = np.asarray(quantize(inputs, qtype))
         files[f"quantize_{qtype.name}.bin"] = encoded.view(np.uint8).tobytes()
+    k_inputs = kquant_input()
+    files["quantize_k_input.f32"] = k_inputs.astype("<f4").tobytes()
+    driver = ggml_quantizer()
+    for type_name in KQUANT_TYPES:
+        files[f"quantize_{type_name}.bin"] = ggml_quantize(driver, type_name, k_inputs)
+    shutil.rmtree(driver.parent)
     return files
 
 

@@ -19,6 +19,7 @@ pub use args::{compare_files, run, BenchArgs};
 pub use client::ErrorKind;
 pub use config::{Arrival, BenchConfig, Endpoint, InputSource, LoadShape, Sampling};
 pub use report::{BenchReport, BenchResults, ErrorBreakdown, LatencySummary, RequestCounts, TokenTotals};
+pub use rng::SeededRng;
 pub use workload::CountSource;
 
 /// Runs one bench: checks the server, prepares every prompt, warms up, measures, and reports.

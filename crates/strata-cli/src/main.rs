@@ -10,6 +10,7 @@ mod device;
 mod plan;
 mod progress;
 mod quantize;
+mod random_weights;
 mod run;
 mod serve;
 mod synthetic_prompt;

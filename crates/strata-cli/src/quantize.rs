@@ -17,6 +17,7 @@ use strata_model::loader::open_gguf;
 use strata_model::weights::Role;
 
 use crate::progress::bar;
+use crate::random_weights::RandomModel;
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
@@ -32,6 +33,13 @@ pub struct QuantizeArgs {
     /// Threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// Write random weights in the shape this checkpoint's config.json gives (the file or its
+    /// directory) instead of the input's tensors; the input gives the tokenizer and chat template.
+    #[arg(long, value_name = "CONFIG_JSON")]
+    pub random_weights: Option<PathBuf>,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 /// What the matrices become.
@@ -191,12 +199,27 @@ pub fn quantize_command(args: QuantizeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let start = Instant::now();
-    let plans = plan_tensors(file.tensors(), recipe);
-    print_fallbacks(file.tensors(), &plans);
+    let random = args
+        .random_weights
+        .as_deref()
+        .map(|config| RandomModel::new(config, &file, args.seed))
+        .transpose()?;
+    let tensors = match &random {
+        Some(model) => model.tensors(),
+        None => file.tensors().to_vec(),
+    };
+    let plans = plan_tensors(&tensors, recipe);
+    print_fallbacks(&tensors, &plans);
 
-    let writer = build_writer(&file, &plans, file_type)?;
+    let writer = build_writer(&file, random.as_ref(), &tensors, &plans, file_type)?;
     let partial = partial_path(&args.output);
-    let result = write_file(&file, &plans, &writer, &partial, threads);
+    let source = Source {
+        file: &file,
+        random: random.as_ref(),
+        tensors: &tensors,
+        plans: &plans,
+    };
+    let result = source.write(&writer, &partial, threads);
     if let Err(e) = result {
         let _ = std::fs::remove_file(&partial);
         return Err(e);
@@ -243,46 +266,77 @@ fn print_fallbacks(tensors: &[TensorInfo], plans: &[TensorPlan]) {
     }
 }
 
-/// A writer holding the input's metadata (file type updated) and every tensor declared.
-fn build_writer(file: &GgufFile, plans: &[TensorPlan], file_type: u32) -> anyhow::Result<GgufWriter> {
+/// A writer holding the input's metadata (file type updated; with random weights, the
+/// hyper-parameters of their shape) and every tensor declared.
+fn build_writer(
+    file: &GgufFile,
+    random: Option<&RandomModel>,
+    tensors: &[TensorInfo],
+    plans: &[TensorPlan],
+    file_type: u32,
+) -> anyhow::Result<GgufWriter> {
     let mut writer = GgufWriter::with_version(file.version.max(2))?;
+    let hparams_prefix = random.map(|r| format!("{}.", r.config.arch.name));
     for (key, value) in file.metadata() {
+        if hparams_prefix.as_ref().is_some_and(|p| key.starts_with(p.as_str())) {
+            continue;
+        }
         writer.add_metadata(key.clone(), value.clone())?;
+    }
+    for (key, value) in random.map(RandomModel::hparams).unwrap_or_default() {
+        writer.add_metadata(key, value)?;
     }
     writer.set_metadata("general.file_type", MetaValue::U32(file_type))?;
     if plans.iter().any(|p| p.ty.is_quantized()) {
         writer.set_metadata("general.quantization_version", MetaValue::U32(QUANTIZATION_VERSION))?;
     }
-    for (t, p) in file.tensors().iter().zip(plans) {
+    for (t, p) in tensors.iter().zip(plans) {
         writer.add_tensor_info(t.name.clone(), &t.dims, p.ty)?;
     }
     Ok(writer)
 }
 
-fn write_file(
-    file: &GgufFile,
-    plans: &[TensorPlan],
-    writer: &GgufWriter,
-    path: &Path,
-    threads: usize,
-) -> anyhow::Result<()> {
-    let out = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut out = BufWriter::with_capacity(1 << 20, out);
-    let tensors = file.tensors();
-    let total: u64 = tensors.iter().map(|t| t.n_elements).sum();
-    let progress = bar("quantizing");
-    let mut done = 0u64;
-    writer.write_streaming(&mut out, |i| {
-        let (t, plan) = (&tensors[i], &plans[i]);
-        let bytes = convert(t.ty, file.tensor_data(t), t.row_len() as usize, plan.ty, threads)
-            .with_context(|| format!("tensor {}", t.name))?;
-        done += t.n_elements;
-        progress.update(done, total);
-        Ok::<_, anyhow::Error>(bytes)
-    })?;
-    progress.finish();
-    out.into_inner().map_err(|e| e.into_error())?;
-    Ok(())
+/// Where the written tensors' values come from: the input file's tensors, or random weights.
+struct Source<'a> {
+    file: &'a GgufFile,
+    random: Option<&'a RandomModel>,
+    tensors: &'a [TensorInfo],
+    plans: &'a [TensorPlan],
+}
+
+impl Source<'_> {
+    /// Writes the file at `path`, tensor by tensor.
+    fn write(&self, writer: &GgufWriter, path: &Path, threads: usize) -> anyhow::Result<()> {
+        let out = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let mut out = BufWriter::with_capacity(1 << 20, out);
+        let total: u64 = self.tensors.iter().map(|t| t.n_elements).sum();
+        let progress = bar("quantizing");
+        let mut done = 0u64;
+        writer.write_streaming(&mut out, |i| {
+            let t = &self.tensors[i];
+            let bytes = self
+                .tensor_bytes(t, self.plans[i].ty, threads)
+                .with_context(|| format!("tensor {}", t.name))?;
+            done += t.n_elements;
+            progress.update(done, total);
+            Ok::<_, anyhow::Error>(bytes)
+        })?;
+        progress.finish();
+        out.into_inner().map_err(|e| e.into_error())?;
+        Ok(())
+    }
+
+    /// The bytes of tensor `t` as type `to`.
+    fn tensor_bytes(&self, t: &TensorInfo, to: GgmlType, threads: usize) -> anyhow::Result<Vec<u8>> {
+        let row_len = t.row_len() as usize;
+        match self.random {
+            Some(model) => encode_rows(t.n_rows() as usize, row_len, to, threads, |row, values| {
+                model.fill_row(&t.name, row, values);
+                Ok(())
+            }),
+            None => convert(t.ty, self.file.tensor_data(t), row_len, to, threads),
+        }
+    }
 }
 
 /// `src` (rows of `row_len` values of type `from`) as type `to`, rows spread over `threads`
@@ -295,26 +349,38 @@ pub fn convert(from: GgmlType, src: &[u8], row_len: usize, to: GgmlType, threads
     let src_row = from
         .bytes_for(row_len as u64)
         .ok_or_else(|| anyhow!("rows of {row_len} {from} values"))? as usize;
-    let dst_row = to
-        .bytes_for(row_len as u64)
-        .ok_or_else(|| anyhow!("rows of {row_len} {to} values"))? as usize;
     if src_row == 0 || !src.len().is_multiple_of(src_row) {
         bail!("{} bytes are not whole rows of {row_len} {from} values", src.len());
     }
-    let n_rows = src.len() / src_row;
+    encode_rows(src.len() / src_row, row_len, to, threads, |row, values| {
+        Ok(dequantize(from, &src[row * src_row..(row + 1) * src_row], values)?)
+    })
+}
+
+/// `n_rows` rows of `row_len` values, each made by `fill(row, values)`, encoded as type `to`;
+/// rows are spread over `threads` threads, and the result does not depend on how many.
+pub fn encode_rows(
+    n_rows: usize,
+    row_len: usize,
+    to: GgmlType,
+    threads: usize,
+    fill: impl Fn(usize, &mut [f32]) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<Vec<u8>> {
+    let dst_row = to
+        .bytes_for(row_len as u64)
+        .ok_or_else(|| anyhow!("rows of {row_len} {to} values"))? as usize;
     let mut out = vec![0u8; n_rows * dst_row];
     let rows_per_task = n_rows.div_ceil(threads).max(1);
+    let fill = &fill;
     std::thread::scope(|scope| {
-        let tasks: Vec<_> = src
-            .chunks(rows_per_task * src_row)
-            .zip(out.chunks_mut(rows_per_task * dst_row))
+        let tasks: Vec<_> = out
+            .chunks_mut(rows_per_task * dst_row)
             .enumerate()
-            .map(|(task, (src, dst))| {
+            .map(|(task, dst)| {
                 scope.spawn(move || {
                     let mut values = vec![0.0f32; row_len];
-                    let rows = src.chunks_exact(src_row).zip(dst.chunks_exact_mut(dst_row));
-                    for (row, (s, d)) in (task * rows_per_task..).zip(rows) {
-                        dequantize(from, s, &mut values).with_context(|| format!("row {row}"))?;
+                    for (row, d) in (task * rows_per_task..).zip(dst.chunks_exact_mut(dst_row)) {
+                        fill(row, &mut values).with_context(|| format!("row {row}"))?;
                         quantize(to, &values, d).with_context(|| format!("row {row}"))?;
                     }
                     Ok::<(), anyhow::Error>(())

@@ -1,25 +1,17 @@
 //! End-to-end tests of the `strata` command: generation on the default model and the
 //! one-line errors for bad model files and arguments.
 
+mod common;
 #[allow(dead_code)]
 #[path = "../../strata-model/tests/common/tiny_hf.rs"]
 mod tiny_hf;
 
+use common::{default_model, exits_with_one_line, scratch_dir, strata};
+
 use std::ffi::OsString;
-use std::process::Command;
 
 use strata_formats::gguf::MetaValue;
 use strata_formats::safetensors::Dtype;
-
-fn strata() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_strata"))
-}
-
-fn default_model() -> std::path::PathBuf {
-    let path = strata_model::loader::default_model_path();
-    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
-    path
-}
 
 #[test]
 fn run_prints_the_greedy_continuation_and_speed() {
@@ -221,24 +213,6 @@ fn serve_refuses_unusable_connection_limits() {
         let msg = one_line_error(&["serve", "--port", "0", flag, value]);
         assert!(msg.starts_with("error:") && msg.contains(flag), "{msg}");
     }
-}
-
-/// A scratch directory for one test.
-fn scratch_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs `strata args`, which must fail with exit code 1 (an error, not an abort) and one line.
-fn exits_with_one_line(args: &[OsString]) -> String {
-    let out = strata().args(args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got {stderr:?}");
-    lines[0].to_string()
 }
 
 #[test]

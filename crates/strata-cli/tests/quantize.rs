@@ -1,32 +1,18 @@
 //! `strata quantize` end to end: the default model re-quantized to each type the GPU tests use,
 //! loaded by the CPU backend, its greedy picks checked against the original's; and its one-line errors.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
 
 use strata_formats::gguf::GgufFile;
 use strata_formats::GgmlType;
 use strata_model::kv_cache::KvCacheDtype;
-use strata_model::loader::{default_model_path, load_model, LoadedModel};
+use strata_model::loader::{load_model, LoadedModel};
 use strata_model::{LogitsWanted, PagedKvCache, SeqChunk};
 use strata_runtime::cpu::ThreadPool;
 
-fn strata() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_strata"))
-}
-
-fn default_model() -> PathBuf {
-    let path = default_model_path();
-    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
-    path
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-quantize-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::{default_model, exits_with_one_line, scratch_dir, strata};
 
 /// Runs `strata quantize IN OUT --type TY`, asserting success; returns stderr.
 fn quantize(input: &Path, output: &Path, ty: &str, threads: usize) -> String {
@@ -109,7 +95,7 @@ fn type_of(file: &GgufFile, name: &str) -> GgmlType {
 #[test]
 fn each_type_loads_and_agrees_with_the_original() {
     let original = default_model();
-    let dir = scratch_dir("types");
+    let dir = scratch_dir("quantize-types");
     let reference = load_model(&original, &|_, _| {}).unwrap();
     let reference_rows = all_logits(&reference);
     let source = GgufFile::open(&original).unwrap();
@@ -192,16 +178,19 @@ fn each_type_loads_and_agrees_with_the_original() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every matrix of the default model in Q4_0 (the LM head in Q8_0): the same bytes from one
+/// thread as from two, nothing left beside the output, and a chat answer that still knows Paris.
+/// (K-quant output against the thread count: see the random-weights test.)
 #[test]
-fn output_is_the_same_for_any_thread_count_and_runs() {
+fn q4_0_output_is_the_same_for_any_thread_count_and_still_answers() {
     let original = default_model();
-    let dir = scratch_dir("deterministic");
+    let dir = scratch_dir("quantize-deterministic");
     let (a, b) = (dir.join("a.gguf"), dir.join("b.gguf"));
-    quantize(&original, &a, "Q4_K_M", 1);
-    quantize(&original, &b, "Q4_K_M", 2);
+    quantize(&original, &a, "Q4_0", 1);
+    quantize(&original, &b, "Q4_0", 2);
     assert!(
         std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
-        "Q4_K_M output differs by thread count"
+        "Q4_0 output differs by thread count"
     );
     let listing: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -212,39 +201,32 @@ fn output_is_the_same_for_any_thread_count_and_runs() {
     let out = strata()
         .args([
             "run",
+            "--chat",
             "--prompt",
-            "The capital of France is",
+            "What is the capital of France?",
             "--max-tokens",
-            "4",
-            "--threads",
-            "2",
+            "12",
         ])
-        .arg("--model")
+        .args(["--threads", "2", "--model"])
         .arg(&a)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("Paris"), "Q4_K_M says {stdout:?}");
+    assert!(stdout.contains("Paris"), "Q4_0 says {stdout:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Runs `strata quantize ARGS`, which must fail with exit code 1 and one line on stderr.
+/// `strata quantize ARGS`'s one-line error.
 fn one_line_error(args: &[&str]) -> String {
-    let out = strata().arg("quantize").args(args).output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {:?}", out);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got {stderr:?}");
-    lines[0].to_string()
+    exits_with_one_line(&[&["quantize"], args].concat())
 }
 
 #[test]
 fn bad_input_gets_one_line_and_a_fix() {
     let original = default_model();
     let original = original.to_str().unwrap();
-    let dir = scratch_dir("errors");
+    let dir = scratch_dir("quantize-errors");
     let out = dir.join("out.gguf");
     let out = out.to_str().unwrap();
 
@@ -271,5 +253,70 @@ fn bad_input_gets_one_line_and_a_fix() {
     assert!(msg.contains("cannot create"), "{msg}");
 
     assert!(!Path::new(out).exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A llama shape of SmolLM2's vocabulary with 256-wide rows, so every matrix is a K-quant.
+const TINY_LLAMA: &str = r#"{
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 49152, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "max_position_embeddings": 2048, "tie_word_embeddings": false
+}"#;
+
+#[test]
+fn random_weights_take_the_shape_of_a_config_and_the_template_tokenizer() {
+    let template = default_model();
+    let dir = scratch_dir("quantize-random");
+    std::fs::write(dir.join("config.json"), TINY_LLAMA).unwrap();
+    let (a, b) = (dir.join("a.gguf"), dir.join("b.gguf"));
+    for (out, threads) in [(&a, 1), (&b, 2)] {
+        let status = strata()
+            .arg("quantize")
+            .arg(&template)
+            .arg(out)
+            .args(["--type", "Q4_K_M", "--seed", "7", "--threads", &threads.to_string()])
+            .arg("--random-weights")
+            .arg(dir.join("config.json"))
+            .output()
+            .unwrap();
+        assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    }
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "random weights depend on threads"
+    );
+
+    let file = GgufFile::open(&a).unwrap();
+    let source = GgufFile::open(&template).unwrap();
+    assert_eq!(file.get("tokenizer.ggml.tokens"), source.get("tokenizer.ggml.tokens"));
+    assert_eq!(file.get_u64("llama.embedding_length"), Some(256));
+    assert_eq!(file.get_u64("llama.block_count"), Some(2));
+    assert_eq!(type_of(&file, "token_embd.weight"), GgmlType::Q4K);
+    assert_eq!(type_of(&file, "output.weight"), GgmlType::Q6K);
+    assert_eq!(type_of(&file, "blk.0.attn_v.weight"), GgmlType::Q4K);
+    assert_eq!(type_of(&file, "blk.1.attn_v.weight"), GgmlType::Q6K);
+    assert_eq!(type_of(&file, "blk.1.ffn_down.weight"), GgmlType::Q6K);
+    assert_eq!(type_of(&file, "blk.0.ffn_gate.weight"), GgmlType::Q4K);
+    assert_eq!(type_of(&file, "blk.0.ffn_norm.weight"), GgmlType::F32);
+
+    let model = load_model(&a, &|_, _| {}).unwrap();
+    assert_eq!(model.transformer.config.hidden, 256);
+    let rows = all_logits(&model);
+    assert!(rows.iter().flatten().all(|v| v.is_finite()));
+    // Random weights of std 0.02 give small, varied logits, not a constant row.
+    let first = &rows[0];
+    assert!(first.iter().any(|&v| v != first[0]));
+
+    std::fs::write(dir.join("config.json"), TINY_LLAMA.replace("49152", "1000")).unwrap();
+    let msg = one_line_error(&[
+        template.to_str().unwrap(),
+        dir.join("c.gguf").to_str().unwrap(),
+        "--type",
+        "Q4_K",
+        "--random-weights",
+        dir.join("config.json").to_str().unwrap(),
+    ]);
+    assert!(msg.contains("vocab_size 1000") && msg.contains("template"), "{msg}");
     let _ = std::fs::remove_dir_all(&dir);
 }

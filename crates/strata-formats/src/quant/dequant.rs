@@ -43,20 +43,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
     if !ty.can_dequantize() {
         return Err(QuantError::Unsupported { ty });
     }
-    let values = out.len();
-    let expected = ty.bytes_for(values as u64).ok_or(QuantError::PartialBlock {
-        ty,
-        values,
-        block_len: ty.block_len(),
-    })?;
-    if bytes.len() as u64 != expected {
-        return Err(QuantError::WrongByteLength {
-            ty,
-            values,
-            expected,
-            actual: bytes.len(),
-        });
-    }
+    check_lengths(ty, out.len(), bytes.len())?;
     use GgmlType::*;
     match ty {
         F32 => floats::f32_values(bytes, out),
@@ -77,19 +64,37 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
     Ok(())
 }
 
-/// Calls `decode` on each whole block of `bytes` and its values in `out`, as fixed-size
-/// arrays so the decoders index without bounds checks. Callers have checked that both
-/// slices hold the same number of blocks.
+/// Errors unless `values` values of type `ty` are whole blocks taking exactly `bytes` bytes.
+pub(super) fn check_lengths(ty: GgmlType, values: usize, bytes: usize) -> Result<(), QuantError> {
+    let expected = ty.bytes_for(values as u64).ok_or(QuantError::PartialBlock {
+        ty,
+        values,
+        block_len: ty.block_len(),
+    })?;
+    if bytes as u64 != expected {
+        return Err(QuantError::WrongByteLength {
+            ty,
+            values,
+            expected,
+            actual: bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Calls `code` on each whole block of `input` and its counterpart in `out` (block bytes and
+/// their values, either way round), as fixed-size arrays so the coders index without bounds
+/// checks. Callers have checked that both slices hold the same number of blocks.
 #[inline(always)]
-pub(super) fn for_each_block<const BYTES: usize, const LEN: usize>(
-    bytes: &[u8],
-    out: &mut [f32],
-    decode: impl Fn(&[u8; BYTES], &mut [f32; LEN]),
+pub(super) fn for_each_block<I, O, const IN: usize, const OUT: usize>(
+    input: &[I],
+    out: &mut [O],
+    code: impl Fn(&[I; IN], &mut [O; OUT]),
 ) {
-    for (block, values) in bytes.chunks_exact(BYTES).zip(out.chunks_exact_mut(LEN)) {
-        // chunks_exact yields exactly BYTES / LEN items, so both conversions succeed.
-        if let (Ok(block), Ok(values)) = (<&[u8; BYTES]>::try_from(block), <&mut [f32; LEN]>::try_from(values)) {
-            decode(block, values);
+    for (block, values) in input.chunks_exact(IN).zip(out.chunks_exact_mut(OUT)) {
+        // chunks_exact yields exactly IN / OUT items, so both conversions succeed.
+        if let (Ok(block), Ok(values)) = (<&[I; IN]>::try_from(block), <&mut [O; OUT]>::try_from(values)) {
+            code(block, values);
         }
     }
 }

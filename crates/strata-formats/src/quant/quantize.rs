@@ -1,34 +1,21 @@
 //! Quantizers: f32 values into GGML blocks (float types, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q4_K/Q5_K/Q6_K).
-//! The 32-value types round as ggml's reference does; K-quants search sub-block scales as ggml does without an importance matrix.
+//! Blocks are byte for byte those of ggml's reference quantizers (K-quants without an importance matrix).
 
-use super::dequant::f16_scale;
+use super::dequant::{check_lengths, f16_scale, for_each_block};
 use super::{GgmlType, QuantError, QK_K};
 
 /// Encodes `values` as `ty` into `out`, which must be exactly `ty.bytes_for(values.len())` long.
 ///
-/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks are byte for byte those of ggml's reference quantizer
-/// (and of `gguf.quants.quantize`). Q4_K, Q5_K and Q6_K choose each sub-block's scale (and
-/// minimum) by the weighted search of ggml's reference quantizer, without an importance matrix.
+/// Blocks are byte for byte those of ggml's reference quantizers (`quantize_row_*_ref`; for
+/// Q4_0 ... Q8_0, F16 and BF16 also of `gguf.quants.quantize`): Q4_K, Q5_K and Q6_K choose each
+/// sub-block's scale (and minimum) by ggml's weighted search, without an importance matrix.
 /// Errors on a type it cannot write, a length that is not whole blocks, a wrong output length,
 /// and non-finite values (which no block can hold).
 pub fn quantize(ty: GgmlType, values: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
     if !ty.can_quantize() {
         return Err(QuantError::QuantizeUnsupported { ty });
     }
-    let n = values.len();
-    let expected = ty.bytes_for(n as u64).ok_or(QuantError::PartialBlock {
-        ty,
-        values: n,
-        block_len: ty.block_len(),
-    })?;
-    if out.len() as u64 != expected {
-        return Err(QuantError::WrongByteLength {
-            ty,
-            values: n,
-            expected,
-            actual: out.len(),
-        });
-    }
+    check_lengths(ty, values.len(), out.len())?;
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(QuantError::NonFinite { index });
     }
@@ -68,22 +55,6 @@ pub const QUANTIZABLE: [GgmlType; 11] = [
 fn for_each_value<const N: usize>(values: &[f32], out: &mut [u8], encode: impl Fn(f32) -> [u8; N]) {
     for (&v, le) in values.iter().zip(out.chunks_exact_mut(N)) {
         le.copy_from_slice(&encode(v));
-    }
-}
-
-/// Calls `encode` on each whole block of `values` and its bytes in `out`, as fixed-size arrays.
-/// Callers have checked that both slices hold the same number of blocks.
-#[inline(always)]
-fn for_each_block<const LEN: usize, const BYTES: usize>(
-    values: &[f32],
-    out: &mut [u8],
-    encode: impl Fn(&[f32; LEN], &mut [u8; BYTES]),
-) {
-    for (values, block) in values.chunks_exact(LEN).zip(out.chunks_exact_mut(BYTES)) {
-        // chunks_exact yields exactly LEN / BYTES items, so both conversions succeed.
-        if let (Ok(values), Ok(block)) = (<&[f32; LEN]>::try_from(values), <&mut [u8; BYTES]>::try_from(block)) {
-            encode(values, block);
-        }
     }
 }
 
@@ -298,8 +269,9 @@ fn scaled_min_superblock(
         let weights = xs.map(|v| rms + v.abs());
         (scales[sub], mins[sub]) = scale_and_min_search(xs, &weights, nmax, rmin, 0.1, nstep, ls);
     }
-    let max_scale = scales.iter().fold(0.0f32, |m, &s| m.max(s));
-    let max_min = mins.iter().fold(0.0f32, |m, &s| m.max(s));
+    // Strictly greater than +0: an all-zero block's -0 minimum must not make dmin -0.
+    let largest = |v: &[f32; 8]| v.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
+    let (max_scale, max_min) = (largest(&scales), largest(&mins));
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let six_bits = |v: f32| nearest(v).min(63) as u8;
@@ -365,29 +337,41 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// ggml's `make_qx_quants` with weights x²: a symmetric scale for 16 values and levels in
 /// `-32..32`, searched over 19 trial scales around `-32 / (value of largest magnitude)`.
-/// Returns the scale (its sign follows that of the largest value, negated).
-fn symmetric_scale_search(x: &[f32; 16]) -> f32 {
+/// Returns the scale (its sign follows that of the largest value, negated) and writes the
+/// chosen levels plus 32 to `levels` (all 0 for an all-zero group).
+fn symmetric_scale_search(x: &[f32; 16], levels: &mut [u8; 16]) -> f32 {
     const NMAX: i32 = 32;
     let max = signed_absmax(x);
     if max.abs() < GROUP_MAX_EPS {
+        *levels = [0; 16];
         return 0.0;
     }
+    let level = |iscale: f32, v: f32| nearest(iscale * v).clamp(-NMAX, NMAX - 1);
     let sums = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
         for &v in x {
-            let l = nearest(iscale * v).clamp(-NMAX, NMAX - 1) as f32;
+            let l = level(iscale, v) as f32;
             let w = v * v;
             sumlx += w * v * l;
             suml2 += w * l * l;
         }
         (sumlx, suml2)
     };
-    let (sumlx, suml2) = sums(-(NMAX as f32) / max);
+    let set_levels = |levels: &mut [u8; 16], iscale: f32| {
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = (level(iscale, v) + NMAX) as u8;
+        }
+    };
+    let iscale = -(NMAX as f32) / max;
+    let (sumlx, suml2) = sums(iscale);
+    set_levels(levels, iscale);
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
     for step in (-9..=9).filter(|&s| s != 0) {
-        let (sumlx, suml2) = sums(-(NMAX as f32 + 0.1 * step as f32) / max);
+        let iscale = -(NMAX as f32 + 0.1 * step as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            set_levels(levels, iscale);
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -399,9 +383,13 @@ fn symmetric_scale_search(x: &[f32; 16]) -> f32 {
 /// 16 values, multiples of the f16 d), d; levels are stored plus 32 (see the decoder for the layout).
 fn q6_k(x: &[f32; QK_K], block: &mut [u8; 210]) {
     let mut scales = [0.0f32; 16];
-    for (s, xs) in scales.iter_mut().zip(x.chunks_exact(16)) {
-        if let Ok(xs) = <&[f32; 16]>::try_from(xs) {
-            *s = symmetric_scale_search(xs);
+    let mut levels = [0u8; QK_K];
+    for (s, (xs, ls)) in scales
+        .iter_mut()
+        .zip(x.chunks_exact(16).zip(levels.chunks_exact_mut(16)))
+    {
+        if let (Ok(xs), Ok(ls)) = (<&[f32; 16]>::try_from(xs), <&mut [u8; 16]>::try_from(ls)) {
+            *s = symmetric_scale_search(xs, ls);
         }
     }
     let max_scale = signed_absmax(&scales);
@@ -412,13 +400,12 @@ fn q6_k(x: &[f32; QK_K], block: &mut [u8; 210]) {
     let iscale = -128.0 / max_scale;
     block[208..210].copy_from_slice(&f16_bytes(1.0 / iscale));
     let d = f16_scale(block[208], block[209]);
-    let mut levels = [0u8; QK_K];
     for (group, (xs, ls)) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).enumerate() {
         let q_scale = nearest(iscale * scales[group]).min(127) as i8;
         block[192 + group] = q_scale as u8;
         let dl = d * f32::from(q_scale);
+        // A zero scale keeps the search's levels, as ggml does (they decode to 0 either way).
         if dl == 0.0 {
-            ls.fill(32);
             continue;
         }
         for (l, &v) in ls.iter_mut().zip(xs) {
