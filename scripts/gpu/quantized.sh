@@ -12,6 +12,10 @@
 #     on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against the CPU
 #     backend), the CUDA tests again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), then bench-gpu
 #     on the Q4_K_M file and on the bf16 checkpoint, interleaved with llama-bench on the Q4_K_M.
+#   decode: one call on a fresh machine after a kernel change (carries strata.gz,
+#     cuda-kernels-test.gz, llama-bin.tar.xz.part*, llama-src.tar.xz and tokenizers.tgz): the
+#     quantized kernels' test, the Q4_K_M file made again, llama-bench beside strata's single
+#     stream (ROUNDS, default 1; PROFILE=1 adds the eager per-kernel profile).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"

@@ -39,16 +39,13 @@ fn first_gpu() -> Option<Gpu> {
     gpu_libraries().map(|libs| Gpu::open(0, &libs).unwrap())
 }
 
-/// The GPU executor for the default model with `change`'s options (from bf16, the `auto` KV
-/// cache, CUDA graphs), or `None` (with the reason printed) without a GPU.
-fn gpu_executor(change: impl FnOnce(&mut GpuOptions)) -> Option<GpuExecutor> {
-    let libs = gpu_libraries()?;
-    let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads (make fetch)");
-    let mut opts = GpuOptions {
+/// The tests' GPU options: bf16, the file's quantized blocks kept, the `auto` KV cache, CUDA graphs.
+fn test_options() -> GpuOptions {
+    GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.2,
         gpu_memory_limit: None,
-        quantization: Default::default(),
+        quantization: GpuQuantization::Auto,
         dtype: ComputeDtype::Bf16,
         kv_cache_dtype: KvCacheDtype::Auto,
         block_size: 16,
@@ -58,7 +55,15 @@ fn gpu_executor(change: impl FnOnce(&mut GpuOptions)) -> Option<GpuExecutor> {
         enforce_eager: false,
         deterministic: false,
         ablate: Vec::new(),
-    };
+    }
+}
+
+/// The GPU executor for the default model with `change`'s options (from bf16, the `auto` KV
+/// cache, CUDA graphs), or `None` (with the reason printed) without a GPU.
+fn gpu_executor(change: impl FnOnce(&mut GpuOptions)) -> Option<GpuExecutor> {
+    let libs = gpu_libraries()?;
+    let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads (make fetch)");
+    let mut opts = test_options();
     change(&mut opts);
     Some(GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts"))
 }
@@ -487,21 +492,7 @@ fn quantized_files_on_the_gpu_match_the_cpu_backend() {
     files.sort();
     assert!(!files.is_empty(), "no .gguf files in {dir:?}");
     for path in files {
-        let opts = GpuOptions {
-            ordinal: 0,
-            gpu_memory_utilization: 0.2,
-            gpu_memory_limit: None,
-            quantization: GpuQuantization::Auto,
-            dtype: ComputeDtype::Bf16,
-            kv_cache_dtype: KvCacheDtype::Auto,
-            block_size: 16,
-            max_num_batched_tokens: 512,
-            max_num_seqs: 16,
-            max_model_len: 1024,
-            enforce_eager: false,
-            deterministic: false,
-            ablate: Vec::new(),
-        };
+        let opts = test_options();
         let gpu_model = load_model(&path, &|_, _| {}).expect("the quantized file loads");
         let mut gpu = GpuExecutor::new(gpu_model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
         let model = load_model(&path, &|_, _| {}).unwrap();
