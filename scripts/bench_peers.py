@@ -109,11 +109,12 @@ def run_json(cmd, env=None):
     return r.stdout
 
 
-def strata_local(strata, model, env, tmp):
+def strata_local(strata, model, precision, env, tmp):
     """pp512 and tg128 tok/s of `strata bench-local` (median of its 3 repeats)."""
     out = os.path.join(tmp, "strata-local.json")
     run_json([strata, "bench-local", "-m", model, "-t", str(THREADS), "--prompt-tokens", "512",
-              "--gen-tokens", "128", "--repeats", "3", "--out", out], env)
+              "--gen-tokens", "128", "--repeats", "3", "--activation-precision", precision,
+              "--out", out], env)
     with open(out) as f:
         r = json.load(f)
     return {"pp512": r["prompt_tps_median"], "tg128": r["decode_tps_median"]}
@@ -231,8 +232,8 @@ def main():
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of each tool (medians)")
     p.add_argument("--strata", default=os.path.join(ROOT, "target", "release", "strata"))
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--activation-precision", default="high", choices=["high", "standard"],
-                   help="strata serve's CPU activation precision (bench-local uses its default, high)")
+    p.add_argument("--activation-precision", default="standard", choices=["high", "standard"],
+                   help="strata's CPU activation precision (bench-local and serve; default: strata's)")
     p.add_argument("--out", help="results JSON (default bench/results/peers_cpu_<variant>.json)")
     p.add_argument("--build-only", action="store_true", help="build llama.cpp and stop")
     a = p.parse_args()
@@ -252,7 +253,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(a.rounds):
             print(f"bench-peers: round {rnd + 1}/{a.rounds}: local pp512/tg128", flush=True)
-            raw["strata"]["local"].append(strata_local(a.strata, a.model, strata_env, tmp))
+            raw["strata"]["local"].append(strata_local(a.strata, a.model, a.activation_precision, strata_env, tmp))
             raw["llama.cpp"]["local"].append(llama_local(bin_dir, a.model))
             for name, start in (
                 ("strata", lambda: strata_server(a.strata, a.model, a.activation_precision, strata_env, tmp)),
@@ -292,7 +293,7 @@ def main():
         "llama_cpp": {"source": "llama-cpp-python==0.3.36 sdist, vendor/llama.cpp",
                       "cmake_flags": CMAKE_COMMON + VARIANTS[a.variant][0]},
         "strata_env": VARIANTS[a.variant][1],
-        "strata_activation_precision_serve": a.activation_precision,
+        "strata_activation_precision": a.activation_precision,
         "model": os.path.basename(a.model),
         "threads": THREADS,
         "http": {"endpoint": "completions", "stream": True, "input_len": INPUT_LEN,

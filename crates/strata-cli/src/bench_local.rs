@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 use strata_engine::{complete, GenerationRequest};
 use strata_model::loader::default_model_path;
-use strata_runtime::cpu::ThreadPool;
+use strata_runtime::cpu::{ActPrecision, ThreadPool};
 
 #[derive(Args, Debug)]
 pub struct BenchLocalArgs {
@@ -26,6 +26,9 @@ pub struct BenchLocalArgs {
     /// Repetitions of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Activation precision of the decode path: standard (8-bit, the default) or high (~14-bit).
+    #[arg(long, default_value = "standard", value_parser = ActPrecision::parse)]
+    pub activation_precision: ActPrecision,
     /// Where to write the JSON report.
     #[arg(long, default_value = "bench/results/cpu_local.json")]
     pub out: PathBuf,
@@ -35,6 +38,7 @@ pub struct BenchLocalArgs {
 struct Report {
     model: String,
     threads: usize,
+    activation_precision: &'static str,
     prompt_tokens: usize,
     gen_tokens: usize,
     repeats: usize,
@@ -72,6 +76,7 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
     let weight_bytes = model.transformer.weights.matrix_bytes();
     let cpu = crate::device::DeviceArgs {
         device: crate::device::Device::Cpu,
+        activation_precision: args.activation_precision,
         ..Default::default()
     };
     let tokens = args.prompt_tokens.max(1 + args.gen_tokens) + 1;
@@ -101,6 +106,7 @@ pub fn bench_local(args: BenchLocalArgs) -> anyhow::Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         threads: args.threads,
+        activation_precision: args.activation_precision.as_str(),
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
         repeats: args.repeats,

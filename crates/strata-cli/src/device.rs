@@ -2,7 +2,7 @@
 //! the engine there. `auto` and `cuda` plan over every visible GPU; `auto` says why it falls back to the CPU.
 
 use clap::Args;
-use strata_engine::{EngineConfig, EngineHandle};
+use strata_engine::{ActPrecision, EngineConfig, EngineHandle};
 use strata_model::loader::LoadedModel;
 
 /// A device choice from the command line.
@@ -75,6 +75,10 @@ pub struct DeviceArgs {
     /// and rounded like a float32 framework, for checking outputs).
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
+    /// Activation precision of the CPU decode path: standard (8-bit like llama.cpp) or high
+    /// (~14-bit: greedy text matches a float reference; half the many-user throughput).
+    #[arg(long, default_value = "standard", value_parser = ActPrecision::parse)]
+    pub activation_precision: ActPrecision,
     /// Kernels left out of every GPU step (`bench-gpu --ablate`; not a flag of serve or run).
     #[arg(skip)]
     pub ablate: Vec<String>,
@@ -129,6 +133,7 @@ impl Default for DeviceArgs {
             enforce_eager: false,
             deterministic: false,
             dtype: DtypeArg::Auto,
+            activation_precision: ActPrecision::default(),
             ablate: Vec::new(),
         }
     }
@@ -206,6 +211,7 @@ fn start_cpu(
         anyhow::bail!("the CPU backend computes in float32; drop --dtype bfloat16 (or use --device cuda)");
     }
     steps.apply(&mut config, false);
+    config.activation_precision = dev.activation_precision;
     Ok(EngineHandle::start(model, config)?)
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use strata_engine::{ActPrecision, EngineConfig, KvCacheDtype};
+use strata_engine::{EngineConfig, KvCacheDtype};
 use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
 use strata_model::loader::default_model_path;
 use strata_server::connections::{
@@ -64,10 +64,6 @@ pub struct ServeArgs {
     /// Do not share the KV of common prompt prefixes between requests.
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
-    /// Activation precision of the CPU decode path: high (~14-bit, exact greedy text) or
-    /// standard (8-bit like llama.cpp; about twice the many-user throughput).
-    #[arg(long, default_value = "high", value_parser = ActPrecision::parse)]
-    pub activation_precision: ActPrecision,
     /// CPU compute threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
@@ -202,7 +198,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         max_queue: args.max_queue,
         threads,
-        activation_precision: args.activation_precision,
         ..EngineConfig::default()
     };
     let model = crate::progress::load_with_progress(&path)?;

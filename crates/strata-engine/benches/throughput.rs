@@ -33,7 +33,7 @@ fn options() -> Result<Options, String> {
         levels: vec![1, 4, 16, 32, 64],
         output_len: 64,
         dtype: KvCacheDtype::Auto,
-        precision: ActPrecision::High,
+        precision: ActPrecision::default(),
         constrained: 0.0,
         out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/engine_throughput.json"),
     };

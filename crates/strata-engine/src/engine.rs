@@ -65,7 +65,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             max_queue: 1024,
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            activation_precision: ActPrecision::High,
+            activation_precision: ActPrecision::default(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Fidelity of the CPU forward pass: SmolLM2 logits and greedy text against an independent
 //! float64 numpy reference (scripts/reference_smollm2.py over the `gguf` package's dequantization).
 
-use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest};
+use strata_engine::{complete, ActPrecision, EngineConfig, EngineHandle, GenerationRequest};
 use strata_model::chat_template::ChatMessage;
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
@@ -18,10 +18,12 @@ fn smollm2_matches_the_numpy_reference() {
     let reference: serde_json::Value = serde_json::from_str(REFERENCE).expect("reference JSON parses");
     let pool = ThreadPool::new(2);
     // Greedy continuations go through the engine, as every caller's do.
+    // `high` activations: greedy text is checked token for token against the reference.
     let engine_config = EngineConfig {
         threads: 2,
         kv_cache_memory: 64 << 20,
         max_model_len: Some(1024),
+        activation_precision: ActPrecision::High,
         ..Default::default()
     };
     let engine = EngineHandle::start(load_model(&path, &|_, _| {}).unwrap(), engine_config).unwrap();

@@ -95,11 +95,13 @@ pub struct RowPaths {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActPrecision {
     /// Each row quantized twice, value and rounding residual: ~14 bits, logits within 0.02 %
-    /// of an f64 reference, greedy text unchanged. Twice the integer work of `Standard`.
-    #[default]
+    /// of an f64 reference, greedy text unchanged. Twice the integer work of `Standard`: for
+    /// checking outputs against a float reference, or where greedy text must not drift.
     High,
     /// One 8-bit quantization per row, as llama.cpp does: ~1 % logit drift that can change
-    /// greedy text, about twice the throughput where batched decode is compute-bound.
+    /// greedy text, about twice the throughput where batched decode is compute-bound. The
+    /// default of the engine and the CLI.
+    #[default]
     Standard,
 }
 
