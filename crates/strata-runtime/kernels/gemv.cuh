@@ -42,7 +42,8 @@ __device__ __forceinline__ void block_sum_rows(float (&acc)[R][T]) {
 
 // ---- RMSNorm carried across the decode GEMVs (one GPU, no norm kernels between them). ----
 // The per-layer norm weights are folded into the columns of the bf16 matrices that read normed
-// rows (weights.rs: w' = w · diag(g); quantized matrices take x · diag(g) instead, quant.cu), so (rms_norm(x) * g) · wᵀ = s · (x · w'ᵀ) with
+// rows (weights.rs: w' = w · diag(g); quantized matrices take x · diag(g) instead, quant.cu),
+// so (rms_norm(x) * g) · wᵀ = s · (x · w'ᵀ) with
 // s = 1 / sqrt(mean(x²) + eps) per token. A GEMV that adds into the residual (gemv_residual: the
 // o and down projections) writes the new residual in f32 and bf16 and adds its rows' squares
 // into the next norm's sums; the GEMV that reads it (QKV, gate/up) multiplies its dot products

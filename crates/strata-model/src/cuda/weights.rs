@@ -194,18 +194,6 @@ pub enum GpuQuantization {
     None,
 }
 
-impl GpuQuantization {
-    pub fn parse(s: &str) -> Result<GpuQuantization, String> {
-        match s {
-            "auto" => Ok(GpuQuantization::Auto),
-            "none" => Ok(GpuQuantization::None),
-            other => Err(format!(
-                "unknown --quantization {other:?}: auto keeps a GGUF file's quantized matrices as they are on the GPU, none dequantizes them to --dtype"
-            )),
-        }
-    }
-}
-
 impl GpuWeights {
     /// The LM head matrix (last stage only).
     pub fn lm_head(&self) -> Option<&GpuMatrix> {
