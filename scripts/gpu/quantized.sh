@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
-# Issue 30's GPU run: quantized GGUF weights on one H200 beside llama.cpp CUDA, in two calls made
+# Issue 30's GPU runs: quantized GGUF weights on one H200 beside llama.cpp CUDA, in calls made
 # back to back (the machine keeps its disk between calls within its idle limit). Outputs in $OUT.
-#   peer: carries gpu-bin/llama-src.tar.xz (the pinned llama-cpp-python sdist's vendor/llama.cpp
-#     without docs, models and other backends) and the default model's first part; builds
-#     llama-bench and llama-quantize with CUDA for sm_90 (saved under $OUT as 15 MB parts, to carry
-#     as gpu-bin/llama-bin.tar.xz.part* next time instead of rebuilding), makes a random Qwen2.5-7B
-#     (real tokenizer), converts it with llama.cpp's convert_hf_to_gguf.py (bf16) and quantizes it
-#     to Q4_K_M with llama-quantize, then runs llama-bench pp512/tg128 on both files.
-#   test: carries the rest of the model and strata's binaries (gpu-bin/: strata.gz, cuda-test.gz,
-#     cuda-kernels-test.gz); runs the kernel tests, the CUDA tests (the default model's Q4_1 kept
-#     on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against the CPU
-#     backend), the CUDA tests again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), then bench-gpu
-#     on the Q4_K_M file and on the bf16 checkpoint, interleaved with llama-bench on the Q4_K_M.
-#   decode: one call on a fresh machine after a kernel change (carries strata.gz,
-#     cuda-kernels-test.gz, llama-bin.tar.xz.part*, llama-src.tar.xz and tokenizers.tgz): the
-#     quantized kernels' test, the Q4_K_M file made again, llama-bench beside strata's single
-#     stream (ROUNDS, default 1; PROFILE=1 adds the eager per-kernel profile).
+#   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers.tgz, the default
+#     model's first part, and llama-src.tar.xz: the pinned llama-cpp-python sdist's vendor/llama.cpp
+#     without docs, models, tests and other backends, or llama-bin.tar.xz.part* from an earlier
+#     call). Builds llama-bench, llama-quantize and llama-server with CUDA for sm_90 in the
+#     background (saved under $OUT as 15 MB parts, to carry next time instead of rebuilding) while
+#     the quantized kernels' test runs; makes a random Qwen2.5-7B (real tokenizer), converts it with
+#     llama.cpp's convert_hf_to_gguf.py and quantizes it to Q4_K_M with llama-quantize; then per
+#     round (ROUNDS, default 1) llama-bench pp512/tg128 beside strata's bench-gpu at LEVELS
+#     (default 1,256) on the Q4_K_M file and on the bf16 checkpoint (MODELS, default "q4_k_m bf16").
+#     PROFILE=1 adds the eager per-kernel profile of a Q4_K_M prompt and decode steps;
+#     KERNEL_TESTS names the kernel tests to run (default all).
+#   test: carries the model's other parts and cuda-test.gz: the CUDA tests (the default model's
+#     Q4_1 kept on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against
+#     the CPU backend), again as an Ampere card (STRATA_GPU_CAPABILITY=8.0).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -37,40 +36,66 @@ for r in json.load(open(sys.argv[1])):
 EOF
 }
 
+# llama.cpp's CUDA binaries in $LL/build/bin: unpacked from carried parts, or built from the
+# carried source (then /tmp/llama_build.done holds the build's exit line).
+llama_cpp() {
+    mkdir -p $LL
+    [ -f $LL/convert_hf_to_gguf.py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL
+    if ls gpu-bin/llama-bin.tar.xz.part* >/dev/null 2>&1; then
+        cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
+        echo "llama.cpp: carried binaries" > /tmp/llama_build.done
+        return
+    fi
+    (cd $LL && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=ON > /tmp/llama_cmake.log 2>&1 &&
+        cmake --build build -j 14 --target llama-bench llama-quantize llama-server > /tmp/llama_build.log 2>&1
+        echo "llama.cpp build exit $?" > /tmp/llama_build.done)
+}
+
+# strata bench-gpu on the Q4_K_M file (name q4_k_m) or the bf16 checkpoint (bf16) at LEVELS.
+strata_bench() {
+    local m=$1 round=$2 file=$GG/qwen7b-q4_k_m.gguf
+    [ $m = bf16 ] && file=$Q7
+    timeout 240 $S bench-gpu --model $file --levels ${LEVELS:-1,256} --kv-cache-dtypes auto \
+        --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_${m}_$round.json" > "$OUT/bench_${m}_$round.log" 2>&1
+    echo "-- strata $m (round $round), exit $?"
+    grep -E "weight matrices|^single stream|prompt|^\| (bf16|fp8) " "$OUT/bench_${m}_$round.log"
+}
+
 case "${1:-}" in
-peer)
+decode)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
     bash scripts/gpu/stage_model.sh
-    if [ ! -x $LL/build/bin/llama-bench ]; then
-        mkdir -p $LL
-        if ls gpu-bin/llama-bin.tar.xz.part* >/dev/null 2>&1; then
-            cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
-        else
-            tar xJf gpu-bin/llama-src.tar.xz -C $LL
-            (cd $LL && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-                -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-                -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-                -DBUILD_SHARED_LIBS=ON > /tmp/llama_cmake.log 2>&1 &&
-                cmake --build build -j 16 --target llama-bench llama-quantize > /tmp/llama_build.log 2>&1;
-                echo "llama.cpp build exit $?" > /tmp/llama_build.done) &
-        fi
-    fi
+    rm -f /tmp/llama_build.done
+    llama_cpp &
+    echo "== kernel tests ${KERNEL_TESTS:-}"
+    timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 ${KERNEL_TESTS:-} > "$OUT/cuda_kernels_tests.log" 2>&1
+    grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
     [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
         --prompts-only 2>&1 | grep -v -i warn | tail -2
-    if [ ! -f $GG/qwen7b-bf16.gguf ]; then
-        [ -d $LL/gguf-py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL ./gguf-py ./convert_hf_to_gguf.py ./conversion 2>/dev/null
+    while [ ! -f $LL/convert_hf_to_gguf.py ]; do sleep 1; done
+    [ -f $GG/qwen7b-bf16.gguf ] || [ -f $GG/qwen7b-q4_k_m.gguf ] ||
         timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype bf16 --outfile $GG/qwen7b-bf16.gguf \
             > /tmp/convert.log 2>&1 || tail -5 /tmp/convert.log
-    fi
-    while [ ! -x $LL/build/bin/llama-bench ] && [ ! -f /tmp/llama_build.done ]; do sleep 5; done
-    cat /tmp/llama_build.done 2>/dev/null; tail -3 /tmp/llama_build.log 2>/dev/null
+    while [ ! -f /tmp/llama_build.done ]; do sleep 5; done
+    cat /tmp/llama_build.done; tail -3 /tmp/llama_build.log 2>/dev/null
     [ -f $GG/qwen7b-q4_k_m.gguf ] || timeout 200 $LL/build/bin/llama-quantize $GG/qwen7b-bf16.gguf \
         $GG/qwen7b-q4_k_m.gguf Q4_K_M > /tmp/quantize.log 2>&1 || tail -5 /tmp/quantize.log
-    ls -la $GG
-    (cd $LL && tar cJf /tmp/llama-bin.tar.xz build/bin &&
+    rm -f $GG/qwen7b-bf16.gguf
+    ls gpu-bin/llama-bin.tar.xz.part* >/dev/null 2>&1 || (cd $LL && tar cJf /tmp/llama-bin.tar.xz build/bin &&
         split -b 15M /tmp/llama-bin.tar.xz "$OUT/llama-bin.tar.xz.part")
-    llama_bench $GG/qwen7b-q4_k_m.gguf q4_k_m
-    llama_bench $GG/qwen7b-bf16.gguf bf16
+    for round in $(seq ${ROUNDS:-1}); do
+        llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
+        for m in ${MODELS:-q4_k_m bf16}; do strata_bench $m $round; done
+    done
+    if [ -n "${PROFILE:-}" ]; then
+        echo "== where a Q4_K_M decode step goes at 1 stream (eager steps, GPU time of each kernel)"
+        STRATA_GPU_PROFILE=1 timeout 120 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --enforce-eager --levels 1 \
+            --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out /tmp/profile.json 2>&1 |
+            grep -A40 "GPU profile" > "$OUT/profile_q4_k_m_1.log"
+        head -24 "$OUT/profile_q4_k_m_1.log"
+    fi
     ;;
 test)
     bash scripts/gpu/stage_model.sh
@@ -81,68 +106,16 @@ test)
         [ -f $QM/smollm2-$t.gguf ] || timeout 120 $S quantize "$MODEL" $QM/smollm2-$t.gguf --type $t \
             > "$OUT/quantize_$t.log" 2>&1 || tail -3 "$OUT/quantize_$t.log"
     done
-    echo "== kernel tests"
-    timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 > "$OUT/cuda_kernels_tests.log" 2>&1
-    grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
     echo "== CUDA tests"
     ls $QM/*.gguf >/dev/null 2>&1 && export STRATA_QUANT_MODELS=$QM
     timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
     grep -E "^test |GPU vs CPU|vs CPU over|panicked|result|skipped" "$OUT/cuda_tests.log"
     echo "== CUDA tests as an sm_80 card (STRATA_GPU_CAPABILITY=8.0)"
-    STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 \
+    STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 quantized \
         > "$OUT/cuda_tests_sm80.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
-    echo "== bench-gpu, Qwen2.5-7B shape: Q4_K_M GGUF (llama-quantize) and the bf16 checkpoint"
-    for round in 1 2; do
-        for m in q4_k_m bf16; do
-            file=$GG/qwen7b-q4_k_m.gguf
-            [ $m = bf16 ] && file=$Q7
-            timeout 240 $S bench-gpu --model $file --levels ${LEVELS:-1,256} --kv-cache-dtypes auto \
-                --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_${m}_$round.json" \
-                > "$OUT/bench_${m}_$round.log" 2>&1
-            echo "-- strata $m (round $round), exit $?"
-            grep -E "weight matrices|^single stream|prompt|^\| (bf16|fp8) " "$OUT/bench_${m}_$round.log"
-        done
-        [ -x $LL/build/bin/llama-bench ] && llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
-    done
-    for loads in ${LOADS:-1 4}; do
-        STRATA_KERNEL_DEFINES="QGEMV_LOADS=$loads" timeout 150 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --levels 1 \
-            --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_loads$loads.json" \
-            > "$OUT/bench_loads$loads.log" 2>&1
-        echo "-- strata q4_k_m, QGEMV_LOADS=$loads"; grep -E "^single stream" "$OUT/bench_loads$loads.log"
-    done
-    echo "== where a Q4_K_M decode step goes at 1 stream (eager steps, GPU time of each kernel)"
-    STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --enforce-eager --levels 1 \
-        --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out /tmp/profile.json 2>&1 |
-        grep -A40 "GPU profile" | tee "$OUT/profile_q4_k_m_1.log" | head -24
     ;;
-decode)
-    # A fresh machine after a kernel change: the kernel tests, the Q4_K_M file made again (llama.cpp's
-    # binaries carried as gpu-bin/llama-bin.tar.xz.part*), llama-bench beside strata's single stream.
-    timeout 200 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quant > "$OUT/cuda_kernels_quant.log" 2>&1
-    grep -E "^test |panicked|result" "$OUT/cuda_kernels_quant.log"
-    mkdir -p $LL && cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
-    tar xJf gpu-bin/llama-src.tar.xz -C $LL ./gguf-py ./convert_hf_to_gguf.py ./conversion
-    python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 --prompts-only 2>&1 | tail -1
-    timeout 200 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype bf16 --outfile $GG/qwen7b-bf16.gguf \
-        > /tmp/convert.log 2>&1 || tail -5 /tmp/convert.log
-    timeout 200 $LL/build/bin/llama-quantize $GG/qwen7b-bf16.gguf $GG/qwen7b-q4_k_m.gguf Q4_K_M \
-        > /tmp/quantize.log 2>&1 || tail -5 /tmp/quantize.log
-    rm -f $GG/qwen7b-bf16.gguf
-    for round in $(seq ${ROUNDS:-1}); do
-        llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
-        timeout 120 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --levels 1 --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_q4_k_m_$round.json" > "$OUT/bench_q4_k_m_$round.log" 2>&1
-        echo "-- strata q4_k_m (round $round)"; grep -E "weight matrices|^single stream" "$OUT/bench_q4_k_m_$round.log"
-    done
-    if [ -n "${PROFILE:-}" ]; then
-        STRATA_GPU_PROFILE=1 timeout 120 $S bench-gpu --model $GG/qwen7b-q4_k_m.gguf --enforce-eager --levels 1 \
-            --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 64 --out /tmp/profile.json 2>&1 |
-            grep -A40 "GPU profile" > "$OUT/profile_q4_k_m_1.log"
-        grep -E "decode" "$OUT/profile_q4_k_m_1.log" | head -12
-    fi
-    ;;
-*) echo "usage: quantized.sh peer|test|decode"; exit 2 ;;
+*) echo "usage: quantized.sh decode|test"; exit 2 ;;
 esac
 # At most 8 files come back from $OUT: the figures and logs in one archive.
 (cd "$OUT" && tar czf "/tmp/results_$1.tgz" --exclude='llama-bin*' . && find . -maxdepth 1 -type f \

@@ -8,8 +8,11 @@
 use std::collections::HashMap;
 
 use strata_runtime::cpu::ops::RopeLayout;
+use strata_runtime::cuda::gemm_call::GEMV_KERNEL_TOKENS;
 use strata_runtime::cuda::norm_call::ROW_THREADS;
-use strata_runtime::cuda::{Communicator, CudaError, Gemm, GemmOperands, Gpu, Graph, KernelSpec, Kernels};
+use strata_runtime::cuda::{
+    Communicator, CudaError, Gemm, GemmOperands, Gpu, Graph, KernelSpec, Kernels, QuantizeQ8Call,
+};
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
 use crate::config::{rope_cos_sin_table, ModelConfig};
@@ -150,6 +153,11 @@ impl GpuTransformer {
         let mut bufs = StepBuffers::new(&gpu, &local, &limits, inputs.layout.len, weights.dtype.bytes())?;
         if weights.dequant_elems > 0 {
             bufs.dequant = Some(gpu.alloc(weights.dequant_elems * 2, "dequantized weights")?);
+            // The quantized GEMVs' int8 inputs: GEMV_KERNEL_TOKENS rows of the widest input.
+            let k = local.hidden.max(local.q_dim()).max(local.intermediate);
+            let what = "quantized activations";
+            bufs.x_q8 = Some(gpu.alloc(GEMV_KERNEL_TOKENS * k, what)?);
+            bufs.x_q8_scales = Some(gpu.alloc(QuantizeQ8Call::scale_bytes(k, GEMV_KERNEL_TOKENS), what)?);
         }
         let adjusts = RowAdjusts::new(
             &gpu,

@@ -6,7 +6,8 @@ use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
     gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
     GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, QuantEmbeddingCall,
-    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, RopeCall, RopeKernel, SiluMulCall, SumRanksCall,
+    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall,
+    SumRanksCall,
 };
 
 use crate::config::ModelConfig;
@@ -236,10 +237,12 @@ impl GpuTransformer {
             }
             .launch_with(self.launcher())?;
         } else if let (Some(seg), true) = (one_segment, path.gemv_for(hidden) && !self.deterministic) {
+            let (x, x_scales) = self.quantize_activations(xn, hidden, t)?;
             QuantGemvSiluCall {
                 format: seg.format,
                 w: seg.ptr,
-                x: xn,
+                x,
+                x_scales,
                 out: act,
                 inter: inter as i32,
                 k: hidden as i32,
@@ -345,11 +348,13 @@ impl GpuTransformer {
             .launch_with(self.launcher()),
             // One segment: o and down are one tensor each.
             MatrixView::Quant(_) => {
+                let (x, x_scales) = self.quantize_activations(a, k, t)?;
                 for seg in w.segments() {
                     QuantGemvResidualCall {
                         format: seg.format,
                         w: seg.ptr,
-                        x: a,
+                        x,
+                        x_scales,
                         res,
                         res_bf16,
                         norm_out,
@@ -636,8 +641,10 @@ impl GpuTransformer {
 
 impl GpuTransformer {
     /// [`Self::matmul`] of a quantized matrix: quant.cu's GEMVs over its segments for a few
-    /// tokens; otherwise the matrix dequantized into the scratch and a dense product of it, or,
-    /// for a matrix larger than the scratch (an LM head), GEMVs over the tokens a few at a time.
+    /// tokens (and, under `--deterministic`, for a matrix larger than the scratch, a few tokens at
+    /// a time: a row's result then never depends on the batch); otherwise the matrix
+    /// dequantized into the scratch, slab by slab when it is larger (an LM head), and dense
+    /// products of it.
     #[allow(clippy::too_many_arguments)]
     fn quantized_matmul(
         &mut self,
@@ -650,16 +657,19 @@ impl GpuTransformer {
         norm_in: u64,
     ) -> Result<(), CudaError> {
         let gemv = !self.deterministic && path.gemv_for(k);
-        if gemv || n * k > self.weights.dequant_elems {
+        let larger = n * k > self.weights.dequant_elems;
+        if gemv || (larger && self.deterministic) {
             let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
             let step = GEMV_KERNEL_TOKENS;
             for first in (0..t).step_by(step) {
                 let tokens = step.min(t - first);
+                let (xq, x_scales) = self.quantize_activations(x + (first * k * 2) as u64, k, tokens)?;
                 for seg in w.segments() {
                     QuantGemvCall {
                         format: seg.format,
                         w: seg.ptr,
-                        x: x + (first * k * 2) as u64,
+                        x: xq,
+                        x_scales,
                         y: y + ((first * n + seg.first_row) * y_elem) as u64,
                         n: seg.rows as i32,
                         k: k as i32,
@@ -674,24 +684,95 @@ impl GpuTransformer {
             }
             return Ok(());
         }
+        if larger {
+            return self.slab_matmul(w, x, y, (n, k, t), out);
+        }
         let scratch = self.dense_weights(w, (n, k))?;
         self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in)
     }
 
-    /// A dense address of `w` (`[n, k]`): its own, or the scratch it is dequantized into.
+    /// `x` (bf16 `[t, k]`, t at most GEMV_KERNEL_TOKENS) as the int8 blocks the quantized GEMVs
+    /// read: the addresses of the values and of their scales.
+    fn quantize_activations(&self, x: u64, k: usize, t: usize) -> Result<(u64, u64), CudaError> {
+        let (Some(xq), Some(xs)) = (&self.bufs.x_q8, &self.bufs.x_q8_scales) else {
+            return Err(CudaError::NoDevice(
+                "quantized GEMVs without their activation buffers".into(),
+            ));
+        };
+        QuantizeQ8Call {
+            x,
+            xq: xq.ptr(),
+            xs: xs.ptr(),
+            k: k as i32,
+            t: t as i32,
+        }
+        .launch_with(self.launcher())?;
+        Ok((xq.ptr(), xs.ptr()))
+    }
+
+    /// [`Self::quantized_matmul`] of a matrix larger than the scratch: each segment's rows a
+    /// scratch-full at a time, dequantized and multiplied by cuBLASLt into their columns of `y`.
+    fn slab_matmul(
+        &mut self,
+        w: MatrixView,
+        x: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+    ) -> Result<(), CudaError> {
+        let scratch = self.dequant_scratch(n, k)?;
+        let slab = self.weights.dequant_elems / k;
+        let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+        for seg in w.segments() {
+            for first in (0..seg.rows).step_by(slab) {
+                let rows = slab.min(seg.rows - first);
+                DequantCall {
+                    format: seg.format,
+                    w: seg.ptr,
+                    out: scratch,
+                    n: seg.rows as i32,
+                    k: k as i32,
+                    first: first as i32,
+                    rows: rows as i32,
+                }
+                .launch_with(self.launcher())?;
+                let timer = self.profile_start()?;
+                let y_slab = y + ((seg.first_row + first) * y_elem) as u64;
+                // SAFETY: the scratch holds rows x k bf16, x t x k, y t rows of n from the slab's column.
+                unsafe {
+                    self.gemm
+                        .matmul_into_rows(&self.gpu, scratch, x, y_slab, (rows, k, t), out, n)
+                }?;
+                self.profile_end(timer, || format!("gemm slab {rows}x{k}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dequantization scratch, if it holds a matrix of `[n, k]` (at least a row).
+    fn dequant_scratch(&self, n: usize, k: usize) -> Result<u64, CudaError> {
+        match &self.bufs.dequant {
+            Some(b) if k <= self.weights.dequant_elems => Ok(b.ptr()),
+            _ => Err(CudaError::NoDevice(format!(
+                "a quantized {n}x{k} matrix needs a dequantization scratch of a row at least ({} values)",
+                self.weights.dequant_elems
+            ))),
+        }
+    }
+
+    /// A dense address of `w` (`[n, k]`, no larger than the scratch): its own, or the scratch it
+    /// is dequantized into.
     fn dense_weights(&self, w: MatrixView, (n, k): (usize, usize)) -> Result<u64, CudaError> {
         if let MatrixView::Dense(p) = w {
             return Ok(p);
         }
-        let scratch = match &self.bufs.dequant {
-            Some(b) if n * k <= self.weights.dequant_elems => b.ptr(),
-            _ => {
-                return Err(CudaError::NoDevice(format!(
-                    "a quantized {n}x{k} matrix is larger than the dequantization scratch ({} values)",
-                    self.weights.dequant_elems
-                )))
-            }
-        };
+        if n * k > self.weights.dequant_elems {
+            return Err(CudaError::NoDevice(format!(
+                "a quantized {n}x{k} matrix is larger than the dequantization scratch ({} values)",
+                self.weights.dequant_elems
+            )));
+        }
+        let scratch = self.dequant_scratch(n, k)?;
         for seg in w.segments() {
             DequantCall {
                 format: seg.format,
@@ -699,7 +780,8 @@ impl GpuTransformer {
                 out: scratch + (seg.first_row * k * 2) as u64,
                 n: seg.rows as i32,
                 k: k as i32,
-                ld: k as i32,
+                first: 0,
+                rows: seg.rows as i32,
             }
             .launch_with(self.launcher())?;
         }

@@ -44,6 +44,10 @@ pub(super) struct StepBuffers {
     /// bf16 scratch a quantized matrix is dequantized into before a cuBLASLt product (the
     /// largest quantized layer matrix); `None` without quantized matrices.
     pub dequant: Option<DeviceBuffer>,
+    /// The input of a quantized GEMV as int8 blocks (quant.cu's quantize_q8), and their scales;
+    /// `None` without quantized matrices.
+    pub x_q8: Option<DeviceBuffer>,
+    pub x_q8_scales: Option<DeviceBuffer>,
 }
 
 impl StepBuffers {
@@ -80,6 +84,8 @@ impl StepBuffers {
             gathered: None,
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
             dequant: None,
+            x_q8: None,
+            x_q8_scales: None,
         })
     }
 }

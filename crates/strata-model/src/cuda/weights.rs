@@ -31,6 +31,10 @@ pub struct QuantSegment {
     pub rows: usize,
 }
 
+/// The dequantization scratch a quantized LM head needs at least (bf16 values: 64 MiB), when the
+/// layer matrices ask for less.
+const LM_HEAD_SLAB_ELEMS: usize = 32 << 20;
+
 /// Most segments a matrix is made of (the QKV matrix: q, k and v of three formats).
 pub const MAX_SEGMENTS: usize = 3;
 
@@ -137,7 +141,8 @@ pub struct GpuWeights {
     pub file_bytes: u64,
     /// The dense matrices' element type, and the activations'.
     pub dtype: ComputeDtype,
-    /// Elements of the largest quantized layer matrix (the bf16 scratch its GEMMs read), 0 if none.
+    /// Elements of the bf16 scratch quantized matrices are dequantized into for their GEMMs: the
+    /// largest quantized layer matrix, or a slab of a quantized LM head; 0 if none.
     pub dequant_elems: usize,
 }
 
@@ -315,6 +320,10 @@ impl GpuWeights {
             .as_ref()
             .or(token_embd.as_ref().filter(|_| shard.is_last_stage()));
         matrix_bytes += head.map_or(0, GpuMatrix::bytes);
+        // A quantized LM head larger than the scratch runs a slab of rows at a time.
+        if head.is_some_and(GpuMatrix::is_quantized) {
+            dequant_elems = dequant_elems.max((local.vocab_size * h).min(LM_HEAD_SLAB_ELEMS));
+        }
         let part_bytes = |m: &Linear, rows: usize, cols: usize| {
             (m.info.n_bytes as f64 * (rows * cols) as f64 / (m.rows * m.cols).max(1) as f64) as u64
         };

@@ -39,6 +39,10 @@ pub enum GemmOperands {
     F32,
 }
 
+/// A product's shape `(n, k, t)`, output type and output row stride (`n`, or wider for a slab
+/// of a larger output).
+type PlanKey = (usize, usize, usize, GemmOut, usize);
+
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -50,7 +54,7 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     operands: GemmOperands,
     workspace: DeviceBuffer,
-    plans: HashMap<(usize, usize, usize, GemmOut), Plan>,
+    plans: HashMap<PlanKey, Plan>,
 }
 
 // SAFETY: the handle is used from one thread at a time (the owner's).
@@ -77,16 +81,15 @@ impl Gemm {
         })
     }
 
-    fn plan(&mut self, n: usize, k: usize, t: usize, out: GemmOut) -> Result<&Plan, CudaError> {
-        let key = (n, k, t, out);
+    fn plan(&mut self, key: PlanKey) -> Result<&Plan, CudaError> {
         if !self.plans.contains_key(&key) {
-            let plan = self.make_plan(n, k, t, out)?;
+            let plan = self.make_plan(key)?;
             self.plans.insert(key, plan);
         }
         Ok(&self.plans[&key])
     }
 
-    fn make_plan(&self, n: usize, k: usize, t: usize, out: GemmOut) -> Result<Plan, CudaError> {
+    fn make_plan(&self, (n, k, t, out, ld): PlanKey) -> Result<Plan, CudaError> {
         let (bf16, f32) = (sys::cudaDataType_t::CUDA_R_16BF, sys::cudaDataType_t::CUDA_R_32F);
         let (in_type, out_type) = match (self.operands, out) {
             (GemmOperands::Bf16, GemmOut::Bf16) => (bf16, bf16),
@@ -102,7 +105,7 @@ impl Gemm {
         // Column-major view: y(n x t) = op(w)(n x k) * x(k x t), with w stored k x n (transposed).
         let a = lt::create_matrix_layout(in_type, k as u64, n as u64, k as i64).map_err(blas("layout A"))?;
         let b = lt::create_matrix_layout(in_type, k as u64, t as u64, k as i64).map_err(blas("layout B"))?;
-        let c = lt::create_matrix_layout(out_type, n as u64, t as u64, n as i64).map_err(blas("layout C"))?;
+        let c = lt::create_matrix_layout(out_type, n as u64, t as u64, ld as i64).map_err(blas("layout C"))?;
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType_t::CUDA_R_32F,
@@ -194,8 +197,9 @@ impl Gemm {
         (n, k, t): (usize, usize, usize),
         out: GemmOut,
     ) -> Result<(f32, f32), CudaError> {
-        self.plan(n, k, t, out)?;
-        let plan = &self.plans[&(n, k, t, out)];
+        let key = (n, k, t, out, n);
+        self.plan(key)?;
+        let plan = &self.plans[&key];
         let heuristic = self.candidates(plan.desc, plan.layouts, TUNE_CANDIDATES)?;
         let mut candidates: Vec<sys::cublasLtMatmulAlgo_t> = heuristic.iter().map(|r| r.algo).collect();
         // Split-k copies come after the heuristic's own candidates (`STRATA_GEMM_SPLIT_K=0`
@@ -244,7 +248,7 @@ impl Gemm {
             candidates.len() - split_from,
             if kept >= split_from { " (split-k)" } else { "" }
         );
-        if let Some(plan) = self.plans.get_mut(&(n, k, t, out)) {
+        if let Some(plan) = self.plans.get_mut(&key) {
             plan.algo = algo;
         }
         Ok((first, best))
@@ -305,12 +309,31 @@ impl Gemm {
         (n, k, t): (usize, usize, usize),
         out: GemmOut,
     ) -> Result<(), CudaError> {
+        self.matmul_into_rows(gpu, w, x, y, (n, k, t), out, n)
+    }
+
+    /// [`Gemm::matmul`] into rows of `ld >= n` elements: `y[j * ld + i]` for `i < n` (a slab of
+    /// a wider output).
+    ///
+    /// # Safety
+    /// As [`Gemm::matmul`], with `y` holding `(t - 1) * ld + n` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn matmul_into_rows(
+        &mut self,
+        gpu: &Gpu,
+        w: CUdeviceptr,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+        ld: usize,
+    ) -> Result<(), CudaError> {
         if t == 0 {
             return Ok(());
         }
-        let plan = self.plan(n, k, t, out)?;
-        let algo = plan.algo;
-        self.run(gpu, &self.plans[&(n, k, t, out)], &algo, w, x, y)
+        let key = (n, k, t, out, ld);
+        let algo = self.plan(key)?.algo;
+        self.run(gpu, &self.plans[&key], &algo, w, x, y)
     }
 
     /// One product with `plan`'s descriptors and `algo`.

@@ -13,7 +13,8 @@ use super::{driver, CudaError};
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// The kernels quant.cu defines for each block format: its GEMVs for 1, 2, 4 and 8 tokens
-/// (plain, gate/up with SiLU, residual), its dequantization and its embedding lookup.
+/// (plain, gate/up with SiLU, residual), its dequantization and its embedding lookup; then the
+/// activation quantizer the GEMVs read.
 macro_rules! quant_kernel_names {
     ($($f:literal),*) => {
         [$(
@@ -24,7 +25,7 @@ macro_rules! quant_kernel_names {
             concat!("qgemv_residual_", $f, "_t1"), concat!("qgemv_residual_", $f, "_t2"),
             concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
             concat!("dequant_", $f), concat!("embedding_", $f),
-        )*]
+        )* "quantize_q8"]
     };
 }
 

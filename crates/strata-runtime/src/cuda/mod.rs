@@ -70,7 +70,7 @@ pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
 pub use quant_call::{
     DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
-    QUANT_FORMATS,
+    QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
 };
 pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};
@@ -214,6 +214,7 @@ mod tests {
                     format,
                     w: 1,
                     x: 1,
+                    x_scales: 1,
                     y: 1,
                     n: 1,
                     k: 256,
@@ -227,6 +228,7 @@ mod tests {
                     format,
                     w: 1,
                     x: 1,
+                    x_scales: 1,
                     out: 1,
                     inter: 1,
                     k: 256,
@@ -238,6 +240,7 @@ mod tests {
                     format,
                     w: 1,
                     x: 1,
+                    x_scales: 1,
                     res: 1,
                     res_bf16: 1,
                     norm_out: 1,
@@ -254,7 +257,8 @@ mod tests {
                 out: 1,
                 n: 1,
                 k: 256,
-                ld: 256,
+                first: 0,
+                rows: 1,
             };
             let e = QuantEmbeddingCall {
                 format,
@@ -268,6 +272,14 @@ mod tests {
             };
             names.extend([d.name(), e.name()].map(String::from));
         }
+        let q = QuantizeQ8Call {
+            x: 1,
+            xq: 1,
+            xs: 1,
+            k: 256,
+            t: 1,
+        };
+        names.push(q.name().to_string());
         names
     }
 

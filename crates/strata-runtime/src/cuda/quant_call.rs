@@ -1,5 +1,5 @@
-//! The calls of quant.cu over GGUF blocks kept quantized on the GPU (GEMVs, dequantization to
-//! bf16, embedding lookups), and the block formats with the layout those kernels read.
+//! The calls of quant.cu over GGUF blocks kept quantized on the GPU (int8 activations and the
+//! GEMVs over them, dequantization to bf16, embedding lookups), and the formats' device layout.
 
 use std::ffi::c_void;
 
@@ -183,8 +183,10 @@ pub struct QuantGemvCall {
     pub format: QuantFormat,
     /// The segment's bytes (quant.cu's layout).
     pub w: u64,
-    /// bf16 `[t, k]`.
+    /// `[t, k]` as int8 blocks ([`QuantizeQ8Call`]'s `xq`).
     pub x: u64,
+    /// Their scales and sums ([`QuantizeQ8Call`]'s `xs`).
+    pub x_scales: u64,
     /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
     pub y: u64,
     pub n: i32,
@@ -214,6 +216,7 @@ impl QuantGemvCall {
         kernel_args!(
             self.w,
             self.x,
+            self.x_scales,
             self.y,
             self.n,
             self.k,
@@ -235,7 +238,9 @@ pub struct QuantGemvSiluCall {
     pub format: QuantFormat,
     /// `2 * inter` rows, the gate's first.
     pub w: u64,
+    /// As [`QuantGemvCall`]'s.
     pub x: u64,
+    pub x_scales: u64,
     /// bf16 `[t, inter]`.
     pub out: u64,
     pub inter: i32,
@@ -259,6 +264,7 @@ impl QuantGemvSiluCall {
         kernel_args!(
             self.w,
             self.x,
+            self.x_scales,
             self.out,
             self.inter,
             self.k,
@@ -278,7 +284,9 @@ impl QuantGemvSiluCall {
 pub struct QuantGemvResidualCall {
     pub format: QuantFormat,
     pub w: u64,
+    /// As [`QuantGemvCall`]'s.
     pub x: u64,
+    pub x_scales: u64,
     /// f32 `[t, n]`.
     pub res: u64,
     /// bf16 `[t, n]`.
@@ -305,6 +313,7 @@ impl QuantGemvResidualCall {
         kernel_args!(
             self.w,
             self.x,
+            self.x_scales,
             self.res,
             self.res_bf16,
             self.norm_out,
@@ -319,7 +328,8 @@ impl QuantGemvResidualCall {
     one_kernel_launch!("quant.cu");
 }
 
-/// A quantized segment of `n` rows as bf16 rows of `ld` elements at `out` (`dequant_*`).
+/// Rows `first..first + rows` of a quantized segment of `n` rows as bf16 `[rows, k]` at `out`
+/// (`dequant_*`).
 #[derive(Debug, Clone, Copy)]
 pub struct DequantCall {
     pub format: QuantFormat,
@@ -327,10 +337,11 @@ pub struct DequantCall {
     pub out: u64,
     pub n: i32,
     pub k: i32,
-    pub ld: i32,
+    pub first: i32,
+    pub rows: i32,
 }
 
-/// Threads of a `dequant_*` block, a unit each.
+/// Threads of a `dequant_*` block, a unit each (quant.cu's DEQUANT_THREADS).
 const DEQUANT_THREADS: u32 = 256;
 
 impl DequantCall {
@@ -339,7 +350,7 @@ impl DequantCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let units = self.n as u64 * (self.k as u64 / self.format.unit_len() as u64);
+        let units = self.rows as u64 * (self.k as u64 / self.format.unit_len() as u64);
         (
             (units.div_ceil(DEQUANT_THREADS as u64) as u32, 1, 1),
             DEQUANT_THREADS,
@@ -348,7 +359,50 @@ impl DequantCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        kernel_args!(self.w, self.out, self.n, self.k, self.ld).to_vec()
+        kernel_args!(self.w, self.out, self.n, self.k, self.first, self.rows).to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// Values of an activation block of [`QuantizeQ8Call`].
+pub const Q8_BLOCK: usize = 32;
+
+/// `x` (bf16 `[t, k]`, k a multiple of [`Q8_BLOCK`]) as int8 blocks for the GEMVs: `xq` (`[t, k]`
+/// bytes) and per block its scale and the sum of its values (`xs`, f32 pairs) (`quantize_q8`).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizeQ8Call {
+    pub x: u64,
+    pub xq: u64,
+    pub xs: u64,
+    pub k: i32,
+    pub t: i32,
+}
+
+/// Threads of a `quantize_q8` block, 8 values each (quant.cu's QUANTIZE_THREADS).
+const QUANTIZE_THREADS: u32 = 128;
+
+impl QuantizeQ8Call {
+    pub fn name(&self) -> &'static str {
+        quant_kernels()[QUANT_FORMATS.len() * KERNELS_PER_FORMAT]
+    }
+
+    /// Bytes of `xs` for `t` tokens of `k` values.
+    pub fn scale_bytes(k: usize, t: usize) -> usize {
+        t * k / Q8_BLOCK * 8
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let pieces = self.t as u64 * self.k as u64 / 8;
+        (
+            (pieces.div_ceil(QUANTIZE_THREADS as u64) as u32, 1, 1),
+            QUANTIZE_THREADS,
+            0,
+        )
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.x, self.xq, self.xs, self.k, self.t).to_vec()
     }
 
     one_kernel_launch!("quant.cu");
@@ -414,7 +468,16 @@ mod tests {
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
-        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT);
+        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 1);
+        let q = QuantizeQ8Call {
+            x: 1,
+            xq: 2,
+            xs: 3,
+            k: 4096,
+            t: 3,
+        };
+        assert_eq!((q.name(), q.shape()), ("quantize_q8", ((12, 1, 1), 128, 0)));
+        assert_eq!(q.args(), vec![at(&q.x), at(&q.xq), at(&q.xs), at(&q.k), at(&q.t)]);
         assert_eq!(QuantFormat::of(GgmlType::Q5_0), None);
     }
 
@@ -450,6 +513,7 @@ mod tests {
             format: QuantFormat::Q6K,
             w: 1,
             x: 2,
+            x_scales: 8,
             y: 3,
             n: 7,
             k: 256,
@@ -462,6 +526,7 @@ mod tests {
         let want = vec![
             at(&c.w),
             at(&c.x),
+            at(&c.x_scales),
             at(&c.y),
             at(&c.n),
             at(&c.k),
@@ -477,6 +542,7 @@ mod tests {
             format: QuantFormat::Q4_0,
             w: 1,
             x: 2,
+            x_scales: 7,
             res: 3,
             res_bf16: 4,
             norm_out: 5,
@@ -488,6 +554,7 @@ mod tests {
         let want = vec![
             at(&r.w),
             at(&r.x),
+            at(&r.x_scales),
             at(&r.res),
             at(&r.res_bf16),
             at(&r.norm_out),
@@ -504,9 +571,11 @@ mod tests {
             out: 2,
             n: 3,
             k: 512,
-            ld: 512,
+            first: 1,
+            rows: 2,
         };
-        assert_eq!(d.args(), vec![at(&d.w), at(&d.out), at(&d.n), at(&d.k), at(&d.ld)]);
+        let want = vec![at(&d.w), at(&d.out), at(&d.n), at(&d.k), at(&d.first), at(&d.rows)];
+        assert_eq!(d.args(), want);
         assert_eq!((d.name(), d.shape()), ("dequant_q4_k", ((1, 1, 1), 256, 0)));
     }
 }

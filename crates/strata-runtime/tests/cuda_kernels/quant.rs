@@ -1,11 +1,12 @@
-//! quant.cu against strata's CPU dequantizer: for each block format, the decode GEMVs (plain,
-//! gate/up with SiLU, residual with the next norm's sums), dequantization and the embedding.
+//! quant.cu against strata's CPU dequantizer: the int8 activation blocks, and for each block
+//! format the decode GEMVs over them (plain, gate/up with SiLU, residual with the next norm's
+//! sums), dequantization of a matrix and of a slab of its rows, and the embedding.
 
 use strata_formats::quant::dequantize;
 use strata_runtime::cuda::gemm_call::NORM_SLOTS;
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemvCall,
-    QuantGemvResidualCall, QuantGemvSiluCall, QUANT_FORMATS,
+    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, random_f32, read_bf16};
@@ -53,6 +54,65 @@ fn dot(w: &[f32], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
 }
 
+/// x (`[t, k]`) quantized by `quantize_q8` on the GPU, checked against the rule (per block of 32:
+/// scale amax / 127, q = round(x · 127 / amax), the sum of x). Returns the values the int8
+/// blocks stand for, and per token the sum over blocks of |sum of x - sum of those values|:
+/// what a block's min or offset, applied to the exact sum, adds to the error of a product.
+fn quantize_on_gpu(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    x: &[f32],
+    xd: &DeviceBuffer,
+    k: usize,
+    t: usize,
+) -> (DeviceBuffer, DeviceBuffer, Vec<f32>, Vec<f64>) {
+    let xq = gpu.alloc(t * k, "xq").unwrap();
+    let xs = gpu.alloc(QuantizeQ8Call::scale_bytes(k, t), "xs").unwrap();
+    let call = QuantizeQ8Call {
+        x: xd.ptr(),
+        xq: xq.ptr(),
+        xs: xs.ptr(),
+        k: k as i32,
+        t: t as i32,
+    };
+    // SAFETY: x t x k bf16, xq t x k bytes, xs t x k / 32 pairs.
+    unsafe { call.launch(gpu, kernels) }.unwrap();
+    let mut q = vec![0u8; t * k];
+    gpu.read(&xq, 0, &mut q).unwrap();
+    let mut scales = vec![0f32; 2 * t * k / Q8_BLOCK];
+    gpu.read(&xs, 0, &mut scales).unwrap();
+    let mut dequantized = vec![0f32; t * k];
+    let mut sum_gap = vec![0f64; t];
+    for (b, block) in x.chunks_exact(Q8_BLOCK).enumerate() {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (d, sum) = (scales[2 * b], scales[2 * b + 1]);
+        assert!(
+            (d - amax / 127.0).abs() <= 1e-6 * amax,
+            "block {b}: scale {d} for amax {amax}"
+        );
+        let exact: f64 = block.iter().map(|&v| v as f64).sum();
+        assert!(
+            (sum as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+            "block {b}: sum {sum} vs {exact}"
+        );
+        let mut back = 0f64;
+        for (i, &v) in block.iter().enumerate() {
+            let at = b * Q8_BLOCK + i;
+            let got = q[at] as i8 as f32;
+            let want = if amax > 0.0 {
+                (v * (127.0 / amax)).round_ties_even()
+            } else {
+                0.0
+            };
+            assert!((got - want).abs() <= 1.0, "value {at}: {got} vs {want}");
+            dequantized[at] = got * d;
+            back += dequantized[at] as f64;
+        }
+        sum_gap[b * Q8_BLOCK / k] += (exact - back).abs();
+    }
+    (xq, xs, dequantized, sum_gap)
+}
+
 #[test]
 fn quantized_kernels_match_the_cpu_dequantizer() {
     let Some(gpu) = first_gpu() else {
@@ -78,7 +138,8 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 out: out.ptr(),
                 n: 2 * n as i32,
                 k: k as i32,
-                ld: k as i32,
+                first: 0,
+                rows: 2 * n as i32,
             };
             // SAFETY: seg holds 2n x k of `format`, out 2n x k bf16.
             unsafe { d.launch(&gpu, &kernels) }.unwrap();
@@ -89,6 +150,22 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 .map(|(g, v)| (g - bf16_value(bf16_bits(*v))).abs())
                 .fold(0f32, f32::max);
             assert!(worst <= 1e-6 * scale, "{ctx}: dequant off by {worst}");
+            // A slab: rows n - 3 .. n + 4 of the segment, to the start of `out`.
+            let slab = DequantCall {
+                first: n as i32 - 3,
+                rows: 7,
+                ..d
+            };
+            // SAFETY: as above, 7 rows.
+            unsafe { slab.launch(&gpu, &kernels) }.unwrap();
+            let got = read_bf16(&gpu, &out, 7 * k);
+            let want = &w[(n - 3) * k..(n + 4) * k];
+            let worst = got
+                .iter()
+                .zip(want)
+                .map(|(g, v)| (g - bf16_value(bf16_bits(*v))).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-6 * scale, "{ctx}: dequant of a slab off by {worst}");
 
             // Embedding rows 3 and 2n - 1 and an id outside the table.
             let ids = [3u32, 2 * n as u32 - 1, 10_000_000];
@@ -123,8 +200,12 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 let xb = random_bf16(t * k, 7 + t as u64);
                 let x: Vec<f32> = xb.iter().map(|&b| bf16_value(b)).collect();
                 let xd = gpu.upload(&xb, "x").unwrap();
-                let want = |j: usize, r: usize| dot(&w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
-                let tol = 2e-5 * scale as f64 * k as f64;
+                let (xq, xs, xhat, sum_gap) = quantize_on_gpu(&gpu, &kernels, &x, &xd, k, t);
+                // The products of the int8 values; a block's min or offset applies to the exact
+                // sum, off from the int8 values' by sum_gap, times at most `scale` (the fixture's
+                // mins are below its largest weight).
+                let want = |j: usize, r: usize| dot(&w[r * k..(r + 1) * k], &xhat[j * k..(j + 1) * k]);
+                let tol_of = |j: usize| 2e-5 * scale as f64 * k as f64 + scale as f64 * sum_gap[j];
 
                 // Plain, f32 out into a wider output (ld = 2n + 5), rows n..2n.
                 let ld = 2 * n + 5;
@@ -133,7 +214,8 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 let plain = QuantGemvCall {
                     format,
                     w: seg.ptr(),
-                    x: xd.ptr(),
+                    x: xq.ptr(),
+                    x_scales: xs.ptr(),
                     y: y.ptr(),
                     n: 2 * n as i32,
                     k: k as i32,
@@ -143,14 +225,17 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                     norm_in: 0,
                     eps: 0.0,
                 };
-                // SAFETY: seg 2n x k, x t x k bf16, y t x ld f32.
+                // SAFETY: seg 2n x k, x t x k int8 blocks, y t x ld f32.
                 unsafe { plain.launch(&gpu, &kernels) }.unwrap();
                 let mut got = vec![0f32; t * ld];
                 gpu.read(&y, 0, &mut got).unwrap();
                 for j in 0..t {
                     for r in 0..2 * n {
                         let (a, b) = (got[j * ld + r] as f64, want(j, r));
-                        assert!((a - b).abs() <= tol, "{ctx} t {t}: gemv row {r} token {j}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() <= tol_of(j),
+                            "{ctx} t {t}: gemv row {r} token {j}: {a} vs {b}"
+                        );
                     }
                     assert_eq!(got[j * ld + 2 * n], 0.0, "{ctx}: wrote past its rows");
                 }
@@ -160,7 +245,8 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 let silu = QuantGemvSiluCall {
                     format,
                     w: seg.ptr(),
-                    x: xd.ptr(),
+                    x: xq.ptr(),
+                    x_scales: xs.ptr(),
                     out: act.ptr(),
                     inter: n as i32,
                     k: k as i32,
@@ -176,7 +262,7 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                         let (g, u) = (want(j, r), want(j, n + r));
                         let s = g / (1.0 + (-g).exp()) * u;
                         let a = got[j * n + r] as f64;
-                        let bound = 1e-2 * s.abs() + tol * (u.abs() + g.abs() + 1.0);
+                        let bound = 1e-2 * s.abs() + tol_of(j) * (u.abs() + g.abs() + 1.0);
                         assert!(
                             (a - s).abs() <= bound,
                             "{ctx} t {t}: silu row {r} token {j}: {a} vs {s}"
@@ -196,7 +282,8 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 let residual = QuantGemvResidualCall {
                     format,
                     w: seg.ptr(),
-                    x: xd.ptr(),
+                    x: xq.ptr(),
+                    x_scales: xs.ptr(),
                     res: res.ptr(),
                     res_bf16: res_bf16.ptr(),
                     norm_out: sums.ptr(),
@@ -218,7 +305,7 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                         let v = res0[j * 2 * n + r] as f64 + want(j, r);
                         let a = new[j * 2 * n + r] as f64;
                         assert!(
-                            (a - v).abs() <= tol,
+                            (a - v).abs() <= tol_of(j),
                             "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
                         );
                         let b = new_bf16[j * 2 * n + r];
