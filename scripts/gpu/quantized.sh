@@ -87,11 +87,11 @@ test)
     echo "== CUDA tests"
     ls $QM/*.gguf >/dev/null 2>&1 && export STRATA_QUANT_MODELS=$QM
     timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
-    grep -E "^test |GPU vs CPU|vs CPU over|panicked|result|skipped" "$OUT/cuda_tests.log"
+    grep -E "^test |GPU vs CPU|vs CPU over|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests.log"
     echo "== CUDA tests as an sm_80 card (STRATA_GPU_CAPABILITY=8.0)"
     STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 \
         > "$OUT/cuda_tests_sm80.log" 2>&1
-    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
+    grep -E "^test |vs CPU|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
     echo "== bench-gpu, Qwen2.5-7B shape: Q4_K_M GGUF (llama-quantize) and the bf16 checkpoint"
     for round in 1 2; do
         for m in q4_k_m bf16; do

@@ -471,6 +471,64 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     );
 }
 
+/// `--quantization fp8` (every layer matrix E4M3 with a scale per row, converted at load) against
+/// the bf16 path (`none`) on SmolLM2, over 100 rows: prompts through FP8 tensor cores on sm_89+
+/// (weight-only bf16 products below, and under STRATA_GPU_CAPABILITY=8.0, which the GPU script
+/// runs this test with too: the same bounds hold), decode steps through fp8.cu's GEMVs, graphs
+/// equal to eager steps, and about half the weight bytes.
+///
+/// The bounds, from E4M3's 3 mantissa bits: each weight moves by at most 2^-4 of itself (RMS
+/// about 2.6 %), so each product's outputs by about 2.6 % (the activations' E4M3 rounding in
+/// prompt products as much again); summed over 30 layers' 4 products as a random walk against a
+/// growing residual, the final hidden state moves by about 8 %, and the worst logit of a row by
+/// about as much of its largest (0.1 expected, bounded at 0.25). Top-1 flips only where the best
+/// two logits are closer than that: about 95 of 100 rows expected, bounded at 85.
+#[test]
+fn smollm2_with_fp8_weights_stays_near_the_bf16_path() {
+    let Some(mut bf16) = gpu_executor(|o| o.quantization = GpuQuantization::None) else {
+        return;
+    };
+    let mut fp8 = gpu_executor(|o| o.quantization = GpuQuantization::Fp8).unwrap();
+    let mut fp8_eager = gpu_executor(|o| {
+        o.quantization = GpuQuantization::Fp8;
+        o.enforce_eager = true;
+    })
+    .unwrap();
+    let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let rows = run_lockstep(&mut [&mut bf16, &mut fp8, &mut fp8_eager], &prompts, 24);
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    let n = rows[0].len();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "FP8 weights vs bf16 over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}; \
+         GPU weights {:.1} MiB vs {:.1} MiB",
+        mib(fp8.weight_bytes()),
+        mib(bf16.weight_bytes())
+    );
+    assert_eq!(n, 100);
+    assert!(rel < 0.25, "FP8 logits differ from bf16's by {rel} of the row's scale");
+    assert!(top1 >= 85, "FP8 top-1 agrees with bf16 on only {top1} of {n} rows");
+    assert!(
+        rel > 0.0,
+        "FP8 weights gave bf16's logits exactly: the matrices were not converted"
+    );
+    assert_eq!(
+        rows[1], rows[2],
+        "FP8 CUDA-graph steps and eager steps give different logits"
+    );
+    // Layer matrices at a byte a weight (bf16: two); the tied Q4_1 embedding is kept as it is.
+    assert!(
+        fp8.weight_bytes() * 10 < bf16.weight_bytes() * 6,
+        "FP8 weights take {} bytes, bf16 {}",
+        fp8.weight_bytes(),
+        bf16.weight_bytes()
+    );
+}
+
 /// The GGUF files in `$STRATA_QUANT_MODELS` (the default model re-quantized to each type by
 /// `strata quantize`; the GPU scripts make them), each on the GPU with its blocks kept against
 /// the CPU backend on the same file: 100 rows, top-1 on at least 98, the worst difference under

@@ -2,6 +2,7 @@
 //! sized by `--gpu-memory-utilization` after measuring the activation peak.
 
 pub mod forward;
+mod fp8_matmul;
 mod graphs;
 mod knobs;
 pub mod kv_cache;
@@ -73,6 +74,8 @@ impl GpuOptions {
             "does not combine with --kv-cache-dtype fp8; drop it or use --dtype bfloat16".to_string()
         } else if self.deterministic {
             "does not combine with --deterministic; drop it or use --dtype bfloat16".to_string()
+        } else if self.quantization == GpuQuantization::Fp8 {
+            "does not combine with --quantization fp8; drop it or use --dtype bfloat16".to_string()
         } else {
             return Ok(());
         };

@@ -44,6 +44,9 @@ pub(super) struct StepBuffers {
     /// bf16 scratch a quantized matrix is dequantized into before a cuBLASLt product (the
     /// largest quantized layer matrix); `None` without quantized matrices.
     pub dequant: Option<DeviceBuffer>,
+    /// E4M3 activations of the FP8 GEMM (`max_tokens` rows of the widest product input), then
+    /// their f32 per-token scales; `None` without FP8 matrices or FP8 tensor cores.
+    pub fp8_act: Option<DeviceBuffer>,
 }
 
 impl StepBuffers {
@@ -80,6 +83,7 @@ impl StepBuffers {
             gathered: None,
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
             dequant: None,
+            fp8_act: None,
         })
     }
 }
