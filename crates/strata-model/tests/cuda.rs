@@ -3,6 +3,8 @@
 //! own tests are strata-runtime's tests/cuda_kernels.
 #![cfg(feature = "cuda")]
 
+#[allow(dead_code)]
+mod common;
 mod gpu_common;
 
 use gpu_common::argmax;
@@ -527,6 +529,55 @@ fn smollm2_with_fp8_weights_stays_near_the_bf16_path() {
         fp8.weight_bytes(),
         bf16.weight_bytes()
     );
+}
+
+/// An FP8 checkpoint (compressed-tensors, a bf16 scale per output channel; tiny random qwen3)
+/// runs on the GPU with its layer matrices as its own E4M3 bytes and scales (`auto`: the weight
+/// bytes say so), against the same checkpoint dequantized to bf16 on the GPU (`none`): the same
+/// weight values, so only the prompt products' E4M3 activations on sm_89+ (1/16 of each product
+/// at most) and summation order differ. Expected max rel ~0.02, bounded at 0.1.
+#[test]
+fn an_fp8_checkpoint_keeps_its_bytes_and_scales_on_the_gpu() {
+    use common::fp8_hf::{write_fp8, Scheme};
+    use common::tiny_hf::TinyCheckpoint;
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("strata-gpu-fp8-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ck = TinyCheckpoint::new("qwen3", strata_formats::safetensors::Dtype::BF16, false, 60);
+    write_fp8(&ck, &dir, Scheme::PerChannel);
+    let executor = |quantization| {
+        let model = load_model(&dir, &|_, _| {}).expect("the FP8 checkpoint loads");
+        let opts = GpuOptions {
+            quantization,
+            max_model_len: 256,
+            ..test_options()
+        };
+        GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts")
+    };
+    let (mut fp8, mut bf16) = (executor(GpuQuantization::Auto), executor(GpuQuantization::None));
+    let c = fp8.config().clone();
+    // Layer matrices at a byte a weight and an f32 scale a row; the LM head in bf16.
+    let (h, q, kv, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
+    let rows = (q + 2 * kv) + h + 2 * f + h;
+    let weights = (q + 2 * kv) * h + h * q + 2 * f * h + h * f;
+    let want = c.n_layers * (weights + 4 * rows) + 2 * c.vocab_size * h;
+    assert_eq!(fp8.weight_bytes(), want as u64, "the layer matrices are FP8 on the GPU");
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| p.bytes().take(40).map(u32::from).collect())
+        .collect();
+    let rows = run_lockstep(&mut [&mut bf16, &mut fp8], &prompts, 24);
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    eprintln!(
+        "FP8 checkpoint vs its bf16 values on the GPU: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/100"
+    );
+    assert!(
+        rel < 0.1,
+        "the FP8 checkpoint's logits differ from its bf16 values' by {rel}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The GGUF files in `$STRATA_QUANT_MODELS` (the default model re-quantized to each type by
