@@ -28,6 +28,17 @@ pub struct Linear {
     pub fp8_scales: Option<Vec<f32>>,
 }
 
+impl Linear {
+    /// Bytes the matrix takes in its file: its arena bytes, or a byte a weight for FP8 (held
+    /// as bf16 in the arena).
+    pub fn file_bytes(&self) -> u64 {
+        match self.fp8_scales {
+            Some(_) => (self.rows * self.cols) as u64,
+            None => self.info.n_bytes,
+        }
+    }
+}
+
 /// Alignment of each matrix in the arena (a cache line; pages for the first).
 const ARENA_ALIGN: usize = 64;
 

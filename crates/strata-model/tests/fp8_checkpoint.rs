@@ -72,6 +72,11 @@ fn fp8_checkpoints_load_to_their_dequantized_values_in_every_layout() {
         let per_row = if matches!(scheme, Scheme::Blocks) { 0 } else { wq.rows };
         assert_eq!(wq.fp8_scales.as_ref().map(Vec::len), Some(per_row), "{name}");
         assert!(bf16.weights.layers[0].wq.fp8_scales.is_none());
+        let twin_wq = &twin.weights.layers[0].wq;
+        assert_eq!(
+            (wq.file_bytes(), twin_wq.file_bytes()),
+            (twin_wq.file_bytes() / 2, 2 * (wq.rows * wq.cols) as u64)
+        );
         assert_eq!(
             fp8.weights.arena.bytes(wq),
             twin.weights.arena.bytes(&twin.weights.layers[0].wq)

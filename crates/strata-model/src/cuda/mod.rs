@@ -144,10 +144,11 @@ impl ProbedShard {
         )
         .map_err(cuda)?;
         tracing::info!(
-            "{} (GPU {}): weight matrices {:.2} GiB on the GPU ({:.2} GiB in the file){}",
+            "{} (GPU {}): weight matrices {:.2} GiB on the GPU{} ({:.2} GiB in the file){}",
             gpu.info.name,
             gpu.info.ordinal,
             weights.matrix_bytes as f64 / GIB,
+            if weights.has_fp8() { ", layers in FP8 E4M3" } else { "" },
             weights.file_bytes as f64 / GIB,
             opts.gpu_memory_limit.map_or(String::new(), |l| format!(
                 ", sized as a {:.1} GiB card (--gpu-memory-limit)",

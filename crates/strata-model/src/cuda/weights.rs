@@ -348,7 +348,7 @@ impl GpuWeights {
             .or(token_embd.as_ref().filter(|_| shard.is_last_stage()));
         matrix_bytes += head.map_or(0, GpuMatrix::bytes);
         let part_bytes = |m: &Linear, rows: usize, cols: usize| {
-            (m.info.n_bytes as f64 * (rows * cols) as f64 / (m.rows * m.cols).max(1) as f64) as u64
+            (m.file_bytes() as f64 * (rows * cols) as f64 / (m.rows * m.cols).max(1) as f64) as u64
         };
         let (q_dim, kv_dim, mlp_cols) = (local.q_dim(), local.kv_dim(), local.intermediate);
         let mut file_bytes: u64 = shard
