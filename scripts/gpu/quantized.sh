@@ -9,7 +9,8 @@
 #     the quantized kernels' test runs; makes a random Qwen2.5-7B (real tokenizer), converts it with
 #     llama.cpp's convert_hf_to_gguf.py and quantizes it to Q4_K_M with llama-quantize; then per
 #     round (ROUNDS, default 1) llama-bench pp512/tg128 beside strata's bench-gpu at LEVELS
-#     (default 1,256) on the Q4_K_M file and on the bf16 checkpoint (MODELS, default "q4_k_m bf16").
+#     (default 1,256) on the Q4_K_M file, the bf16 checkpoint and that checkpoint as FP8 (MODELS,
+#     default "q4_k_m bf16 fp8").
 #     PROFILE=1 adds the eager per-kernel profile of a Q4_K_M prompt and decode steps;
 #     KERNEL_TESTS names the kernel tests to run (default all).
 #   test: carries the model's other parts and cuda-test.gz: the CUDA tests (the default model's
@@ -53,11 +54,13 @@ llama_cpp() {
         echo "llama.cpp build exit $?" > /tmp/llama_build.done)
 }
 
-# strata bench-gpu on the Q4_K_M file (name q4_k_m) or the bf16 checkpoint (bf16) at LEVELS.
+# strata bench-gpu at LEVELS on the Q4_K_M file (name q4_k_m), the bf16 checkpoint (bf16), or that
+# checkpoint converted to FP8 E4M3 while it loads (fp8).
 strata_bench() {
-    local m=$1 round=$2 file=$GG/qwen7b-q4_k_m.gguf
+    local m=$1 round=$2 file=$GG/qwen7b-q4_k_m.gguf quant=auto
     [ $m = bf16 ] && file=$Q7
-    timeout 240 $S bench-gpu --model $file --levels ${LEVELS:-1,256} --kv-cache-dtypes auto \
+    [ $m = fp8 ] && file=$Q7 && quant=fp8
+    timeout 240 $S bench-gpu --model $file --quantization $quant --levels ${LEVELS:-1,256} --kv-cache-dtypes auto \
         --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_${m}_$round.json" > "$OUT/bench_${m}_$round.log" 2>&1
     echo "-- strata $m (round $round), exit $?"
     grep -E "weight matrices|^single stream|prompt|^\| (bf16|fp8) " "$OUT/bench_${m}_$round.log"
@@ -87,7 +90,7 @@ decode)
         split -b 15M /tmp/llama-bin.tar.xz "$OUT/llama-bin.tar.xz.part")
     for round in $(seq ${ROUNDS:-1}); do
         llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
-        for m in ${MODELS:-q4_k_m bf16}; do strata_bench $m $round; done
+        for m in ${MODELS:-q4_k_m bf16 fp8}; do strata_bench $m $round; done
     done
     if [ -n "${PROFILE:-}" ]; then
         echo "== where a Q4_K_M decode step goes at 1 stream (eager steps, GPU time of each kernel)"
@@ -109,11 +112,11 @@ test)
     echo "== CUDA tests"
     ls $QM/*.gguf >/dev/null 2>&1 && export STRATA_QUANT_MODELS=$QM
     timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
-    grep -E "^test |GPU vs CPU|vs CPU over|panicked|result|skipped" "$OUT/cuda_tests.log"
+    grep -E "^test |GPU vs CPU|vs CPU over|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests.log"
     echo "== CUDA tests as an sm_80 card (STRATA_GPU_CAPABILITY=8.0)"
     STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 quantized \
         > "$OUT/cuda_tests_sm80.log" 2>&1
-    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
+    grep -E "^test |vs CPU|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
     ;;
 *) echo "usage: quantized.sh decode|test"; exit 2 ;;
 esac

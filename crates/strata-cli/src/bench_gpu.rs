@@ -52,7 +52,7 @@ pub struct BenchGpuArgs {
     /// Size the GPU as if it had only SIZE of memory (e.g. 24GiB).
     #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
     pub gpu_memory_limit: Option<usize>,
-    /// GGUF matrices on the GPU: auto (kept quantized) or none (dequantized to bf16).
+    /// Layer matrices on the GPU: auto (as shipped: GGUF blocks, FP8), none (bf16) or fp8.
     #[arg(long, default_value = "auto", value_parser = crate::device::parse_quantization)]
     pub quantization: crate::device::Quantization,
     #[arg(long, default_value_t = 4096)]

@@ -59,7 +59,9 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "SIZE", value_parser = crate::serve::parse_size)]
     pub gpu_memory_limit: Option<usize>,
     /// GPU weights: auto keeps a GGUF file's quantized matrices as they are (Q4_0, Q4_1, Q8_0,
-    /// Q4_K, Q5_K, Q6_K; others are dequantized with a warning), none dequantizes them to --dtype.
+    /// Q4_K, Q5_K, Q6_K; others are dequantized with a warning) and an FP8 checkpoint's as FP8,
+    /// none dequantizes them to --dtype, fp8 converts every layer matrix to FP8 E4M3 with a scale
+    /// per output channel while it loads (bfloat16 only).
     #[arg(long, default_value = "auto", value_parser = parse_quantization)]
     pub quantization: Quantization,
     /// Run every step eagerly: no CUDA graphs (GPU only; outputs are the same either way).
@@ -90,14 +92,16 @@ pub enum Quantization {
     #[default]
     Auto,
     None,
+    Fp8,
 }
 
 pub fn parse_quantization(s: &str) -> Result<Quantization, String> {
     match s {
         "auto" => Ok(Quantization::Auto),
         "none" => Ok(Quantization::None),
+        "fp8" => Ok(Quantization::Fp8),
         other => Err(format!(
-            "unknown --quantization {other:?}: auto keeps a GGUF file's quantized matrices quantized on the GPU, none dequantizes them to --dtype"
+            "unknown --quantization {other:?}: auto keeps a GGUF file's quantized matrices (and an FP8 checkpoint's) as they are on the GPU, none dequantizes them to --dtype, fp8 converts the layer matrices to FP8 E4M3"
         )),
     }
 }
@@ -287,6 +291,7 @@ fn gpu_options(
         quantization: match dev.quantization {
             Quantization::Auto => strata_model::cuda::GpuQuantization::Auto,
             Quantization::None => strata_model::cuda::GpuQuantization::None,
+            Quantization::Fp8 => strata_model::cuda::GpuQuantization::Fp8,
         },
         dtype: dev.compute_dtype(),
         kv_cache_dtype: config.kv_cache_dtype,
@@ -383,6 +388,8 @@ mod tests {
         assert_eq!(parse_device("cuda:1"), Ok(Device::Cuda(1)));
         assert_eq!(parse_device("auto"), Ok(Device::Auto));
         assert!(parse_device("cuda:x").unwrap_err().contains("cuda:N"));
+        assert_eq!(parse_quantization("fp8"), Ok(Quantization::Fp8));
+        assert!(parse_quantization("awq").unwrap_err().contains("fp8 converts"));
         assert_eq!(parse_seconds("2.5"), Ok(2.5));
         assert!(parse_seconds("-1").is_err() && parse_seconds("inf").is_err());
     }

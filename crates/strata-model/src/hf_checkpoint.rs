@@ -12,6 +12,7 @@ use crate::architectures::{Architecture, ARCHITECTURES};
 use crate::chat_template::ChatTemplate;
 use crate::config::{ModelConfig, RopeConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::fp8::Fp8Checkpoint;
 use crate::tokenizer::{SpecialIds, Tokenizer};
 use crate::transformer::Transformer;
 use crate::weights::{check_layer_count, ModelWeights};
@@ -88,6 +89,8 @@ pub struct HfConfig {
     pub model: ModelConfig,
     /// `torch_dtype`, e.g. "bfloat16"; `None` when the file names none.
     pub torch_dtype: Option<String>,
+    /// The layout of its FP8 matrices, when `quantization_config` says it has them.
+    pub fp8: Option<Fp8Checkpoint>,
 }
 
 /// The `config.json` of a checkpoint (`dir_or_file`: the directory or the file). Reads nothing
@@ -100,14 +103,22 @@ pub fn read_hf_config(dir_or_file: &Path) -> Result<HfConfig, ModelError> {
         message,
     })?;
     let torch_dtype = Keys(&json).opt_str("torch_dtype").map(str::to_string);
-    Ok(HfConfig { model, torch_dtype })
+    let fp8 = Fp8Checkpoint::from_config(&json).map_err(|message| ModelError::BadCheckpoint {
+        path: path.clone(),
+        message,
+    })?;
+    Ok(HfConfig {
+        model,
+        torch_dtype,
+        fp8,
+    })
 }
 
 /// Loads the transformer of the checkpoint at `path` (directory or `config.json`): shape from
 /// `config.json`, weights from its safetensors files; `progress(done, total)` reports bytes copied.
 pub fn load_hf_transformer(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<Transformer, ModelError> {
     let dir = checkpoint_dir(path)?;
-    let config = read_hf_config(&dir)?.model;
+    let HfConfig { model: config, fp8, .. } = read_hf_config(&dir)?;
     let set = SafetensorsSet::open_dir(&dir)?;
     let names = set.files().iter().flat_map(|f| f.tensors()).map(|t| t.name.as_str());
     check_layer_count(config.n_layers, names, true, "num_hidden_layers").map_err(|message| {
@@ -116,7 +127,7 @@ pub fn load_hf_transformer(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<T
             message,
         }
     })?;
-    let weights = ModelWeights::from_safetensors(&set, &config, progress)?;
+    let weights = ModelWeights::from_safetensors(&set, fp8.as_ref(), &config, progress)?;
     Ok(Transformer::new(config, weights))
 }
 

@@ -273,7 +273,7 @@ impl PagedKvCache {
 }
 
 /// Quantizes one vector to E4M3 with a shared scale (its max magnitude maps to 448); returns the scale.
-fn encode_fp8(x: &[f32], out: &mut [u8]) -> f32 {
+pub(crate) fn encode_fp8(x: &[f32], out: &mut [u8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = if amax > 0.0 && amax.is_finite() {
         amax / E4M3_MAX

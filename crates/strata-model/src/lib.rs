@@ -10,6 +10,7 @@ pub mod config;
 pub mod cuda;
 pub mod error;
 pub mod executor;
+pub mod fp8;
 pub mod hf_checkpoint;
 pub mod kv_cache;
 pub mod loader;

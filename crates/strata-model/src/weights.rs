@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use strata_formats::gguf::{GgufFile, TensorInfo};
 use strata_formats::quant::dequantize;
-use strata_formats::safetensors::SafetensorsSet;
+use strata_formats::safetensors::{Dtype, SafetensorsSet};
 use strata_formats::GgmlType;
 use strata_runtime::cpu::WeightMatrix;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::fp8::{scale_values, Fp8Checkpoint, Fp8Scales};
 
 /// A matrix of `rows` outputs by `cols` inputs, in the file's storage type.
 #[derive(Debug, Clone)]
@@ -21,6 +22,21 @@ pub struct Linear {
     pub cols: usize,
     /// Where its bytes start in the weight arena.
     pub arena_offset: usize,
+    /// The file stored it as FP8 E4M3 (the arena holds it as bf16): with these per-row scales,
+    /// with which the bf16 values re-encode to the file's bytes, or none (empty) for block
+    /// scales, re-encoded per row; `None` for matrices not stored as FP8.
+    pub fp8_scales: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// Bytes the matrix takes in its file: its arena bytes, or a byte a weight for FP8 (held
+    /// as bf16 in the arena).
+    pub fn file_bytes(&self) -> u64 {
+        match self.fp8_scales {
+            Some(_) => (self.rows * self.cols) as u64,
+            None => self.info.n_bytes,
+        }
+    }
 }
 
 /// Alignment of each matrix in the arena (a cache line; pages for the first).
@@ -192,6 +208,18 @@ pub trait TensorSource {
     /// The descriptor and bytes of the tensor `name`; `Ok(None)` when there is none, an error
     /// when it exists in a form strata cannot use.
     fn tensor(&self, name: &str) -> Result<Option<(TensorInfo, &[u8])>, ModelError>;
+    /// The matrix `name` when the file stores it as FP8 E4M3 with scales; `None` otherwise.
+    fn fp8(&self, _name: &str) -> Result<Option<Fp8Matrix<'_>>, ModelError> {
+        Ok(None)
+    }
+}
+
+/// An FP8 matrix of a file: its E4M3 bytes (rows x columns) and their scales; `info` describes
+/// it as the bf16 matrix it is dequantized to.
+pub struct Fp8Matrix<'a> {
+    pub info: TensorInfo,
+    pub bytes: &'a [u8],
+    pub scales: Fp8Scales,
 }
 
 /// A GGUF file's tensors.
@@ -207,8 +235,11 @@ impl TensorSource for GgufSource<'_> {
     }
 }
 
-/// The safetensors files of an HF checkpoint.
-struct SafetensorsSource<'a>(&'a SafetensorsSet);
+/// The safetensors files of an HF checkpoint, and its FP8 layout when config.json has one.
+struct SafetensorsSource<'a> {
+    set: &'a SafetensorsSet,
+    fp8: Option<&'a Fp8Checkpoint>,
+}
 
 impl TensorSource for SafetensorsSource<'_> {
     fn name(&self, role: Role, layer: usize) -> String {
@@ -216,10 +247,53 @@ impl TensorSource for SafetensorsSource<'_> {
     }
 
     fn tensor(&self, name: &str) -> Result<Option<(TensorInfo, &[u8])>, ModelError> {
-        match self.0.get(name) {
+        match self.set.get(name) {
             None => Ok(None),
             Some((file, t)) => Ok(Some((t.tensor_info()?, file.data(t)))),
         }
+    }
+
+    fn fp8(&self, name: &str) -> Result<Option<Fp8Matrix<'_>>, ModelError> {
+        let Some((file, t)) = self.set.get(name).filter(|(_, t)| t.dtype == Dtype::F8E4M3) else {
+            return Ok(None);
+        };
+        let bad = |reason: String| ModelError::BadTensor {
+            name: name.into(),
+            reason,
+        };
+        let Some(layout) = self.fp8 else {
+            return Err(bad(
+                "is F8_E4M3 but config.json has no quantization_config saying how it is scaled".into(),
+            ));
+        };
+        let &[rows, cols] = &t.shape[..] else {
+            return Err(bad(format!(
+                "is an F8_E4M3 tensor of shape {:?}, not a matrix",
+                t.shape
+            )));
+        };
+        let scale_name = layout.scale_name(name);
+        let (sf, st) = self
+            .set
+            .get(&scale_name)
+            .ok_or_else(|| bad(format!("is F8_E4M3 without its scale tensor {scale_name}")))?;
+        let sinfo = st.tensor_info()?;
+        let scales = scale_values(sinfo.ty, sinfo.n_elements as usize, sf.data(st))
+            .and_then(|v| layout.scales(&st.shape, v, rows as usize, cols as usize))
+            .map_err(|e| bad(format!("scale tensor {scale_name} {e}")))?;
+        let info = TensorInfo {
+            name: name.into(),
+            dims: vec![cols, rows],
+            ty: GgmlType::BF16,
+            offset: 0,
+            n_elements: rows * cols,
+            n_bytes: 2 * rows * cols,
+        };
+        Ok(Some(Fp8Matrix {
+            info,
+            bytes: file.data(t),
+            scales,
+        }))
     }
 }
 
@@ -235,13 +309,15 @@ impl ModelWeights {
     }
 
     /// Like [`Self::from_gguf`] for the safetensors files of an HF checkpoint. Matrices keep
-    /// their dtype (BF16, F16 or F32) in the arena.
+    /// their dtype (BF16, F16 or F32) in the arena; FP8 ones (laid out as `fp8` says) are
+    /// dequantized to BF16, keeping their per-row scales.
     pub fn from_safetensors(
         set: &SafetensorsSet,
+        fp8: Option<&Fp8Checkpoint>,
         c: &ModelConfig,
         progress: &dyn Fn(u64, u64),
     ) -> Result<ModelWeights, ModelError> {
-        Self::from_source(&SafetensorsSource(set), c, progress)
+        Self::from_source(&SafetensorsSource { set, fp8 }, c, progress)
     }
 
     /// The one list of the tensors a llama-family model is made of.
@@ -328,9 +404,12 @@ impl ModelWeights {
             if i == 1 && tied {
                 continue;
             }
-            let bytes = find(src, &m.info.name)?.1;
-            arena.map[off..off + bytes.len()].copy_from_slice(bytes);
-            done += bytes.len() as u64;
+            let dst = &mut arena.map[off..off + m.info.n_bytes as usize];
+            match src.fp8(&m.info.name)? {
+                Some(f) => f.scales.dequantize_to_bf16(f.bytes, m.cols, dst),
+                None => dst.copy_from_slice(find(src, &m.info.name)?.1),
+            }
+            done += dst.len() as u64;
             progress(done, total);
         }
         self.arena = arena;
@@ -394,11 +473,26 @@ fn find<'a>(src: &'a dyn TensorSource, name: &str) -> Result<(TensorInfo, &'a [u
 }
 
 fn linear(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
-    let (t, data) = find(src, name)?;
     let bad = |reason: String| ModelError::BadTensor {
         name: name.into(),
         reason,
     };
+    if let Some(f) = src.fp8(name)? {
+        if f.info.dims != [cols as u64, rows as u64] {
+            return Err(bad(format!(
+                "shape [{}, {}] (rows x columns), expected [{rows}, {cols}]",
+                f.info.dims[1], f.info.dims[0]
+            )));
+        }
+        return Ok(Linear {
+            info: f.info,
+            rows,
+            cols,
+            arena_offset: 0,
+            fp8_scales: Some(f.scales.per_row().unwrap_or_default()),
+        });
+    }
+    let (t, data) = find(src, name)?;
     if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
         let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
         return Err(bad(format!(
@@ -414,6 +508,7 @@ fn linear(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Resul
         rows,
         cols,
         arena_offset: 0,
+        fp8_scales: None,
     })
 }
 

@@ -3,6 +3,8 @@
 //! own tests are strata-runtime's tests/cuda_kernels.
 #![cfg(feature = "cuda")]
 
+#[allow(dead_code)]
+mod common;
 mod gpu_common;
 
 use gpu_common::argmax;
@@ -469,6 +471,113 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
         topq * 100 >= n * 95,
         "dequantized top-1 agrees on only {topq} of {n} rows"
     );
+}
+
+/// `--quantization fp8` (every layer matrix E4M3 with a scale per row, converted at load) against
+/// the bf16 path (`none`) on SmolLM2, over 100 rows: prompts through FP8 tensor cores on sm_89+
+/// (weight-only bf16 products below, and under STRATA_GPU_CAPABILITY=8.0, which the GPU script
+/// runs this test with too: the same bounds hold), decode steps through fp8.cu's GEMVs, graphs
+/// equal to eager steps, and about half the weight bytes.
+///
+/// The bounds, from E4M3's 3 mantissa bits: each weight moves by at most 2^-4 of itself (RMS
+/// about 2.6 %), so each product's outputs by about 2.6 % (the activations' E4M3 rounding in
+/// prompt products as much again); summed over 30 layers' 4 products as a random walk against a
+/// growing residual, the final hidden state moves by about 8 %, and the worst logit of a row by
+/// about as much of its largest (0.1 expected, bounded at 0.25). Top-1 flips only where the best
+/// two logits are closer than that: about 95 of 100 rows expected, bounded at 85.
+#[test]
+fn smollm2_with_fp8_weights_stays_near_the_bf16_path() {
+    let Some(mut bf16) = gpu_executor(|o| o.quantization = GpuQuantization::None) else {
+        return;
+    };
+    let mut fp8 = gpu_executor(|o| o.quantization = GpuQuantization::Fp8).unwrap();
+    let mut fp8_eager = gpu_executor(|o| {
+        o.quantization = GpuQuantization::Fp8;
+        o.enforce_eager = true;
+    })
+    .unwrap();
+    let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let rows = run_lockstep(&mut [&mut bf16, &mut fp8, &mut fp8_eager], &prompts, 24);
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    let n = rows[0].len();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "FP8 weights vs bf16 over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}; \
+         GPU weights {:.1} MiB vs {:.1} MiB",
+        mib(fp8.weight_bytes()),
+        mib(bf16.weight_bytes())
+    );
+    assert_eq!(n, 100);
+    assert!(rel < 0.25, "FP8 logits differ from bf16's by {rel} of the row's scale");
+    assert!(top1 >= 85, "FP8 top-1 agrees with bf16 on only {top1} of {n} rows");
+    assert!(
+        rel > 0.0,
+        "FP8 weights gave bf16's logits exactly: the matrices were not converted"
+    );
+    assert_eq!(
+        rows[1], rows[2],
+        "FP8 CUDA-graph steps and eager steps give different logits"
+    );
+    // Layer matrices at a byte a weight (bf16: two); the tied Q4_1 embedding is kept as it is.
+    assert!(
+        fp8.weight_bytes() * 10 < bf16.weight_bytes() * 6,
+        "FP8 weights take {} bytes, bf16 {}",
+        fp8.weight_bytes(),
+        bf16.weight_bytes()
+    );
+}
+
+/// An FP8 checkpoint (compressed-tensors, a bf16 scale per output channel; tiny random qwen3)
+/// runs on the GPU with its layer matrices as its own E4M3 bytes and scales (`auto`: the weight
+/// bytes say so), against the same checkpoint dequantized to bf16 on the GPU (`none`): the same
+/// weight values, so only the prompt products' E4M3 activations on sm_89+ (1/16 of each product
+/// at most) and summation order differ. Expected max rel ~0.02, bounded at 0.1.
+#[test]
+fn an_fp8_checkpoint_keeps_its_bytes_and_scales_on_the_gpu() {
+    use common::fp8_hf::{write_fp8, Scheme};
+    use common::tiny_hf::TinyCheckpoint;
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("strata-gpu-fp8-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ck = TinyCheckpoint::new("qwen3", strata_formats::safetensors::Dtype::BF16, false, 60);
+    write_fp8(&ck, &dir, Scheme::PerChannel);
+    let executor = |quantization| {
+        let model = load_model(&dir, &|_, _| {}).expect("the FP8 checkpoint loads");
+        let opts = GpuOptions {
+            quantization,
+            max_model_len: 256,
+            ..test_options()
+        };
+        GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("the GPU executor starts")
+    };
+    let (mut fp8, mut bf16) = (executor(GpuQuantization::Auto), executor(GpuQuantization::None));
+    let c = fp8.config().clone();
+    // Layer matrices at a byte a weight and an f32 scale a row; the LM head in bf16.
+    let (h, q, kv, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
+    let rows = (q + 2 * kv) + h + 2 * f + h;
+    let weights = (q + 2 * kv) * h + h * q + 2 * f * h + h * f;
+    let want = c.n_layers * (weights + 4 * rows) + 2 * c.vocab_size * h;
+    assert_eq!(fp8.weight_bytes(), want as u64, "the layer matrices are FP8 on the GPU");
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| p.bytes().take(40).map(u32::from).collect())
+        .collect();
+    let rows = run_lockstep(&mut [&mut bf16, &mut fp8], &prompts, 24);
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    eprintln!(
+        "FP8 checkpoint vs its bf16 values on the GPU: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/100"
+    );
+    assert!(
+        rel < 0.1,
+        "the FP8 checkpoint's logits differ from its bf16 values' by {rel}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The GGUF files in `$STRATA_QUANT_MODELS` (the default model re-quantized to each type by

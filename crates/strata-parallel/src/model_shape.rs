@@ -154,11 +154,22 @@ impl ModelShape {
     }
 
     /// Reads a HF `config.json` (or the folder holding it) with strata-model's reader; sizes the
-    /// weights by its `torch_dtype` (bf16 when absent).
+    /// weights by its `torch_dtype` (bf16 when absent), or at a byte each for FP8 checkpoints.
     pub fn from_hf_config(path: &Path) -> Result<Self, ModelShapeError> {
         let dir = checkpoint_dir(path)?;
-        let HfConfig { model, torch_dtype } = read_hf_config(&dir)?;
-        let (format, bits) = match torch_dtype.as_deref().unwrap_or("bfloat16") {
+        let HfConfig {
+            model,
+            torch_dtype,
+            fp8,
+            ..
+        } = read_hf_config(&dir)?;
+        let dtype = match fp8 {
+            // FP8 checkpoints' layer matrices stay FP8 on a GPU (a byte a weight).
+            Some(_) => "float8_e4m3fn",
+            None => torch_dtype.as_deref().unwrap_or("bfloat16"),
+        };
+        let (format, bits) = match dtype {
+            "float8_e4m3fn" => ("fp8 e4m3", 8.0),
             "float32" => ("f32", 32.0),
             "float16" => ("f16", 16.0),
             "bfloat16" => ("bf16", 16.0),

@@ -19,6 +19,7 @@ use crate::config::{rope_cos_sin_table, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::KvCacheDtype;
 
+use super::fp8_matmul::fp8_act_scales_offset;
 use super::graphs::graph_bucket;
 use super::knobs::GpuKnobs;
 use super::kv_cache::GpuKvCache;
@@ -91,6 +92,9 @@ pub struct GpuTransformer {
     /// `bench-gpu --ablate`: kernels (a name or part of one) and cuBLASLt products (`gemm NxK`)
     /// left out of every step, to time what each costs inside a graph; outputs are then wrong.
     pub ablate: Vec<String>,
+    /// cuBLASLt on FP8 operands for the FP8 matrices' larger products, where the GPU has FP8
+    /// tensor cores (compute capability 8.9 on); `None` runs them weight-only in bf16.
+    pub(super) fp8_gemm: Option<Gemm>,
 }
 
 impl Drop for GpuTransformer {
@@ -159,6 +163,15 @@ impl GpuTransformer {
             bufs.x_q8 = Some(gpu.alloc(GEMV_KERNEL_TOKENS * k, what)?);
             bufs.x_q8_scales = Some(gpu.alloc(QuantizeQ8Call::scale_bytes(k, GEMV_KERNEL_TOKENS), what)?);
         }
+        let fp8_gemm = match weights.has_fp8() && gpu.info.compute_capability >= (8, 9) {
+            true => {
+                let width = h.max(local.q_dim()).max(inter);
+                let bytes = fp8_act_scales_offset(limits.max_tokens, width) + limits.max_tokens * 4;
+                bufs.fp8_act = Some(gpu.alloc(bytes, "FP8 activations")?);
+                Some(Gemm::new(&gpu, GemmOperands::Fp8E4m3)?)
+            }
+            false => None,
+        };
         let adjusts = RowAdjusts::new(
             &gpu,
             config.vocab_size,
@@ -191,6 +204,7 @@ impl GpuTransformer {
             capturing: false,
             decode_bucket: None,
             ablate: Vec::new(),
+            fp8_gemm,
         })
     }
 

@@ -75,7 +75,7 @@ pub(super) struct StepPath {
 
 impl StepPath {
     /// Whether a product over `k` inputs runs as a GEMV (their loads need k a multiple of 8).
-    fn gemv_for(&self, k: usize) -> bool {
+    pub(super) fn gemv_for(&self, k: usize) -> bool {
         self.gemv && k.is_multiple_of(8)
     }
 
@@ -175,6 +175,11 @@ impl GpuTransformer {
                         float32: self.float32(),
                     }
                     .launch_with(self.launcher())?,
+                    MatrixView::Fp8(_) => {
+                        return Err(CudaError::NoDevice(
+                            "an FP8 embedding table has no lookup kernel (weights.rs keeps it as shipped)".into(),
+                        ))
+                    }
                     // One segment: the table is one tensor.
                     MatrixView::Quant(_) => {
                         for seg in embd.segments() {
@@ -251,6 +256,8 @@ impl GpuTransformer {
                 eps,
             }
             .launch_with(self.launcher())?;
+        } else if let (MatrixView::Fp8(f), true) = (wgu, path.gemv_for(hidden) && !self.deterministic) {
+            self.fp8_gemv_silu(f, (xn, act), (inter, hidden, t), norm_in)?;
         } else {
             self.matmul(wgu, xn, gate_up, (2 * inter, hidden, t), GemmOut::Bf16, path, 0)?;
             SiluMulCall {
@@ -366,6 +373,10 @@ impl GpuTransformer {
                     .launch_with(self.launcher())?;
                 }
                 Ok(())
+            }
+            MatrixView::Fp8(f) => {
+                let next_norm = self.norm_weight(i + 1);
+                self.fp8_gemv_residual(f, a, (res, res_bf16), (norm_out, next_norm), (n, k, t))
             }
         }
     }
@@ -603,6 +614,7 @@ impl GpuTransformer {
         let w = match w {
             MatrixView::Dense(w) => w,
             MatrixView::Quant(_) => return self.quantized_matmul(w, x, y, shape, out, path, norm_in),
+            MatrixView::Fp8(f) => return self.fp8_matmul(f, x, y, shape, out, path, norm_in),
         };
         if self.deterministic {
             return self.gemm_fixed_order(w, x, y, shape, DETERMINISTIC_CHUNKS, out);
@@ -765,6 +777,9 @@ impl GpuTransformer {
     fn dense_weights(&self, w: MatrixView, (n, k): (usize, usize)) -> Result<u64, CudaError> {
         if let MatrixView::Dense(p) = w {
             return Ok(p);
+        }
+        if let MatrixView::Fp8(f) = w {
+            return self.fp8_dense_weights(f, (n, k));
         }
         if n * k > self.weights.dequant_elems {
             return Err(CudaError::NoDevice(format!(

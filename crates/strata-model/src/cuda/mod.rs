@@ -2,6 +2,7 @@
 //! sized by `--gpu-memory-utilization` after measuring the activation peak.
 
 pub mod forward;
+mod fp8_matmul;
 mod graphs;
 mod knobs;
 pub mod kv_cache;
@@ -73,6 +74,8 @@ impl GpuOptions {
             "does not combine with --kv-cache-dtype fp8; drop it or use --dtype bfloat16".to_string()
         } else if self.deterministic {
             "does not combine with --deterministic; drop it or use --dtype bfloat16".to_string()
+        } else if self.quantization == GpuQuantization::Fp8 {
+            "does not combine with --quantization fp8; drop it or use --dtype bfloat16".to_string()
         } else {
             return Ok(());
         };
@@ -141,10 +144,11 @@ impl ProbedShard {
         )
         .map_err(cuda)?;
         tracing::info!(
-            "{} (GPU {}): weight matrices {:.2} GiB on the GPU ({:.2} GiB in the file){}",
+            "{} (GPU {}): weight matrices {:.2} GiB on the GPU{} ({:.2} GiB in the file){}",
             gpu.info.name,
             gpu.info.ordinal,
             weights.matrix_bytes as f64 / GIB,
+            if weights.has_fp8() { ", layers in FP8 E4M3" } else { "" },
             weights.file_bytes as f64 / GIB,
             opts.gpu_memory_limit.map_or(String::new(), |l| format!(
                 ", sized as a {:.1} GiB card (--gpu-memory-limit)",

@@ -48,6 +48,9 @@ pub(super) struct StepBuffers {
     /// `None` without quantized matrices.
     pub x_q8: Option<DeviceBuffer>,
     pub x_q8_scales: Option<DeviceBuffer>,
+    /// E4M3 activations of the FP8 GEMM (`max_tokens` rows of the widest product input), then
+    /// their f32 per-token scales; `None` without FP8 matrices or FP8 tensor cores.
+    pub fp8_act: Option<DeviceBuffer>,
 }
 
 impl StepBuffers {
@@ -86,6 +89,7 @@ impl StepBuffers {
             dequant: None,
             x_q8: None,
             x_q8_scales: None,
+            fp8_act: None,
         })
     }
 }

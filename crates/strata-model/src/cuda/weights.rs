@@ -1,6 +1,7 @@
 //! A model's weights on one GPU (its shard under TP/PP): GGUF matrices in their quantized blocks
-//! (quant.cu reads them), others in bf16 or f32 (`--dtype`) with the RMSNorm weights folded into
-//! their columns; fused QKV and gate/up matrices, f32 biases and norms.
+//! (quant.cu reads them), FP8 E4M3 rows with a scale each (fp8.cu), others in bf16 or f32
+//! (`--dtype`) with the RMSNorm weights folded into their columns; fused QKV and gate/up
+//! matrices, f32 biases and norms.
 
 use std::ops::Range;
 
@@ -9,17 +10,23 @@ use strata_formats::GgmlType;
 use strata_runtime::cuda::{CudaError, DeviceBuffer, Gpu, QuantFormat};
 
 use crate::config::ModelConfig;
+use crate::fp8::encode_row;
 use crate::weights::{Linear, ModelWeights};
 
 use super::shard::Shard;
 
 pub use crate::compute_dtype::ComputeDtype;
 
-/// One matrix on the GPU: dense (`--dtype`, the norm before it folded into its columns) or the
-/// file's quantized blocks, in segments of rows of one block format each (quant.cu's layout).
+/// One matrix on the GPU: dense (`--dtype`, the norm before it folded into its columns), the
+/// file's quantized blocks, in segments of rows of one block format each (quant.cu's layout), or
+/// FP8 E4M3 rows (fp8.cu's layout: `[n, k]` bytes) with an f32 scale each.
 pub enum GpuMatrix {
     Dense(DeviceBuffer),
     Quant(Vec<QuantSegment>),
+    Fp8 {
+        weights: DeviceBuffer,
+        scales: DeviceBuffer,
+    },
 }
 
 /// Rows of a quantized matrix in one block format.
@@ -43,6 +50,14 @@ pub const MAX_SEGMENTS: usize = 3;
 pub enum MatrixView {
     Dense(u64),
     Quant([Option<SegmentView>; MAX_SEGMENTS]),
+    Fp8(Fp8View),
+}
+
+/// An FP8 matrix by the device addresses of its bytes and its per-row scales.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8View {
+    pub w: u64,
+    pub scales: u64,
 }
 
 /// A [`QuantSegment`] by its device address.
@@ -70,6 +85,10 @@ impl GpuMatrix {
                 }
                 MatrixView::Quant(v)
             }
+            GpuMatrix::Fp8 { weights, scales } => MatrixView::Fp8(Fp8View {
+                w: weights.ptr(),
+                scales: scales.ptr(),
+            }),
         }
     }
 
@@ -78,11 +97,14 @@ impl GpuMatrix {
         match self {
             GpuMatrix::Dense(b) => b.bytes() as u64,
             GpuMatrix::Quant(segs) => segs.iter().map(|s| s.buf.bytes() as u64).sum(),
+            GpuMatrix::Fp8 { weights, scales } => (weights.bytes() + scales.bytes()) as u64,
         }
     }
 
+    /// Not dense (GGUF blocks or FP8): the norm before it applies its weights to x, and its
+    /// bf16 cuBLASLt products read the scratch it is dequantized into.
     pub fn is_quantized(&self) -> bool {
-        matches!(self, GpuMatrix::Quant(_))
+        !matches!(self, GpuMatrix::Dense(_))
     }
 
     /// The dense matrix's address; a quantized one's products read `scratch`, where it is
@@ -90,7 +112,7 @@ impl GpuMatrix {
     pub fn gemm_ptr(&self, scratch: u64) -> u64 {
         match self {
             GpuMatrix::Dense(b) => b.ptr(),
-            GpuMatrix::Quant(_) => scratch,
+            GpuMatrix::Quant(_) | GpuMatrix::Fp8 { .. } => scratch,
         }
     }
 }
@@ -99,7 +121,7 @@ impl MatrixView {
     /// The quantized segments, in row order.
     pub fn segments(&self) -> impl Iterator<Item = SegmentView> + '_ {
         let segs: &[Option<SegmentView>] = match self {
-            MatrixView::Dense(_) => &[],
+            MatrixView::Dense(_) | MatrixView::Fp8(_) => &[],
             MatrixView::Quant(s) => s,
         };
         segs.iter().flatten().copied()
@@ -190,19 +212,29 @@ impl<'a> Part<'a> {
     }
 }
 
-/// Whether GGUF matrices stay quantized on the GPU (`--quantization auto`) or are dequantized
-/// to `--dtype` at load (`none`).
+/// What the layer matrices are on the GPU: as shipped (`--quantization auto`: GGUF blocks stay
+/// quantized, FP8 checkpoints stay FP8), `--dtype` (`none`), or FP8 E4M3 with a scale per
+/// row converted at load (`fp8`; embeddings and the LM head as `auto` leaves them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GpuQuantization {
     #[default]
     Auto,
     None,
+    Fp8,
 }
 
 impl GpuWeights {
     /// The LM head matrix (last stage only).
     pub fn lm_head(&self) -> Option<&GpuMatrix> {
         self.lm_head.as_ref().or(self.token_embd.as_ref())
+    }
+
+    /// Whether any layer matrix is FP8.
+    pub fn has_fp8(&self) -> bool {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down])
+            .any(|m| matches!(m, GpuMatrix::Fp8 { .. }))
     }
 
     /// Whether every layer matrix is dense, or every one quantized: where a norm's weights go
@@ -231,22 +263,22 @@ impl GpuWeights {
         quant: GpuQuantization,
         progress: &dyn Fn(u64, u64),
     ) -> Result<GpuWeights, CudaError> {
-        let keep = quant == GpuQuantization::Auto && dtype == ComputeDtype::Bf16;
         let matrices = |parts: &[Part], col_scale: Option<&[f32]>, what: &str| {
-            upload_matrix(gpu, w, parts, col_scale, dtype, keep, what)
+            upload_matrix(gpu, w, parts, col_scale, dtype, (quant, true), what)
         };
+        let head_matrix = |part: Part, what: &str| upload_matrix(gpu, w, &[part], None, dtype, (quant, false), what);
         let total = (shard.layers.len() + 2) as u64;
         let vocab = shard.vocab(c);
         let tied = w.lm_head.info.name == w.token_embd.info.name;
         let token_embd = if shard.is_first_stage() || (tied && shard.is_last_stage()) {
             let part = Part::rows(&w.token_embd, vocab.clone());
-            Some(matrices(&[part], None, "the token embeddings")?)
+            Some(head_matrix(part, "the token embeddings")?)
         } else {
             None
         };
         let lm_head = if shard.is_last_stage() && !tied {
             let part = Part::rows(&w.lm_head, vocab.clone());
-            Some(matrices(&[part], None, "the LM head")?)
+            Some(head_matrix(part, "the LM head")?)
         } else {
             None
         };
@@ -325,7 +357,7 @@ impl GpuWeights {
             dequant_elems = dequant_elems.max((local.vocab_size * h).min(LM_HEAD_SLAB_ELEMS));
         }
         let part_bytes = |m: &Linear, rows: usize, cols: usize| {
-            (m.info.n_bytes as f64 * (rows * cols) as f64 / (m.rows * m.cols).max(1) as f64) as u64
+            (m.file_bytes() as f64 * (rows * cols) as f64 / (m.rows * m.cols).max(1) as f64) as u64
         };
         let (q_dim, kv_dim, mlp_cols) = (local.q_dim(), local.kv_dim(), local.intermediate);
         let mut file_bytes: u64 = shard
@@ -360,19 +392,34 @@ impl GpuWeights {
     }
 }
 
-/// One matrix of the stacked parts (same column count): quantized segments when `keep` and
-/// every part can stay quantized, else dense (with a warning naming a quantized tensor that
-/// could not stay so).
+/// One matrix of the stacked parts (same column count) under `quant`: a layer matrix (`layer`)
+/// is FP8 for `fp8`, or for `auto` when every part came from an FP8 checkpoint; otherwise
+/// quantized segments unless `none`, when every part can stay quantized; else dense (with a
+/// warning naming a quantized tensor that could not stay so). Only bf16 computes with FP8 or
+/// quantized matrices; the embeddings and LM head are never FP8.
 fn upload_matrix(
     gpu: &Gpu,
     w: &ModelWeights,
     parts: &[Part],
     col_scale: Option<&[f32]>,
     dtype: ComputeDtype,
-    keep: bool,
+    (quant, layer): (GpuQuantization, bool),
     what: &str,
 ) -> Result<GpuMatrix, CudaError> {
-    if keep {
+    let bf16 = dtype == ComputeDtype::Bf16;
+    let from_fp8 = parts.iter().all(|p| p.m.fp8_scales.is_some());
+    let fp8 = layer && bf16 && (quant == GpuQuantization::Fp8 || (quant == GpuQuantization::Auto && from_fp8));
+    if fp8 {
+        let cols = parts[0].cols.len();
+        if cols.is_multiple_of(FP8_COLUMNS) {
+            return upload_fp8(gpu, w, parts, what);
+        }
+        tracing::warn!(
+            "{what} stays {} on the GPU: FP8 matrices need a multiple of {FP8_COLUMNS} columns, not {cols}",
+            dtype.as_str()
+        );
+    }
+    if quant != GpuQuantization::None && bf16 {
         let formats: Result<Vec<QuantFormat>, Option<String>> = parts.iter().map(Part::quant_format).collect();
         match formats {
             Ok(formats) => return upload_quantized(gpu, w, parts, &formats, what).map(GpuMatrix::Quant),
@@ -388,6 +435,56 @@ fn upload_matrix(
         }
     }
     upload_matrices(gpu, w, parts, col_scale, dtype, what).map(GpuMatrix::Dense)
+}
+
+/// Columns of an FP8 matrix are a multiple of this (fp8.cu's 16-byte loads, cuBLASLt's FP8).
+const FP8_COLUMNS: usize = 16;
+
+/// The stacked parts as FP8 E4M3 rows with a scale each: an FP8 checkpoint's own scale and bytes
+/// (its bf16 values re-encode exactly), else max |value| / 448 of the row.
+fn upload_fp8(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> Result<GpuMatrix, CudaError> {
+    let cols = parts[0].cols.len();
+    let rows: usize = parts.iter().map(|p| p.rows.len()).sum();
+    let weights = gpu.alloc(rows * cols, what)?;
+    let mut scales = Vec::with_capacity(rows);
+    // Converted in slabs of rows to bound host memory.
+    let slab_rows = ((4 << 20) / cols.max(1)).max(1);
+    let mut slab = vec![0u8; slab_rows * cols];
+    let mut values = vec![0.0f32; cols];
+    let mut offset = 0;
+    for p in parts {
+        let mut full = vec![0.0f32; p.m.cols];
+        let checkpoint = p.m.fp8_scales.as_deref().filter(|s| !s.is_empty());
+        let mut r = p.rows.start;
+        while r < p.rows.end {
+            let n = slab_rows.min(p.rows.end - r);
+            for (i, out) in slab.chunks_exact_mut(cols).take(n).enumerate() {
+                part_row(w, p, r + i, &mut full, &mut values);
+                scales.push(encode_row(&values, checkpoint.map(|s| s[r + i]), out));
+            }
+            gpu.write(&weights, offset, &slab[..n * cols])?;
+            offset += n * cols;
+            r += n;
+        }
+    }
+    let scales = gpu.upload(&scales, what)?;
+    Ok(GpuMatrix::Fp8 { weights, scales })
+}
+
+/// Row `r` of part `p` (its columns) as f32 into `out`; `full` holds a whole row of the matrix.
+fn part_row(w: &ModelWeights, p: &Part, r: usize, full: &mut [f32], out: &mut [f32]) {
+    let m = p.m;
+    if m.info.ty == GgmlType::BF16 {
+        let bytes = w.arena.bytes(m);
+        let row = &bytes[r * m.cols * 2..(r + 1) * m.cols * 2];
+        let src = &row[p.cols.start * 2..p.cols.end * 2];
+        for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
+            *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
+        }
+    } else {
+        w.row_f32(m, r, full);
+        out.copy_from_slice(&full[p.cols.clone()]);
+    }
 }
 
 /// The parts' file blocks in quant.cu's layout, consecutive parts of one format in one segment.
@@ -486,11 +583,9 @@ fn upload_matrices_as<T: Copy + Default>(
     let slab_rows = ((4 << 20) / cols.max(1)).max(1);
     let mut slab = vec![T::default(); slab_rows * cols];
     let mut offset = 0usize;
+    let mut values = vec![0.0f32; cols];
     for p in parts {
-        let m = p.m;
-        let bytes = w.arena.bytes(m);
-        let row_bytes = bytes.len() / m.rows.max(1);
-        let mut full = vec![0.0f32; m.cols];
+        let mut full = vec![0.0f32; p.m.cols];
         let unit = vec![1.0f32; cols];
         let scale = col_scale.map_or(&unit[..], |g| &g[p.cols.clone()]);
         let mut r = p.rows.start;
@@ -498,17 +593,9 @@ fn upload_matrices_as<T: Copy + Default>(
             let n = slab_rows.min(p.rows.end - r);
             for i in 0..n {
                 let out = &mut slab[i * cols..(i + 1) * cols];
-                if m.info.ty == GgmlType::BF16 {
-                    let row = &bytes[(r + i) * row_bytes..(r + i + 1) * row_bytes];
-                    let src = &row[p.cols.start * 2..p.cols.end * 2];
-                    for ((d, s), g) in out.iter_mut().zip(src.chunks_exact(2)).zip(scale) {
-                        *d = convert(bf16::from_le_bytes([s[0], s[1]]).to_f32() * g);
-                    }
-                } else {
-                    w.row_f32(m, r + i, &mut full);
-                    for ((d, s), g) in out.iter_mut().zip(&full[p.cols.clone()]).zip(scale) {
-                        *d = convert(s * g);
-                    }
+                part_row(w, p, r + i, &mut full, &mut values);
+                for ((d, s), g) in out.iter_mut().zip(&values).zip(scale) {
+                    *d = convert(s * g);
                 }
             }
             gpu.write(&buf, offset, &slab[..n * cols])?;

@@ -1,5 +1,5 @@
-//! Dense GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation: bf16 operands with a bf16 or
-//! f32 output, or f32 throughout (`--dtype float32`).
+//! Dense GEMMs through cuBLASLt, `y = x · wᵀ` with f32 accumulation: bf16 or FP8 E4M3 operands
+//! (sm_89+) with a bf16 or f32 output, or f32 throughout (`--dtype float32`).
 //! Descriptors and algorithm are built once per shape and reused (and captured); `tune` replaces
 //! the heuristic's first choice by the fastest of its candidates and their split-k copies, timed.
 
@@ -37,6 +37,9 @@ pub enum GemmOperands {
     Bf16,
     /// f32 with f32 products and sums (no TF32); the output is f32.
     F32,
+    /// FP8 E4M3 on tensor cores (compute capability 8.9 and later), unscaled: the output (bf16
+    /// or f32) is the sum of the E4M3 values' products, which the caller scales.
+    Fp8E4m3,
 }
 
 /// A product's shape `(n, k, t)`, output type and output row stride (`n`, or wider for a slab
@@ -91,9 +94,12 @@ impl Gemm {
 
     fn make_plan(&self, (n, k, t, out, ld): PlanKey) -> Result<Plan, CudaError> {
         let (bf16, f32) = (sys::cudaDataType_t::CUDA_R_16BF, sys::cudaDataType_t::CUDA_R_32F);
+        let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
         let (in_type, out_type) = match (self.operands, out) {
             (GemmOperands::Bf16, GemmOut::Bf16) => (bf16, bf16),
             (GemmOperands::Bf16, GemmOut::F32) => (bf16, f32),
+            (GemmOperands::Fp8E4m3, GemmOut::Bf16) => (e4m3, bf16),
+            (GemmOperands::Fp8E4m3, GemmOut::F32) => (e4m3, f32),
             (GemmOperands::F32, GemmOut::F32) => (f32, f32),
             (GemmOperands::F32, GemmOut::Bf16) => {
                 return Err(CudaError::Blas {
@@ -295,7 +301,8 @@ impl Gemm {
             .collect()
     }
 
-    /// `y[t, n] = x[t, k] · w[n, k]ᵀ` on `gpu`'s stream (row-major, bf16 `w` and `x`).
+    /// `y[t, n] = x[t, k] · w[n, k]ᵀ` on `gpu`'s stream (row-major `w` and `x` of the operands'
+    /// type; FP8 wants k a multiple of 16 and 16-byte aligned buffers, as cuBLASLt does).
     ///
     /// # Safety
     /// `w`, `x` and `y` must point to device buffers of at least `n*k`, `t*k` and `t*n`

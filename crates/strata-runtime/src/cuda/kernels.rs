@@ -30,7 +30,7 @@ macro_rules! quant_kernel_names {
 }
 
 /// Every kernel family: (name, source, kernels it defines).
-pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
+pub const FAMILIES: [(&str, &str, &[&str]); 9] = [
     (
         "embedding",
         include_str!("../../kernels/embedding.cu"),
@@ -123,6 +123,30 @@ pub const FAMILIES: [(&str, &str, &[&str]); 8] = [
             include_str!("../../kernels/quant.cu")
         ),
         &quant_kernel_names!["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"],
+    ),
+    (
+        "fp8",
+        concat!(
+            include_str!("../../kernels/gemv.cuh"),
+            include_str!("../../kernels/fp8.cu")
+        ),
+        &[
+            "fp8_gemv_t1",
+            "fp8_gemv_t2",
+            "fp8_gemv_t4",
+            "fp8_gemv_t8",
+            "fp8_gemv_silu_t1",
+            "fp8_gemv_silu_t2",
+            "fp8_gemv_silu_t4",
+            "fp8_gemv_silu_t8",
+            "fp8_gemv_residual_t1",
+            "fp8_gemv_residual_t2",
+            "fp8_gemv_residual_t4",
+            "fp8_gemv_residual_t8",
+            "fp8_dequant",
+            "fp8_quantize_rows",
+            "fp8_scale_output",
+        ],
     ),
 ];
 

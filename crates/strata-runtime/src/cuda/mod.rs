@@ -45,6 +45,7 @@ pub mod activation_call;
 pub mod attention_call;
 pub mod device;
 pub mod embedding_call;
+pub mod fp8_call;
 pub mod gemm;
 pub mod gemm_call;
 pub mod kernels;
@@ -60,6 +61,9 @@ pub use activation_call::SiluMulCall;
 pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
 pub use embedding_call::EmbeddingCall;
+pub use fp8_call::{
+    Fp8DequantCall, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall, Fp8ScaleOutputCall,
+};
 pub use gemm::{Gemm, GemmOperands, GemmOut};
 pub use gemm_call::{
     gemv_kernels, FixedOrderGemmCall, GemvCall, GemvKernels, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall,
@@ -280,6 +284,7 @@ mod tests {
             t: 1,
         };
         names.push(q.name().to_string());
+        names.extend(fp8_call::called_kernels().into_iter().map(String::from));
         names
     }
 

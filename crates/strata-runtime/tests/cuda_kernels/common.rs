@@ -20,15 +20,23 @@ pub fn first_gpu() -> Option<Gpu> {
     }
 }
 
+/// A xorshift generator from a fixed seed.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 /// `count` bf16 values uniform in [-1, 1) from a fixed seed, as bits.
 pub fn random_bf16(count: usize, seed: u64) -> Vec<u16> {
-    let mut state = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    let mut next = xorshift(seed);
     (0..count)
         .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let v = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            let v = (next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
             (v.to_bits() >> 16) as u16
         })
         .collect()
@@ -115,4 +123,17 @@ pub fn rms_norm_rows_of(
     // SAFETY: x holds t x k f32, g k f32, xn t x k bf16.
     unsafe { call.launch(gpu, kernels) }.unwrap();
     xn
+}
+
+/// Token `j`'s sum of squares from the carried norm sums `raw` (NORM_SLOTS slots of {coarse,
+/// fine} a token), by gemv.cuh's rule: the coarse sum (2^-8) once it reaches 2^22, else the fine (2^-40).
+pub fn carried_norm_total(raw: &[u64], j: usize) -> f64 {
+    let slots = strata_runtime::cuda::gemm_call::NORM_SLOTS;
+    let sum = |f: usize| -> u64 { (0..slots).map(|s| raw[(j * slots + s) * 2 + f]).sum() };
+    let coarse = sum(0) as f64 / 256.0;
+    if coarse >= (1u64 << 22) as f64 {
+        coarse
+    } else {
+        sum(1) as f64 / (1u64 << 40) as f64
+    }
 }

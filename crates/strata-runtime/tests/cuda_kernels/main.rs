@@ -6,6 +6,7 @@
 mod attention;
 mod common;
 mod compile;
+mod fp8;
 mod gemm;
 mod quant;
 mod rope;

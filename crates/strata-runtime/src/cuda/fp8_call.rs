@@ -1,0 +1,423 @@
+//! The calls of fp8.cu over FP8 E4M3 matrices (a byte a weight, an f32 scale a row): decode
+//! GEMVs, dequantization to bf16, and the activation quantization and output scaling around the FP8 GEMM.
+
+use std::ffi::c_void;
+
+use super::gemm_call::{gemv_kernels, GEMV_KERNEL_TOKENS, GEMV_THREADS};
+use super::kernels::FAMILIES;
+use super::norm_call::ROW_THREADS;
+use crate::kernel_args;
+
+/// Rows an FP8 GEMV block computes: GEMV_WARPS warps of fp8.cu's FP8_ROWS rows.
+const FP8_BLOCK_ROWS: u32 = GEMV_THREADS / 32 * 2;
+/// Gate/up row pairs an `fp8_gemv_silu_*` block computes, a warp each.
+const FP8_SILU_BLOCK_ROWS: u32 = GEMV_THREADS / 32;
+/// Threads of the element-wise kernels' blocks.
+const ELEMENT_THREADS: u32 = 256;
+/// Values an `fp8_dequant` thread decodes (one 16-byte load).
+const DEQUANT_VALUES: u64 = 16;
+
+/// The GEMV of `form` (0 plain, 1 SiLU, 2 residual) compiled for `t` tokens: fp8.cu's list in
+/// [`FAMILIES`] starts with each form's GEMVs for 1, 2, 4 and 8 tokens.
+///
+/// # Panics
+/// When `t` is 0 or more than [`GEMV_KERNEL_TOKENS`]: the caller was to use a GEMM.
+fn gemv_name(form: usize, t: i32) -> &'static str {
+    let g = gemv_kernels(t.max(0) as usize)
+        .unwrap_or_else(|| panic!("no FP8 GEMV is compiled for {t} tokens (1 to {GEMV_KERNEL_TOKENS})"));
+    let names = FAMILIES
+        .iter()
+        .find(|(family, _, _)| *family == "fp8")
+        .map(|(_, _, names)| *names)
+        .unwrap_or_default();
+    names[4 * form + g.tokens.trailing_zeros() as usize]
+}
+
+/// `y[j * ld + row] = (x[j] · w[row]) * scales[row]` (`fp8_gemv_t{T}`), times the norm scale of
+/// `norm_in` when given.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8GemvCall {
+    /// E4M3 `[n, k]`.
+    pub w: u64,
+    /// f32 `[n]`.
+    pub scales: u64,
+    /// bf16 `[t, k]`.
+    pub x: u64,
+    /// `[t, ld]`: bf16, or f32 when `out_f32` is 1.
+    pub y: u64,
+    pub n: i32,
+    /// A multiple of 16.
+    pub k: i32,
+    /// 1 to [`GEMV_KERNEL_TOKENS`]; picks the kernel.
+    pub t: i32,
+    pub ld: i32,
+    pub out_f32: i32,
+    /// The sums of the norm the dot products are scaled by, or 0.
+    pub norm_in: u64,
+    pub eps: f32,
+}
+
+impl Fp8GemvCall {
+    pub fn name(&self) -> &'static str {
+        gemv_name(0, self.t)
+    }
+
+    /// Two rows a warp.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        (((self.n as u32).div_ceil(FP8_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.scales,
+            self.x,
+            self.y,
+            self.n,
+            self.k,
+            self.t,
+            self.ld,
+            self.out_f32,
+            self.norm_in,
+            self.eps
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
+/// `out[t, inter] = silu(gate) * up` of an FP8 `[gate; up]` matrix (`fp8_gemv_silu_t{T}`).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8GemvSiluCall {
+    /// E4M3 `[2 * inter, k]`, the gate's rows first.
+    pub w: u64,
+    /// f32 `[2 * inter]`.
+    pub scales: u64,
+    pub x: u64,
+    /// bf16 `[t, inter]`.
+    pub out: u64,
+    pub inter: i32,
+    pub k: i32,
+    pub t: i32,
+    pub norm_in: u64,
+    pub eps: f32,
+}
+
+impl Fp8GemvSiluCall {
+    pub fn name(&self) -> &'static str {
+        gemv_name(1, self.t)
+    }
+
+    /// A gate/up pair of rows a warp.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        (
+            ((self.inter as u32).div_ceil(FP8_SILU_BLOCK_ROWS), 1, 1),
+            GEMV_THREADS,
+            0,
+        )
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.scales,
+            self.x,
+            self.out,
+            self.inter,
+            self.k,
+            self.t,
+            self.norm_in,
+            self.eps
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
+/// `res[t, n] += x · wᵀ` over an FP8 matrix, `res_bf16` = the new rows times `next_norm` (the
+/// next norm's weights, or 0: none), their squares into `norm_out` (`fp8_gemv_residual_t{T}`).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8GemvResidualCall {
+    pub w: u64,
+    pub scales: u64,
+    pub x: u64,
+    /// f32 `[t, n]`.
+    pub res: u64,
+    /// bf16 `[t, n]`.
+    pub res_bf16: u64,
+    pub norm_out: u64,
+    /// f32 `[n]` or 0.
+    pub next_norm: u64,
+    pub n: i32,
+    pub k: i32,
+    pub t: i32,
+}
+
+impl Fp8GemvResidualCall {
+    pub fn name(&self) -> &'static str {
+        gemv_name(2, self.t)
+    }
+
+    /// Two rows a warp.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        (((self.n as u32).div_ceil(FP8_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.scales,
+            self.x,
+            self.res,
+            self.res_bf16,
+            self.norm_out,
+            self.next_norm,
+            self.n,
+            self.k,
+            self.t
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
+/// An FP8 matrix as bf16 `[n, k]` at `out` (`fp8_dequant`): weight-only products, the
+/// fixed-order GEMM.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8DequantCall {
+    pub w: u64,
+    pub scales: u64,
+    pub out: u64,
+    pub n: i32,
+    /// A multiple of 16.
+    pub k: i32,
+}
+
+impl Fp8DequantCall {
+    pub fn name(&self) -> &'static str {
+        "fp8_dequant"
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let threads = self.n as u64 * (self.k as u64 / DEQUANT_VALUES);
+        (
+            (threads.div_ceil(ELEMENT_THREADS as u64) as u32, 1, 1),
+            ELEMENT_THREADS,
+            0,
+        )
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.w, self.scales, self.out, self.n, self.k).to_vec()
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
+/// Rows of bf16 activations as E4M3 with a scale each, max |x| / 448 (`fp8_quantize_rows`): the
+/// FP8 GEMM's input.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8QuantizeRowsCall {
+    /// bf16 `[rows, k]`.
+    pub x: u64,
+    /// E4M3 `[rows, k]`.
+    pub out: u64,
+    /// f32 `[rows]`.
+    pub scales: u64,
+    pub k: i32,
+    pub rows: usize,
+}
+
+impl Fp8QuantizeRowsCall {
+    pub fn name(&self) -> &'static str {
+        "fp8_quantize_rows"
+    }
+
+    /// A block a row.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        ((self.rows as u32, 1, 1), ROW_THREADS, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.x, self.out, self.scales, self.k).to_vec()
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
+/// `y[j, col] *= row_scales[j] * col_scales[col]` in place after the FP8 GEMM (`fp8_scale_output`).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8ScaleOutputCall {
+    /// `[t, n]`: bf16, or f32 when `out_f32` is 1.
+    pub y: u64,
+    pub out_f32: i32,
+    /// f32 `[t]`: the activations' scales.
+    pub row_scales: u64,
+    /// f32 `[n]`: the weights' scales.
+    pub col_scales: u64,
+    pub n: i32,
+    pub t: i32,
+}
+
+impl Fp8ScaleOutputCall {
+    pub fn name(&self) -> &'static str {
+        "fp8_scale_output"
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let count = self.n.max(0) as u64 * self.t.max(0) as u64;
+        (
+            (count.div_ceil(ELEMENT_THREADS as u64) as u32, 1, 1),
+            ELEMENT_THREADS,
+            0,
+        )
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.y, self.out_f32, self.row_scales, self.col_scales, self.n, self.t).to_vec()
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
+/// Every kernel the calls above launch, by the calls' own naming (the family test's list).
+#[cfg(test)]
+pub(crate) fn called_kernels() -> Vec<&'static str> {
+    let mut names = Vec::new();
+    for t in [1, 2, 4, 8] {
+        names.extend([gemv_name(0, t), gemv_name(1, t), gemv_name(2, t)]);
+    }
+    let d = Fp8DequantCall {
+        w: 1,
+        scales: 1,
+        out: 1,
+        n: 1,
+        k: 16,
+    };
+    let q = Fp8QuantizeRowsCall {
+        x: 1,
+        out: 1,
+        scales: 1,
+        k: 16,
+        rows: 1,
+    };
+    let s = Fp8ScaleOutputCall {
+        y: 1,
+        out_f32: 0,
+        row_scales: 1,
+        col_scales: 1,
+        n: 1,
+        t: 1,
+    };
+    names.extend([d.name(), q.name(), s.name()]);
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::arg_at as at;
+
+    #[test]
+    fn the_fp8_calls_pass_fp8_cu_arguments_in_order_and_pick_their_kernels() {
+        let g = Fp8GemvCall {
+            w: 1,
+            scales: 2,
+            x: 3,
+            y: 4,
+            n: 9,
+            k: 64,
+            t: 3,
+            ld: 9,
+            out_f32: 1,
+            norm_in: 5,
+            eps: 0.5,
+        };
+        let want = vec![
+            at(&g.w),
+            at(&g.scales),
+            at(&g.x),
+            at(&g.y),
+            at(&g.n),
+            at(&g.k),
+            at(&g.t),
+            at(&g.ld),
+            at(&g.out_f32),
+            at(&g.norm_in),
+            at(&g.eps),
+        ];
+        assert_eq!(g.args(), want);
+        assert_eq!((g.name(), g.shape()), ("fp8_gemv_t4", ((2, 1, 1), 128, 0)));
+        let s = Fp8GemvSiluCall {
+            w: 1,
+            scales: 2,
+            x: 3,
+            out: 4,
+            inter: 9,
+            k: 64,
+            t: 1,
+            norm_in: 0,
+            eps: 0.1,
+        };
+        assert_eq!(s.args()[1], at(&s.scales));
+        assert_eq!((s.name(), s.shape()), ("fp8_gemv_silu_t1", ((3, 1, 1), 128, 0)));
+        let r = Fp8GemvResidualCall {
+            w: 1,
+            scales: 2,
+            x: 3,
+            res: 4,
+            res_bf16: 5,
+            norm_out: 6,
+            next_norm: 7,
+            n: 17,
+            k: 32,
+            t: 8,
+        };
+        let want = vec![
+            at(&r.w),
+            at(&r.scales),
+            at(&r.x),
+            at(&r.res),
+            at(&r.res_bf16),
+            at(&r.norm_out),
+            at(&r.next_norm),
+            at(&r.n),
+            at(&r.k),
+            at(&r.t),
+        ];
+        assert_eq!(r.args(), want);
+        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((3, 1, 1), 128, 0)));
+        let d = Fp8DequantCall {
+            w: 1,
+            scales: 2,
+            out: 3,
+            n: 100,
+            k: 64,
+        };
+        assert_eq!(d.shape(), ((2, 1, 1), 256, 0));
+        let o = Fp8ScaleOutputCall {
+            y: 1,
+            out_f32: 0,
+            row_scales: 2,
+            col_scales: 3,
+            n: 0,
+            t: 4,
+        };
+        let mut launched = false;
+        o.launch_with(|_, _, _, _, _| {
+            launched = true;
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert!(!launched, "an empty product launches nothing");
+    }
+
+    #[test]
+    #[should_panic(expected = "no FP8 GEMV is compiled for 9 tokens")]
+    fn an_fp8_gemv_past_the_compiled_tokens_is_a_bug() {
+        gemv_name(0, 9);
+    }
+}

@@ -1,0 +1,307 @@
+//! fp8.cu against a CPU reference: the decode GEMVs (plain, gate/up with SiLU, residual with the
+//! next norm's sums), dequantization to bf16, and the FP8 tensor-core product (activation
+//! quantization, cuBLASLt on E4M3, output scaling) where the GPU has FP8 tensor cores.
+
+use strata_runtime::cuda::gemm_call::NORM_SLOTS;
+use strata_runtime::cuda::{
+    DeviceBuffer, Fp8DequantCall, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall,
+    Fp8ScaleOutputCall, Gemm, GemmOperands, GemmOut, Gpu, KernelSpec, Kernels,
+};
+
+use crate::common::{
+    bf16_bits, bf16_value, carried_norm_total, first_gpu, random_bf16, random_f32, read_bf16, xorshift,
+};
+
+/// The value of an E4M3 byte (OCP "fn": no infinities; 0x7f and 0xff are NaN).
+fn e4m3(b: u8) -> f32 {
+    let (e, m) = (((b >> 3) & 15) as i32, (b & 7) as f32);
+    let v = if e == 0 {
+        m / 512.0
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
+    if b & 0x80 != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// `count` random E4M3 bytes, NaN left out (every other value, subnormals included).
+fn random_e4m3(count: usize, seed: u64) -> Vec<u8> {
+    let mut next = xorshift(seed);
+    (0..count)
+        .map(|_| {
+            let b = (next() >> 32) as u8;
+            if b & 0x7f == 0x7f {
+                b & 0xfe
+            } else {
+                b
+            }
+        })
+        .collect()
+}
+
+/// An FP8 matrix on the GPU and its values: bytes, per-row scales, and w = e4m3 × scale.
+struct Matrix {
+    bytes: DeviceBuffer,
+    scales: DeviceBuffer,
+    w: Vec<f32>,
+}
+
+fn upload_matrix(gpu: &Gpu, n: usize, k: usize, seed: u64) -> Matrix {
+    let q = random_e4m3(n * k, seed);
+    // Scales so the largest weight (448 × scale) is about 1, varying by row.
+    let scales: Vec<f32> = (0..n).map(|r| (1.0 + (r % 7) as f32 / 7.0) / 448.0).collect();
+    let w = q.iter().enumerate().map(|(i, &b)| e4m3(b) * scales[i / k]).collect();
+    Matrix {
+        bytes: gpu.upload(&q, "fp8 weights").unwrap(),
+        scales: gpu.upload(&scales, "fp8 scales").unwrap(),
+        w,
+    }
+}
+
+fn dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+fn abs_dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum()
+}
+
+#[test]
+fn fp8_gemvs_and_dequantization_match_the_cpu() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // An odd row count (a warp's second row missing), a short and a long row.
+    for (n, k) in [(37usize, 768usize), (258, 2816)] {
+        let m = upload_matrix(&gpu, 2 * n, k, (n + k) as u64);
+        let ctx = format!("n {n} k {k}");
+
+        // Dequantization: exact up to the bf16 rounding of each value.
+        let out = gpu.alloc(2 * n * k * 2, "dequant").unwrap();
+        let d = Fp8DequantCall {
+            w: m.bytes.ptr(),
+            scales: m.scales.ptr(),
+            out: out.ptr(),
+            n: 2 * n as i32,
+            k: k as i32,
+        };
+        // SAFETY: bytes 2n x k, scales 2n, out 2n x k bf16.
+        unsafe { d.launch(&gpu, &kernels) }.unwrap();
+        let got = read_bf16(&gpu, &out, 2 * n * k);
+        for (i, (g, v)) in got.iter().zip(&m.w).enumerate() {
+            assert_eq!(*g, bf16_value(bf16_bits(*v)), "{ctx}: dequant of value {i}");
+        }
+
+        for t in [1usize, 3, 8] {
+            let xb = random_bf16(t * k, 7 + t as u64);
+            let x: Vec<f32> = xb.iter().map(|&b| bf16_value(b)).collect();
+            let xd = gpu.upload(&xb, "x").unwrap();
+            let want = |j: usize, r: usize| dot(&m.w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
+            // f32 sums of exact products in another order: a few ulps of the sum of magnitudes.
+            let tol = |j: usize, r: usize| 2e-5 * abs_dot(&m.w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]) + 1e-30;
+
+            // Plain, f32 out into a wider output (ld = 2n + 5).
+            let ld = 2 * n + 5;
+            let y = gpu.alloc(t * ld * 4, "y").unwrap();
+            gpu.zero(&y, 0, t * ld * 4).unwrap();
+            let plain = Fp8GemvCall {
+                w: m.bytes.ptr(),
+                scales: m.scales.ptr(),
+                x: xd.ptr(),
+                y: y.ptr(),
+                n: 2 * n as i32,
+                k: k as i32,
+                t: t as i32,
+                ld: ld as i32,
+                out_f32: 1,
+                norm_in: 0,
+                eps: 0.0,
+            };
+            // SAFETY: bytes 2n x k, x t x k bf16, y t x ld f32.
+            unsafe { plain.launch(&gpu, &kernels) }.unwrap();
+            let mut got = vec![0f32; t * ld];
+            gpu.read(&y, 0, &mut got).unwrap();
+            for j in 0..t {
+                for r in 0..2 * n {
+                    let (a, b) = (got[j * ld + r] as f64, want(j, r));
+                    assert!(
+                        (a - b).abs() <= tol(j, r),
+                        "{ctx} t {t}: gemv row {r} token {j}: {a} vs {b}"
+                    );
+                }
+                assert_eq!(got[j * ld + 2 * n], 0.0, "{ctx}: wrote past its rows");
+            }
+
+            // Gate (rows 0..n) and up (n..2n) with SiLU, bf16 out.
+            let act = gpu.alloc(t * n * 2, "act").unwrap();
+            let silu = Fp8GemvSiluCall {
+                w: m.bytes.ptr(),
+                scales: m.scales.ptr(),
+                x: xd.ptr(),
+                out: act.ptr(),
+                inter: n as i32,
+                k: k as i32,
+                t: t as i32,
+                norm_in: 0,
+                eps: 0.0,
+            };
+            // SAFETY: as above; act t x n bf16.
+            unsafe { silu.launch(&gpu, &kernels) }.unwrap();
+            let got = read_bf16(&gpu, &act, t * n);
+            for j in 0..t {
+                for r in 0..n {
+                    let (g, u) = (want(j, r), want(j, n + r));
+                    let s = g / (1.0 + (-g).exp()) * u;
+                    let a = got[j * n + r] as f64;
+                    let bound = 1e-2 * s.abs() + (tol(j, r) + tol(j, n + r)) * (u.abs() + g.abs() + 1.0);
+                    assert!(
+                        (a - s).abs() <= bound,
+                        "{ctx} t {t}: silu row {r} token {j}: {a} vs {s}"
+                    );
+                }
+            }
+
+            // Residual over all 2n rows, times the next norm's weights, with its sums.
+            let res0 = random_f32(t * 2 * n, 99);
+            let g = random_f32(2 * n, 98);
+            let res = gpu.upload(&res0, "res").unwrap();
+            let res_bf16 = gpu.alloc(t * 2 * n * 2, "res_bf16").unwrap();
+            let gd = gpu.upload(&g, "g").unwrap();
+            let sums_len = t * NORM_SLOTS * 2;
+            let sums = gpu.alloc(sums_len * 8, "sums").unwrap();
+            gpu.zero(&sums, 0, sums_len * 8).unwrap();
+            let residual = Fp8GemvResidualCall {
+                w: m.bytes.ptr(),
+                scales: m.scales.ptr(),
+                x: xd.ptr(),
+                res: res.ptr(),
+                res_bf16: res_bf16.ptr(),
+                norm_out: sums.ptr(),
+                next_norm: gd.ptr(),
+                n: 2 * n as i32,
+                k: k as i32,
+                t: t as i32,
+            };
+            // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
+            unsafe { residual.launch(&gpu, &kernels) }.unwrap();
+            let mut new = vec![0f32; t * 2 * n];
+            gpu.read(&res, 0, &mut new).unwrap();
+            let new_bf16 = read_bf16(&gpu, &res_bf16, t * 2 * n);
+            let mut raw = vec![0u64; sums_len];
+            gpu.read(&sums, 0, &mut raw).unwrap();
+            for j in 0..t {
+                let mut squares = 0f64;
+                for r in 0..2 * n {
+                    let v = res0[j * 2 * n + r] as f64 + want(j, r);
+                    let a = new[j * 2 * n + r] as f64;
+                    assert!(
+                        (a - v).abs() <= tol(j, r) + 1e-6,
+                        "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
+                    );
+                    let b = new_bf16[j * 2 * n + r];
+                    assert_eq!(
+                        b,
+                        bf16_value(bf16_bits(a as f32 * g[r])),
+                        "{ctx} t {t}: res_bf16 row {r} token {j}"
+                    );
+                    squares += a * a;
+                }
+                let total = carried_norm_total(&raw, j);
+                assert!(
+                    (total - squares).abs() <= 1e-5 * squares,
+                    "{ctx} t {t}: norm sums {total} vs {squares}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_tensor_core_products_match_the_cpu_within_activation_rounding() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    if gpu.info.compute_capability < (8, 9) {
+        eprintln!(
+            "skipped: compute capability {:?} has no FP8 tensor cores (strata runs FP8 weight-only there)",
+            gpu.info.compute_capability
+        );
+        return;
+    }
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    let mut gemm = Gemm::new(&gpu, GemmOperands::Fp8E4m3).unwrap();
+    for (n, k, t) in [(64usize, 768usize, 24usize), (256, 2816, 100)] {
+        let m = upload_matrix(&gpu, n, k, (n * t) as u64);
+        let xb = random_bf16(t * k, t as u64);
+        let x: Vec<f32> = xb.iter().map(|&b| bf16_value(b)).collect();
+        let xd = gpu.upload(&xb, "x").unwrap();
+        let act = gpu.alloc(t * k, "fp8 activations").unwrap();
+        let act_scales = gpu.alloc(t * 4, "activation scales").unwrap();
+        let quantize = Fp8QuantizeRowsCall {
+            x: xd.ptr(),
+            out: act.ptr(),
+            scales: act_scales.ptr(),
+            k: k as i32,
+            rows: t,
+        };
+        // SAFETY: x t x k bf16, act t x k bytes, scales t f32.
+        unsafe { quantize.launch(&gpu, &kernels) }.unwrap();
+        // Each activation within half an E4M3 step of its row's scale (2^-4 relative for normals).
+        let mut q = vec![0u8; t * k];
+        gpu.read(&act, 0, &mut q).unwrap();
+        let mut s = vec![0f32; t];
+        gpu.read(&act_scales, 0, &mut s).unwrap();
+        for j in 0..t {
+            let row = &x[j * k..(j + 1) * k];
+            let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert_eq!(s[j], amax / 448.0, "token {j}: its scale");
+            for (c, (&v, &b)) in row.iter().zip(&q[j * k..(j + 1) * k]).enumerate() {
+                let back = e4m3(b) * s[j];
+                assert!(
+                    (back - v).abs() <= (v.abs() / 16.0).max(s[j] / 1024.0) * 1.0001,
+                    "token {j} column {c}: {v} quantized to {back}"
+                );
+            }
+        }
+        for out in [GemmOut::Bf16, GemmOut::F32] {
+            let elem = if out == GemmOut::F32 { 4 } else { 2 };
+            let y = gpu.alloc(t * n * elem, "y").unwrap();
+            // SAFETY: bytes n x k E4M3, act t x k E4M3, y t x n of `out`.
+            unsafe { gemm.matmul(&gpu, m.bytes.ptr(), act.ptr(), y.ptr(), (n, k, t), out) }.unwrap();
+            let scale = Fp8ScaleOutputCall {
+                y: y.ptr(),
+                out_f32: (out == GemmOut::F32) as i32,
+                row_scales: act_scales.ptr(),
+                col_scales: m.scales.ptr(),
+                n: n as i32,
+                t: t as i32,
+            };
+            // SAFETY: y t x n, scales t and n f32.
+            unsafe { scale.launch(&gpu, &kernels) }.unwrap();
+            let got: Vec<f32> = if out == GemmOut::F32 {
+                let mut v = vec![0f32; t * n];
+                gpu.read(&y, 0, &mut v).unwrap();
+                v
+            } else {
+                read_bf16(&gpu, &y, t * n)
+            };
+            for j in 0..t {
+                let xr = &x[j * k..(j + 1) * k];
+                for r in 0..n {
+                    let wr = &m.w[r * k..(r + 1) * k];
+                    let (a, b) = (got[j * n + r] as f64, dot(wr, xr));
+                    // The activations' rounding (1/16 of each product at most), then bf16 twice.
+                    let bound = abs_dot(wr, xr) / 16.0 + 2.0 * b.abs() / 256.0;
+                    assert!(
+                        (a - b).abs() <= bound,
+                        "n {n} k {k} {out:?}: token {j} row {r}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
