@@ -15,7 +15,8 @@
 #     KERNEL_TESTS names the kernel tests to run (default all).
 #   test: carries the model's other parts and cuda-test.gz: the CUDA tests (the default model's
 #     Q4_1 kept on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against
-#     the CPU backend), again as an Ampere card (STRATA_GPU_CAPABILITY=8.0).
+#     the CPU backend; CUDA_TESTS names the tests, default all), the SmolLM2 and quantized-file tests
+#     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -111,7 +112,7 @@ test)
     done
     echo "== CUDA tests"
     ls $QM/*.gguf >/dev/null 2>&1 && export STRATA_QUANT_MODELS=$QM
-    timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 > "$OUT/cuda_tests.log" 2>&1
+    timeout 300 gpu-bin/cuda-test --nocapture --test-threads 1 ${CUDA_TESTS:-} > "$OUT/cuda_tests.log" 2>&1
     grep -E "^test |GPU vs CPU|vs CPU over|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests.log"
     echo "== CUDA tests as an sm_80 card (STRATA_GPU_CAPABILITY=8.0)"
     STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 quantized \

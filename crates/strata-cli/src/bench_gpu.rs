@@ -55,6 +55,9 @@ pub struct BenchGpuArgs {
     /// Layer matrices on the GPU: auto (as shipped: GGUF blocks, FP8), none (bf16) or fp8.
     #[arg(long, default_value = "auto", value_parser = crate::device::parse_quantization)]
     pub quantization: crate::device::Quantization,
+    /// Activations of the GEMVs over GGUF blocks: standard (one int8 pass) or high (two).
+    #[arg(long, default_value = "standard", value_parser = strata_engine::ActPrecision::parse)]
+    pub activation_precision: strata_engine::ActPrecision,
     #[arg(long, default_value_t = 4096)]
     pub max_num_batched_tokens: usize,
     /// No CUDA graphs.
@@ -400,6 +403,7 @@ fn start(
         gpu_memory_utilization: args.gpu_memory_utilization,
         gpu_memory_limit: args.gpu_memory_limit,
         quantization: args.quantization,
+        activation_precision: args.activation_precision,
         enforce_eager: args.enforce_eager,
         ablate: args.ablate.clone(),
         ..Default::default()

@@ -77,8 +77,9 @@ pub struct DeviceArgs {
     /// and rounded like a float32 framework, for checking outputs).
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
-    /// Activation precision of the CPU decode path: standard (8-bit like llama.cpp) or high
-    /// (~14-bit: greedy text matches a float reference; half the many-user throughput).
+    /// Activation precision of the quantized decode path (the CPU's, and the GPU's GGUF
+    /// matrices): standard (8-bit like llama.cpp) or high (~14-bit: greedy text matches a float
+    /// reference; half the CPU's many-user throughput).
     #[arg(long, default_value = "standard", value_parser = ActPrecision::parse)]
     pub activation_precision: ActPrecision,
     /// Kernels left out of every GPU step (`bench-gpu --ablate`; not a flag of serve or run).
@@ -302,6 +303,7 @@ fn gpu_options(
         enforce_eager: dev.enforce_eager,
         deterministic: dev.deterministic,
         ablate: dev.ablate.clone(),
+        activation_precision: dev.activation_precision,
     }
 }
 

@@ -16,6 +16,7 @@ use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
 
 use strata_model::{AllowedTokens, CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, RowAdjust, SeqChunk};
+use strata_runtime::cpu::ActPrecision;
 use strata_runtime::cuda::kernels::{KernelSpec, Kernels};
 use strata_runtime::cuda::sampling_call::ARGMAX_SLICES;
 use strata_runtime::cuda::{libraries, ChooseTokensCall, Gpu};
@@ -57,6 +58,8 @@ fn test_options() -> GpuOptions {
         enforce_eager: false,
         deterministic: false,
         ablate: Vec::new(),
+        // Two int8 passes, as the CPU reference's `high`: the tests compare against it.
+        activation_precision: ActPrecision::High,
     }
 }
 
@@ -826,6 +829,7 @@ fn hf_checkpoints_on_the_gpu_match_transformers() {
                 enforce_eager: false,
                 deterministic: false,
                 ablate: Vec::new(),
+                activation_precision: ActPrecision::High,
             };
             let mut gpu = GpuExecutor::new(model.transformer, &opts, &libs, &|_, _| {}).expect("GPU executor");
             let mut whole_runs = 0;

@@ -64,6 +64,7 @@ fn options(deterministic: bool) -> GpuOptions {
         enforce_eager: false,
         deterministic,
         ablate: Vec::new(),
+        activation_precision: Default::default(),
     }
 }
 

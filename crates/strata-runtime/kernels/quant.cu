@@ -21,20 +21,31 @@ typedef signed char int8_t;
 // ---- int8 activations: what the GEMVs read as x ----
 // quantize_q8 cuts x (bf16 [t, k], k a multiple of 32) into blocks of 32 values: q = round(x *
 // 127 / amax) as int8, and per block {amax / 127, the sum of its x}. A weight block's offset or
-// min then costs one multiply by that sum, exactly; only the products round x.
+// min then costs one multiply by that sum, exactly; only the products round x. Two-pass (the
+// `high` activation precision, as the CPU's): a second int8 block quantizes what the first left
+// (x - scale * q), so x carries ~14 bits, at twice the dp4a work; its blocks follow the first
+// pass's ([t, k] bytes after [t, k] bytes, [t, k / 32] scales after the pairs).
 
 #define QK8 32
 
 struct Q8Rows {
     const int8_t* q;   // [t, k]
     const float2* s;   // [t, k / QK8]: {scale, sum of x}
+    const int8_t* q2;  // the residual pass, or null
+    const float* s2;   // its scales
     int k;
-    // The 16 int8 values of token j from column col (a multiple of 16).
-    __device__ __forceinline__ int4 words(int j, int col) const {
-        return __ldg((const int4*)(q + (size_t)j * k + col));
+
+    __device__ static Q8Rows of(const int8_t* xq, const float2* xs, int k, int t, int two_pass) {
+        const size_t values = (size_t)t * k;
+        return {xq, xs, two_pass ? xq + values : nullptr, two_pass ? (const float*)(xs + values / QK8) : nullptr, k};
     }
     // The block of token j holding column col.
     __device__ __forceinline__ float2 scale(int j, int col) const { return __ldg(s + ((size_t)j * k + col) / QK8); }
+    // Σ a · x over the 16 values of token j from col (a's bytes as signed; minus 32 each when
+    // minus_32: Q6_K's offset by a second dp4a), in x's units.
+    __device__ __forceinline__ float dot16(const int (&a)[4], int j, int col, bool minus_32) const;
+    // Σ a · x over the block of token j at col, lo its first 16 values and hi the rest.
+    __device__ __forceinline__ float dot32(const int (&lo)[4], const int (&hi)[4], int j, int col) const;
 };
 
 // c + the sum of the four byte products of a and b, as signed bytes.
@@ -60,6 +71,33 @@ __device__ __forceinline__ int minus8(u32 v) {
 __device__ __forceinline__ int minus32(u32 v) {
     const u32 t = v ^ 0x20202020u;
     return (int)(t | ((t & 0x20202020u) * 6u));
+}
+
+__device__ __forceinline__ float Q8Rows::dot16(const int (&a)[4], int j, int col, bool minus_32) const {
+    const int thirty_two[4] = {0x20202020, 0x20202020, 0x20202020, 0x20202020};
+    const size_t at = (size_t)j * k + col;
+    const int4 w = __ldg((const int4*)(q + at));
+    int p = dp16(a, w, 0);
+    if (minus_32) p -= dp16(thirty_two, w, 0);
+    float r = __ldg(s + at / QK8).x * (float)p;
+    if (q2) {
+        const int4 w2 = __ldg((const int4*)(q2 + at));
+        int p2 = dp16(a, w2, 0);
+        if (minus_32) p2 -= dp16(thirty_two, w2, 0);
+        r = fmaf(__ldg(s2 + at / QK8), (float)p2, r);
+    }
+    return r;
+}
+
+__device__ __forceinline__ float Q8Rows::dot32(const int (&lo)[4], const int (&hi)[4], int j, int col) const {
+    const size_t at = (size_t)j * k + col;
+    float r = __ldg(s + at / QK8).x *
+              (float)dp16(hi, __ldg((const int4*)(q + at + 16)), dp16(lo, __ldg((const int4*)(q + at)), 0));
+    if (q2) {
+        const int p2 = dp16(hi, __ldg((const int4*)(q2 + at + 16)), dp16(lo, __ldg((const int4*)(q2 + at)), 0));
+        r = fmaf(__ldg(s2 + at / QK8), (float)p2, r);
+    }
+    return r;
 }
 
 // 0x4B000000 | q is the float 2^23 + q: a byte to a float by one permute and one add.
@@ -118,8 +156,7 @@ struct FmtQ4_0 {
 #pragma unroll
         for (int j = 0; j < T; j++) {
             if (j >= t) break;
-            const int s = dp16(hi, x.words(j, col + 16), dp16(lo, x.words(j, col), 0));
-            acc[j] = fmaf(d * x.scale(j, col).x, (float)s, acc[j]);
+            acc[j] = fmaf(d, x.dot32(lo, hi, j, col), acc[j]);
         }
     }
     template <typename Eat>
@@ -162,9 +199,7 @@ struct FmtQ4_1 {
 #pragma unroll
         for (int j = 0; j < T; j++) {
             if (j >= t) break;
-            const int s = dp16(hi, x.words(j, col + 16), dp16(lo, x.words(j, col), 0));
-            const float2 xs = x.scale(j, col);
-            acc[j] = fmaf(d * xs.x, (float)s, fmaf(m, xs.y, acc[j]));
+            acc[j] = fmaf(d, x.dot32(lo, hi, j, col), fmaf(m, x.scale(j, col).y, acc[j]));
         }
     }
     template <typename Eat>
@@ -203,8 +238,7 @@ struct FmtQ8_0 {
 #pragma unroll
         for (int j = 0; j < T; j++) {
             if (j >= t) break;
-            const int s = dp16(b, x.words(j, col + 16), dp16(a, x.words(j, col), 0));
-            acc[j] = fmaf(d * x.scale(j, col).x, (float)s, acc[j]);
+            acc[j] = fmaf(d, x.dot32(a, b, j, col), acc[j]);
         }
     }
     template <typename Eat>
@@ -256,10 +290,8 @@ struct FmtQ4_K {
 #pragma unroll
         for (int j = 0; j < T; j++) {
             if (j >= t) break;
-            const int s0 = dp16(sub[0][1], x.words(j, col + 16), dp16(sub[0][0], x.words(j, col), 0));
-            const int s1 = dp16(sub[1][1], x.words(j, col + 48), dp16(sub[1][0], x.words(j, col + 32), 0));
-            const float4 xs = __ldg((const float4*)(x.s + ((size_t)j * x.k + col) / QK8));
-            acc[j] += dl[0] * xs.x * (float)s0 - ml[0] * xs.y + dl[1] * xs.z * (float)s1 - ml[1] * xs.w;
+            const float p0 = x.dot32(sub[0][0], sub[0][1], j, col), p1 = x.dot32(sub[1][0], sub[1][1], j, col + 32);
+            acc[j] += dl[0] * p0 - ml[0] * x.scale(j, col).y + dl[1] * p1 - ml[1] * x.scale(j, col + 32).y;
         }
     }
     template <typename Eat>
@@ -322,10 +354,8 @@ struct FmtQ5_K {
 #pragma unroll
         for (int j = 0; j < T; j++) {
             if (j >= t) break;
-            const int s0 = dp16(sub[0][1], x.words(j, col + 16), dp16(sub[0][0], x.words(j, col), 0));
-            const int s1 = dp16(sub[1][1], x.words(j, col + 48), dp16(sub[1][0], x.words(j, col + 32), 0));
-            const float4 xs = __ldg((const float4*)(x.s + ((size_t)j * x.k + col) / QK8));
-            acc[j] += dl[0] * xs.x * (float)s0 - ml[0] * xs.y + dl[1] * xs.z * (float)s1 - ml[1] * xs.w;
+            const float p0 = x.dot32(sub[0][0], sub[0][1], j, col), p1 = x.dot32(sub[1][0], sub[1][1], j, col + 32);
+            acc[j] += dl[0] * p0 - ml[0] * x.scale(j, col).y + dl[1] * p1 - ml[1] * x.scale(j, col + 32).y;
         }
     }
     template <typename Eat>
@@ -402,19 +432,12 @@ struct FmtQ6_K {
                 g16[g][i] = offset_by_dp4a ? (int)q : minus32(q);
             }
         }
-        const int thirty_two[4] = {0x20202020, 0x20202020, 0x20202020, 0x20202020};
 #pragma unroll
         for (int j = 0; j < T; j++) {
             if (j >= t) break;
             float sum = 0.0f;
 #pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const int col = col0 + 32 * g;
-                const int4 xw = x.words(j, col);
-                int s = dp16(g16[g], xw, 0);
-                if (offset_by_dp4a) s -= dp16(thirty_two, xw, 0);
-                sum = fmaf(dl[g] * x.scale(j, col).x, (float)s, sum);
-            }
+            for (int g = 0; g < 4; g++) sum = fmaf(dl[g], x.dot16(g16[g], j, col0 + 32 * g, offset_by_dp4a), sum);
             acc[j] += sum;
         }
     }
@@ -573,45 +596,60 @@ __device__ void qgemv_residual(const u8* __restrict__ w, Q8Rows x, float* __rest
     }
 }
 
-// x (bf16 [t, k]) as Q8Rows' blocks: a thread 8 values, the 4 threads of a block met by
-// shuffles. Grid ceil(t * k / 8 / 128).
+// x (bf16 [t, k]) as Q8Rows' blocks (and the residual pass's when two_pass): a thread 8 values,
+// the 4 threads of a block met by shuffles. Grid ceil(t * k / 8 / 128).
 #define QUANTIZE_THREADS 128
 
-extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS) quantize_q8(const bf16* __restrict__ x,
-                                                                           int8_t* __restrict__ xq,
-                                                                           float2* __restrict__ xs, int k, int t) {
-    const long long i = (long long)blockIdx.x * QUANTIZE_THREADS + threadIdx.x;
-    const bool mine = i < (long long)t * k / 8;
-    wait_for_previous_kernel();
-    // Pieces tile [t, k] row after row, so piece i holds values 8 i..; block b is pieces 4b..4b + 3,
-    // 4 aligned lanes of a warp, all in or all out (t * k / 8 is a multiple of 4).
-    if (!mine) return;
-    float v[8];
-    unpack8(__ldg((const uint4*)(x + i * 8)), v);
-    float amax = 0.0f, sum = 0.0f;
+// One pass over a thread's 8 values v: their int8 quants (2 words) under the block's amax, met
+// with the block's other 3 threads; v becomes what the quants leave. Returns the scale.
+__device__ __forceinline__ float quantize_pass(float (&v)[8], unsigned lanes, u32 (&word)[2]) {
+    float amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-        amax = fmaxf(amax, fabsf(v[e]));
-        sum += v[e];
-    }
+    for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[e]));
     // xor 1 and 2 stay inside the block's lanes.
-    const unsigned lanes = __activemask();
 #pragma unroll
-    for (int o = 1; o < 4; o <<= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(lanes, amax, o));
-        sum += __shfl_xor_sync(lanes, sum, o);
-    }
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    u32 word[2];
+    for (int o = 1; o < 4; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(lanes, amax, o));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
 #pragma unroll
     for (int g = 0; g < 2; g++) {
         u32 packed = 0;
 #pragma unroll
-        for (int b = 0; b < 4; b++) packed |= ((u32)__float2int_rn(v[4 * g + b] * inv) & 0xffu) << (8 * b);
+        for (int b = 0; b < 4; b++) {
+            const int q = __float2int_rn(v[4 * g + b] * inv);
+            packed |= ((u32)q & 0xffu) << (8 * b);
+            v[4 * g + b] = fmaf(-(float)q, d, v[4 * g + b]);
+        }
         word[g] = packed;
     }
+    return d;
+}
+
+extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS) quantize_q8(const bf16* __restrict__ x,
+                                                                           int8_t* __restrict__ xq,
+                                                                           float2* __restrict__ xs, int k, int t,
+                                                                           int two_pass) {
+    const long long i = (long long)blockIdx.x * QUANTIZE_THREADS + threadIdx.x;
+    const long long pieces = (long long)t * k / 8;
+    wait_for_previous_kernel();
+    // Pieces tile [t, k] row after row, so piece i holds values 8 i..; block b is pieces 4b..4b + 3,
+    // 4 aligned lanes of a warp, all in or all out (t * k / 8 is a multiple of 4).
+    if (i >= pieces) return;
+    const unsigned lanes = __activemask();
+    float v[8];
+    unpack8(__ldg((const uint4*)(x + i * 8)), v);
+    float sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) sum += v[e];
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(lanes, sum, o);
+    u32 word[2];
+    const float d = quantize_pass(v, lanes, word);
     *(uint2*)(xq + i * 8) = make_uint2(word[0], word[1]);
-    if ((i & 3) == 0) xs[i / 4] = make_float2(amax / 127.0f, sum);
+    if ((i & 3) == 0) xs[i / 4] = make_float2(d, sum);
+    if (!two_pass) return;
+    const float d2 = quantize_pass(v, lanes, word);
+    *(uint2*)(xq + pieces * 8 + i * 8) = make_uint2(word[0], word[1]);
+    if ((i & 3) == 0) ((float*)(xs + pieces / 4))[i / 4] = d2;
 }
 
 // out[(row - first) * k + col] = w[row, col] in bf16 for rows first..first + rows of a segment
@@ -667,19 +705,19 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
 
 #define QUANT_GEMVS(F, NAME, T)                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_##NAME##_t##T(                            \
-        const u8* w, const int8_t* xq, const float2* xs, void* y, int n, int k, int t, int ld, int out_f32,    \
-        const u64* norm_in, float eps) {                                                                       \
-        qgemv<F, T>(w, Q8Rows{xq, xs, k}, y, n, t, ld, out_f32, norm_in, eps);                                 \
+        const u8* w, const int8_t* xq, const float2* xs, int two_pass, void* y, int n, int k, int t, int ld,   \
+        int out_f32, const u64* norm_in, float eps) {                                                          \
+        qgemv<F, T>(w, Q8Rows::of(xq, xs, k, t, two_pass), y, n, t, ld, out_f32, norm_in, eps);                \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_silu_##NAME##_t##T(                       \
-        const u8* w, const int8_t* xq, const float2* xs, bf16* out, int inter, int k, int t,                   \
+        const u8* w, const int8_t* xq, const float2* xs, int two_pass, bf16* out, int inter, int k, int t,     \
         const u64* norm_in, float eps) {                                                                       \
-        qgemv_silu<F, T>(w, Q8Rows{xq, xs, k}, out, inter, t, norm_in, eps);                                   \
+        qgemv_silu<F, T>(w, Q8Rows::of(xq, xs, k, t, two_pass), out, inter, t, norm_in, eps);                  \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_residual_##NAME##_t##T(                   \
-        const u8* w, const int8_t* xq, const float2* xs, float* res, bf16* res_bf16, u64* norm_out,            \
-        const float* next_norm, int n, int k, int t) {                                                         \
-        qgemv_residual<F, T>(w, Q8Rows{xq, xs, k}, res, res_bf16, norm_out, next_norm, n, t);                  \
+        const u8* w, const int8_t* xq, const float2* xs, int two_pass, float* res, bf16* res_bf16,             \
+        u64* norm_out, const float* next_norm, int n, int k, int t) {                                          \
+        qgemv_residual<F, T>(w, Q8Rows::of(xq, xs, k, t, two_pass), res, res_bf16, norm_out, next_norm, n, t); \
     }
 
 #define QUANT_KERNELS(F, NAME)                                                                                 \

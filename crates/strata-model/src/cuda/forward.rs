@@ -92,6 +92,8 @@ pub struct GpuTransformer {
     /// `bench-gpu --ablate`: kernels (a name or part of one) and cuBLASLt products (`gemm NxK`)
     /// left out of every step, to time what each costs inside a graph; outputs are then wrong.
     pub ablate: Vec<String>,
+    /// The quantized GEMVs read two int8 passes of their inputs (`--activation-precision high`).
+    pub two_pass_activations: bool,
     /// cuBLASLt on FP8 operands for the FP8 matrices' larger products, where the GPU has FP8
     /// tensor cores (compute capability 8.9 on); `None` runs them weight-only in bf16.
     pub(super) fp8_gemm: Option<Gemm>,
@@ -160,7 +162,7 @@ impl GpuTransformer {
             // The quantized GEMVs' int8 inputs: GEMV_KERNEL_TOKENS rows of the widest input.
             let k = local.hidden.max(local.q_dim()).max(local.intermediate);
             let what = "quantized activations";
-            bufs.x_q8 = Some(gpu.alloc(GEMV_KERNEL_TOKENS * k, what)?);
+            bufs.x_q8 = Some(gpu.alloc(QuantizeQ8Call::value_bytes(k, GEMV_KERNEL_TOKENS), what)?);
             bufs.x_q8_scales = Some(gpu.alloc(QuantizeQ8Call::scale_bytes(k, GEMV_KERNEL_TOKENS), what)?);
         }
         let fp8_gemm = match weights.has_fp8() && gpu.info.compute_capability >= (8, 9) {
@@ -204,6 +206,7 @@ impl GpuTransformer {
             capturing: false,
             decode_bucket: None,
             ablate: Vec::new(),
+            two_pass_activations: false,
             fp8_gemm,
         })
     }

@@ -248,6 +248,7 @@ impl GpuTransformer {
                 w: seg.ptr,
                 x,
                 x_scales,
+                two_pass: self.two_pass_activations as i32,
                 out: act,
                 inter: inter as i32,
                 k: hidden as i32,
@@ -362,6 +363,7 @@ impl GpuTransformer {
                         w: seg.ptr,
                         x,
                         x_scales,
+                        two_pass: self.two_pass_activations as i32,
                         res,
                         res_bf16,
                         norm_out,
@@ -682,6 +684,7 @@ impl GpuTransformer {
                         w: seg.ptr,
                         x: xq,
                         x_scales,
+                        two_pass: self.two_pass_activations as i32,
                         y: y + ((first * n + seg.first_row) * y_elem) as u64,
                         n: seg.rows as i32,
                         k: k as i32,
@@ -717,6 +720,7 @@ impl GpuTransformer {
             xs: xs.ptr(),
             k: k as i32,
             t: t as i32,
+            two_pass: self.two_pass_activations as i32,
         }
         .launch_with(self.launcher())?;
         Ok((xq.ptr(), xs.ptr()))

@@ -20,6 +20,7 @@ pub mod weights;
 
 use std::collections::VecDeque;
 
+use strata_runtime::cpu::ActPrecision;
 use strata_runtime::cuda::libraries::LibrarySearch;
 use strata_runtime::cuda::{CudaError, Gpu};
 
@@ -59,6 +60,9 @@ pub struct GpuOptions {
     /// Kernels and products left out of every step (`bench-gpu --ablate`, timing only; see
     /// [`check_ablation`]).
     pub ablate: Vec<String>,
+    /// Activations of the quantized GEMVs (`--activation-precision`, as on the CPU): one int8
+    /// pass (`standard`) or two (`high`, ~14 bits).
+    pub activation_precision: ActPrecision,
 }
 
 impl GpuOptions {
@@ -237,6 +241,7 @@ impl ProbedShard {
             kv_cache::GpuKvCache::new(&model.gpu, &model.local, kv_type, opts.block_size, blocks).map_err(cuda)?;
         model.use_graphs = !opts.enforce_eager;
         model.ablate = opts.ablate.clone();
+        model.two_pass_activations = opts.activation_precision == ActPrecision::High;
         model.tune_decode_gemms().map_err(cuda)?;
         let weight_bytes = model.weights.matrix_bytes as usize;
         tracing::info!(
@@ -364,6 +369,7 @@ mod tests {
             enforce_eager: false,
             deterministic,
             ablate: Vec::new(),
+            activation_precision: Default::default(),
         }
     }
 

@@ -219,6 +219,7 @@ mod tests {
                     w: 1,
                     x: 1,
                     x_scales: 1,
+                    two_pass: 0,
                     y: 1,
                     n: 1,
                     k: 256,
@@ -233,6 +234,7 @@ mod tests {
                     w: 1,
                     x: 1,
                     x_scales: 1,
+                    two_pass: 0,
                     out: 1,
                     inter: 1,
                     k: 256,
@@ -245,6 +247,7 @@ mod tests {
                     w: 1,
                     x: 1,
                     x_scales: 1,
+                    two_pass: 0,
                     res: 1,
                     res_bf16: 1,
                     norm_out: 1,
@@ -282,6 +285,7 @@ mod tests {
             xs: 1,
             k: 256,
             t: 1,
+            two_pass: 0,
         };
         names.push(q.name().to_string());
         names.extend(fp8_call::called_kernels().into_iter().map(String::from));

@@ -187,6 +187,8 @@ pub struct QuantGemvCall {
     pub x: u64,
     /// Their scales and sums ([`QuantizeQ8Call`]'s `xs`).
     pub x_scales: u64,
+    /// 1: x has the residual pass too ([`QuantizeQ8Call`]'s `two_pass`).
+    pub two_pass: i32,
     /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
     pub y: u64,
     pub n: i32,
@@ -217,6 +219,7 @@ impl QuantGemvCall {
             self.w,
             self.x,
             self.x_scales,
+            self.two_pass,
             self.y,
             self.n,
             self.k,
@@ -241,6 +244,7 @@ pub struct QuantGemvSiluCall {
     /// As [`QuantGemvCall`]'s.
     pub x: u64,
     pub x_scales: u64,
+    pub two_pass: i32,
     /// bf16 `[t, inter]`.
     pub out: u64,
     pub inter: i32,
@@ -265,6 +269,7 @@ impl QuantGemvSiluCall {
             self.w,
             self.x,
             self.x_scales,
+            self.two_pass,
             self.out,
             self.inter,
             self.k,
@@ -287,6 +292,7 @@ pub struct QuantGemvResidualCall {
     /// As [`QuantGemvCall`]'s.
     pub x: u64,
     pub x_scales: u64,
+    pub two_pass: i32,
     /// f32 `[t, n]`.
     pub res: u64,
     /// bf16 `[t, n]`.
@@ -314,6 +320,7 @@ impl QuantGemvResidualCall {
             self.w,
             self.x,
             self.x_scales,
+            self.two_pass,
             self.res,
             self.res_bf16,
             self.norm_out,
@@ -370,6 +377,8 @@ pub const Q8_BLOCK: usize = 32;
 
 /// `x` (bf16 `[t, k]`, k a multiple of [`Q8_BLOCK`]) as int8 blocks for the GEMVs: `xq` (`[t, k]`
 /// bytes) and per block its scale and the sum of its values (`xs`, f32 pairs) (`quantize_q8`).
+/// With `two_pass` (the `high` activation precision) a second pass quantizes what the first left:
+/// its `[t, k]` bytes follow in `xq`, its f32 scales follow the pairs in `xs`.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantizeQ8Call {
     pub x: u64,
@@ -377,6 +386,7 @@ pub struct QuantizeQ8Call {
     pub xs: u64,
     pub k: i32,
     pub t: i32,
+    pub two_pass: i32,
 }
 
 /// Threads of a `quantize_q8` block, 8 values each (quant.cu's QUANTIZE_THREADS).
@@ -387,9 +397,14 @@ impl QuantizeQ8Call {
         quant_kernels()[QUANT_FORMATS.len() * KERNELS_PER_FORMAT]
     }
 
-    /// Bytes of `xs` for `t` tokens of `k` values.
+    /// Bytes of `xq` for `t` tokens of `k` values, room for both passes.
+    pub fn value_bytes(k: usize, t: usize) -> usize {
+        2 * t * k
+    }
+
+    /// Bytes of `xs` for `t` tokens of `k` values, room for both passes.
     pub fn scale_bytes(k: usize, t: usize) -> usize {
-        t * k / Q8_BLOCK * 8
+        t * k / Q8_BLOCK * (8 + 4)
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
@@ -402,7 +417,7 @@ impl QuantizeQ8Call {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        kernel_args!(self.x, self.xq, self.xs, self.k, self.t).to_vec()
+        kernel_args!(self.x, self.xq, self.xs, self.k, self.t, self.two_pass).to_vec()
     }
 
     one_kernel_launch!("quant.cu");
@@ -475,9 +490,11 @@ mod tests {
             xs: 3,
             k: 4096,
             t: 3,
+            two_pass: 1,
         };
         assert_eq!((q.name(), q.shape()), ("quantize_q8", ((12, 1, 1), 128, 0)));
-        assert_eq!(q.args(), vec![at(&q.x), at(&q.xq), at(&q.xs), at(&q.k), at(&q.t)]);
+        let want = vec![at(&q.x), at(&q.xq), at(&q.xs), at(&q.k), at(&q.t), at(&q.two_pass)];
+        assert_eq!(q.args(), want);
         assert_eq!(QuantFormat::of(GgmlType::Q5_0), None);
     }
 
@@ -514,6 +531,7 @@ mod tests {
             w: 1,
             x: 2,
             x_scales: 8,
+            two_pass: 1,
             y: 3,
             n: 7,
             k: 256,
@@ -527,6 +545,7 @@ mod tests {
             at(&c.w),
             at(&c.x),
             at(&c.x_scales),
+            at(&c.two_pass),
             at(&c.y),
             at(&c.n),
             at(&c.k),
@@ -543,6 +562,7 @@ mod tests {
             w: 1,
             x: 2,
             x_scales: 7,
+            two_pass: 0,
             res: 3,
             res_bf16: 4,
             norm_out: 5,
@@ -555,6 +575,7 @@ mod tests {
             at(&r.w),
             at(&r.x),
             at(&r.x_scales),
+            at(&r.two_pass),
             at(&r.res),
             at(&r.res_bf16),
             at(&r.norm_out),

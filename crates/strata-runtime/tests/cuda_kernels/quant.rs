@@ -54,19 +54,20 @@ fn dot(w: &[f32], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
 }
 
-/// x (`[t, k]`) quantized by `quantize_q8` on the GPU, checked against the rule (per block of 32:
-/// scale amax / 127, q = round(x · 127 / amax), the sum of x). Returns the values the int8
-/// blocks stand for, and per token the sum over blocks of |sum of x - sum of those values|:
-/// what a block's min or offset, applied to the exact sum, adds to the error of a product.
+/// x (`[t, k]`) quantized by `quantize_q8` on the GPU (one pass, or two), checked against the
+/// rule (per block of 32: scale amax / 127, q = round(x · 127 / amax), the sum of x; the second
+/// pass the same of what the first left). Returns the values the int8 blocks stand for, and per
+/// token the sum over blocks of |sum of x - sum of those values|: what a block's min or offset,
+/// applied to the exact sum, adds to the error of a product.
 fn quantize_on_gpu(
     gpu: &Gpu,
     kernels: &Kernels,
     x: &[f32],
     xd: &DeviceBuffer,
-    k: usize,
-    t: usize,
+    (k, t): (usize, usize),
+    two_pass: bool,
 ) -> (DeviceBuffer, DeviceBuffer, Vec<f32>, Vec<f64>) {
-    let xq = gpu.alloc(t * k, "xq").unwrap();
+    let xq = gpu.alloc(QuantizeQ8Call::value_bytes(k, t), "xq").unwrap();
     let xs = gpu.alloc(QuantizeQ8Call::scale_bytes(k, t), "xs").unwrap();
     let call = QuantizeQ8Call {
         x: xd.ptr(),
@@ -74,41 +75,61 @@ fn quantize_on_gpu(
         xs: xs.ptr(),
         k: k as i32,
         t: t as i32,
+        two_pass: two_pass as i32,
     };
-    // SAFETY: x t x k bf16, xq t x k bytes, xs t x k / 32 pairs.
+    // SAFETY: x t x k bf16, xq and xs sized for two passes.
     unsafe { call.launch(gpu, kernels) }.unwrap();
-    let mut q = vec![0u8; t * k];
+    let blocks = t * k / Q8_BLOCK;
+    let mut q = vec![0u8; 2 * t * k];
     gpu.read(&xq, 0, &mut q).unwrap();
-    let mut scales = vec![0f32; 2 * t * k / Q8_BLOCK];
+    let mut scales = vec![0f32; 3 * blocks];
     gpu.read(&xs, 0, &mut scales).unwrap();
+    // One pass over `left`: checks the quants and scale at `q`/`d`, returns what the pass keeps.
+    let pass = |left: &[f32], q: &[u8], d: f32, at: usize| -> Vec<f32> {
+        let amax = left.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(
+            (d - amax / 127.0).abs() <= 1e-6 * amax,
+            "block at {at}: scale {d} for amax {amax}"
+        );
+        left.iter()
+            .zip(q)
+            .enumerate()
+            .map(|(i, (&v, &byte))| {
+                let got = byte as i8 as f32;
+                let want = if amax > 0.0 {
+                    (v * (127.0 / amax)).round_ties_even()
+                } else {
+                    0.0
+                };
+                assert!((got - want).abs() <= 1.0, "value {}: {got} vs {want}", at + i);
+                got * d
+            })
+            .collect()
+    };
     let mut dequantized = vec![0f32; t * k];
     let mut sum_gap = vec![0f64; t];
     for (b, block) in x.chunks_exact(Q8_BLOCK).enumerate() {
-        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let at = b * Q8_BLOCK;
         let (d, sum) = (scales[2 * b], scales[2 * b + 1]);
-        assert!(
-            (d - amax / 127.0).abs() <= 1e-6 * amax,
-            "block {b}: scale {d} for amax {amax}"
-        );
         let exact: f64 = block.iter().map(|&v| v as f64).sum();
         assert!(
             (sum as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
             "block {b}: sum {sum} vs {exact}"
         );
-        let mut back = 0f64;
-        for (i, &v) in block.iter().enumerate() {
-            let at = b * Q8_BLOCK + i;
-            let got = q[at] as i8 as f32;
-            let want = if amax > 0.0 {
-                (v * (127.0 / amax)).round_ties_even()
-            } else {
-                0.0
-            };
-            assert!((got - want).abs() <= 1.0, "value {at}: {got} vs {want}");
-            dequantized[at] = got * d;
-            back += dequantized[at] as f64;
+        let first = pass(block, &q[at..at + Q8_BLOCK], d, at);
+        let mut back: Vec<f32> = first.clone();
+        if two_pass {
+            let left: Vec<f32> = block
+                .iter()
+                .zip(&q[at..])
+                .map(|(&v, &byte)| (-(byte as i8 as f32)).mul_add(d, v))
+                .collect();
+            let second = pass(&left, &q[t * k + at..t * k + at + Q8_BLOCK], scales[2 * blocks + b], at);
+            back.iter_mut().zip(&second).for_each(|(a, b)| *a += b);
         }
-        sum_gap[b * Q8_BLOCK / k] += (exact - back).abs();
+        dequantized[at..at + Q8_BLOCK].copy_from_slice(&back);
+        let kept: f64 = back.iter().map(|&v| v as f64).sum();
+        sum_gap[at / k] += (exact - kept).abs();
     }
     (xq, xs, dequantized, sum_gap)
 }
@@ -200,7 +221,9 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 let xb = random_bf16(t * k, 7 + t as u64);
                 let x: Vec<f32> = xb.iter().map(|&b| bf16_value(b)).collect();
                 let xd = gpu.upload(&xb, "x").unwrap();
-                let (xq, xs, xhat, sum_gap) = quantize_on_gpu(&gpu, &kernels, &x, &xd, k, t);
+                // Three tokens take two passes (the `high` activations), one and eight one.
+                let two_pass = t == 3;
+                let (xq, xs, xhat, sum_gap) = quantize_on_gpu(&gpu, &kernels, &x, &xd, (k, t), two_pass);
                 // The products of the int8 values; a block's min or offset applies to the exact
                 // sum, off from the int8 values' by sum_gap, times at most `scale` (the fixture's
                 // mins are below its largest weight).
@@ -216,6 +239,7 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                     w: seg.ptr(),
                     x: xq.ptr(),
                     x_scales: xs.ptr(),
+                    two_pass: two_pass as i32,
                     y: y.ptr(),
                     n: 2 * n as i32,
                     k: k as i32,
@@ -247,6 +271,7 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                     w: seg.ptr(),
                     x: xq.ptr(),
                     x_scales: xs.ptr(),
+                    two_pass: two_pass as i32,
                     out: act.ptr(),
                     inter: n as i32,
                     k: k as i32,
@@ -284,6 +309,7 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                     w: seg.ptr(),
                     x: xq.ptr(),
                     x_scales: xs.ptr(),
+                    two_pass: two_pass as i32,
                     res: res.ptr(),
                     res_bf16: res_bf16.ptr(),
                     norm_out: sums.ptr(),
