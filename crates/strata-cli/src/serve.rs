@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use strata_engine::{EngineConfig, KvCacheDtype};
+use strata_engine::speculation::DEFAULT_DISABLE_BY_BATCH_SIZE;
+use strata_engine::{EngineConfig, KvCacheDtype, NgramSpeculation};
 use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
 use strata_model::loader::default_model_path;
 use strata_server::connections::{
@@ -67,6 +68,8 @@ pub struct ServeArgs {
     /// CPU compute threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
@@ -91,6 +94,30 @@ pub struct ServeArgs {
     /// limit, raised to its hard maximum at start, less 128; at most 4096).
     #[arg(long)]
     pub max_connections: Option<usize>,
+}
+
+/// Speculative decoding flags (`strata serve`, `strata bench-local`).
+#[derive(Args, Debug, Clone)]
+pub struct SpeculationArgs {
+    /// Prompt-lookup (n-gram) speculative decoding, off by default: `TOKENS` draft tokens a step
+    /// from n-grams of 1 to 3 tokens, or `MAX:MIN:TOKENS` (vLLM's prompt_lookup_max,
+    /// prompt_lookup_min, num_speculative_tokens), e.g. 3:1:4. Output is the same as without it.
+    #[arg(long, value_name = "[MAX:MIN:]TOKENS", value_parser = NgramSpeculation::parse)]
+    pub speculative_ngram: Option<NgramSpeculation>,
+    /// With --speculative-ngram: no drafts in steps where more sequences than this run or wait
+    /// (there verifying costs more than it saves; the default is measured, bench/NOTES.md).
+    #[arg(long, default_value_t = DEFAULT_DISABLE_BY_BATCH_SIZE)]
+    pub speculative_disable_by_batch_size: usize,
+}
+
+impl SpeculationArgs {
+    /// The engine's setting: `None` when off.
+    pub fn ngram(&self) -> Option<NgramSpeculation> {
+        self.speculative_ngram.map(|s| NgramSpeculation {
+            disable_by_batch_size: self.speculative_disable_by_batch_size,
+            ..s
+        })
+    }
 }
 
 /// Parses `512MiB`, `2GiB`, `1G`, `64k`, `1.5GiB` or a plain number of bytes.
@@ -198,6 +225,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         max_queue: args.max_queue,
         threads,
+        speculative_ngram: args.speculation.ngram(),
         ..EngineConfig::default()
     };
     let model = crate::progress::load_with_progress(&path)?;
