@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest, NgramSpeculation};
 use strata_model::chat_template::ChatMessage;
-use strata_model::loader::{default_model_path, load_model};
+
+mod common;
 
 struct Options {
     threads: usize,
@@ -38,9 +39,9 @@ fn options() -> Result<Options, String> {
             ..NgramSpeculation::parse("3:1:4")?
         },
         show_outputs: false,
-        out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/engine_speculation.json"),
+        out: common::results_path(None, "engine_speculation.json"),
     };
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args = common::bench_args();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
@@ -49,12 +50,7 @@ fn options() -> Result<Options, String> {
             "--threads" => o.threads = number(value()?)?,
             "--output-len" => o.output_len = number(value()?)?,
             "--rounds" => o.rounds = number(value()?)?.max(1),
-            "--levels" => {
-                o.levels = value()?
-                    .split(',')
-                    .map(|s| s.trim().parse().map_err(|e| format!("--levels: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
+            "--levels" => o.levels = common::levels(&value()?)?,
             "--speculative-ngram" => {
                 o.ngram = NgramSpeculation {
                     disable_by_batch_size: o.ngram.disable_by_batch_size,
@@ -63,12 +59,7 @@ fn options() -> Result<Options, String> {
             }
             "--speculative-disable-by-batch-size" => o.ngram.disable_by_batch_size = number(value()?)?,
             "--show-outputs" => o.show_outputs = true,
-            // Relative to the workspace root (cargo runs benches from the crate's folder).
-            "--out" => {
-                o.out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../..")
-                    .join(value()?)
-            }
+            "--out" => o.out = common::results_path(Some(&value()?), ""),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -106,6 +97,8 @@ struct Run {
     proposed: u64,
     accepted: u64,
     steps: u64,
+    /// Mean time of the steps that only decoded (verification steps included).
+    decode_step_ms: f64,
 }
 
 /// `users` closed-loop users, `2 * users` requests (at least 8), each until end-of-generation or
@@ -146,22 +139,14 @@ fn run(e: &EngineHandle, prompts: &[Vec<u32>], users: usize, output_len: usize, 
         proposed: after.drafts.proposed_total() - before.drafts.proposed_total(),
         accepted: after.drafts.accepted_total() - before.drafts.accepted_total(),
         steps: after.steps_total - before.steps_total,
+        decode_step_ms: (after.decode_step_seconds_total - before.decode_step_seconds_total) * 1e3
+            / (after.decode_steps_total - before.decode_steps_total).max(1) as f64,
     }
 }
 
 fn main() {
-    let o = match options() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
-    };
-    let path = default_model_path();
-    let Ok(model) = load_model(&path, &|_, _| {}) else {
-        eprintln!("error: cannot load {}; run `make fetch` first", path.display());
-        std::process::exit(1);
-    };
+    let o = common::options_or_exit(options());
+    let (path, model) = common::default_model_or_exit();
     let config = EngineConfig {
         threads: o.threads,
         max_model_len: Some(2048),
@@ -186,8 +171,8 @@ fn main() {
     // Warm-up: page in weights, fill caches, and the prompts' prefix blocks for both modes.
     run(&e, &ps, 4, 8, false);
     run(&e, &ps, 4, 8, true);
-    println!("| users | round | off tok/s | on tok/s | on/off | off p50 user tok/s | on p50 user tok/s | user on/off | acceptance | tokens/step on |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| users | round | off tok/s | on tok/s | on/off | off p50 user tok/s | on p50 user tok/s | user on/off | acceptance | tokens/step on | decode step ms off / on |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for &users in &o.levels {
         for round in 0..o.rounds {
@@ -204,51 +189,39 @@ fn main() {
             let acceptance = on.accepted as f64 / on.proposed.max(1) as f64;
             let per_step = on.output_tokens as f64 / on.steps.max(1) as f64;
             println!(
-                "| {users} | {round} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {acceptance:.2} | {per_step:.2} |",
-                tps(&off),
-                tps(&on),
-                tps(&on) / tps(&off),
-                off.decode_tps_p50,
-                on.decode_tps_p50,
-                on.decode_tps_p50 / off.decode_tps_p50
-            );
-            rows.push(format!(
-                "{{\"users\":{users},\"round\":{round},\"off_tok_s\":{:.2},\"on_tok_s\":{:.2},\"ratio\":{:.3},\
-                 \"off_user_tok_s_p50\":{:.2},\"on_user_tok_s_p50\":{:.2},\"user_ratio\":{:.3},\
-                 \"drafts_proposed\":{},\"drafts_accepted\":{},\"acceptance\":{acceptance:.4},\
-                 \"off_output_tokens\":{},\"on_output_tokens\":{},\"off_steps\":{},\"on_steps\":{}}}",
+                "| {users} | {round} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {acceptance:.2} | {per_step:.2} | {:.2} / {:.2} |",
                 tps(&off),
                 tps(&on),
                 tps(&on) / tps(&off),
                 off.decode_tps_p50,
                 on.decode_tps_p50,
                 on.decode_tps_p50 / off.decode_tps_p50,
-                on.proposed,
-                on.accepted,
-                off.output_tokens,
-                on.output_tokens,
-                off.steps,
-                on.steps
-            ));
+                off.decode_step_ms,
+                on.decode_step_ms
+            );
+            rows.push(serde_json::json!({
+                "users": users, "round": round,
+                "off_tok_s": tps(&off), "on_tok_s": tps(&on), "ratio": tps(&on) / tps(&off),
+                "off_user_tok_s_p50": off.decode_tps_p50, "on_user_tok_s_p50": on.decode_tps_p50,
+                "user_ratio": on.decode_tps_p50 / off.decode_tps_p50,
+                "drafts_proposed": on.proposed, "drafts_accepted": on.accepted, "acceptance": acceptance,
+                "off_output_tokens": off.output_tokens, "on_output_tokens": on.output_tokens,
+                "off_steps": off.steps, "on_steps": on.steps,
+                "off_decode_step_ms": off.decode_step_ms, "on_decode_step_ms": on.decode_step_ms,
+            }));
         }
     }
     let n = o.ngram;
-    let json = format!(
-        "{{\"model\":\"{}\",\"threads\":{},\"output_len\":{},\"speculative_ngram\":\"{}:{}:{}\",\
-         \"disable_by_batch_size\":{},\"runs\":[{}]}}\n",
-        path.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
-        o.threads,
-        o.output_len,
-        n.lookup_max,
-        n.lookup_min,
-        n.num_tokens,
-        if n.disable_by_batch_size == usize::MAX {
-            "null".to_string()
-        } else {
-            n.disable_by_batch_size.to_string()
-        },
-        rows.join(",")
-    );
+    let json = serde_json::json!({
+        "model": path.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
+        "threads": o.threads,
+        "output_len": o.output_len,
+        "speculative_ngram": format!("{}:{}:{}", n.lookup_max, n.lookup_min, n.num_tokens),
+        "disable_by_batch_size": (n.disable_by_batch_size != usize::MAX).then_some(n.disable_by_batch_size),
+        "runs": rows,
+    })
+    .to_string()
+        + "\n";
     if let Some(dir) = o.out.parent() {
         let _ = std::fs::create_dir_all(dir);
     }

@@ -1007,7 +1007,7 @@ impl EngineLoop {
             if seq.num_computed == 0 || seq.to_compute() != 1 || !seq.speculates() {
                 continue;
             }
-            let room = seq.draft_room(self.max_model_len);
+            let room = seq.draft_room(self.max_model_len).min(seq.draft_limit);
             if room > 0 {
                 seq.draft = spec.propose(&seq.tokens(0..seq.num_tokens()), room);
             }
@@ -1252,6 +1252,11 @@ fn take_verified(
         accepted += 1;
     }
     stats.drafts.record(drafts, accepted);
+    seq.draft_limit = if accepted == drafts {
+        seq.draft_limit.max(drafts + 1)
+    } else {
+        accepted + 1
+    };
     Ok(progress)
 }
 

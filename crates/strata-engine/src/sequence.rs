@@ -38,6 +38,10 @@ pub struct Sequence {
     /// Draft tokens proposed to follow its tokens, verified in its next step
     /// ([`crate::scheduler::ScheduledChunk::drafts`] of them).
     pub draft: Vec<u32>,
+    /// Most draft tokens to propose next: after a rejection one more than were accepted, after
+    /// a draft taken whole one more than it had; a sequence whose drafts keep failing verifies
+    /// one draft token a step, not a whole draft.
+    pub draft_limit: usize,
     text: TextTracker,
     /// The caller's stream; messages reach it through the [`Outbox`].
     tx: UnboundedSender<RequestOutput>,
@@ -78,6 +82,7 @@ impl Sequence {
             admitted: false,
             constraint: None,
             draft: Vec::new(),
+            draft_limit: usize::MAX,
             tx,
             stop_ids,
             request,

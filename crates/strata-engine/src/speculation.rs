@@ -19,9 +19,9 @@ pub struct NgramSpeculation {
 }
 
 /// Sequences (running and waiting) above which speculation is off, measured on the CPU with the
-/// engine throughput bench (bench/NOTES.md, issue 32): from 8 users on, verifying drafts costs
-/// more than the tokens it saves.
-pub const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 4;
+/// speculation bench (bench/NOTES.md, issue 32): with 2 to 16 users drafting cost 7-19 % of the
+/// aggregate tok/s (a 5-row step costs twice a 1-row one); with one user it gained up to 10 %.
+pub const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 1;
 
 impl NgramSpeculation {
     /// `TOKENS` (n-grams of 1 to 3 tokens) or `MAX:MIN:TOKENS`, e.g. `3:1:4`.
