@@ -270,7 +270,41 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, SpeculationArgs};
+    use clap::Parser;
+    use strata_engine::NgramSpeculation;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        speculation: SpeculationArgs,
+    }
+
+    #[test]
+    fn speculation_flags_give_the_engine_setting() {
+        let parse = |args: &[&str]| Flags::try_parse_from(std::iter::once("strata").chain(args.iter().copied()));
+        let flags = parse(&[
+            "--speculative-ngram",
+            "3:1:4",
+            "--speculative-disable-by-batch-size",
+            "8",
+        ])
+        .unwrap();
+        assert_eq!(
+            flags.speculation.ngram(),
+            Some(NgramSpeculation {
+                lookup_max: 3,
+                lookup_min: 1,
+                num_tokens: 4,
+                disable_by_batch_size: 8,
+            })
+        );
+        assert_eq!(parse(&[]).unwrap().speculation.ngram(), None, "off by default");
+        let err = parse(&["--speculative-ngram", "1:3:4"])
+            .err()
+            .expect("MIN above MAX is refused");
+        assert!(err.to_string().contains("MIN <= MAX"), "{err}");
+    }
 
     #[test]
     fn sizes_with_units() {
