@@ -97,8 +97,8 @@ impl Scheduler {
     /// Running sequences come first (decodes cost one token each, unfinished prefills take the
     /// next chunk), then waiting ones are admitted in arrival order while the budget,
     /// `max_num_seqs`, `max_seqs` and free blocks allow. A decoding sequence with a draft runs
-    /// its draft tokens too, as many as the budget leaves; it gives them up rather than take the
-    /// last blocks. When a running sequence needs a block and none is left, the most recently
+    /// its draft tokens too, as many as the budget leaves, unless their blocks would leave fewer
+    /// free blocks than running sequences after it (a decode needs at most one). When a running sequence needs a block and none is left, the most recently
     /// admitted sequence that is not busy is preempted: its blocks are freed and it goes back to
     /// the front of the queue, to be recomputed.
     pub fn schedule_step(
@@ -123,6 +123,12 @@ impl Scheduler {
                 seq.draft.clear();
             }
             seq.draft.truncate(budget - n);
+            // Draft tokens only take blocks that leave one for each running sequence after this one.
+            let with_draft = bm.blocks_for(seq.num_computed + n + seq.draft.len());
+            let later = self.running.len() - i - 1;
+            if with_draft.saturating_sub(seq.table.blocks.len()) + later > bm.num_available() {
+                seq.draft.clear();
+            }
             let drafts = seq.draft.len();
             let need = (seq.num_computed + n + drafts).saturating_sub(seq.table.num_tokens);
             if bm.grow(&mut seq.table, need).is_ok() {
@@ -133,11 +139,6 @@ impl Scheduler {
                 });
                 budget -= n + drafts;
                 i += 1;
-                continue;
-            }
-            if drafts > 0 {
-                // Try again without the draft before taking anyone's blocks.
-                seq.draft.clear();
                 continue;
             }
             // Out of blocks: preempt from the back until this sequence fits (or is itself
