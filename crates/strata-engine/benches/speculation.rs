@@ -99,6 +99,8 @@ struct Run {
     steps: u64,
     /// Mean time of the steps that only decoded (verification steps included).
     decode_step_ms: f64,
+    /// Accepted over proposed by position in the draft (0 = first).
+    acceptance_by_position: Vec<f64>,
 }
 
 /// `users` closed-loop users, `2 * users` requests (at least 8), each until end-of-generation or
@@ -139,6 +141,14 @@ fn run(e: &EngineHandle, prompts: &[Vec<u32>], users: usize, output_len: usize, 
         proposed: after.drafts.proposed_total() - before.drafts.proposed_total(),
         accepted: after.drafts.accepted_total() - before.drafts.accepted_total(),
         steps: after.steps_total - before.steps_total,
+        acceptance_by_position: (0..after.drafts.proposed.len())
+            .map(|i| {
+                let was = |v: &[u64]| v.get(i).copied().unwrap_or(0);
+                let proposed = after.drafts.proposed[i] - was(&before.drafts.proposed);
+                let accepted = after.drafts.accepted[i] - was(&before.drafts.accepted);
+                accepted as f64 / proposed.max(1) as f64
+            })
+            .collect(),
         decode_step_ms: (after.decode_step_seconds_total - before.decode_step_seconds_total) * 1e3
             / (after.decode_steps_total - before.decode_steps_total).max(1) as f64,
     }
@@ -174,6 +184,7 @@ fn main() {
     println!("| users | round | off tok/s | on tok/s | on/off | off p50 user tok/s | on p50 user tok/s | user on/off | acceptance | tokens/step on | decode step ms off / on |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
+    let mut by_position = Vec::new();
     for &users in &o.levels {
         for round in 0..o.rounds {
             // Off first in even rounds, on first in odd ones: drift in the machine's load cancels.
@@ -199,6 +210,8 @@ fn main() {
                 off.decode_step_ms,
                 on.decode_step_ms
             );
+            let rates: Vec<String> = on.acceptance_by_position.iter().map(|a| format!("{a:.2}")).collect();
+            by_position.push(format!("{users} users, round {round}: {}", rates.join(" ")));
             rows.push(serde_json::json!({
                 "users": users, "round": round,
                 "off_tok_s": tps(&off), "on_tok_s": tps(&on), "ratio": tps(&on) / tps(&off),
@@ -208,8 +221,13 @@ fn main() {
                 "off_output_tokens": off.output_tokens, "on_output_tokens": on.output_tokens,
                 "off_steps": off.steps, "on_steps": on.steps,
                 "off_decode_step_ms": off.decode_step_ms, "on_decode_step_ms": on.decode_step_ms,
+                "acceptance_by_position": on.acceptance_by_position,
             }));
         }
+    }
+    println!("acceptance by draft position (0 = first):");
+    for line in &by_position {
+        println!("  {line}");
     }
     let n = o.ngram;
     let json = serde_json::json!({
