@@ -9,6 +9,7 @@ pub mod plot;
 pub mod report;
 mod rng;
 pub mod runner;
+pub mod server_metrics;
 pub mod sse;
 pub mod table;
 pub mod workload;
@@ -29,9 +30,14 @@ pub async fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
     let client = client::http_client(cfg, pool)?;
     let model = workload::resolve_model(cfg, &client).await?;
     let workload = Arc::new(workload::prepare_workload(cfg, &client, model).await?);
-    let sender = client::RequestSender::new(client, cfg)?;
+    let drafts_before = server_metrics::scrape(cfg, &client).await;
+    let sender = client::RequestSender::new(client.clone(), cfg)?;
     let records = runner::drive(cfg, &workload, &sender).await;
-    Ok(report::build_report(cfg, &workload, records).await)
+    let mut report = report::build_report(cfg, &workload, records).await;
+    if let (Some(before), Some(after)) = (drafts_before, server_metrics::scrape(cfg, &client).await) {
+        report.speculative_decoding = server_metrics::summarize(&before, &after);
+    }
+    Ok(report)
 }
 
 /// Runs one bench per concurrency level, one after another, with fresh prompts for each level

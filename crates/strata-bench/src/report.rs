@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::client::ErrorKind;
 use crate::config::{BenchConfig, Endpoint};
 use crate::runner::RunRecords;
+use crate::server_metrics::SpeculationSummary;
 use crate::workload::{CountSource, TokenCounter, Workload};
 
 /// Distribution of one latency, in milliseconds.
@@ -205,6 +206,10 @@ pub struct BenchReport {
     pub output_tokens: TokenTotals,
     /// How prompt lengths were counted when the prompts were built.
     pub prompt_lengths_counted_by: CountSource,
+    /// Draft tokens proposed and accepted during the run (warm-up included), where the server's
+    /// `/metrics` exposes them.
+    #[serde(default)]
+    pub speculative_decoding: Option<SpeculationSummary>,
     pub notes: Vec<String>,
     pub config: BenchConfig,
     pub client: ClientInfo,
@@ -284,6 +289,7 @@ pub async fn build_report(cfg: &BenchConfig, workload: &Workload, records: RunRe
         input_tokens,
         output_tokens,
         prompt_lengths_counted_by: workload.prompt_counting,
+        speculative_decoding: None,
         notes: workload.notes.clone(),
         config: cfg.clone(),
         client: ClientInfo {

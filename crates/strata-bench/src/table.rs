@@ -86,6 +86,7 @@ pub fn summary_table(runs: &[BenchReport]) -> String {
         "req/s",
         "output tok/s",
         "total tok/s",
+        "acceptance",
         "error rate",
     ];
     let rows: Vec<Vec<String>> = runs
@@ -104,6 +105,9 @@ pub fn summary_table(runs: &[BenchReport]) -> String {
                 fixed(r.request_throughput, 2),
                 fixed(r.output_token_throughput, 1),
                 fixed(r.total_token_throughput, 1),
+                r.speculative_decoding
+                    .as_ref()
+                    .map_or("-".to_string(), |s| fixed(s.acceptance_rate, 2)),
                 format!("{:.2}%", r.error_rate * 100.0),
             ]
         })
@@ -189,6 +193,16 @@ pub fn run_details(run: &BenchReport) -> String {
         run.output_tokens.describe_sources(),
         run.prompt_lengths_counted_by.describe()
     ));
+    if let Some(s) = &run.speculative_decoding {
+        let by_position: Vec<String> = s.acceptance_by_position.iter().map(|a| format!("{a:.2}")).collect();
+        out.push_str(&format!(
+            "speculative decoding (server /metrics, warm-up included): {} draft tokens, {} accepted, acceptance {:.2}; by position {}\n",
+            s.draft_tokens,
+            s.accepted_tokens,
+            s.acceptance_rate,
+            if by_position.is_empty() { "-".to_string() } else { by_position.join(" ") }
+        ));
+    }
     for note in &run.notes {
         out.push_str(&format!("note: {note}\n"));
     }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use strata_engine::{EngineConfig, KvCacheDtype};
+use strata_engine::speculation::DEFAULT_DISABLE_BY_BATCH_SIZE;
+use strata_engine::{EngineConfig, KvCacheDtype, NgramSpeculation};
 use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
 use strata_model::loader::default_model_path;
 use strata_server::connections::{
@@ -67,6 +68,8 @@ pub struct ServeArgs {
     /// CPU compute threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
@@ -91,6 +94,30 @@ pub struct ServeArgs {
     /// limit, raised to its hard maximum at start, less 128; at most 4096).
     #[arg(long)]
     pub max_connections: Option<usize>,
+}
+
+/// Speculative decoding flags (`strata serve`, `strata bench-local`).
+#[derive(Args, Debug, Clone)]
+pub struct SpeculationArgs {
+    /// Prompt-lookup (n-gram) speculative decoding, off by default: `TOKENS` draft tokens a step
+    /// from n-grams of 1 to 3 tokens, or `MAX:MIN:TOKENS` (vLLM's prompt_lookup_max,
+    /// prompt_lookup_min, num_speculative_tokens), e.g. 3:1:4. Output is the same as without it.
+    #[arg(long, value_name = "[MAX:MIN:]TOKENS", value_parser = NgramSpeculation::parse)]
+    pub speculative_ngram: Option<NgramSpeculation>,
+    /// With --speculative-ngram: no drafts in steps where more sequences than this run or wait
+    /// (there verifying costs more than it saves; the default is measured, bench/NOTES.md).
+    #[arg(long, default_value_t = DEFAULT_DISABLE_BY_BATCH_SIZE)]
+    pub speculative_disable_by_batch_size: usize,
+}
+
+impl SpeculationArgs {
+    /// The engine's setting: `None` when off.
+    pub fn ngram(&self) -> Option<NgramSpeculation> {
+        self.speculative_ngram.map(|s| NgramSpeculation {
+            disable_by_batch_size: self.speculative_disable_by_batch_size,
+            ..s
+        })
+    }
 }
 
 /// Parses `512MiB`, `2GiB`, `1G`, `64k`, `1.5GiB` or a plain number of bytes.
@@ -198,6 +225,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         max_queue: args.max_queue,
         threads,
+        speculative_ngram: args.speculation.ngram(),
         ..EngineConfig::default()
     };
     let model = crate::progress::load_with_progress(&path)?;
@@ -242,7 +270,41 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, SpeculationArgs};
+    use clap::Parser;
+    use strata_engine::NgramSpeculation;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        speculation: SpeculationArgs,
+    }
+
+    #[test]
+    fn speculation_flags_give_the_engine_setting() {
+        let parse = |args: &[&str]| Flags::try_parse_from(std::iter::once("strata").chain(args.iter().copied()));
+        let flags = parse(&[
+            "--speculative-ngram",
+            "3:1:4",
+            "--speculative-disable-by-batch-size",
+            "8",
+        ])
+        .unwrap();
+        assert_eq!(
+            flags.speculation.ngram(),
+            Some(NgramSpeculation {
+                lookup_max: 3,
+                lookup_min: 1,
+                num_tokens: 4,
+                disable_by_batch_size: 8,
+            })
+        );
+        assert_eq!(parse(&[]).unwrap().speculation.ngram(), None, "off by default");
+        let err = parse(&["--speculative-ngram", "1:3:4"])
+            .err()
+            .expect("MIN above MAX is refused");
+        assert!(err.to_string().contains("MIN <= MAX"), "{err}");
+    }
 
     #[test]
     fn sizes_with_units() {

@@ -23,6 +23,8 @@ use strata_model::tokenizer::Tokenizer;
 use strata_model::{Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, SeqChunk};
 use strata_runtime::cpu::ops::RopeLayout;
 
+mod common;
+
 struct Options {
     users: usize,
     prompt_len: usize,
@@ -311,13 +313,7 @@ fn run(o: &Options, tokenizer: &Tokenizer) -> serde_json::Value {
 }
 
 fn main() {
-    let o = match options() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
-    };
+    let o = common::options_or_exit(options());
     let dir = cache_dir().join("tokenizers").join("llama3");
     let tokenizer = match Tokenizer::from_hf_file(dir.join("tokenizer.json"), Some(&dir.join("tokenizer_config.json")))
     {

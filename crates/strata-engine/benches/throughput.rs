@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use strata_engine::constraint::{is_constrained, records_schema};
 use strata_engine::{ActPrecision, EngineConfig, EngineHandle, GenerationRequest, KvCacheDtype, RequestOutput};
-use strata_model::loader::{default_model_path, load_model};
+
+mod common;
 
 struct Options {
     threads: usize,
@@ -35,21 +36,16 @@ fn options() -> Result<Options, String> {
         dtype: KvCacheDtype::Auto,
         precision: ActPrecision::default(),
         constrained: 0.0,
-        out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/engine_throughput.json"),
+        out: common::results_path(None, "engine_throughput.json"),
     };
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args = common::bench_args();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--threads" => o.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
             "--output-len" => o.output_len = value()?.parse().map_err(|e| format!("--output-len: {e}"))?,
-            "--levels" => {
-                o.levels = value()?
-                    .split(',')
-                    .map(|s| s.trim().parse().map_err(|e| format!("--levels: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
+            "--levels" => o.levels = common::levels(&value()?)?,
             "--kv-cache-dtype" => o.dtype = KvCacheDtype::parse(&value()?)?,
             "--activation-precision" => o.precision = ActPrecision::parse(&value()?)?,
             "--constrained" => {
@@ -58,12 +54,7 @@ fn options() -> Result<Options, String> {
                     return Err("--constrained is a fraction in [0, 1]".into());
                 }
             }
-            // Relative to the workspace root (cargo runs benches from the crate's folder).
-            "--out" => {
-                o.out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../..")
-                    .join(value()?)
-            }
+            "--out" => o.out = common::results_path(Some(&value()?), ""),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -170,18 +161,8 @@ fn run_level(e: &EngineHandle, concurrency: usize, output_len: usize, constraine
 }
 
 fn main() {
-    let o = match options() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
-    };
-    let path = default_model_path();
-    let Ok(model) = load_model(&path, &|_, _| {}) else {
-        eprintln!("error: cannot load {}; run `make fetch` first", path.display());
-        std::process::exit(1);
-    };
+    let o = common::options_or_exit(options());
+    let (path, model) = common::default_model_or_exit();
     let config = EngineConfig {
         threads: o.threads,
         kv_cache_dtype: o.dtype,

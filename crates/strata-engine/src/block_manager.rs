@@ -240,21 +240,42 @@ impl BlockManager {
         let now = self.tick();
         // Last blocks first, so the LRU evicts a sequence's tail before its shared prefix.
         for &id in table.blocks.iter().rev() {
-            let m = &mut self.meta[id as usize];
-            assert!(m.ref_count > 0, "block {id} freed twice");
-            m.ref_count -= 1;
-            if m.ref_count == 0 {
-                if m.hash.is_some() {
-                    m.last_used = now;
-                    self.evictable.insert((now, id));
-                } else {
-                    self.free.push(id);
-                }
-            }
+            self.release_block(id, now);
         }
         table.blocks.clear();
         table.hashes.clear();
         table.num_tokens = 0;
+    }
+
+    /// Shrinks `table` to its first `num_tokens` tokens (rejected draft tokens), releasing the
+    /// blocks past them. Blocks registered in the prefix cache are never cut into: the table
+    /// keeps at least the tokens they hold.
+    pub fn truncate(&mut self, table: &mut BlockTable, num_tokens: usize) {
+        let num_tokens = num_tokens
+            .max(table.hashes.len() * self.block_size)
+            .min(table.num_tokens);
+        let keep = self.blocks_for(num_tokens);
+        let now = self.tick();
+        while table.blocks.len() > keep {
+            let id = table.blocks.pop().expect("more blocks than kept");
+            self.release_block(id, now);
+        }
+        table.num_tokens = num_tokens;
+    }
+
+    /// Drops one reference to `block`; with none left it becomes evictable (cached content) or free.
+    fn release_block(&mut self, id: BlockId, now: u64) {
+        let m = &mut self.meta[id as usize];
+        assert!(m.ref_count > 0, "block {id} freed twice");
+        m.ref_count -= 1;
+        if m.ref_count == 0 {
+            if m.hash.is_some() {
+                m.last_used = now;
+                self.evictable.insert((now, id));
+            } else {
+                self.free.push(id);
+            }
+        }
     }
 
     /// Checks the bookkeeping: each block is free, evictable or referenced, exactly once.

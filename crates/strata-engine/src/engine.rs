@@ -27,6 +27,7 @@ use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError
 use crate::sampler::logprobs;
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::{Progress, Sequence, SequenceId};
+use crate::speculation::{DraftCounts, NgramSpeculation};
 
 /// How the engine runs; flags of `strata serve` map onto these.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +52,8 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Activation precision of the CPU decode path (`--activation-precision high|standard`).
     pub activation_precision: ActPrecision,
+    /// Prompt-lookup speculative decoding (`--speculative-ngram`); `None` = off.
+    pub speculative_ngram: Option<NgramSpeculation>,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             max_queue: 1024,
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             activation_precision: ActPrecision::default(),
+            speculative_ngram: None,
         }
     }
 }
@@ -125,6 +129,9 @@ fn resolve_max_model_len(config: &EngineConfig, model_context: usize) -> Result<
             "--max-num-batched-tokens and --max-num-seqs must be at least 1".into(),
         ));
     }
+    if let Some(spec) = &config.speculative_ngram {
+        spec.validate().map_err(EngineError::Config)?;
+    }
     Ok(max_model_len)
 }
 
@@ -181,6 +188,8 @@ pub struct EngineStats {
     pub masks_total: u64,
     pub mask_seconds_total: f64,
     pub mask_wait_seconds_total: f64,
+    /// Draft tokens of speculative decoding proposed and accepted, by position in the draft.
+    pub drafts: DraftCounts,
 }
 
 impl EngineStats {
@@ -372,6 +381,7 @@ impl EngineHandle {
                 ..Default::default()
             },
             masks: None,
+            speculation: config.speculative_ngram,
         };
         let thread = std::thread::Builder::new()
             .name("strata-engine".into())
@@ -635,6 +645,8 @@ struct EngineLoop {
     stats: EngineStats,
     /// Computes constrained sequences' masks during their steps; started with the first one.
     masks: Option<MaskWorkers>,
+    /// Prompt-lookup speculation, when on.
+    speculation: Option<NgramSpeculation>,
 }
 
 impl EngineLoop {
@@ -905,7 +917,11 @@ impl EngineLoop {
             let pos = seq.num_computed + 1;
             // Its mask needs the token of the step in flight: begun when that one's results are in.
             let allowed = seq.constraint.as_mut().map(|c| c.reserve());
-            queued.chunks.push(ScheduledChunk { id, num_tokens: 1 });
+            queued.chunks.push(ScheduledChunk {
+                id,
+                num_tokens: 1,
+                drafts: 0,
+            });
             queued.batch.push(SeqChunk {
                 // A placeholder: the token is taken on the device.
                 tokens: vec![0],
@@ -929,6 +945,7 @@ impl EngineLoop {
             .flat_map(|b| b.chunks.iter().map(|c| c.id))
             .collect();
         let max_seqs = self.scheduler.batch_share(self.depth);
+        self.propose_drafts(&busy);
         let plan = self
             .scheduler
             .schedule_step(&mut self.seqs, &mut self.blocks, &busy, max_seqs);
@@ -942,13 +959,18 @@ impl EngineLoop {
             .iter()
             .map(|c| {
                 let seq = self.seqs.get_mut(&c.id).expect("scheduled sequence exists");
-                let end = seq.num_computed + c.num_tokens;
+                let end = seq.num_computed + c.num_tokens - c.drafts;
+                let mut tokens = seq.tokens(seq.num_computed..end);
+                tokens.extend_from_slice(&seq.draft[..c.drafts]);
                 SeqChunk {
-                    tokens: seq.tokens(seq.num_computed..end),
+                    tokens,
                     first_pos: seq.num_computed,
                     block_table: seq.table.blocks.clone(),
                     logits: if end < seq.num_tokens() {
                         LogitsWanted::None
+                    } else if c.drafts > 0 {
+                        // The row of the last token and of each draft token: one verifies the next.
+                        LogitsWanted::All
                     } else {
                         next_token_logits(seq, on_device)
                     },
@@ -966,6 +988,30 @@ impl EngineLoop {
             }
         }
         Some((plan.chunks, batch))
+    }
+
+    /// Sets the draft of every sequence that decodes next and is not in flight: proposed by
+    /// prompt lookup while speculation is on at this many sequences, empty otherwise.
+    fn propose_drafts(&mut self, busy: &HashSet<SequenceId>) {
+        if self.speculation.is_none() {
+            return;
+        }
+        let active = self.scheduler.num_running() + self.scheduler.num_waiting();
+        let spec = self.speculation.filter(|s| s.on_at(active));
+        for seq in self.seqs.values_mut() {
+            if busy.contains(&seq.id) {
+                continue;
+            }
+            seq.draft.clear();
+            let Some(spec) = spec else { continue };
+            if seq.num_computed == 0 || seq.to_compute() != 1 || !seq.speculates() {
+                continue;
+            }
+            let room = seq.draft_room(self.max_model_len).min(seq.draft_limit);
+            if room > 0 {
+                seq.draft = spec.propose(&seq.tokens(0..seq.num_tokens()), room);
+            }
+        }
     }
 
     /// Starts computing the mask of a constrained sequence's next token, to run beside the step
@@ -1006,11 +1052,30 @@ impl EngineLoop {
             let Some(seq) = self.seqs.get_mut(&c.id) else {
                 continue;
             };
-            all_decode &= c.num_tokens == 1 && seq.num_computed >= seq.request.prompt.len();
-            seq.num_computed += c.num_tokens;
+            all_decode &= c.num_tokens - c.drafts == 1 && seq.num_computed >= seq.request.prompt.len();
+            seq.num_computed += c.num_tokens - c.drafts;
             let prompt_done = seq.num_computed.min(seq.request.prompt.len());
             let prompt = &seq.request.prompt[..prompt_done];
             self.blocks.commit_full_blocks(&mut seq.table, prompt);
+            if c.drafts > 0 {
+                match take_verified(
+                    seq,
+                    bi,
+                    c.drafts,
+                    &logits,
+                    self.max_model_len,
+                    &mut self.outbox,
+                    &mut self.stats,
+                ) {
+                    Ok(Progress::Running) => self.blocks.truncate(&mut seq.table, seq.num_computed),
+                    Ok(_) => finished.push(c.id),
+                    Err(why) => {
+                        seq.fail(&why, &mut self.outbox);
+                        finished.push(c.id);
+                    }
+                }
+                continue;
+            }
             let device_token = logits.argmax_of(bi);
             let row = logits.last_of(bi);
             if device_token.is_none() && row.is_none() {
@@ -1147,6 +1212,52 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
         }),
         _ => LogitsWanted::Last,
     }
+}
+
+/// Takes the tokens of a step that verified the first `drafts` tokens of `seq`'s draft (batch
+/// row `bi`). The token of each position is chosen from its row exactly as a plain step chooses
+/// it (same sampler, same draw of the sequence's random stream); the draft token there is
+/// accepted when it is that token, and the next row then chooses the following one. For a draft
+/// that proposes one token for certain this is rejection sampling: the draft is kept with the
+/// target's probability of it, and otherwise the token comes from the target's distribution
+/// without it. So the output is token for token the output without speculation, greedy or
+/// seeded. The KV of accepted tokens stays; the caller drops the rest. `Err` when a row is missing.
+fn take_verified(
+    seq: &mut Sequence,
+    bi: usize,
+    drafts: usize,
+    logits: &Logits,
+    max_model_len: usize,
+    outbox: &mut Outbox,
+    stats: &mut EngineStats,
+) -> Result<Progress, String> {
+    let draft = std::mem::take(&mut seq.draft);
+    // The row of the last computed token chooses the first new one.
+    let first = seq.num_computed - 1;
+    let mut accepted = 0;
+    let mut progress = Progress::Running;
+    for i in 0..=drafts {
+        let row = logits
+            .row_at(bi, first + i)
+            .ok_or_else(|| format!("internal error: no logits for draft position {}", first + i))?;
+        let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output, None);
+        let lp = seq.request.logprobs.map(|k| logprobs(row, token, k));
+        stats.generation_tokens_total += 1;
+        progress = seq.push_token(token, lp, max_model_len, outbox);
+        if progress != Progress::Running || i == drafts || draft.get(i) != Some(&token) {
+            break;
+        }
+        // The draft token's KV, computed in this step, is the accepted token's.
+        seq.num_computed += 1;
+        accepted += 1;
+    }
+    stats.drafts.record(drafts, accepted);
+    seq.draft_limit = if accepted == drafts {
+        seq.draft_limit.max(drafts + 1)
+    } else {
+        accepted + 1
+    };
+    Ok(progress)
 }
 
 /// A chunk that decodes one generated token whose id is chosen on the device.

@@ -10,11 +10,13 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculation;
 
 pub use completion::{complete, Completion};
 pub use constraint::{GrammarCompiler, OutputConstraint};
 pub use engine::{cpu_executor, EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
 pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
+pub use speculation::{DraftCounts, NgramSpeculation};
 pub use strata_model::kv_cache::KvCacheDtype;
 pub use strata_runtime::cpu::ActPrecision;

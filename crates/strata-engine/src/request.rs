@@ -22,6 +22,9 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// A grammar the output must match (structured output, forced tool calls).
     pub constraint: Option<OutputConstraint>,
+    /// May draft and verify several tokens a step when the engine speculates (the API's
+    /// `"speculative": false` opts out; the output is the same either way).
+    pub speculative: bool,
 }
 
 impl GenerationRequest {
@@ -36,6 +39,7 @@ impl GenerationRequest {
             ignore_eos: false,
             logprobs: None,
             constraint: None,
+            speculative: true,
         }
     }
 }

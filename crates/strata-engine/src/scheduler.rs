@@ -15,11 +15,13 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
 }
 
-/// `num_tokens` of sequence `id`, starting at its `num_computed`, run in this step.
+/// `num_tokens` of sequence `id`, starting at its `num_computed`, run in this step; the last
+/// `drafts` of them are the first tokens of its [`Sequence::draft`], to be verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScheduledChunk {
     pub id: SequenceId,
     pub num_tokens: usize,
+    pub drafts: usize,
 }
 
 /// The outcome of [`Scheduler::schedule_step`].
@@ -94,9 +96,11 @@ impl Scheduler {
     /// batch is still in flight: they neither run nor are preempted until its results are in).
     /// Running sequences come first (decodes cost one token each, unfinished prefills take the
     /// next chunk), then waiting ones are admitted in arrival order while the budget,
-    /// `max_num_seqs`, `max_seqs` and free blocks allow. When a running sequence needs a block and
-    /// none is left, the most recently admitted sequence that is not busy is preempted: its blocks
-    /// are freed and it goes back to the front of the queue, to be recomputed.
+    /// `max_num_seqs`, `max_seqs` and free blocks allow. A decoding sequence with a draft runs
+    /// its draft tokens too, as many as the budget leaves, unless their blocks would leave fewer
+    /// free blocks than running sequences after it (a decode needs at most one). When a running sequence needs a block and none is left, the most recently
+    /// admitted sequence that is not busy is preempted: its blocks are freed and it goes back to
+    /// the front of the queue, to be recomputed.
     pub fn schedule_step(
         &mut self,
         seqs: &mut HashMap<SequenceId, Sequence>,
@@ -115,10 +119,25 @@ impl Scheduler {
             }
             let seq = seqs.get_mut(&id).expect("running sequence exists");
             let n = seq.to_compute().min(budget);
-            let need = (seq.num_computed + n).saturating_sub(seq.table.num_tokens);
+            if n < seq.to_compute() {
+                seq.draft.clear();
+            }
+            seq.draft.truncate(budget - n);
+            // Draft tokens only take blocks that leave one for each running sequence after this one.
+            let with_draft = bm.blocks_for(seq.num_computed + n + seq.draft.len());
+            let later = self.running.len() - i - 1;
+            if with_draft.saturating_sub(seq.table.blocks.len()) + later > bm.num_available() {
+                seq.draft.clear();
+            }
+            let drafts = seq.draft.len();
+            let need = (seq.num_computed + n + drafts).saturating_sub(seq.table.num_tokens);
             if bm.grow(&mut seq.table, need).is_ok() {
-                plan.chunks.push(ScheduledChunk { id, num_tokens: n });
-                budget -= n;
+                plan.chunks.push(ScheduledChunk {
+                    id,
+                    num_tokens: n + drafts,
+                    drafts,
+                });
+                budget -= n + drafts;
                 i += 1;
                 continue;
             }
@@ -151,7 +170,11 @@ impl Scheduler {
             self.waiting.pop_front();
             self.running.push(id);
             plan.admitted.push(id);
-            plan.chunks.push(ScheduledChunk { id, num_tokens: n });
+            plan.chunks.push(ScheduledChunk {
+                id,
+                num_tokens: n,
+                drafts: 0,
+            });
             budget -= n;
         }
         plan
@@ -166,6 +189,7 @@ impl Scheduler {
     ) {
         let seq = seqs.get_mut(&id).expect("preempted sequence exists");
         bm.free_table(&mut seq.table);
+        seq.draft.clear();
         seq.num_computed = 0;
         seq.preemptions += 1;
         self.running.retain(|&r| r != id);

@@ -35,6 +35,13 @@ pub struct Sequence {
     pub admitted: bool,
     /// The grammar its output must match, if any.
     pub constraint: Option<SequenceConstraint>,
+    /// Draft tokens proposed to follow its tokens, verified in its next step
+    /// ([`crate::scheduler::ScheduledChunk::drafts`] of them).
+    pub draft: Vec<u32>,
+    /// Most draft tokens to propose next: after a rejection one more than were accepted, after
+    /// a draft taken whole one more than it had; a sequence whose drafts keep failing verifies
+    /// one draft token a step, not a whole draft.
+    pub draft_limit: usize,
     text: TextTracker,
     /// The caller's stream; messages reach it through the [`Outbox`].
     tx: UnboundedSender<RequestOutput>,
@@ -74,6 +81,8 @@ impl Sequence {
             preemptions: 0,
             admitted: false,
             constraint: None,
+            draft: Vec::new(),
+            draft_limit: usize::MAX,
             tx,
             stop_ids,
             request,
@@ -104,6 +113,19 @@ impl Sequence {
     /// Tokens `range` of prompt + output.
     pub fn tokens(&self, range: std::ops::Range<usize>) -> Vec<u32> {
         range.map(|p| self.token(p)).collect()
+    }
+
+    /// Whether it may draft tokens: the request allows it and no grammar constrains it (a
+    /// grammar's mask is computed for one token at a time).
+    pub fn speculates(&self) -> bool {
+        self.request.speculative && self.constraint.is_none()
+    }
+
+    /// Draft tokens it can use in its next step, at most: the tokens it may still generate,
+    /// less the one every step yields, and the positions left under `max_model_len`.
+    pub fn draft_room(&self, max_model_len: usize) -> usize {
+        let generate = self.request.max_tokens.saturating_sub(self.output.len() + 1);
+        generate.min(max_model_len.saturating_sub(self.num_tokens()))
     }
 
     /// Tokens still to run through the model before the next sample (1 in decode).

@@ -1,6 +1,7 @@
 //! Property test of the KV block manager: random add / step / finish / abort sequences with
 //! shared prefixes, checking after every step that no block leaks, none is freed twice, shared
-//! blocks are never written, and everything returns when all sequences are gone.
+//! blocks are never written, rejected draft tokens give their blocks back, and everything returns
+//! when all sequences are gone.
 
 use proptest::prelude::*;
 use strata_engine::block_manager::{BlockManager, BlockTable};
@@ -9,6 +10,8 @@ use strata_engine::block_manager::{BlockManager, BlockTable};
 enum Op {
     Add(Vec<u32>),
     Step(usize, u32),
+    /// Sequence `.0` verifies `.1` draft tokens and accepts the first `.2` of them.
+    Speculate(usize, usize, usize),
     Finish(usize),
 }
 
@@ -17,6 +20,7 @@ fn op() -> impl Strategy<Value = Op> {
         // Tokens from a tiny alphabet, so prompts share prefixes often.
         3 => prop::collection::vec(0u32..3, 1..40).prop_map(Op::Add),
         6 => (any::<usize>(), 0u32..3).prop_map(|(i, t)| Op::Step(i, t)),
+        3 => (any::<usize>(), 1usize..9, 0usize..9).prop_map(|(i, k, a)| Op::Speculate(i, k, a.min(k))),
         2 => any::<usize>().prop_map(Op::Finish),
     ]
 }
@@ -91,6 +95,22 @@ proptest! {
                         // Preempt (recompute later): free its blocks.
                         let mut s = seqs.swap_remove(i);
                         bm.free_table(&mut s.table);
+                    }
+                }
+                Op::Speculate(i, drafts, accepted) if !seqs.is_empty() => {
+                    let i = i % seqs.len();
+                    let before = seqs[i].table.clone();
+                    if bm.grow(&mut seqs[i].table, drafts).is_ok() {
+                        let s = &mut seqs[i];
+                        let len = s.tokens.len();
+                        write_positions(&bm, s, len, len + drafts)?;
+                        s.tokens.extend((0..accepted as u32).map(|t| t % 3));
+                        bm.truncate(&mut s.table, s.tokens.len());
+                        prop_assert_eq!(s.table.num_tokens, s.tokens.len());
+                        prop_assert_eq!(s.table.ids().len(), s.tokens.len().div_ceil(bm.block_size()));
+                        bm.commit_full_blocks(&mut s.table, &s.tokens);
+                    } else {
+                        prop_assert_eq!(&seqs[i].table, &before, "a failed grow changes nothing");
                     }
                 }
                 Op::Finish(i) if !seqs.is_empty() => {

@@ -17,7 +17,8 @@ pub enum LogitsWanted {
     /// or logprobs): an executor that samples on its device ([`crate::Executor::samples_on_device`])
     /// returns the id alone (in [`Logits::argmax`]), any other the row, as for `Last`.
     LastSampled(DeviceSampling),
-    /// Every token of the chunk (scoring, tests).
+    /// Every token of the chunk: speculative verification (the last computed token and each
+    /// draft token, every row choosing the token after it), scoring, tests.
     All,
 }
 
@@ -169,6 +170,11 @@ impl Logits {
             Some(&(s, t)) if s == seq => Some(t),
             _ => self.argmax.iter().find(|&&(s, _)| s == seq).map(|&(_, t)| t),
         }
+    }
+
+    /// The row of sequence `seq` at position `pos`, if it was asked for.
+    pub fn row_at(&self, seq: usize, pos: usize) -> Option<&[f32]> {
+        self.rows.iter().position(|&r| r == (seq, pos)).map(|i| self.row(i))
     }
 
     /// The last row of sequence `seq`, if it asked for logits.

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use strata_engine::{EngineStats, FinishReason, KvCapacity};
+use strata_engine::{DraftCounts, EngineStats, FinishReason, KvCapacity};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -245,7 +245,66 @@ impl Metrics {
         for (name, kind, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         }
+        render_drafts(&mut out, &stats.drafts);
         out
+    }
+}
+
+/// Speculative decoding: draft tokens proposed and accepted, in all and by position in the draft
+/// (vLLM's `spec_decode_*` families), and the acceptance rates.
+fn render_drafts(out: &mut String, drafts: &DraftCounts) {
+    let totals = [
+        (
+            "strata_spec_decode_num_draft_tokens_total",
+            "counter",
+            "Draft tokens proposed and verified (speculative decoding).",
+            drafts.proposed_total() as f64,
+        ),
+        (
+            "strata_spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Draft tokens accepted (speculative decoding).",
+            drafts.accepted_total() as f64,
+        ),
+        (
+            "strata_spec_decode_acceptance_rate",
+            "gauge",
+            "Draft tokens accepted over proposed (0 before any draft).",
+            drafts.acceptance_rate(),
+        ),
+    ];
+    for (name, kind, help, value) in totals {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    }
+    let rates: Vec<f64> = (drafts.accepted.iter().zip(&drafts.proposed))
+        .map(|(&a, &p)| a as f64 / p.max(1) as f64)
+        .collect();
+    let as_f64 = |v: &[u64]| v.iter().map(|&n| n as f64).collect::<Vec<f64>>();
+    let by_position = [
+        (
+            "strata_spec_decode_num_draft_tokens_per_pos",
+            "counter",
+            "Draft tokens proposed, by position in the draft (0 = first).",
+            as_f64(&drafts.proposed),
+        ),
+        (
+            "strata_spec_decode_num_accepted_tokens_per_pos",
+            "counter",
+            "Draft tokens accepted, by position in the draft (0 = first).",
+            as_f64(&drafts.accepted),
+        ),
+        (
+            "strata_spec_decode_acceptance_rate_per_pos",
+            "gauge",
+            "Draft tokens accepted over proposed, by position in the draft (0 = first).",
+            rates,
+        ),
+    ];
+    for (name, kind, help, values) in by_position {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (i, v) in values.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{position=\"{i}\"}} {v}");
+        }
     }
 }
 
@@ -330,11 +389,13 @@ mod tests {
         t.finished(FinishReason::Length);
         drop(t);
         drop(GenerationTimer::new(Arc::clone(&m), Instant::now()));
-        let stats = EngineStats {
+        let mut stats = EngineStats {
             kv_blocks_total: 10,
             kv_blocks_used: 3,
             ..Default::default()
         };
+        stats.drafts.record(3, 1);
+        stats.drafts.record(2, 2);
         let cap = KvCapacity {
             blocks: 10,
             block_size: 16,
@@ -352,5 +413,11 @@ mod tests {
         assert!(text.contains("strata_e2e_request_latency_seconds_count 2"));
         assert!(text.contains("strata_kv_blocks_free 7"));
         assert!(text.contains("strata_kv_blocks_used 3"));
+        assert!(text.contains("strata_spec_decode_num_draft_tokens_total 5\n"));
+        assert!(text.contains("strata_spec_decode_num_accepted_tokens_total 3\n"));
+        assert!(text.contains("strata_spec_decode_acceptance_rate 0.6\n"));
+        assert!(text.contains("strata_spec_decode_num_accepted_tokens_per_pos{position=\"1\"} 1\n"));
+        assert!(text.contains("strata_spec_decode_acceptance_rate_per_pos{position=\"0\"} 1\n"));
+        assert!(text.contains("strata_spec_decode_acceptance_rate_per_pos{position=\"2\"} 0\n"));
     }
 }

@@ -49,6 +49,7 @@ pub struct GenerationFields<'a> {
     /// Alternatives per token, with the field name that asked for them.
     pub logprobs: Option<(u64, &'static str)>,
     pub ignore_eos: Option<bool>,
+    pub speculative: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<&'a StreamOptions>,
     /// Token id (as a string) -> bias added to its logit.
@@ -269,6 +270,7 @@ pub fn plan(f: &GenerationFields, vocab_size: usize, grammar: &GrammarCheck) -> 
             ignore_eos: f.ignore_eos.unwrap_or(false),
             logprobs,
             constraint,
+            speculative: f.speculative.unwrap_or(true),
         },
         n: n as usize,
         seed: f.seed.map(|s| s as u64),
@@ -312,6 +314,7 @@ mod tests {
             repetition_penalty: None,
             logprobs: None,
             ignore_eos: None,
+            speculative: None,
             stream: None,
             stream_options: None,
             logit_bias: None,

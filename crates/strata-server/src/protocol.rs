@@ -165,6 +165,9 @@ macro_rules! generation_request {
             pub repetition_penalty: Option<f64>,
             /// Keep generating past end-of-generation tokens.
             pub ignore_eos: Option<bool>,
+            /// `false`: never draft tokens for this request when the server speculates
+            /// (`--speculative-ngram`); the output is the same either way (default true).
+            pub speculative: Option<bool>,
             /// Answer with a `text/event-stream` of chunks.
             pub stream: Option<bool>,
             pub stream_options: Option<StreamOptions>,
@@ -202,6 +205,7 @@ macro_rules! generation_request {
                     repetition_penalty: self.repetition_penalty,
                     logprobs,
                     ignore_eos: self.ignore_eos,
+                    speculative: self.speculative,
                     stream: self.stream,
                     stream_options: self.stream_options.as_ref(),
                     logit_bias: self.logit_bias.as_ref(),

@@ -39,6 +39,7 @@ const CHAT_EXTRAS: &[&str] = &[
     "frequency_penalty",
     "repetition_penalty",
     "ignore_eos",
+    "speculative",
     "logit_bias",
 ];
 

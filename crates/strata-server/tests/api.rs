@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::{assert_error, server_config, server_losing_gpus, stream, TestServer, LOST_GPU, MODEL};
 use serde_json::{json, Value};
+use strata_engine::EngineConfig;
 use strata_server::prompt::{PromptError, PromptLimit};
 use strata_server::ServerConfig;
 
@@ -780,4 +781,43 @@ async fn post_bodies_must_be_declared_as_json() {
     // Unknown routes stay 404 whatever the body.
     let r = send("/v1/nothing", Some("text/plain")).await.unwrap();
     assert_eq!(r.status().as_u16(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_speculating_server_answers_as_without_and_counts_drafts_on_metrics() {
+    let config = EngineConfig {
+        speculative_ngram: Some(strata_engine::NgramSpeculation::parse("3:1:4").unwrap()),
+        ..common::engine_config()
+    };
+    let s = TestServer::start(config, common::server_config()).await;
+    let body = |speculative: bool| {
+        json!({"prompt": "Red, green, blue. Red, green, blue. Red, green, blue. Red,", "max_tokens": 24,
+               "ignore_eos": true, "temperature": 0, "speculative": speculative})
+    };
+    let (status, plain) = s.post("/v1/completions", &body(false)).await;
+    assert_eq!(status, 200, "{plain}");
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains("strata_spec_decode_num_draft_tokens_total 0\n"),
+        "opted out: {metrics}"
+    );
+    let (status, drafted) = s.post("/v1/completions", &body(true)).await;
+    assert_eq!(status, 200, "{drafted}");
+    assert_eq!(plain["choices"][0]["text"], drafted["choices"][0]["text"]);
+    assert_eq!(drafted["usage"]["completion_tokens"], 24);
+    assert!(s.wait_blocks_free(Duration::from_secs(5)).await);
+    let (_, metrics) = s.get("/metrics").await;
+    let value = |name: &str| -> f64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        value("strata_spec_decode_num_accepted_tokens_total ") > 0.0,
+        "{metrics}"
+    );
+    assert!(value("strata_spec_decode_acceptance_rate ") > 0.0);
+    assert!(value("strata_spec_decode_num_draft_tokens_per_pos{position=\"0\"}") > 0.0);
 }

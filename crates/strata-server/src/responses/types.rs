@@ -14,7 +14,7 @@ use crate::error::ErrorDetail;
 /// `POST /v1/responses`: the stateless subset of OpenAI's Responses API, served by the chat
 /// path. Unknown fields are ignored, except the chat request's sampling extras (`top_k`,
 /// `min_p`, `seed`, `stop`, `stop_token_ids`, `presence_penalty`, `frequency_penalty`,
-/// `repetition_penalty`, `ignore_eos`, `logit_bias`), which are passed to it as they are.
+/// `repetition_penalty`, `ignore_eos`, `speculative`, `logit_bias`), which are passed to it as they are.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct ResponsesRequest {
     /// The served model name; absent means that model.
