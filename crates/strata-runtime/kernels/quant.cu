@@ -256,6 +256,19 @@ struct FmtQ8_0 {
     }
 };
 
+// The products of a Q4_K/Q5_K unit: two sub-blocks from column col, their quants as words
+// (sub[h][0]: values 0..16, sub[h][1]: 16..32), scales dl and mins ml; the mins take x's sums.
+template <int T>
+__device__ __forceinline__ void k_pair_dot(const int (&sub)[2][2][4], const float (&dl)[2], const float (&ml)[2],
+                                           int col, const Q8Rows& x, int t, float (&acc)[T]) {
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j >= t) break;
+        const float p0 = x.dot32(sub[0][0], sub[0][1], j, col), p1 = x.dot32(sub[1][0], sub[1][1], j, col + 32);
+        acc[j] += dl[0] * p0 - ml[0] * x.scale(j, col).y + dl[1] * p1 - ml[1] * x.scale(j, col + 32).y;
+    }
+}
+
 // Q4_K (file layout, 144 bytes): f16 d, f16 dmin, 12 packed bytes of 6-bit scales and mins, 128
 // bytes of nibbles; sub-blocks 2c and 2c + 1 are the low and high nibbles of bytes 32c..32c+32;
 // value = d * scale * q - dmin * min. A unit is such a pair.
@@ -286,13 +299,7 @@ struct FmtQ4_K {
 #pragma unroll
             for (int i = 0; i < 8; i++) sub[h][i >> 2][i & 3] = (int)((q[i] >> (4 * h)) & 0x0F0F0F0Fu);
         }
-        const int col = unit * 64;
-#pragma unroll
-        for (int j = 0; j < T; j++) {
-            if (j >= t) break;
-            const float p0 = x.dot32(sub[0][0], sub[0][1], j, col), p1 = x.dot32(sub[1][0], sub[1][1], j, col + 32);
-            acc[j] += dl[0] * p0 - ml[0] * x.scale(j, col).y + dl[1] * p1 - ml[1] * x.scale(j, col + 32).y;
-        }
+        k_pair_dot<T>(sub, dl, ml, unit * 64, x, t, acc);
     }
     template <typename Eat>
     __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
@@ -350,13 +357,7 @@ struct FmtQ5_K {
             for (int i = 0; i < 8; i++)
                 sub[h][i >> 2][i & 3] = (int)(((q[i] >> (4 * h)) & 0x0F0F0F0Fu) | (((hb[i] >> sb) & 0x01010101u) << 4));
         }
-        const int col = unit * 64;
-#pragma unroll
-        for (int j = 0; j < T; j++) {
-            if (j >= t) break;
-            const float p0 = x.dot32(sub[0][0], sub[0][1], j, col), p1 = x.dot32(sub[1][0], sub[1][1], j, col + 32);
-            acc[j] += dl[0] * p0 - ml[0] * x.scale(j, col).y + dl[1] * p1 - ml[1] * x.scale(j, col + 32).y;
-        }
+        k_pair_dot<T>(sub, dl, ml, unit * 64, x, t, acc);
     }
     template <typename Eat>
     __device__ static void decode(const Raw& r, int unit, Eat&& eat) {
