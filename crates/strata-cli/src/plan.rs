@@ -127,9 +127,37 @@ pub fn serving_layout(
         kv_cache_dtype: kv_dtype,
         compute_dtype: dev.compute_dtype(),
     };
-    let name = strata_model::loader::model_name(&model.path);
-    let plan = strata_parallel::plan_for_gpus(&name, &model.transformer.config, &topology, &targets, forced.as_ref())?;
+    let shape = weights_on_gpus(model, dev.quantization)?;
+    let plan = strata_parallel::plan(&shape, &topology, &targets, forced.as_ref())?;
     eprint!("{}", strata_parallel::plan_report::render(&plan, &topology));
     plan.set_nccl_env();
     Ok(plan.layout())
+}
+
+/// `model`'s weights as the GPU executors will hold them under `quantization`: a GGUF file's
+/// blocks as quant.cu keeps them, FP8 layer matrices (`fp8`, or an FP8 checkpoint under `auto`),
+/// or bf16.
+#[cfg(feature = "cuda")]
+fn weights_on_gpus(
+    model: &strata_model::loader::LoadedModel,
+    quantization: crate::device::Quantization,
+) -> anyhow::Result<strata_parallel::ModelShape> {
+    use crate::device::Quantization;
+    use strata_parallel::ModelShape;
+
+    let name = strata_model::loader::model_name(&model.path);
+    let config = model.transformer.config.clone();
+    let gguf = model.path.extension().is_some_and(|e| e == "gguf");
+    Ok(match quantization {
+        Quantization::None => ModelShape::dense(&name, "bf16", config, 16.0),
+        Quantization::Fp8 => ModelShape::fp8_layers(&name, config),
+        Quantization::Auto if gguf => ModelShape {
+            name,
+            ..ModelShape::from_gguf_on_gpu(&model.path)?
+        },
+        Quantization::Auto if ModelShape::from_hf_config(&model.path)?.weight_format == ModelShape::FP8_FORMAT => {
+            ModelShape::fp8_layers(&name, config)
+        }
+        Quantization::Auto => ModelShape::dense(&name, "bf16", config, 16.0),
+    })
 }

@@ -3,11 +3,7 @@
 
 use std::ops::Range;
 
-use strata_model::ModelConfig;
-
-use crate::model_shape::ModelShape;
-use crate::planner::{self, Candidate, ForcedLayout, Plan, PlanError, Targets};
-use crate::topology::Topology;
+use crate::planner::{Candidate, Plan};
 
 /// How the model is spread: `tp` GPUs per stage, one layer range per pipeline stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,19 +78,6 @@ impl Plan {
             }
         }
     }
-}
-
-/// Plans the model `config` (named `name`) for the GPU executors, which hold every matrix in
-/// bf16: the forced layout when given, else the fastest one that fits.
-pub fn plan_for_gpus(
-    name: &str,
-    config: &ModelConfig,
-    topology: &Topology,
-    targets: &Targets,
-    forced: Option<&ForcedLayout>,
-) -> Result<Plan, PlanError> {
-    let shape = ModelShape::dense(name, "bf16", config.clone(), 16.0);
-    planner::plan(&shape, topology, targets, forced)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub mod topology;
 
 #[cfg(feature = "cuda")]
 pub use executors::ParallelExecutor;
-pub use layout::{plan_for_gpus, ParallelLayout};
+pub use layout::ParallelLayout;
 pub use model_shape::ModelShape;
 pub use planner::{plan, ForcedLayout, OverrideFlags, Plan, PlanError, SplitMode, Targets};
 pub use topology::Topology;

@@ -69,6 +69,9 @@ pub struct ModelShape {
 pub const QUANTIZED_FORMATS: [(&str, f64); 3] = [("Q8_0", 8.5), ("Q5_K_M", 5.69), ("Q4_K_M", 4.85)];
 
 impl ModelShape {
+    /// The `weight_format` of an FP8 checkpoint ([`Self::from_hf_config`]).
+    pub const FP8_FORMAT: &'static str = "fp8 e4m3";
+
     /// A dense model whose every weight takes `bits_per_weight` bits.
     pub fn dense(name: &str, weight_format: &str, config: ModelConfig, bits_per_weight: f64) -> Self {
         let bytes = |params: u64| (params as f64 * bits_per_weight / 8.0).round() as u64;
@@ -113,12 +116,42 @@ impl ModelShape {
 
     /// Reads a GGUF file: the shape from its metadata, the bytes from its tensor table (no weights are read).
     pub fn from_gguf(path: &Path) -> Result<Self, ModelShapeError> {
+        Self::from_gguf_sized(path, |t| t.n_bytes)
+    }
+
+    /// A GGUF file as the GPU executors hold it: the blocks they keep (Q4_0, Q4_1, Q8_0, Q4_K,
+    /// Q5_K, Q6_K) at the file's bytes, every other tensor in bf16.
+    pub fn from_gguf_on_gpu(path: &Path) -> Result<Self, ModelShapeError> {
+        use strata_formats::GgmlType::*;
+        Self::from_gguf_sized(path, |t| match t.ty {
+            Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K => t.n_bytes,
+            _ => 2 * t.n_elements,
+        })
+    }
+
+    /// A dense model whose layer matrices are FP8 (a byte a weight, as `--quantization fp8` holds
+    /// them on a GPU) and whose embeddings and LM head stay bf16.
+    pub fn fp8_layers(name: &str, config: ModelConfig) -> Self {
+        let bf16 = ModelShape::dense(name, "bf16", config.clone(), 16.0);
+        ModelShape {
+            embedding_bytes: bf16.embedding_bytes,
+            lm_head_bytes: bf16.lm_head_bytes,
+            ..ModelShape::dense(name, "fp8 e4m3 layers", config, 8.0)
+        }
+    }
+
+    /// [`Self::from_gguf`] with each tensor's bytes as `bytes` counts them.
+    fn from_gguf_sized(
+        path: &Path,
+        bytes: impl Fn(&strata_formats::gguf::TensorInfo) -> u64,
+    ) -> Result<Self, ModelShapeError> {
         let file = strata_model::loader::open_gguf(path)?;
         let config = strata_model::architectures::config_from_gguf(&file)?;
         let mut layer_bytes = vec![0u64; config.n_layers];
         let (mut embedding_bytes, mut lm_head_bytes, mut total_bytes, mut total_elements) = (0, 0, 0u64, 0u64);
         for tensor in file.tensors() {
-            total_bytes += tensor.n_bytes;
+            let n_bytes = bytes(tensor);
+            total_bytes += n_bytes;
             total_elements += tensor.n_elements;
             let layer = tensor
                 .name
@@ -126,9 +159,9 @@ impl ModelShape {
                 .and_then(|rest| rest.split('.').next())
                 .and_then(|n| n.parse::<usize>().ok());
             match (layer, tensor.name.as_str()) {
-                (Some(i), _) if i < layer_bytes.len() => layer_bytes[i] += tensor.n_bytes,
-                (_, "token_embd.weight") => embedding_bytes += tensor.n_bytes,
-                (_, "output.weight") | (_, "output_norm.weight") => lm_head_bytes += tensor.n_bytes,
+                (Some(i), _) if i < layer_bytes.len() => layer_bytes[i] += n_bytes,
+                (_, "token_embd.weight") => embedding_bytes += n_bytes,
+                (_, "output.weight") | (_, "output_norm.weight") => lm_head_bytes += n_bytes,
                 _ => {}
             }
         }
@@ -169,7 +202,7 @@ impl ModelShape {
             None => torch_dtype.as_deref().unwrap_or("bfloat16"),
         };
         let (format, bits) = match dtype {
-            "float8_e4m3fn" => ("fp8 e4m3", 8.0),
+            "float8_e4m3fn" => (Self::FP8_FORMAT, 8.0),
             "float32" => ("f32", 32.0),
             "float16" => ("f16", 16.0),
             "bfloat16" => ("bf16", 16.0),

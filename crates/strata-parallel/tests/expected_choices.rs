@@ -8,9 +8,7 @@ use strata_model::kv_cache::KvCacheDtype;
 use strata_model::ComputeDtype;
 use strata_parallel::model_shape::preset;
 use strata_parallel::planner::{Candidate, Verdict};
-use strata_parallel::{
-    plan, plan_for_gpus, ModelShape, OverrideFlags, ParallelLayout, Plan, PlanError, SplitMode, Targets, Topology,
-};
+use strata_parallel::{plan, ModelShape, OverrideFlags, ParallelLayout, Plan, PlanError, SplitMode, Targets, Topology};
 
 fn fixture(name: &str) -> Topology {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name);
@@ -295,22 +293,34 @@ fn a_loaded_model_is_planned_from_its_own_shape() {
         println!("skipped: {} is missing (make fetch)", path.display());
         return;
     }
-    let file = strata_model::loader::open_gguf(&path).unwrap();
-    let config = strata_model::architectures::config_from_gguf(&file).unwrap();
     let flags = OverrideFlags {
         pipeline_parallel_size: Some(2),
         ..Default::default()
     };
     let forced = flags.layout(2).unwrap();
-    let p = plan_for_gpus(
-        "smollm2",
-        &config,
-        &fixture("h200x2_nv18.json"),
-        &targets(),
-        forced.as_ref(),
-    )
-    .unwrap();
-    // Held in bf16 by the GPU executors, whatever the file's quantization.
-    assert_eq!(p.model.weight_format, "bf16");
-    assert_eq!(p.layout(), ParallelLayout::even(config.n_layers, 1, 2));
+    // The GPU executors keep the file's Q4_1 blocks: the plan sizes them so, not as bf16.
+    let shape = ModelShape::from_gguf_on_gpu(&path).unwrap();
+    let bf16 = ModelShape::dense("smollm2", "bf16", shape.config.clone(), 16.0);
+    let file = ModelShape::from_gguf(&path).unwrap();
+    assert!(shape.weight_format.starts_with("GGUF"), "{}", shape.weight_format);
+    // Q4_1 layer matrices at the file's bytes (the f32 norms counted as bf16), under 0.6 of bf16.
+    for (gpu, file) in shape.layer_bytes.iter().zip(&file.layer_bytes) {
+        assert!(gpu <= file, "{gpu} > {file}");
+    }
+    assert!(shape.weight_bytes() < bf16.weight_bytes() * 6 / 10);
+    let p = plan(&shape, &fixture("h200x2_nv18.json"), &targets(), forced.as_ref()).unwrap();
+    assert_eq!(p.model.weight_bytes(), shape.weight_bytes());
+    assert_eq!(p.layout(), ParallelLayout::even(shape.config.n_layers, 1, 2));
+}
+
+#[test]
+fn fp8_layers_take_a_byte_a_weight_and_keep_bf16_embeddings() {
+    let bf16 = preset("qwen2.5-32b").unwrap();
+    let fp8 = ModelShape::fp8_layers("qwen2.5-32b", bf16.config.clone());
+    assert_eq!(fp8.embedding_bytes, bf16.embedding_bytes);
+    assert_eq!(fp8.lm_head_bytes, bf16.lm_head_bytes);
+    for (a, b) in fp8.layer_bytes.iter().zip(&bf16.layer_bytes) {
+        assert!(a.abs_diff(b / 2) <= 1, "{a} vs half of {b}");
+    }
+    assert!(fp8.weight_bytes() < bf16.weight_bytes() * 6 / 10);
 }
