@@ -32,6 +32,7 @@ const REPORT_FIELDS: &[&str] = &[
     "input_tokens",
     "output_tokens",
     "prompt_lengths_counted_by",
+    "speculative_decoding",
     "notes",
     "config",
     "client",
