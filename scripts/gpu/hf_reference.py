@@ -4,9 +4,10 @@
 greedy 64-token continuations and last-position logits of 3 prompts, from transformers' own
 forward pass on the same weights, in bf16 and again in float32.
 
-usage: hf_reference.py ARCH OUT_DIR TOKENIZER_DIR [--prompts-only]
+usage: hf_reference.py ARCH OUT_DIR TOKENIZER_DIR [--prompts-only | --config-only]
        (ARCH: llama3-8b | qwen2.5-7b | qwen2.5-32b; --prompts-only writes the prompts without
-       transformers' outputs, for speed runs of large models)
+       transformers' outputs, for speed runs of large models; --config-only writes config.json
+       alone, for `strata quantize --random-weights`)
 """
 import json
 import os
@@ -48,6 +49,12 @@ def main():
     t0 = time.time()
     cfg = AutoConfig.for_model(**ARCHS[arch])
     cfg.torch_dtype = torch.bfloat16
+    if "--config-only" in sys.argv:
+        # The shape alone, for `strata quantize --random-weights` (a model larger than the disk).
+        os.makedirs(out, exist_ok=True)
+        cfg.to_json_file(os.path.join(out, "config.json"))
+        print(f"{arch}: config written", flush=True)
+        return
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)

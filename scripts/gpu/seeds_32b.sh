@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 30 point 6, one H200 as the seeds' 24 GiB card: a Qwen2.5-32B-shaped Q4_K_M with random
+# weights, written directly by `strata quantize --random-weights` (the template GGUF for its
+# tokenizer: the random Qwen2.5-7B converted by llama.cpp's convert_hf_to_gguf.py), served by
+# `strata serve --gpu-memory-limit 24GiB` and by llama.cpp's `llama-server -np 20` with its context
+# sized to strata's KV tokens, each under `strata bench`: 20 users, 512-token prompts, 1024-token
+# answers, first all arriving together, then Poisson arrivals at 80 % of the request rate strata
+# sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in $OUT.
+# Carries gpu-bin/strata.gz, gpu-bin/tokenizers.tgz, gpu-bin/llama-src.tar.xz (the convert
+# scripts) and gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries with llama-server).
+set -u
+OUT=${OUT:-/tmp/out}
+source "$(dirname "$0")/libs.sh"
+LL=/root/llama.cpp
+GG=/root/gguf
+Q7=$CK/qwen2.5-7b-prompts
+Q32=$CK/qwen2.5-32b-config
+M32=$GG/qwen32b-random-q4_k_m.gguf
+LIMIT=${LIMIT:-24GiB}
+mkdir -p $LL $GG
+[ -x $LL/build/bin/llama-server ] || cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
+[ -f $LL/convert_hf_to_gguf.py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL
+if [ ! -f $M32 ]; then
+    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
+        --prompts-only 2>&1 | tail -1
+    [ -f $GG/qwen7b-q8_0.gguf ] || timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype q8_0 \
+        --outfile $GG/qwen7b-q8_0.gguf > /tmp/convert.log 2>&1 || tail -5 /tmp/convert.log
+    python3 scripts/gpu/hf_reference.py qwen2.5-32b $Q32 gpu-bin/tokenizers/qwen2.5 --config-only
+    /usr/bin/time -f "quantize: %e s, %M KiB" timeout 900 $S quantize $GG/qwen7b-q8_0.gguf $M32 --type Q4_K_M \
+        --random-weights $Q32/config.json --threads 16 > "$OUT/quantize_32b.log" 2>&1
+    tail -3 "$OUT/quantize_32b.log"
+fi
+ls -la $M32
+
+# strata bench against PORT: the closed run (20 at once) or the Poisson run at RATE.
+bench() {
+    local port=$1 name=$2 rate=${3:-}
+    local load=(--concurrency 20 --num-requests 20)
+    [ -n "$rate" ] && load=(--concurrency 20 --num-requests 40 --request-rate "$rate")
+    timeout 400 $S bench --base-url http://127.0.0.1:$port --endpoint completions "${load[@]}" --warmup 2 \
+        --input-len 512 --output-len 1024 --ignore-eos --output "$OUT/bench_$name.json" > "$OUT/bench_$name.txt" 2>&1
+    echo "-- $name, exit $?"
+    grep -E "TTFT|TPOT|output tok|throughput|error" "$OUT/bench_$name.txt" | head -8
+}
+
+echo "== strata serve, --gpu-memory-limit $LIMIT"
+$S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048 --max-num-seqs 20 \
+    > "$OUT/strata_serve.log" 2>&1 &
+pid=$!
+if wait_up 8050; then
+    grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
+    bench 8050 strata_closed
+    rate=$(python3 -c "import json; r=json.load(open('$OUT/bench_strata_closed.json'))['runs'][0]; print(round(0.8*r['request_throughput'], 4))")
+    echo "Poisson rate: $rate requests/s"
+    bench 8050 strata_poisson "$rate"
+else
+    echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"
+fi
+# strata's KV tokens, for llama.cpp's context: the same KV budget.
+kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+
+echo "== llama-server -np 20 -c ${kv:-30720}"
+$LL/build/bin/llama-server -m $M32 -ngl 99 -np 20 -c "${kv:-30720}" --port 8051 -fa on \
+    > "$OUT/llama_server.log" 2>&1 &
+lpid=$!
+if wait_up 8051; then
+    bench 8051 llama_closed
+    [ -n "${rate:-}" ] && bench 8051 llama_poisson "$rate"
+else
+    echo "llama-server did not come up"; tail -20 "$OUT/llama_server.log"
+fi
+kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
+(cd "$OUT" && tar czf /tmp/results_seeds.tgz . && find . -maxdepth 1 -type f -delete && mv /tmp/results_seeds.tgz .)
