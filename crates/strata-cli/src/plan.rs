@@ -155,7 +155,15 @@ fn weights_on_gpus(
             name,
             ..ModelShape::from_gguf_on_gpu(&model.path)?
         },
-        Quantization::Auto if ModelShape::from_hf_config(&model.path)?.weight_format == ModelShape::FP8_FORMAT => {
+        // An FP8 checkpoint's matrices came with their scales (weights.rs).
+        Quantization::Auto
+            if model
+                .transformer
+                .weights
+                .layers
+                .iter()
+                .any(|l| l.wq.fp8_scales.is_some()) =>
+        {
             ModelShape::fp8_layers(&name, config)
         }
         Quantization::Auto => ModelShape::dense(&name, "bf16", config, 16.0),

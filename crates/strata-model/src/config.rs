@@ -158,6 +158,12 @@ impl ModelConfig {
         self.n_heads * self.head_dim
     }
 
+    /// The widest input of a layer's products (QKV and gate/up read `hidden`, o `q_dim`, down
+    /// `intermediate`): what a buffer of quantized activations is sized by.
+    pub fn widest_product_input(&self) -> usize {
+        self.hidden.max(self.q_dim()).max(self.intermediate)
+    }
+
     /// Checks the numbers are consistent, so the forward pass can index without surprises, and
     /// within strata's [limits](strata_formats::limits), so that nothing sized by them is absurd.
     pub fn validate(&self) -> Result<(), String> {

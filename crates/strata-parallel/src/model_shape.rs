@@ -69,9 +69,6 @@ pub struct ModelShape {
 pub const QUANTIZED_FORMATS: [(&str, f64); 3] = [("Q8_0", 8.5), ("Q5_K_M", 5.69), ("Q4_K_M", 4.85)];
 
 impl ModelShape {
-    /// The `weight_format` of an FP8 checkpoint ([`Self::from_hf_config`]).
-    pub const FP8_FORMAT: &'static str = "fp8 e4m3";
-
     /// A dense model whose every weight takes `bits_per_weight` bits.
     pub fn dense(name: &str, weight_format: &str, config: ModelConfig, bits_per_weight: f64) -> Self {
         let bytes = |params: u64| (params as f64 * bits_per_weight / 8.0).round() as u64;
@@ -202,7 +199,7 @@ impl ModelShape {
             None => torch_dtype.as_deref().unwrap_or("bfloat16"),
         };
         let (format, bits) = match dtype {
-            "float8_e4m3fn" => (Self::FP8_FORMAT, 8.0),
+            "float8_e4m3fn" => ("fp8 e4m3", 8.0),
             "float32" => ("f32", 32.0),
             "float16" => ("f16", 16.0),
             "bfloat16" => ("bf16", 16.0),

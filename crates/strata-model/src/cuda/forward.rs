@@ -160,14 +160,14 @@ impl GpuTransformer {
         if weights.dequant_elems > 0 {
             bufs.dequant = Some(gpu.alloc(weights.dequant_elems * 2, "dequantized weights")?);
             // The quantized GEMVs' int8 inputs: GEMV_KERNEL_TOKENS rows of the widest input.
-            let k = local.hidden.max(local.q_dim()).max(local.intermediate);
+            let k = local.widest_product_input();
             let what = "quantized activations";
             bufs.x_q8 = Some(gpu.alloc(QuantizeQ8Call::value_bytes(k, GEMV_KERNEL_TOKENS), what)?);
             bufs.x_q8_scales = Some(gpu.alloc(QuantizeQ8Call::scale_bytes(k, GEMV_KERNEL_TOKENS), what)?);
         }
         let fp8_gemm = match weights.has_fp8() && gpu.info.compute_capability >= (8, 9) {
             true => {
-                let width = h.max(local.q_dim()).max(inter);
+                let width = local.widest_product_input();
                 let bytes = fp8_act_scales_offset(limits.max_tokens, width) + limits.max_tokens * 4;
                 bufs.fp8_act = Some(gpu.alloc(bytes, "FP8 activations")?);
                 Some(Gemm::new(&gpu, GemmOperands::Fp8E4m3)?)

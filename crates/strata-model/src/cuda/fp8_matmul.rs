@@ -59,8 +59,7 @@ impl GpuTransformer {
             let scratch = self.fp8_dense_weights(w, (n, k))?;
             return self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in);
         };
-        let c = &self.local;
-        let width = c.hidden.max(c.q_dim()).max(c.intermediate);
+        let width = self.local.widest_product_input();
         let scales = act + fp8_act_scales_offset(self.limits.max_tokens, width) as u64;
         Fp8QuantizeRowsCall {
             x,
@@ -142,15 +141,7 @@ impl GpuTransformer {
 
     /// The bf16 scratch holding FP8 matrix `w` (`[n, k]`) dequantized.
     pub(super) fn fp8_dense_weights(&self, w: Fp8View, (n, k): (usize, usize)) -> Result<u64, CudaError> {
-        let scratch = match &self.bufs.dequant {
-            Some(b) if n * k <= self.weights.dequant_elems => b.ptr(),
-            _ => {
-                return Err(CudaError::NoDevice(format!(
-                    "an FP8 {n}x{k} matrix is larger than the dequantization scratch ({} values)",
-                    self.weights.dequant_elems
-                )))
-            }
-        };
+        let scratch = self.dequant_scratch((n, k), "an FP8")?;
         Fp8DequantCall {
             w: w.w,
             scales: w.scales,

@@ -736,8 +736,9 @@ impl GpuTransformer {
         (n, k, t): (usize, usize, usize),
         out: GemmOut,
     ) -> Result<(), CudaError> {
-        let scratch = self.dequant_scratch(n, k)?;
-        let slab = self.weights.dequant_elems / k;
+        // As many rows as the scratch holds, at least one.
+        let slab = (self.weights.dequant_elems / k).max(1);
+        let scratch = self.dequant_scratch((slab, k), "a quantized")?;
         let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
         for seg in w.segments() {
             for first in (0..seg.rows).step_by(slab) {
@@ -765,12 +766,13 @@ impl GpuTransformer {
         Ok(())
     }
 
-    /// The dequantization scratch, if it holds a matrix of `[n, k]` (at least a row).
-    fn dequant_scratch(&self, n: usize, k: usize) -> Result<u64, CudaError> {
+    /// The dequantization scratch, if it holds `rows` rows of `k` values (a whole matrix, or a
+    /// slab of one); `what` names the matrix's kind in the error.
+    pub(super) fn dequant_scratch(&self, (rows, k): (usize, usize), what: &str) -> Result<u64, CudaError> {
         match &self.bufs.dequant {
-            Some(b) if k <= self.weights.dequant_elems => Ok(b.ptr()),
+            Some(b) if rows * k <= self.weights.dequant_elems => Ok(b.ptr()),
             _ => Err(CudaError::NoDevice(format!(
-                "a quantized {n}x{k} matrix needs a dequantization scratch of a row at least ({} values)",
+                "{what} {rows}x{k} matrix is larger than the dequantization scratch ({} values)",
                 self.weights.dequant_elems
             ))),
         }
@@ -785,13 +787,7 @@ impl GpuTransformer {
         if let MatrixView::Fp8(f) = w {
             return self.fp8_dense_weights(f, (n, k));
         }
-        if n * k > self.weights.dequant_elems {
-            return Err(CudaError::NoDevice(format!(
-                "a quantized {n}x{k} matrix is larger than the dequantization scratch ({} values)",
-                self.weights.dequant_elems
-            )));
-        }
-        let scratch = self.dequant_scratch(n, k)?;
+        let scratch = self.dequant_scratch((n, k), "a quantized")?;
         for seg in w.segments() {
             DequantCall {
                 format: seg.format,
