@@ -8,6 +8,7 @@ use strata_formats::gguf::{GgufFile, TensorInfo};
 use strata_formats::quant::dequantize;
 use strata_formats::safetensors::{Dtype, SafetensorsSet};
 use strata_formats::GgmlType;
+use strata_runtime::cpu::quant_dot::{cpu_layout, WeightLayout};
 use strata_runtime::cpu::WeightMatrix;
 
 use crate::config::ModelConfig;
@@ -26,6 +27,8 @@ pub struct Linear {
     /// with which the bf16 values re-encode to the file's bytes, or none (empty) for block
     /// scales, re-encoded per row; `None` for matrices not stored as FP8.
     pub fp8_scales: Option<Vec<f32>>,
+    /// How its bytes sit in the arena: the layout the CPU's kernel for its type reads.
+    pub layout: WeightLayout,
 }
 
 impl Linear {
@@ -36,6 +39,11 @@ impl Linear {
             Some(_) => (self.rows * self.cols) as u64,
             None => self.info.n_bytes,
         }
+    }
+
+    /// Bytes the matrix takes in the arena (its layout's padding included).
+    pub fn arena_bytes(&self) -> usize {
+        self.layout.matrix_bytes(self.info.ty, self.rows, self.cols)
     }
 }
 
@@ -65,9 +73,9 @@ impl WeightArena {
         Ok(WeightArena { map })
     }
 
-    /// The bytes of `l`.
+    /// The bytes of `l`, in `l.layout`.
     pub fn bytes(&self, l: &Linear) -> &[u8] {
-        &self.map[l.arena_offset..l.arena_offset + l.info.n_bytes as usize]
+        &self.map[l.arena_offset..l.arena_offset + l.arena_bytes()]
     }
 }
 
@@ -387,27 +395,32 @@ impl ModelWeights {
     fn fill_arena(&mut self, src: &dyn TensorSource, progress: &dyn Fn(u64, u64)) -> Result<(), ModelError> {
         let tied = self.lm_head.info.name == self.token_embd.info.name;
         let mut len = 0usize;
-        let mut layout: Vec<usize> = Vec::new();
+        let mut offsets: Vec<usize> = Vec::new();
         for (i, m) in self.matrices_mut().into_iter().enumerate() {
+            if m.fp8_scales.is_none() {
+                m.layout = cpu_layout(m.info.ty);
+            }
             if i == 1 && tied {
-                layout.push(layout[0]);
+                offsets.push(offsets[0]);
                 continue;
             }
-            layout.push(len);
-            len += (m.info.n_bytes as usize).next_multiple_of(ARENA_ALIGN);
+            offsets.push(len);
+            len += m.arena_bytes().next_multiple_of(ARENA_ALIGN);
         }
         let mut arena = WeightArena::new(len)?;
         let total = len as u64;
         let mut done = 0u64;
-        for (i, (m, off)) in self.matrices_mut().into_iter().zip(layout).enumerate() {
+        for (i, (m, off)) in self.matrices_mut().into_iter().zip(offsets).enumerate() {
             m.arena_offset = off;
             if i == 1 && tied {
                 continue;
             }
-            let dst = &mut arena.map[off..off + m.info.n_bytes as usize];
+            let dst = &mut arena.map[off..off + m.arena_bytes()];
             match src.fp8(&m.info.name)? {
                 Some(f) => f.scales.dequantize_to_bf16(f.bytes, m.cols, dst),
-                None => dst.copy_from_slice(find(src, &m.info.name)?.1),
+                None => m
+                    .layout
+                    .pack(m.info.ty, m.rows, m.cols, find(src, &m.info.name)?.1, dst),
             }
             done += dst.len() as u64;
             progress(done, total);
@@ -424,10 +437,23 @@ impl ModelWeights {
 
     /// Writes row `row` of `l` (e.g. a token's embedding) as f32 into `out`.
     pub fn row_f32(&self, l: &Linear, row: usize, out: &mut [f32]) {
-        let bytes = self.arena.bytes(l);
-        let rb = bytes.len() / l.rows;
-        dequantize(l.info.ty, &bytes[row * rb..(row + 1) * rb], out)
+        dequantize(l.info.ty, &self.file_rows(l, row..row + 1), out)
             .expect("row size was checked when the weights were loaded");
+    }
+
+    /// The file's bytes of rows `rows` of `l` (what the GPU uploads): borrowed from the arena,
+    /// or unpacked from the CPU's row groups.
+    pub fn file_rows(&self, l: &Linear, rows: std::ops::Range<usize>) -> std::borrow::Cow<'_, [u8]> {
+        let bytes = self.arena.bytes(l);
+        let rb = l.arena_bytes() / l.layout.stored_rows(l.rows);
+        match l.layout {
+            WeightLayout::File => std::borrow::Cow::Borrowed(&bytes[rows.start * rb..rows.end * rb]),
+            grouped => {
+                let mut out = vec![0u8; rows.len() * rb];
+                grouped.unpack_rows(l.info.ty, l.cols, bytes, rows, &mut out);
+                std::borrow::Cow::Owned(out)
+            }
+        }
     }
 
     /// Bytes of all matrices: what a decode step reads.
@@ -490,6 +516,7 @@ fn linear(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Resul
             cols,
             arena_offset: 0,
             fp8_scales: Some(f.scales.per_row().unwrap_or_default()),
+            layout: WeightLayout::File,
         });
     }
     let (t, data) = find(src, name)?;
@@ -499,7 +526,7 @@ fn linear(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Resul
             "shape {shape:?} (rows x columns), expected [{rows}, {cols}]"
         )));
     }
-    WeightMatrix::new(t.ty, rows, cols, data).map_err(|e| bad(e.to_string()))?;
+    WeightMatrix::check_size(t.ty, rows, cols, WeightLayout::File, data.len()).map_err(|e| bad(e.to_string()))?;
     if !t.ty.can_dequantize() {
         return Err(bad(format!("type {} cannot be dequantized", t.ty)));
     }
@@ -509,6 +536,7 @@ fn linear(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Resul
         cols,
         arena_offset: 0,
         fp8_scales: None,
+        layout: WeightLayout::File,
     })
 }
 

@@ -84,7 +84,9 @@ fn bench_one(k: &DotKernel, rows: usize, n: usize, m: usize, cold: bool) -> f64 
         let x: Vec<f32> = (0..n).map(|i| ((i * 7 + j * 13) % 29) as f32 - 14.0).collect();
         quantize_act_row(fmt, &x, a);
     }
-    let one = weights(ty, n, rows, 0x1234_5678);
+    let file = weights(ty, n, rows, 0x1234_5678);
+    let mut one = vec![0u8; k.layout().matrix_bytes(ty, rows, n)];
+    k.layout().pack(ty, rows, n, &file, &mut one);
     let copies = if cold { (256 << 20) / one.len().max(1) + 1 } else { 1 };
     let mats: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
     let mut out = vec![0f32; rows * m];

@@ -7,7 +7,7 @@ use strata_formats::GgmlType;
 use strata_runtime::cpu::isa::IsaLevel;
 use strata_runtime::cpu::quant_dot::{
     act_format_for, act_row_bytes, dot_rows, has_avx2, is_supported, kernel_for, kernel_for_cap, kernels_for,
-    quantize_act_row, quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat, DotKernel,
+    quantize_act_row, quantize_act_row_scalar, scalar_kernel_for, weight_row_bytes, ActFormat, DotKernel, WeightLayout,
 };
 
 /// Small deterministic generator (SplitMix64).
@@ -129,21 +129,9 @@ fn dequant_acts(fmt: ActFormat, n: usize, a: &[u8]) -> Vec<f64> {
     let f32_at = |o: usize| f64::from(f32::from_le_bytes([a[o], a[o + 1], a[o + 2], a[o + 3]]));
     match fmt {
         ActFormat::F32 => (0..n).map(|i| f32_at(4 * i)).collect(),
-        ActFormat::Q8_1 => {
-            // Blocks 2p and 2p+1 interleaved by 16-value halves; a last odd block plain.
-            let nb = n / 32;
-            (0..n)
-                .map(|i| {
-                    let (b, k) = (i / 32, i % 32);
-                    let pos = if b + 1 == nb && nb % 2 == 1 {
-                        i
-                    } else {
-                        64 * (b / 2) + 32 * (k / 16) + 16 * (b % 2) + k % 16
-                    };
-                    f64::from(a[pos] as i8) * f32_at(n + 8 * b)
-                })
-                .collect()
-        }
+        ActFormat::Q8_1 => (0..n)
+            .map(|i| f64::from(a[i] as i8) * f32_at(n + 12 * (i / 32)))
+            .collect(),
         ActFormat::Q8K => (0..n)
             .map(|i| f64::from(a[i] as i8) * f32_at(n + 4 * (i / 256)))
             .collect(),
@@ -156,13 +144,12 @@ fn check_act_sums(fmt: ActFormat, n: usize, a: &[u8]) {
     match fmt {
         ActFormat::Q8_1 => {
             for b in 0..n / 32 {
-                let o = n + 8 * b;
+                let o = n + 12 * b;
                 let d = f32::from_le_bytes([a[o], a[o + 1], a[o + 2], a[o + 3]]);
                 let s = f32::from_le_bytes([a[o + 4], a[o + 5], a[o + 6], a[o + 7]]);
-                // Sum of the block's quants, wherever the interleaving put them.
-                let deq = dequant_acts(fmt, n, a);
-                let sum: f64 = deq[32 * b..32 * b + 32].iter().sum::<f64>() / f64::from(d);
-                let sum = if d == 0.0 { 0 } else { sum.round() as i32 };
+                let stored = i32::from_le_bytes([a[o + 8], a[o + 9], a[o + 10], a[o + 11]]);
+                let sum: i32 = (32 * b..32 * b + 32).map(q).sum();
+                assert_eq!(stored, sum);
                 assert_eq!(s.to_bits(), (d * sum as f32).to_bits());
             }
         }
@@ -187,9 +174,18 @@ fn dequant_weights(ty: GgmlType, n: usize, w_row: &[u8]) -> Vec<f64> {
     out.into_iter().map(f64::from).collect()
 }
 
-fn run(k: &DotKernel, n: usize, w: &[u8], acts: &[u8], m: usize) -> Vec<f32> {
+/// The `rows` file rows `file` in the layout kernel `k` reads.
+fn packed(k: &DotKernel, n: usize, rows: usize, file: &[u8]) -> Vec<u8> {
+    let ty = k.weight_type();
+    let mut out = vec![0u8; k.layout().matrix_bytes(ty, rows, n)];
+    k.layout().pack(ty, rows, n, file, &mut out);
+    out
+}
+
+/// One weight row (file bytes) against `m` activation rows.
+fn run(k: &DotKernel, n: usize, w_row: &[u8], acts: &[u8], m: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; m];
-    k.dot_rows(n, w, acts, m, &mut out);
+    k.dot_rows(n, &packed(k, n, 1, w_row), acts, m, &mut out);
     out
 }
 
@@ -215,7 +211,7 @@ fn act_formats_are_the_documented_ones() {
         assert_eq!(k.act_format(), fmt);
         assert_eq!(k.weight_type(), ty);
     }
-    assert_eq!(act_row_bytes(ActFormat::Q8_1, 64), 64 + 16);
+    assert_eq!(act_row_bytes(ActFormat::Q8_1, 64), 64 + 24);
     assert_eq!(act_row_bytes(ActFormat::Q8K, 512), 512 + 2 * 36);
     assert_eq!(act_row_bytes(ActFormat::F32, 5), 20);
     for ty in [Q2K, Q3K, Q8_1, Q8K, I8, I32, F64] {
@@ -344,29 +340,33 @@ fn batched_rows_match_single_rows() {
             32 => 352,
             _ => 768,
         };
-        let rows = 7;
+        // Two row groups and a padded third.
+        let rows = 19;
         let ab = act_row_bytes(fmt, n);
         let wb = weight_row_bytes(ty, n);
-        let w = random_weights(&mut rng, ty, n, rows);
+        let file = random_weights(&mut rng, ty, n, rows);
         for k in &kernels_for(ty) {
+            let w = packed(k, n, rows, &file);
+            let align = k.layout().row_align();
             for m in [1usize, 2, 3, 4, 5, 8, 13] {
                 let mut acts = vec![0u8; ab * m];
                 for a in acts.chunks_exact_mut(ab) {
                     quantize_act_row(fmt, &random_acts(&mut rng, n), a);
                 }
                 let ctx = format!("{ty} {} m={m}", k.isa());
-                // Whole matrix at once, and every contiguous sub-range of rows.
+                // Whole matrix at once, and every sub-range of rows a thread may take.
                 let mut all = vec![f32::NAN; rows * m];
                 k.dot_matrix(n, &w, rows, &acts, m, &mut all);
-                for lo in 0..rows {
+                for lo in (0..rows).step_by(align) {
                     for hi in lo + 1..=rows {
                         let mut part = vec![f32::NAN; (hi - lo) * m];
-                        k.dot_matrix(n, &w[lo * wb..hi * wb], hi - lo, &acts, m, &mut part);
+                        let bytes = &w[k.layout().row_bytes_range(ty, n, lo..hi)];
+                        k.dot_matrix(n, bytes, hi - lo, &acts, m, &mut part);
                         assert_eq!(bits(&part), bits(&all[lo * m..hi * m]), "{ctx} rows {lo}..{hi}");
                     }
                 }
                 for r in 0..rows {
-                    let w_row = &w[r * wb..(r + 1) * wb];
+                    let w_row = &file[r * wb..(r + 1) * wb];
                     let batched = run(k, n, w_row, &acts, m);
                     assert_eq!(bits(&batched), bits(&all[r * m..(r + 1) * m]), "{ctx} row {r}");
                     for (j, a) in acts.chunks_exact(ab).enumerate() {
@@ -377,7 +377,7 @@ fn batched_rows_match_single_rows() {
                 // The free function dispatches to kernel_for's kernel.
                 if k.isa() == kernel_for(ty).expect("kernel").isa() {
                     let mut free = vec![0f32; m];
-                    dot_rows(ty, n, &w[..wb], &acts, m, &mut free);
+                    dot_rows(ty, n, &w, &acts, m, &mut free);
                     assert_eq!(bits(&free), bits(&all[..m]), "{ctx} dot_rows");
                 }
             }
@@ -404,7 +404,8 @@ fn vnni_matches_avx2_bit_for_bit() {
         for n in [352usize, 576] {
             let rows = 9;
             let ab = act_row_bytes(fmt, n);
-            let w = random_weights(&mut rng, ty, n, rows);
+            let w = packed(vnni, n, rows, &random_weights(&mut rng, ty, n, rows));
+            assert_eq!(vnni.layout(), avx2.layout(), "{ty}");
             for m in [1usize, 2, 3, 4, 7, 32] {
                 let mut acts = vec![0u8; ab * m];
                 for a in acts.chunks_exact_mut(ab) {
@@ -426,6 +427,37 @@ fn vnni_matches_avx2_bit_for_bit() {
     }
 }
 
+/// The SIMD builds of Q4_0, Q4_1 and Q8_0 read row groups; the scalar ones and every other type
+/// the file's rows. A matrix one row short of a group is padded.
+#[test]
+fn layouts_are_the_documented_ones() {
+    for ty in TYPES {
+        for k in kernels_for(ty) {
+            let grouped = k.isa() != "scalar" && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+            let want = if grouped {
+                WeightLayout::RowGroups8
+            } else {
+                WeightLayout::File
+            };
+            assert_eq!(k.layout(), want, "{ty} {}", k.isa());
+        }
+    }
+    let l = WeightLayout::RowGroups8;
+    assert_eq!(l.matrix_bytes(GgmlType::Q4_1, 7, 64), 8 * 40);
+    assert_eq!(WeightLayout::File.matrix_bytes(GgmlType::Q4_1, 7, 64), 7 * 40);
+}
+
+/// A short weight slice is refused in the kernel's layout's terms.
+#[test]
+#[should_panic(expected = "weight slice")]
+fn short_weights_panic() {
+    let k = kernel_for(GgmlType::Q4_1).expect("kernel");
+    let w = vec![0u8; k.layout().matrix_bytes(GgmlType::Q4_1, 9, 64) - 1];
+    let a = vec![0u8; act_row_bytes(ActFormat::Q8_1, 64)];
+    let mut out = [0f32; 9];
+    k.dot_matrix(64, &w, 9, &a, 1, &mut out);
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -437,8 +469,9 @@ fn empty_shapes_do_nothing_or_zero() {
     k.dot_matrix(0, &[], 2, &[], 1, &mut out);
     assert_eq!(out, [0.0, 0.0]);
     let mut out = [1.0f32; 1];
-    k.dot_matrix(32, &[], 0, &[0u8; 40], 1, &mut out);
-    k.dot_matrix(32, &[0u8; 20], 1, &[], 0, &mut out);
+    k.dot_matrix(32, &[], 0, &[0u8; 44], 1, &mut out);
+    let w = vec![0u8; k.layout().matrix_bytes(GgmlType::Q4_1, 1, 32)];
+    k.dot_matrix(32, &w, 1, &[], 0, &mut out);
     assert_eq!(out, [1.0]);
 }
 
@@ -446,7 +479,7 @@ fn empty_shapes_do_nothing_or_zero() {
 #[should_panic(expected = "activation slice")]
 fn short_activations_panic() {
     let k = kernel_for(GgmlType::Q8_0).expect("kernel");
-    let w = vec![0u8; weight_row_bytes(GgmlType::Q8_0, 64)];
+    let w = vec![0u8; k.layout().matrix_bytes(GgmlType::Q8_0, 1, 64)];
     let a = vec![0u8; act_row_bytes(ActFormat::Q8_1, 64) - 1];
     let mut out = [0f32; 1];
     k.dot_rows(64, &w, &a, 1, &mut out);

@@ -475,8 +475,7 @@ fn upload_fp8(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> Result
 fn part_row(w: &ModelWeights, p: &Part, r: usize, full: &mut [f32], out: &mut [f32]) {
     let m = p.m;
     if m.info.ty == GgmlType::BF16 {
-        let bytes = w.arena.bytes(m);
-        let row = &bytes[r * m.cols * 2..(r + 1) * m.cols * 2];
+        let row = w.file_rows(m, r..r + 1);
         let src = &row[p.cols.start * 2..p.cols.end * 2];
         for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
             *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
@@ -518,7 +517,6 @@ fn upload_quantized(
         };
         let mut row = 0;
         for p in group {
-            let bytes = w.arena.bytes(p.m);
             let file_row = (p.m.cols / bl) * bb;
             let (c0, c1) = (p.cols.start / bl * bb, p.cols.end / bl * bb);
             // In slabs of rows to bound host memory.
@@ -526,8 +524,10 @@ fn upload_quantized(
             let mut r = p.rows.start;
             while r < p.rows.end {
                 let n = slab_rows.min(p.rows.end - r);
-                let slab: Vec<u8> = (r..r + n)
-                    .flat_map(|rr| &bytes[rr * file_row + c0..rr * file_row + c1])
+                let bytes = w.file_rows(p.m, r..r + n);
+                let slab: Vec<u8> = bytes
+                    .chunks_exact(file_row)
+                    .flat_map(|row| &row[c0..c1])
                     .copied()
                     .collect();
                 format.place_rows(&slab, row_blocks, row, rows, &mut put);

@@ -6,10 +6,11 @@ use strata_formats::GgmlType;
 
 use super::disjoint::DisjointMut;
 use super::gemm::{gemm_packed, pack_panels, packed_len, PANEL};
-use super::quant_dot::{act_residual, act_row_bytes, kernel_for, quantize_act_row, ActFormat, DotKernel};
+use super::quant_dot::{act_residual, act_row_bytes, kernel_for, quantize_act_row, ActFormat, DotKernel, WeightLayout};
 use super::threadpool::ThreadPool;
 
-/// A weight matrix in GGML layout: `rows` output features, each a row of `cols` inputs.
+/// A weight matrix of a GGML type: `rows` output features, each a row of `cols` inputs, its
+/// bytes in the layout its kernel reads ([`crate::cpu::quant_dot::cpu_layout`]).
 #[derive(Clone, Copy)]
 pub struct WeightMatrix<'a> {
     pub kernel: DotKernel,
@@ -35,30 +36,23 @@ impl std::fmt::Debug for WeightMatrix<'_> {
 pub enum MatmulError {
     #[error("weight type {0} has no CPU matmul kernel")]
     UnsupportedType(GgmlType),
-    #[error("weight of {rows} x {cols} {ty} needs {need} bytes, got {got}")]
+    #[error("weight of {rows} x {cols} {ty} needs {need} bytes in the {layout:?} layout, got {got}")]
     WrongSize {
         rows: usize,
         cols: usize,
         ty: GgmlType,
+        layout: WeightLayout,
         need: u64,
         got: usize,
     },
 }
 
 impl<'a> WeightMatrix<'a> {
-    /// Checks the size and picks the dot kernel for a `rows x cols` matrix of type `ty`.
+    /// Checks the size and picks the dot kernel for a `rows x cols` matrix of type `ty` whose
+    /// bytes `data` are in that kernel's layout.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, MatmulError> {
         let kernel = kernel_for(ty).ok_or(MatmulError::UnsupportedType(ty))?;
-        let need = ty.bytes_for((rows as u64) * (cols as u64)).unwrap_or(u64::MAX);
-        if need != data.len() as u64 || !cols.is_multiple_of(ty.block_len()) {
-            return Err(MatmulError::WrongSize {
-                rows,
-                cols,
-                ty,
-                need,
-                got: data.len(),
-            });
-        }
+        Self::check_size(ty, rows, cols, kernel.layout(), data.len())?;
         Ok(WeightMatrix {
             kernel,
             rows,
@@ -67,8 +61,40 @@ impl<'a> WeightMatrix<'a> {
         })
     }
 
-    fn row_bytes(&self) -> usize {
-        self.data.len() / self.rows.max(1)
+    /// Checks that the CPU has a kernel for `ty` and that `len` bytes hold a `rows x cols`
+    /// matrix of it in `layout` (e.g. a file's tensor, in [`WeightLayout::File`]).
+    pub fn check_size(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        layout: WeightLayout,
+        len: usize,
+    ) -> Result<(), MatmulError> {
+        kernel_for(ty).ok_or(MatmulError::UnsupportedType(ty))?;
+        let rows_stored = layout.stored_rows(rows) as u64;
+        let need = ty.bytes_for(rows_stored * (cols as u64)).unwrap_or(u64::MAX);
+        if need != len as u64 || !cols.is_multiple_of(ty.block_len()) {
+            return Err(MatmulError::WrongSize {
+                rows,
+                cols,
+                ty,
+                layout,
+                need,
+                got: len,
+            });
+        }
+        Ok(())
+    }
+
+    /// The bytes holding rows `rows` (starting on the layout's row alignment).
+    fn rows_data(&self, rows: std::ops::Range<usize>) -> &'a [u8] {
+        let ty = self.kernel.weight_type();
+        &self.data[self.kernel.layout().row_bytes_range(ty, self.cols, rows)]
+    }
+
+    /// Rows of this matrix in the row list threads split: padded to the layout's alignment.
+    fn split_rows(&self) -> usize {
+        self.kernel.layout().stored_rows(self.rows)
     }
 }
 
@@ -181,6 +207,24 @@ thread_local! {
     /// Each thread's dequantized tile and its packed panels, kept across calls: buffers this
     /// large come from fresh pages (faults and zeroing) when allocated per call.
     static TILE_BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Each thread's file-layout copy of a tile's rows when the matrix is stored regrouped.
+    static TILE_FILE_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Rows `rows` of `w` dequantized to f32 into `out` (`rows.len() * w.cols` values).
+fn dequantize_rows(w: &WeightMatrix, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    let ty = w.kernel.weight_type();
+    let layout = w.kernel.layout();
+    let checked = "weight size and type were checked by WeightMatrix::new";
+    if layout == WeightLayout::File {
+        dequantize(ty, w.rows_data(rows), out).expect(checked);
+        return;
+    }
+    TILE_FILE_ROWS.with_borrow_mut(|file| {
+        file.resize(rows.len() * super::quant_dot::weight_row_bytes(ty, w.cols), 0);
+        layout.unpack_rows(ty, w.cols, w.data, rows, file);
+        dequantize(ty, file, out).expect(checked);
+    });
 }
 
 /// The tiles `tiles` of [`matmul_dequant_gemm`]'s list, on one thread.
@@ -201,12 +245,11 @@ fn dequant_gemm_tiles(
     for tile in tiles {
         let wi = first_tile.partition_point(|&f| f <= tile) - 1;
         let w = &ws[wi];
-        let (n, rb) = (w.rows, w.row_bytes());
+        let n = w.rows;
         let r0 = (tile - first_tile[wi]) * GEMM_TILE_ROWS;
         let rows = GEMM_TILE_ROWS.min(n - r0);
         let wt = &mut wt[..rows * k];
-        dequantize(w.kernel.weight_type(), &w.data[r0 * rb..(r0 + rows) * rb], wt)
-            .expect("weight size and type were checked by WeightMatrix::new");
+        dequantize_rows(w, r0..r0 + rows, wt);
         pack_panels(wt, rows, k, k, 1, panels);
         // SAFETY: this thread alone writes columns r0..r0+rows of the m output rows (stride n).
         unsafe { gemm_packed(m, rows, k, x, k, panels, outps[wi].as_mut_ptr().add(r0), n) };
@@ -311,12 +354,13 @@ fn matmul_quantized(
     for (fmt, buf) in formats.iter().zip(scratch.acts.iter_mut()) {
         quantize_rows(pool, *fmt, x, m, k, residual, buf);
     }
-    // Rows of all matrices, end to end; threads take contiguous ranges of this virtual list.
+    // Rows of all matrices (each padded to its layout's row groups), end to end; threads take
+    // contiguous ranges of this virtual list, starting on a multiple of `align`.
     let mut first_row = Vec::with_capacity(ws.len() + 1);
     let mut total = 0;
     for w in ws {
         first_row.push(total);
-        total += w.rows;
+        total += w.split_rows();
     }
     first_row.push(total);
     let max_ma = 2 * m;
@@ -331,10 +375,10 @@ fn matmul_quantized(
     let body = |virt: std::ops::Range<usize>| {
         for (wi, w) in ws.iter().enumerate() {
             let (lo, hi) = (first_row[wi].max(virt.start), first_row[wi + 1].min(virt.end));
-            if lo >= hi {
+            let rows = lo - first_row[wi]..(hi - first_row[wi]).min(w.rows);
+            if rows.is_empty() {
                 continue;
             }
-            let rows = lo - first_row[wi]..hi - first_row[wi];
             let fmt = w.kernel.act_format();
             let acts = acts_by_fmt
                 .iter()
@@ -343,8 +387,7 @@ fn matmul_quantized(
                 .unwrap_or_default();
             let split = residual && fmt != ActFormat::F32;
             let ma = if split { 2 * m } else { m };
-            let rb = w.row_bytes();
-            let wdata = &w.data[rows.start * rb..rows.end * rb];
+            let wdata = w.rows_data(rows.clone());
             let n = w.rows;
             // SAFETY: virtual row ranges are disjoint between threads, so are their tmp ranges.
             let t = unsafe { tmp.range_mut(lo * max_ma..lo * max_ma + rows.len() * ma) };
@@ -374,6 +417,7 @@ fn matmul_quantized(
             }
         }
     };
+    // A multiple of every layout's row alignment.
     let align = 16;
     if m == 1 {
         pool.split_even(total, align, &body);
@@ -456,7 +500,7 @@ mod tests {
     #[test]
     fn dense_rows_do_not_depend_on_the_batch_or_on_quantized_rows_beside_them() {
         let (n, k, m) = (130, 256, 40);
-        let bytes = q4_1_matrix(n, k);
+        let bytes = cpu_bytes(&q4_1_matrix(n, k), n, k);
         let w = WeightMatrix::new(GgmlType::Q4_1, n, k, &bytes).unwrap();
         let x: Vec<f32> = (0..m * k).map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0).collect();
         let pool = ThreadPool::new(2);
@@ -485,6 +529,14 @@ mod tests {
         }
     }
 
+    /// `rows x cols` Q4_1 file bytes in the layout the CPU's kernel reads.
+    fn cpu_bytes(file: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+        let layout = super::super::quant_dot::cpu_layout(GgmlType::Q4_1);
+        let mut out = vec![0u8; layout.matrix_bytes(GgmlType::Q4_1, rows, cols)];
+        layout.pack(GgmlType::Q4_1, rows, cols, file, &mut out);
+        out
+    }
+
     /// Random Q4_1 rows with sane f16 scale and min.
     fn q4_1_matrix(rows: usize, cols: usize) -> Vec<u8> {
         let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -508,10 +560,11 @@ mod tests {
     #[test]
     fn quantized_matmul_carries_about_14_bits_of_the_activations() {
         let (n, k, m) = (48, 256, 3);
-        let bytes = q4_1_matrix(n, k);
+        let file = q4_1_matrix(n, k);
+        let bytes = cpu_bytes(&file, n, k);
         let w = WeightMatrix::new(GgmlType::Q4_1, n, k, &bytes).unwrap();
         let mut wf = vec![0.0f32; n * k];
-        dequantize(GgmlType::Q4_1, &bytes, &mut wf).unwrap();
+        dequantize(GgmlType::Q4_1, &file, &mut wf).unwrap();
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0).powi(3))
             .collect();

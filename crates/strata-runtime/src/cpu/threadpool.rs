@@ -143,8 +143,9 @@ impl ThreadPool {
         unsafe { *self.shared.job.get() = None };
     }
 
-    /// Splits `0..n` into contiguous ranges of at least `min_chunk` items and runs `f` on them
-    /// across the pool (dynamic: threads take the next range when they finish one).
+    /// Splits `0..n` into contiguous ranges of a multiple of `min_chunk` items (the last may be
+    /// shorter), so every range starts at a multiple of `min_chunk`, and runs `f` on them across
+    /// the pool (dynamic: threads take the next range when they finish one).
     pub fn parallel_for(&self, n: usize, min_chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         if n == 0 {
             return;
@@ -155,7 +156,7 @@ impl ThreadPool {
             return;
         }
         // Aim for a few chunks per thread so uneven work balances.
-        let chunk = n.div_ceil(self.n_threads * 4).max(min_chunk);
+        let chunk = n.div_ceil(self.n_threads * 4).next_multiple_of(min_chunk);
         let next = AtomicUsize::new(0);
         self.run(&|_| loop {
             let start = next.fetch_add(chunk, Ordering::Relaxed);
@@ -266,6 +267,7 @@ mod tests {
             for n in [0, 1, 7, 100, 1000] {
                 let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                 pool.parallel_for(n, 3, &|r| {
+                    assert_eq!(r.start % 3, 0, "parallel_for ranges start on a multiple of min_chunk");
                     for i in r {
                         hits[i].fetch_add(1, Ordering::Relaxed);
                     }
@@ -276,6 +278,7 @@ mod tests {
                 );
                 let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                 pool.split_even(n, 4, &|r| {
+                    assert_eq!(r.start % 4, 0, "split_even ranges start on a multiple of align");
                     for i in r {
                         hits[i].fetch_add(1, Ordering::Relaxed);
                     }

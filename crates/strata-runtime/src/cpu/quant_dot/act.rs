@@ -1,7 +1,7 @@
 //! Activation quantization: f32 rows into the F32 / Q8_1 / Q8K layouts the kernels read.
 //! This scalar code is the definition; the AVX2 version in `avx2.rs` writes identical bytes.
 
-use super::{act_row_bytes, ActFormat};
+use super::{act_row_bytes, ActFormat, Q8_1_META_BYTES};
 use strata_formats::quant::QK_K;
 
 /// Checks the arguments of a quantization call.
@@ -71,14 +71,14 @@ pub(super) fn quantize_act_row_unchecked(fmt: ActFormat, x: &[f32], out: &mut [u
             }
         }
         ActFormat::Q8_1 => {
-            let nb = n / 32;
             let (qs, meta) = out.split_at_mut(n);
-            let mut qb = [0u8; 32];
-            for ((b, xb), mb) in x.chunks_exact(32).enumerate().zip(meta.chunks_exact_mut(8)) {
-                let (d, sum) = quant_block(xb, &mut qb);
-                store_q8_1_quants(qs, nb, b, &qb);
-                mb[..4].copy_from_slice(&d.to_le_bytes());
-                mb[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+            for ((xb, qb), mb) in x
+                .chunks_exact(32)
+                .zip(qs.chunks_exact_mut(32))
+                .zip(meta.chunks_exact_mut(Q8_1_META_BYTES))
+            {
+                let (d, sum) = quant_block(xb, qb);
+                write_q8_1_meta(d, sum, mb);
             }
         }
         ActFormat::Q8K => {
@@ -107,23 +107,11 @@ pub(super) fn write_bsums(q: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Byte offset of value `k` (0..32) of block `b` (of `nb`) in a Q8_1 quant array:
-/// blocks `2p`, `2p + 1` are interleaved by 16-value halves, a last odd block is plain.
-#[inline]
-pub(super) fn q8_1_offset(nb: usize, b: usize, k: usize) -> usize {
-    if b + 1 == nb && nb % 2 == 1 {
-        32 * b + k
-    } else {
-        64 * (b / 2) + 32 * (k / 16) + 16 * (b % 2) + k % 16
-    }
-}
-
-/// Stores the 32 quants of block `b` (of `nb`) at their interleaved Q8_1 places.
-pub(super) fn store_q8_1_quants(qs: &mut [u8], nb: usize, b: usize, q: &[u8; 32]) {
-    let lo = q8_1_offset(nb, b, 0);
-    let hi = q8_1_offset(nb, b, 16);
-    qs[lo..lo + 16].copy_from_slice(&q[..16]);
-    qs[hi..hi + 16].copy_from_slice(&q[16..]);
+/// Writes a Q8_1 block's metadata: `d`, `s = d * sum` and `sum`.
+pub(super) fn write_q8_1_meta(d: f32, sum: i32, out: &mut [u8]) {
+    out[..4].copy_from_slice(&d.to_le_bytes());
+    out[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+    out[8..12].copy_from_slice(&sum.to_le_bytes());
 }
 
 /// `x` minus what the quantized row `q` (written by [`super::quantize_act_row`] from `x`) stands
@@ -140,17 +128,8 @@ pub fn act_residual(fmt: ActFormat, x: &[f32], q: &[u8], residual: &mut [f32]) {
     match fmt {
         ActFormat::F32 => residual.fill(0.0),
         ActFormat::Q8_1 => {
-            let nb = n / 32;
-            for (b, (rb, xb)) in residual.chunks_exact_mut(32).zip(x.chunks_exact(32)).enumerate() {
-                let d = f32_at(q, n + 8 * b);
-                for half in 0..2 {
-                    let o = q8_1_offset(nb, b, 16 * half);
-                    let qs = &q[o..o + 16];
-                    let (r, xs) = (&mut rb[16 * half..16 * half + 16], &xb[16 * half..16 * half + 16]);
-                    for ((r, &v), &qv) in r.iter_mut().zip(xs).zip(qs) {
-                        *r = v - f32::from(qv as i8) * d;
-                    }
-                }
+            for (i, (r, &v)) in residual.iter_mut().zip(x).enumerate() {
+                *r = v - f32::from(q[i] as i8) * f32_at(q, n + Q8_1_META_BYTES * (i / 32));
             }
         }
         ActFormat::Q8K => {

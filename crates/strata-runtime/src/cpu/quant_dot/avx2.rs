@@ -1,17 +1,24 @@
 //! AVX2 + FMA + F16C dot-product kernels (and their AVX-512 VNNI twins) and activation quantization for x86_64.
 //! Handed out only by [`kernel`] / [`kernel_vnni`] / used only by [`quantize_act_row`] after run-time feature checks.
 
-// Every kernel is a tile of `RW` weight rows by `R` activation rows: the tile walks the
-// blocks once; each weight block is loaded and unpacked to bytes once and multiplied with
-// the `R` activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32`
-// partial sums), which are scaled and accumulated in `f32` with FMA, one accumulator per
-// (weight row, activation row). Single-stream decode (`m == 1`) uses 4 x 1 tiles, so four
-// independent FMA chains hide latency and the per-row setup and horizontal sums are shared.
+// Every kernel is a tile of weight rows by `R` activation rows: the tile walks the blocks
+// once; each weight block is loaded and unpacked to bytes once and multiplied with the `R`
+// activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32` partial
+// sums), which are scaled and accumulated in `f32` with FMA.
 //
-// Where the CPU has AVX-512 VNNI (with VL), the Q8_0 and Q4_0..Q5_1 kernels come in a second
-// build whose integer sums are `vpdpbusd` (one instruction for two `maddubs` + `add` + `madd`,
-// on 256-bit registers; 20-25 % faster on Zen 4): the integer sums are the same exact numbers
-// and the float code around them is shared, so both builds give bit-identical results (tested).
+// Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them) read
+// their weights in row groups (`WeightLayout::RowGroups8`): eight rows share every vector, one
+// lane each, so the activations are broadcast instead of the weights being reduced across
+// lanes; a tile is one group by up to 4 (AVX2) or 8 (VNNI) activation rows. The other types
+// read the file's rows in tiles of `RW` weight rows by `R` activation rows, one accumulator
+// per pair: single-stream decode (`m == 1`) uses 4 x 1 tiles, so four FMA chains hide latency
+// and the per-row setup and horizontal sums are shared.
+//
+// Where the CPU has AVX-512 VNNI (with VL), the 32-block kernels come in a second build whose
+// integer sums are `vpdpbusd` (one instruction for two `maddubs` + `add` + `madd`, on 256-bit
+// registers, whose 32 registers also let a tile take 8 activation rows): the integer sums are
+// the same exact numbers and the float code around them is shared, so both builds give
+// bit-identical results (tested).
 
 // The tiles index several parallel per-row arrays (weights, activations, accumulators) by
 // the same row index; iterator chains over all of them would hide the tile shape.
@@ -19,8 +26,8 @@
 
 use std::arch::x86_64::*;
 
-use super::act::{scales, store_q8_1_quants, write_bsums};
-use super::{act_format_for, act_row_bytes, weight_row_bytes, ActFormat, MatrixFn};
+use super::act::{scales, write_bsums, write_q8_1_meta};
+use super::{act_format_for, act_row_bytes, weight_row_bytes, ActFormat, MatrixFn, GROUP_ROWS, Q8_1_META_BYTES};
 use strata_formats::quant::QK_K;
 use strata_formats::GgmlType;
 
@@ -46,10 +53,10 @@ pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     }
     use GgmlType::*;
     Some(match w {
-        Q8_0 => vnni_mat_q8_0,
-        Q4_0 => vnni_mat_q4_0,
+        Q8_0 => vnni_groups_q8_0,
+        Q4_0 => vnni_groups_q4_0,
         Q5_0 => vnni_mat_q5_0,
-        Q4_1 => vnni_mat_q4_1,
+        Q4_1 => vnni_groups_q4_1,
         Q5_1 => vnni_mat_q5_1,
         _ => return None,
     })
@@ -67,10 +74,10 @@ pub(super) fn kernel(w: GgmlType) -> Option<MatrixFn> {
         F32 => mat_f32,
         F16 => mat_f16,
         BF16 => mat_bf16,
-        Q8_0 => mat_q8_0,
-        Q4_0 => mat_q4_0,
+        Q8_0 => groups_q8_0,
+        Q4_0 => groups_q4_0,
         Q5_0 => mat_q5_0,
-        Q4_1 => mat_q4_1,
+        Q4_1 => groups_q4_1,
         Q5_1 => mat_q5_1,
         Q4K => mat_q4k,
         Q5K => mat_q5k,
@@ -168,37 +175,6 @@ fn vnni_mul_sum_us8x2(u0: __m256i, s0: __m256i, u1: __m256i, s1: __m256i) -> __m
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1)
 }
 
-/// Sum over fours of `w[i] * a[i]` for signed bytes (`w`'s sign moves onto `a`, so the
-/// products see `|w|` unsigned; pairs exact in `i16`: `2 * 128 * 127 < 32768`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mul_sum_s8(w: __m256i, a: __m256i) -> __m256i {
-    mul_sum_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
-}
-
-/// `mul_sum_s8(w0, a0) + mul_sum_s8(w1, a1)` (added in `i32`: two signed pairs can overflow `i16`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mul_sum_s8x2(w0: __m256i, a0: __m256i, w1: __m256i, a1: __m256i) -> __m256i {
-    _mm256_add_epi32(mul_sum_s8(w0, a0), mul_sum_s8(w1, a1))
-}
-
-/// The VNNI twin of [`mul_sum_s8`]: the same exact `i32` lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn vnni_mul_sum_s8(w: __m256i, a: __m256i) -> __m256i {
-    vnni_mul_sum_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
-}
-
-/// The VNNI twin of [`mul_sum_s8x2`]: the same exact `i32` lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn vnni_mul_sum_s8x2(w0: __m256i, a0: __m256i, w1: __m256i, a1: __m256i) -> __m256i {
-    let (u0, s0) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(a0, w0));
-    let (u1, s1) = (_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(a1, w1));
-    vnni_mul_sum_us8x2(u0, s0, u1, s1)
-}
-
 // ---------------------------------------------------------------------------------------
 // Views of the operands.
 
@@ -266,16 +242,16 @@ fn finish<const RW: usize, const R: usize>(acc: [[__m256; R]; RW]) -> [[f32; R];
 }
 
 // ---------------------------------------------------------------------------------------
-// 32-blocks of 4-, 5- or 8-bit quants against Q8_1 activations: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+// 32-blocks of 5-bit quants against Q8_1 activations, two blocks at a time: Q5_0, Q5_1.
 //
 // Each block's dot is `d da sum(q qa) + m s` with `s = da sum(qa)` from the activation
-// row: `m` is the block's min for Q4_1/Q5_1, and `-8 d` / `-16 d` for Q4_0/Q5_0 (whose
-// values are `(q - 8) d` / `(q - 16) d`), so all four share one kernel.
+// row: `m` is the block's min for Q5_1, and `-16 d` for Q5_0 (whose values are
+// `(q - 16) d`), so both share one kernel.
 //
-// Blocks go in pairs: the nibbles of blocks i and i+1 sit in one register as
-// [low nibbles of i | low nibbles of i+1] and [high of i | high of i+1], which is the
-// order the interleaved Q8_1 layout stores the activations in, so the two products can be
-// added as i16 and reduced, converted and scaled once for both blocks.
+// Blocks go in pairs: the quants of blocks i and i+1 sit in one register as
+// [low halves of i | low halves of i+1] and [high of i | high of i+1], and so do the
+// activations after a lane swap, so the two products can be added as i16 and reduced,
+// converted and scaled once for both blocks.
 
 /// The 16 nibble bytes at `off` of two blocks: `[lo0 | lo1]`, `[hi0 | hi1]` (values 0..16).
 #[inline]
@@ -335,32 +311,6 @@ fn dd2<const N: usize>(b0: &[u8; N], b1: &[u8; N]) -> __m128 {
     _mm_cvtph_ps(_mm_shufflelo_epi16::<0b10_10_00_00>(x))
 }
 
-/// Q4_0 pair: values `q - 8`, as `q` with the min `-8 d` (the `-8` is the tile's `k`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dec2_q4_0(b0: &[u8; 18], b1: &[u8; 18]) -> (__m256i, __m256i, __m128) {
-    let (lo, hi) = nibbles2(b0, b1, 2);
-    (lo, hi, dd2(b0, b1))
-}
-
-/// Q8_0 pair: signed values `q d` (no min: the tile's `k` is 0), as
-/// `[q0[..16] | q1[..16]]`, `[q0[16..] | q1[16..]]`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dec2_q8_0(b0: &[u8; 34], b1: &[u8; 34]) -> (__m256i, __m256i, __m128) {
-    let lo = _mm256_set_m128i(ld128(b1, 2), ld128(b0, 2));
-    let hi = _mm256_set_m128i(ld128(b1, 18), ld128(b0, 18));
-    (lo, hi, dd2(b0, b1))
-}
-
-/// Q4_1 pair: values `q d + m`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dec2_q4_1(b0: &[u8; 20], b1: &[u8; 20]) -> (__m256i, __m256i, __m128) {
-    let (lo, hi) = nibbles2(b0, b1, 4);
-    (lo, hi, dm2(b0, b1))
-}
-
 /// Q5_0 pair: values `q - 16`, as `q` (0..32) with the min `-16 d` (`-16` is the tile's `k`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -382,20 +332,19 @@ fn dec2_q5_1(b0: &[u8; 24], b1: &[u8; 24]) -> (__m256i, __m256i, __m128) {
 macro_rules! tile_min {
     ($name:ident, $feat:literal, $mul_sum:ident, $mul_sum2:ident, $bb:literal, $dec2:ident, $k:literal) => {
         /// A tile of `RW` weight rows by `R` Q8_1 activation rows. Per pair of blocks the
-        /// decoder gives `dm = [d0, m0, d1, m1]` (the min lanes hold `d` for the types
-        /// without a min) and the activation row `meta = [da0, s0, da1, s1]`. The integer
-        /// sums are scaled by `[d0 x4, d1 x4] * [da0 x4, da1 x4]` into the FMA chain; the
-        /// min terms `m s` gather in lanes 1 and 3 of a second chain `sum dm * meta`, added
-        /// in (times `k`) once at the end (Q8_0, `k` = 0, has no min chain). The byte sums
-        /// are exact: the unsigned 4/5-bit pairs add in `i16` (`2 * (2 * 31 * 127) < 32768`),
-        /// the signed Q8_0 ones in `i32` ([`mul_sum_s8x2`]).
+        /// decoder gives `dm = [d0, m0, d1, m1]` (the min lanes hold `d` for Q5_0) and the
+        /// activation row `meta = [da0, s0, da1, s1]`. The integer sums are scaled by
+        /// `[d0 x4, d1 x4] * [da0 x4, da1 x4]` into the FMA chain; the min terms `m s` gather
+        /// in lanes 1 and 3 of a second chain `sum dm * meta`, added in (times `k`) once at
+        /// the end. The byte sums are exact: the unsigned 5-bit pairs add in `i16`
+        /// (`2 * (2 * 31 * 127) < 32768`).
         #[inline]
         #[target_feature(enable = $feat)]
         fn $name<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
             let nb = n / 32;
             let np = nb / 2;
             let wb = weight_blocks::<RW, $bb>(w, nb);
-            let (aq, am) = split_acts::<R, 64, 16>(n, np, np, a);
+            let (aq, am) = split_acts::<R, 64, { 2 * Q8_1_META_BYTES }>(n, np, np, a);
             const HAS_MIN: bool = $k != 0.0;
             let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
             let mut acc = [[_mm256_setzero_ps(); R]; RW];
@@ -403,16 +352,22 @@ macro_rules! tile_min {
             for p in 0..np {
                 let mut meta = [_mm_setzero_ps(); R];
                 let mut dav = [_mm256_setzero_ps(); R];
+                let mut qlo = [_mm256_setzero_si256(); R];
+                let mut qhi = [_mm256_setzero_si256(); R];
                 for r in 0..R {
-                    meta[r] = _mm_castsi128_ps(ld128(&am[r][p], 0));
+                    let mp = &am[r][p];
+                    meta[r] = _mm_castsi128_ps(_mm_unpacklo_epi64(ld64(mp, 0), ld64(mp, Q8_1_META_BYTES)));
                     dav[r] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(meta[r]), spread);
+                    // Blocks in value order to [lo0 | lo1], [hi0 | hi1] halves.
+                    let (b0, b1) = (ld256(&aq[r][p], 0), ld256(&aq[r][p], 32));
+                    qlo[r] = _mm256_permute2x128_si256::<0x20>(b0, b1);
+                    qhi[r] = _mm256_permute2x128_si256::<0x31>(b0, b1);
                 }
                 for x in 0..RW {
                     let (lo, hi, dm) = $dec2(&wb[x][2 * p], &wb[x][2 * p + 1]);
                     let dv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dm), spread);
                     for r in 0..R {
-                        let qa = &aq[r][p];
-                        let pi = _mm256_cvtepi32_ps($mul_sum2(lo, ld256(qa, 0), hi, ld256(qa, 32)));
+                        let pi = _mm256_cvtepi32_ps($mul_sum2(lo, qlo[r], hi, qhi[r]));
                         acc[x][r] = _mm256_fmadd_ps(pi, _mm256_mul_ps(dv, dav[r]), acc[x][r]);
                         if HAS_MIN {
                             accm[x][r] = _mm_fmadd_ps(dm, meta[r], accm[x][r]);
@@ -421,8 +376,8 @@ macro_rules! tile_min {
                 }
             }
             if nb % 2 == 1 {
-                // The last odd block is stored plainly: decode it as a pair with itself and
-                // put its low and high nibbles side by side; its metadata is `[da, s]`.
+                // The last odd block: decode it as a pair with itself and put its low and
+                // high halves side by side; its metadata starts `[da, s]`.
                 let i = nb - 1;
                 for x in 0..RW {
                     let (lo, hi, dm) = $dec2(&wb[x][i], &wb[x][i]);
@@ -430,7 +385,7 @@ macro_rules! tile_min {
                     for r in 0..R {
                         let (qs, meta) = a[r].split_at(n);
                         let qa: &[u8; 32] = &qs.as_chunks::<32>().0[i];
-                        let md: &[u8; 8] = &meta.as_chunks::<8>().0[i];
+                        let md: &[u8; Q8_1_META_BYTES] = &meta.as_chunks::<Q8_1_META_BYTES>().0[i];
                         let meta = _mm_castsi128_ps(ld64(md, 0));
                         let pi = _mm256_cvtepi32_ps($mul_sum(q, ld256(qa, 0)));
                         let sv = _mm256_broadcastss_ps(_mm_mul_ps(dm, meta));
@@ -471,20 +426,191 @@ macro_rules! tiles_min {
     };
 }
 
-tile_min!(tile_q8_0, "avx2,fma,f16c", mul_sum_s8, mul_sum_s8x2, 34, dec2_q8_0, 0.0);
-tile_min!(
-    vnni_tile_q8_0,
-    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    vnni_mul_sum_s8,
-    vnni_mul_sum_s8x2,
-    34,
-    dec2_q8_0,
-    0.0
-);
-tiles_min!(tile_q4_0, vnni_tile_q4_0, 18, dec2_q4_0, -8.0);
-tiles_min!(tile_q4_1, vnni_tile_q4_1, 20, dec2_q4_1, 1.0);
 tiles_min!(tile_q5_0, vnni_tile_q5_0, 22, dec2_q5_0, -16.0);
 tiles_min!(tile_q5_1, vnni_tile_q5_1, 24, dec2_q5_1, 1.0);
+
+// ---------------------------------------------------------------------------------------
+// Q4_0, Q4_1 and Q8_0 in row groups (`WeightLayout::RowGroups8`) against Q8_1 activations.
+//
+// Lane i of every vector belongs to weight row i of the group: a 32-byte load of quants holds
+// the same four quant bytes of the eight rows, and one broadcast of the four matching
+// activation bytes multiplies all eight rows at once, so a block costs no horizontal sums
+// and its scaling is shared by eight rows. A block's integer sum is exact, hence the same in
+// every build; it is scaled in f32 as `acc = fma(isum, dw * da, acc)` (then Q4_1's
+// `acc = fma(m, s, acc)`) in block order, so a row's result does not depend on the tile
+// height, the build or the batch. Q4_0's `-8` and (with VNNI) Q8_0's `+128` come off the
+// activation block sums in i32.
+
+/// `KIND` of the row-group kernels.
+const GK_Q4_0: u8 = 0;
+const GK_Q4_1: u8 = 1;
+const GK_Q8_0: u8 = 2;
+
+/// Little-endian `i32` at `off`.
+#[inline]
+fn i32_at<const N: usize>(b: &[u8; N], off: usize) -> i32 {
+    u32_at(b, off) as i32
+}
+
+/// Little-endian `f32` at `off`.
+#[inline]
+fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    f32::from_bits(u32_at(b, off))
+}
+
+/// Adds the products of unsigned nibbles `lo`, `hi` with signed bytes `alo`, `ahi` to `acc`,
+/// a sum kept in `i16` lanes until [`q4_finish`] (at most eight products of pairs per block:
+/// `8 * 2 * 15 * 127 < 32768`, exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_step(acc: __m256i, lo: __m256i, alo: __m256i, hi: __m256i, ahi: __m256i) -> __m256i {
+    let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+    _mm256_add_epi16(acc, p)
+}
+
+/// The `i32` lanes of a block's sum from [`q4_step`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_finish(acc: __m256i) -> __m256i {
+    _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+}
+
+/// The VNNI twin of [`q4_step`], accumulating in `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_q4_step(acc: __m256i, lo: __m256i, alo: __m256i, hi: __m256i, ahi: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, lo, alo), hi, ahi)
+}
+
+/// The VNNI twin of [`q4_finish`]: the lanes are already `i32`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_q4_finish(acc: __m256i) -> __m256i {
+    acc
+}
+
+/// Adds the products of signed bytes `v` and `a` to the `i32` lanes of `acc` (`v`'s sign moves
+/// onto `a`; a pair is exact in `i16`: `2 * 128 * 127 < 32768`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_step(acc: __m256i, v: __m256i, a: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+/// A block's sum from [`q8_step`] (`sum`, the activation block's sum, is not needed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_finish(acc: __m256i, _sum: i32) -> __m256i {
+    acc
+}
+
+/// The VNNI twin of [`q8_step`]: `v + 128` as unsigned bytes, the `128 * sum` taken off in
+/// [`vnni_q8_finish`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_q8_step(acc: __m256i, v: __m256i, a: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, _mm256_xor_si256(v, _mm256_set1_epi8(-128)), a)
+}
+
+/// The VNNI twin of [`q8_finish`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_q8_finish(acc: __m256i, sum: i32) -> __m256i {
+    _mm256_sub_epi32(acc, _mm256_set1_epi32(sum << 7))
+}
+
+macro_rules! group_tile {
+    ($name:ident, $feat:literal, $q4_step:ident, $q4_finish:ident, $q8_step:ident, $q8_finish:ident) => {
+        /// One row group (`n / 32` blocks of `GB` bytes of weights of kind `KIND`) against
+        /// `R` Q8_1 activation rows: lane i of result r is the dot of weight row i with
+        /// activation row r.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn $name<const KIND: u8, const GB: usize, const R: usize>(
+            n: usize,
+            group: &[u8],
+            a: [&[u8]; R],
+        ) -> [__m256; R] {
+            let nb = n / 32;
+            let blocks = &group.as_chunks::<GB>().0[..nb];
+            let (aq, am) = split_acts::<R, 32, Q8_1_META_BYTES>(n, nb, nb, a);
+            let m4 = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, blk) in blocks.iter().enumerate() {
+                let dw = _mm256_cvtph_ps(ld128(blk, 0));
+                let mut isum = [_mm256_setzero_si256(); R];
+                if KIND == GK_Q8_0 {
+                    for j in 0..8 {
+                        let v = ld256(blk, 16 + 32 * j);
+                        for r in 0..R {
+                            isum[r] = $q8_step(isum[r], v, _mm256_set1_epi32(i32_at(&aq[r][b], 4 * j)));
+                        }
+                    }
+                    for r in 0..R {
+                        isum[r] = $q8_finish(isum[r], i32_at(&am[r][b], 8));
+                    }
+                } else {
+                    let qo = if KIND == GK_Q4_1 { 32 } else { 16 };
+                    for j in 0..4 {
+                        let v = ld256(blk, qo + 32 * j);
+                        let lo = _mm256_and_si256(v, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                        for r in 0..R {
+                            let alo = _mm256_set1_epi32(i32_at(&aq[r][b], 4 * j));
+                            let ahi = _mm256_set1_epi32(i32_at(&aq[r][b], 16 + 4 * j));
+                            isum[r] = $q4_step(isum[r], lo, alo, hi, ahi);
+                        }
+                    }
+                    for r in 0..R {
+                        isum[r] = $q4_finish(isum[r]);
+                        if KIND == GK_Q4_0 {
+                            isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(i32_at(&am[r][b], 8) << 3));
+                        }
+                    }
+                }
+                let mw = if KIND == GK_Q4_1 {
+                    _mm256_cvtph_ps(ld128(blk, 16))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for r in 0..R {
+                    let da = _mm256_set1_ps(f32_at(&am[r][b], 0));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dw, da), acc[r]);
+                    if KIND == GK_Q4_1 {
+                        acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(f32_at(&am[r][b], 4)), acc[r]);
+                    }
+                }
+            }
+            acc
+        }
+    };
+}
+
+group_tile!(group_tile, "avx2,fma,f16c", q4_step, q4_finish, q8_step, q8_finish);
+group_tile!(
+    vnni_group_tile,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    vnni_q4_step,
+    vnni_q4_finish,
+    vnni_q8_step,
+    vnni_q8_finish
+);
+
+/// Writes a group tile's results: lane i of `t[r]` to `out[(r0 + i) * m + j + r]` for the
+/// first `valid` rows of the group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn put_group<const R: usize>(out: &mut [f32], m: usize, r0: usize, valid: usize, j: usize, t: [__m256; R]) {
+    for (r, v) in t.into_iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP_ROWS];
+        // SAFETY: `lanes` is exactly 8 floats, the size of the unaligned store.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+        for (i, l) in lanes[..valid].iter().enumerate() {
+            out[(r0 + i) * m + j + r] = *l;
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // K-quants against Q8K activations.
@@ -805,8 +931,9 @@ tile_float!(tile_bf16, GgmlType::BF16, 16, dec8_bf16);
 // ---------------------------------------------------------------------------------------
 // Whole matrices: tiles over all weight rows and activation rows.
 //
-// m == 1: 4 x 1 tiles (then 1 x 1 for the last rows); m == 2: 2 x 2 tiles; otherwise
-// 1 x 4 tiles along the activation rows, with a 1 x (m mod 4) tile at the end.
+// The file's rows: m == 1: 4 x 1 tiles (then 1 x 1 for the last rows); m == 2: 2 x 2 tiles;
+// otherwise 1 x 4 tiles along the activation rows, with a 1 x (m mod 4) tile at the end.
+// Row groups: see `group_matrix_fn`.
 // Before each tile the weight bytes some distance past it are prefetched: the hardware
 // prefetcher stops at 4 KiB page boundaries. How far and into which cache depends on the CPU
 // (see [`Prefetch`]).
@@ -957,10 +1084,7 @@ macro_rules! matrix_fn {
 matrix_fn!(mat_f32, mat_f32_impl, tile_f32, GgmlType::F32);
 matrix_fn!(mat_f16, mat_f16_impl, tile_f16, GgmlType::F16);
 matrix_fn!(mat_bf16, mat_bf16_impl, tile_bf16, GgmlType::BF16);
-matrix_fn!(mat_q8_0, mat_q8_0_impl, tile_q8_0, GgmlType::Q8_0);
-matrix_fn!(mat_q4_0, mat_q4_0_impl, tile_q4_0, GgmlType::Q4_0);
 matrix_fn!(mat_q5_0, mat_q5_0_impl, tile_q5_0, GgmlType::Q5_0);
-matrix_fn!(mat_q4_1, mat_q4_1_impl, tile_q4_1, GgmlType::Q4_1);
 matrix_fn!(mat_q5_1, mat_q5_1_impl, tile_q5_1, GgmlType::Q5_1);
 matrix_fn!(mat_q4k, mat_q4k_impl, tile_q4k, GgmlType::Q4K);
 matrix_fn!(mat_q5k, mat_q5k_impl, tile_q5k, GgmlType::Q5K);
@@ -979,11 +1103,115 @@ macro_rules! vnni_matrix_fn {
     };
 }
 
-vnni_matrix_fn!(vnni_mat_q8_0, vnni_mat_q8_0_impl, vnni_tile_q8_0, GgmlType::Q8_0);
-vnni_matrix_fn!(vnni_mat_q4_0, vnni_mat_q4_0_impl, vnni_tile_q4_0, GgmlType::Q4_0);
 vnni_matrix_fn!(vnni_mat_q5_0, vnni_mat_q5_0_impl, vnni_tile_q5_0, GgmlType::Q5_0);
-vnni_matrix_fn!(vnni_mat_q4_1, vnni_mat_q4_1_impl, vnni_tile_q4_1, GgmlType::Q4_1);
 vnni_matrix_fn!(vnni_mat_q5_1, vnni_mat_q5_1_impl, vnni_tile_q5_1, GgmlType::Q5_1);
+
+macro_rules! group_matrix_fn {
+    ($safe:ident, $inner:ident, $tile:ident, $kind:ident, $gb:literal, $ty:expr, $feat:literal, $rmax:literal) => {
+        /// Row groups one after another, each against the activation rows `$rmax` at a time
+        /// (then 4, 2, 1): the group's weights stay in L1 while the rows pass.
+        #[target_feature(enable = $feat)]
+        fn $inner(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+            let gbytes = GROUP_ROWS * weight_row_bytes($ty, n);
+            let ab = act_row_bytes(ActFormat::Q8_1, n);
+            let arow = |j: usize| &acts[j * ab..(j + 1) * ab];
+            let pf = Prefetch::for_this_cpu();
+            for (g, gw) in w.chunks_exact(gbytes).enumerate().take(rows.div_ceil(GROUP_ROWS)) {
+                prefetch_ahead(w, g * gbytes, (g + 1) * gbytes, pf);
+                let r0 = g * GROUP_ROWS;
+                let valid = GROUP_ROWS.min(rows - r0);
+                let mut j = 0;
+                while j + $rmax <= m {
+                    let t = $tile::<$kind, $gb, $rmax>(n, gw, std::array::from_fn(|r| arow(j + r)));
+                    put_group(out, m, r0, valid, j, t);
+                    j += $rmax;
+                }
+                if $rmax > 4 && m - j >= 4 {
+                    let t = $tile::<$kind, $gb, 4>(n, gw, std::array::from_fn(|r| arow(j + r)));
+                    put_group(out, m, r0, valid, j, t);
+                    j += 4;
+                }
+                if m - j >= 2 {
+                    let t = $tile::<$kind, $gb, 2>(n, gw, [arow(j), arow(j + 1)]);
+                    put_group(out, m, r0, valid, j, t);
+                    j += 2;
+                }
+                if m > j {
+                    let t = $tile::<$kind, $gb, 1>(n, gw, [arow(j)]);
+                    put_group(out, m, r0, valid, j, t);
+                }
+            }
+        }
+
+        fn $safe(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+            // SAFETY: `kernel()` / `kernel_vnni()` hand this function out only after
+            // `available()` / `available_vnni()` found the features `$inner` is compiled
+            // for on this CPU; all memory access inside is through bounds-checked slices.
+            unsafe { $inner(n, w, rows, acts, m, out) }
+        }
+    };
+}
+
+group_matrix_fn!(
+    groups_q4_0,
+    groups_q4_0_impl,
+    group_tile,
+    GK_Q4_0,
+    144,
+    GgmlType::Q4_0,
+    "avx2,fma,f16c",
+    4
+);
+group_matrix_fn!(
+    groups_q4_1,
+    groups_q4_1_impl,
+    group_tile,
+    GK_Q4_1,
+    160,
+    GgmlType::Q4_1,
+    "avx2,fma,f16c",
+    4
+);
+group_matrix_fn!(
+    groups_q8_0,
+    groups_q8_0_impl,
+    group_tile,
+    GK_Q8_0,
+    272,
+    GgmlType::Q8_0,
+    "avx2,fma,f16c",
+    4
+);
+group_matrix_fn!(
+    vnni_groups_q4_0,
+    vnni_groups_q4_0_impl,
+    vnni_group_tile,
+    GK_Q4_0,
+    144,
+    GgmlType::Q4_0,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    8
+);
+group_matrix_fn!(
+    vnni_groups_q4_1,
+    vnni_groups_q4_1_impl,
+    vnni_group_tile,
+    GK_Q4_1,
+    160,
+    GgmlType::Q4_1,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    8
+);
+group_matrix_fn!(
+    vnni_groups_q8_0,
+    vnni_groups_q8_0_impl,
+    vnni_group_tile,
+    GK_Q8_0,
+    272,
+    GgmlType::Q8_0,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    8
+);
 
 // ---------------------------------------------------------------------------------------
 // Activation quantization.
@@ -1009,13 +1237,15 @@ fn quantize_impl(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
     match fmt {
         ActFormat::F32 => {}
         ActFormat::Q8_1 => {
-            let nb = n / 32;
-            let mut qb = [0u8; 32];
-            for ((b, xb), m) in x.as_chunks::<32>().0.iter().enumerate().zip(meta.chunks_exact_mut(8)) {
-                let (d, sum) = quant32_blocks(xb, &mut qb);
-                store_q8_1_quants(qs, nb, b, &qb);
-                m[..4].copy_from_slice(&d.to_le_bytes());
-                m[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+            for ((xb, qb), m) in x
+                .as_chunks::<32>()
+                .0
+                .iter()
+                .zip(qs.as_chunks_mut::<32>().0)
+                .zip(meta.chunks_exact_mut(Q8_1_META_BYTES))
+            {
+                let (d, sum) = quant32_blocks(xb, qb);
+                write_q8_1_meta(d, sum, m);
             }
         }
         ActFormat::Q8K => {

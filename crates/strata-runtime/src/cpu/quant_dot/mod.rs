@@ -2,6 +2,7 @@
 //! Owns the activation formats, their quantization, and the run-time choice of scalar, AVX2 or AVX-512 VNNI.
 
 mod act;
+mod layout;
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -13,6 +14,7 @@ use strata_formats::GgmlType;
 use crate::cpu::isa::{allowed_under, IsaLevel};
 
 pub use act::{act_residual, quantize_act_row_scalar};
+pub use layout::{WeightLayout, GROUP_ROWS};
 
 /// Format the activation vector is quantized into before a dot product with a weight type.
 ///
@@ -20,11 +22,9 @@ pub use act::{act_residual, quantize_act_row_scalar};
 /// these kernels read them). A row of `n` values is laid out as:
 ///
 /// - `F32`: `n` little-endian `f32`.
-/// - `Q8_1`: `n` `i8` quants, then per 32-block the pair `f32 d`, `f32 s` where
-///   `s = d * sum(q)` (what the min / offset term of Q4_0..Q5_1 needs). The quants of
-///   blocks `2p` and `2p + 1` are interleaved by halves in 64 bytes: values 0..16 of block
-///   `2p`, 0..16 of `2p + 1`, 16..32 of `2p`, 16..32 of `2p + 1` (so one 32-byte load meets
-///   the low or high nibbles of two weight blocks); a last odd block is stored as is.
+/// - `Q8_1`: `n` `i8` quants in value order, then per 32-block `f32 d`, `f32 s` and `i32 sum`
+///   where `sum` is the sum of the block's quants and `s = d * sum` (what the min of Q4_1 and
+///   Q5_1 needs; the offsets of Q4_0, Q5_0 and, on VNNI, Q8_0 come off `sum` exactly).
 /// - `Q8K`: `n` `i8` quants, then one `f32 d` per 256-block, then per 256-block sixteen
 ///   `i16` sums of each 16 quants.
 ///
@@ -33,9 +33,9 @@ pub use act::{act_residual, quantize_act_row_scalar};
 pub enum ActFormat {
     /// Plain `f32` (for F32, F16 and BF16 weights).
     F32,
-    /// 32-blocks of `i8` with a scale and the scaled block sum (for Q8_0, Q4_0, Q4_1, Q5_0,
-    /// Q5_1 weights: the sum carries the min of Q4_1/Q5_1 and the `-8`/`-16` offset of
-    /// Q4_0/Q5_0, which lets the four use unsigned quants; all five share one kernel).
+    /// 32-blocks of `i8` with a scale and the block sum (for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+    /// weights: the sum carries the min of Q4_1/Q5_1 and the `-8`/`-16` offset of
+    /// Q4_0/Q5_0, which lets them multiply unsigned quants).
     Q8_1,
     /// 256-blocks of `i8` with a scale and per-16 sums (for the K-quants).
     Q8K,
@@ -53,8 +53,8 @@ impl ActFormat {
 }
 
 /// The activation format each weight type's kernel reads (unlike GGML, Q4_0, Q5_0 and Q8_0
-/// take Q8_1 like Q4_1 and Q5_1: the offset of the first two then costs nothing extra, and
-/// all five share one kernel that handles blocks in pairs). Types without a kernel
+/// take Q8_1 like Q4_1 and Q5_1: the offset of the first two then comes off the block sum
+/// exactly). Types without a kernel
 /// (see [`is_supported`]) get [`ActFormat::F32`]; [`kernel_for`] returns `None` for them.
 pub fn act_format_for(w: GgmlType) -> ActFormat {
     use GgmlType::*;
@@ -76,10 +76,13 @@ pub fn is_supported(w: GgmlType) -> bool {
 pub fn act_row_bytes(fmt: ActFormat, n: usize) -> usize {
     match fmt {
         ActFormat::F32 => 4 * n,
-        ActFormat::Q8_1 => n + 8 * (n / 32),
+        ActFormat::Q8_1 => n + Q8_1_META_BYTES * (n / 32),
         ActFormat::Q8K => n + 36 * (n / QK_K),
     }
 }
+
+/// Bytes after the quants of a Q8_1 row per 32-block: `f32 d`, `f32 s`, `i32 sum`.
+pub(crate) const Q8_1_META_BYTES: usize = 12;
 
 /// Bytes one weight row of `n` values of type `w` takes (`n` a multiple of `w.block_len()`).
 pub fn weight_row_bytes(w: GgmlType, n: usize) -> usize {
@@ -101,22 +104,24 @@ pub fn quantize_act_row(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
     act::quantize_act_row_unchecked(fmt, x, out);
 }
 
-/// The raw kernel: `n`, weight rows (`rows` of them, contiguous), activation rows (`m`,
-/// contiguous), output `out[r * m + j]`. Arguments are validated before it is called.
+/// The raw kernel: `n`, weight rows (`rows` of them, in the kernel's [`WeightLayout`]),
+/// activation rows (`m`, contiguous), output `out[r * m + j]`. Arguments are validated before
+/// it is called.
 type MatrixFn = fn(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
 
 /// A dot-product kernel for one weight type, chosen once; call it in hot loops.
 ///
 /// A matrix-vector product `y = W x` with `W` stored in GGML type `t`:
 ///
-/// 1. `let k = kernel_for(t)?;` once (the CPU-feature dispatch happens here, not per call);
+/// 1. `let k = kernel_for(t)?;` once (the CPU-feature dispatch happens here, not per call),
+///    and store the matrix in `k.layout()` ([`WeightLayout::pack`]) once;
 /// 2. quantize each activation row with [`quantize_act_row`] into a buffer of
 ///    [`act_row_bytes`]`(k.act_format(), n)` bytes per row (rows contiguous);
 /// 3. `k.dot_matrix(n, w_bytes, rows, acts, m, out)` for all weight rows at once (or for a
-///    contiguous range of them per thread), or `k.dot_rows(n, w_row, acts, m, out)`.
+///    range of them per thread that starts at a multiple of `k.layout().row_align()`).
 ///
 /// With `m > 1` activation rows each weight block is loaded and unpacked once and used for
-/// up to four activation rows (the batched-decode path). Every (weight row, activation
+/// several activation rows (the batched-decode path). Every (weight row, activation
 /// row) result is bit-identical whatever `m` and whatever range of rows a call covers, so
 /// results do not depend on batch composition or on how rows are split between threads.
 #[derive(Clone, Copy)]
@@ -124,6 +129,7 @@ pub struct DotKernel {
     weight: GgmlType,
     act: ActFormat,
     isa: IsaLevel,
+    layout: WeightLayout,
     f: MatrixFn,
 }
 
@@ -133,6 +139,7 @@ impl std::fmt::Debug for DotKernel {
             .field("weight", &self.weight)
             .field("act", &self.act)
             .field("isa", &self.isa)
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -148,6 +155,11 @@ impl DotKernel {
         self.act
     }
 
+    /// How this kernel expects the weight matrix's bytes.
+    pub fn layout(&self) -> WeightLayout {
+        self.layout
+    }
+
     /// The instruction set of this kernel: `"scalar"`, `"avx2"` or `"avx512vnni"`.
     pub fn isa(&self) -> &'static str {
         self.isa.name()
@@ -158,24 +170,25 @@ impl DotKernel {
         self.isa
     }
 
-    /// Dot products of one weight row of `n` values with `m` activation rows
+    /// Dot products of the first weight row of `w` (`n` values, in the kernel's layout: for
+    /// [`WeightLayout::RowGroups8`] the whole first group) with `m` activation rows
     /// (contiguous, `act_row_bytes(self.act_format(), n)` bytes each), written to `out[..m]`.
-    /// For many weight rows prefer [`DotKernel::dot_matrix`]: with `m == 1` it works on four
-    /// rows at a time (four FMA chains, shared horizontal sums, weight prefetch), which a
-    /// row-by-row loop cannot; the results are bit-identical either way.
+    /// The results are bit-identical to [`DotKernel::dot_matrix`]'s for that row.
     ///
     /// # Panics
     /// If `n` is not a multiple of the weight and activation block lengths, or a slice is
     /// shorter than these sizes say.
     #[inline]
-    pub fn dot_rows(&self, n: usize, w_row: &[u8], acts: &[u8], m: usize, out: &mut [f32]) {
-        self.dot_matrix(n, w_row, 1, acts, m, out);
+    pub fn dot_rows(&self, n: usize, w: &[u8], acts: &[u8], m: usize, out: &mut [f32]) {
+        self.dot_matrix(n, w, 1, acts, m, out);
     }
 
-    /// Dot products of `rows` weight rows (contiguous, `weight_row_bytes(w, n)` bytes each)
-    /// with `m` activation rows: `out[r * m + j] = dot(weight row r, activation row j)`.
-    /// With `m == 1` this is `y = W x` written straight into `out[..rows]`; a thread can
-    /// take any contiguous range of rows with the matching slices of `w` and `out`.
+    /// Dot products of `rows` weight rows (in the kernel's layout, `layout().matrix_bytes(w,
+    /// rows, n)` bytes) with `m` activation rows: `out[r * m + j] = dot(weight row r,
+    /// activation row j)`. With `m == 1` this is `y = W x` written straight into
+    /// `out[..rows]`; a thread can take any range of rows that starts at a multiple of
+    /// `layout().row_align()`, with the bytes of [`WeightLayout::row_bytes_range`] and the
+    /// matching part of `out`.
     ///
     /// # Panics
     /// As [`DotKernel::dot_rows`], with `w` needing `rows` rows and `out` `rows * m` values.
@@ -189,13 +202,14 @@ impl DotKernel {
         );
         let wb = weight_row_bytes(self.weight, n);
         let ab = act_row_bytes(self.act, n);
-        let need_w = wb.checked_mul(rows);
+        let need_w = wb.checked_mul(self.layout.stored_rows(rows));
         let need_a = ab.checked_mul(m);
         let need_o = rows.checked_mul(m);
         assert!(
             need_w.is_some_and(|b| w.len() >= b),
-            "quant_dot: weight slice of {} bytes is short of {rows} rows of {wb}",
-            w.len()
+            "quant_dot: weight slice of {} bytes is short of {rows} rows of {wb} ({:?})",
+            w.len(),
+            self.layout
         );
         assert!(
             need_a.is_some_and(|b| acts.len() >= b),
@@ -214,7 +228,8 @@ impl DotKernel {
             out[..rows * m].fill(0.0);
             return;
         }
-        (self.f)(n, &w[..wb * rows], rows, &acts[..ab * m], m, &mut out[..rows * m]);
+        let stored = wb * self.layout.stored_rows(rows);
+        (self.f)(n, &w[..stored], rows, &acts[..ab * m], m, &mut out[..rows * m]);
     }
 }
 
@@ -223,6 +238,11 @@ impl DotKernel {
 /// `STRATA_CPU_ISA` cap, or `None` when the type has no kernel.
 pub fn kernel_for(w: GgmlType) -> Option<DotKernel> {
     kernel_for_cap(w, crate::cpu::isa::isa_cap())
+}
+
+/// The layout [`kernel_for`]`(w)` reads: how the CPU backend stores matrices of `w`.
+pub fn cpu_layout(w: GgmlType) -> WeightLayout {
+    kernel_for(w).map_or(WeightLayout::File, |k| k.layout())
 }
 
 /// The fastest kernel for `w` whose instruction set is at most `cap` (`None`: no cap).
@@ -235,10 +255,17 @@ pub fn kernel_for_cap(w: GgmlType, cap: Option<IsaLevel>) -> Option<DotKernel> {
 /// to each other; the scalar one agrees within rounding.
 pub fn kernels_for(w: GgmlType) -> Vec<DotKernel> {
     let mut out = Vec::new();
+    // Every SIMD build of a type the row groups hold reads them.
+    let layout = if WeightLayout::RowGroups8.holds(w) {
+        WeightLayout::RowGroups8
+    } else {
+        WeightLayout::File
+    };
     let make = |isa, f| DotKernel {
         weight: w,
         act: act_format_for(w),
         isa,
+        layout,
         f,
     };
     #[cfg(target_arch = "x86_64")]
@@ -257,6 +284,7 @@ pub fn scalar_kernel_for(w: GgmlType) -> Option<DotKernel> {
         weight: w,
         act: act_format_for(w),
         isa: IsaLevel::Scalar,
+        layout: WeightLayout::File,
         f,
     })
 }
@@ -273,9 +301,10 @@ pub fn has_avx2() -> bool {
     }
 }
 
-/// Dot products of one weight row (`n` values, GGML layout of type `w`) with `m` activation
-/// rows (each `act_row_bytes(act_format_for(w), n)` bytes, contiguous), written to `out[..m]`.
-/// Dispatches on every call; hot loops should hold a [`DotKernel`] from [`kernel_for`].
+/// Dot products of the first weight row of `w_row` (`n` values of type `w`, in the layout of
+/// [`kernel_for`]`(w)`) with `m` activation rows (each `act_row_bytes(act_format_for(w), n)`
+/// bytes, contiguous), written to `out[..m]`. Dispatches on every call; hot loops should hold
+/// a [`DotKernel`] from [`kernel_for`].
 ///
 /// # Panics
 /// If `w` has no kernel ([`is_supported`]), or as [`DotKernel::dot_rows`].

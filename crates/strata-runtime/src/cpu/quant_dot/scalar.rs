@@ -1,8 +1,7 @@
 //! Portable scalar dot-product kernels, one per weight type: the reference the SIMD paths match.
 //! Exact integer sums per block, scaled and summed in f32; written to auto-vectorize passably.
 
-use super::act::q8_1_offset;
-use super::{act_format_for, act_row_bytes, weight_row_bytes, MatrixFn};
+use super::{act_format_for, act_row_bytes, weight_row_bytes, MatrixFn, Q8_1_META_BYTES};
 use half::bf16;
 use strata_formats::quant::QK_K;
 use strata_formats::GgmlType;
@@ -96,17 +95,6 @@ fn arr<T: Copy, const N: usize>(b: &[T], off: usize) -> [T; N] {
     std::array::from_fn(|k| s[k])
 }
 
-/// The 32 quants of block `b` (of `nb`) of a Q8_1 activation row, in value order.
-#[inline]
-fn q8_1_block(qs: &[u8], nb: usize, b: usize) -> [u8; 32] {
-    let lo = q8_1_offset(nb, b, 0);
-    let hi = q8_1_offset(nb, b, 16);
-    let mut out = [0u8; 32];
-    out[..16].copy_from_slice(&qs[lo..lo + 16]);
-    out[16..].copy_from_slice(&qs[hi..hi + 16]);
-    out
-}
-
 /// Sum of `w(k) * a(k)` for float weights, in 8 interleaved partial sums (as the SIMD
 /// kernels do, and so the compiler can vectorize it), then added pairwise.
 #[inline]
@@ -183,14 +171,14 @@ fn with_fifth_bits(mut v: [i8; 32], qh: &[u8; 4]) -> [i8; 32] {
 /// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 against a Q8_1 row: quants `q - offset`, scale `d`, and for
 /// the `_1` types the min `m` at bytes 2..4 times the block's scaled activation sum.
 fn dot_q8_1_blocks(n: usize, w: &[u8], a: &[u8], bb: usize, weights: impl Fn(&[u8]) -> [i8; 32], has_min: bool) -> f32 {
-    let nb = n / 32;
     let (qs, meta) = a.split_at(n);
     let mut acc = 0.0f32;
     for (b, wb) in w.chunks_exact(bb).enumerate() {
-        let s = idot(&weights(wb), &q8_1_block(qs, nb, b));
-        acc += f16_at(wb, 0) * f32_at(meta, 8 * b) * s as f32;
+        let s = idot(&weights(wb), &arr(qs, 32 * b));
+        let mb = Q8_1_META_BYTES * b;
+        acc += f16_at(wb, 0) * f32_at(meta, mb) * s as f32;
         if has_min {
-            acc += f16_at(wb, 2) * f32_at(meta, 8 * b + 4);
+            acc += f16_at(wb, 2) * f32_at(meta, mb + 4);
         }
     }
     acc
