@@ -112,8 +112,8 @@ impl Drafter {
     /// Sets the draft of each sequence in `wanting` (id, most draft tokens it can use): its
     /// tokens not yet in the draft cache are run first (the whole prompt the first time, then the
     /// tokens accepted since), then one draft pass a token, every sequence a row of the same
-    /// pass, each token the draft's argmax. A sequence the draft cache has no room for drafts
-    /// nothing this step. `Err` when the draft executor fails; no sequence has a draft then.
+    /// pass, each token the draft's argmax. When the draft cache is full, the sequences not
+    /// drafting now give their draft KV back; one it still has no room for drafts nothing this step. `Err` when the draft executor fails; no sequence has a draft then.
     pub(crate) fn propose(
         &mut self,
         seqs: &mut HashMap<SequenceId, Sequence>,
@@ -145,7 +145,19 @@ impl Drafter {
             // Room for the sequence and every draft token but the last.
             let need = (len + wanted - 1).saturating_sub(held.table.num_tokens);
             if self.blocks.grow(&mut held.table, need).is_err() {
-                continue;
+                // Sequences that do not draft now (speculation was off for them) give their
+                // draft KV back, and they catch up when they draft again.
+                let idle: Vec<SequenceId> = self
+                    .held
+                    .keys()
+                    .copied()
+                    .filter(|held_id| !wanting.iter().any(|&(w, _)| w == *held_id))
+                    .collect();
+                idle.into_iter().for_each(|idle_id| self.forget(idle_id));
+                let Some(held) = self.held.get_mut(&id) else { continue };
+                if self.blocks.grow(&mut held.table, need).is_err() {
+                    continue;
+                }
             }
             rows.push(Drafting {
                 id,

@@ -51,23 +51,17 @@ fn self_drafting_engine() -> EngineHandle {
         .expect("engine starts")
 }
 
-/// The default model drafting for itself with high-precision activations: other numbers, so
-/// other drafts now and then.
-fn other_drafting_engine() -> EngineHandle {
+/// The default model drafting for itself on a draft executor that `make_draft` builds from the
+/// draft's transformer, the target's executor and the config.
+fn engine_with_draft(
+    make_draft: impl FnOnce(strata_model::Transformer, &EngineConfig, &CpuExecutor) -> CpuExecutor,
+) -> EngineHandle {
     let config = config(four_tokens());
     let target = default_model();
     let target_executor = cpu_executor(target.transformer, &config).expect("executor");
-    let mut draft = default_model();
-    draft.transformer.act_precision = ActPrecision::High;
-    let kv = target_executor.kv_layout();
+    let draft = default_model();
     let draft = DraftModel {
-        executor: Box::new(CpuExecutor::with_pool(
-            draft.transformer,
-            config.kv_cache_dtype,
-            kv.block_size,
-            kv.blocks,
-            target_executor.pool(),
-        )),
+        executor: Box::new(make_draft(draft.transformer, &config, &target_executor)),
         tokenizer: draft.tokenizer,
     };
     EngineHandle::start_with_draft(
@@ -78,6 +72,22 @@ fn other_drafting_engine() -> EngineHandle {
         config,
     )
     .expect("engine starts")
+}
+
+/// The default model drafting for itself with high-precision activations: other numbers, so
+/// other drafts now and then.
+fn other_drafting_engine() -> EngineHandle {
+    engine_with_draft(|mut transformer, config, target| {
+        transformer.act_precision = ActPrecision::High;
+        let kv = target.kv_layout();
+        CpuExecutor::with_pool(
+            transformer,
+            config.kv_cache_dtype,
+            kv.block_size,
+            kv.blocks,
+            target.pool(),
+        )
+    })
 }
 
 /// Input-grounded prompts and free ones.
@@ -190,6 +200,25 @@ fn a_different_draft_model_is_sometimes_wrong_and_changes_nothing() {
     );
     assert!(spec.wait_idle(Duration::from_secs(10)));
     assert_eq!(spec.stats().draft_kv_blocks_used, 0);
+}
+
+/// A draft cache of one --max-model-len (16 blocks) for 8 sequences: some draft, some find no
+/// room and decode plainly; the output is the same and every draft block comes back.
+#[test]
+fn a_draft_cache_too_small_for_every_sequence_changes_nothing() {
+    let plain = plain_engine();
+    let spec = engine_with_draft(|transformer, config, target| {
+        let kv = target.kv_layout();
+        CpuExecutor::with_pool(transformer, config.kv_cache_dtype, kv.block_size, 16, target.pool())
+    });
+    let ps = prompts(&plain);
+    let want = run_together(&plain, greedy_requests(&ps, true));
+    let got = run_together(&spec, greedy_requests(&ps, true));
+    assert_same(&want, &got);
+    assert!(spec.wait_idle(Duration::from_secs(10)));
+    let s = spec.stats();
+    assert!(s.drafts.accepted_total() > 0, "some sequences drafted: {s:?}");
+    assert_eq!(s.draft_kv_blocks_used, 0, "every draft block is back");
 }
 
 #[test]
