@@ -220,10 +220,7 @@ fn start_cpu(
     }
     steps.apply(&mut config, false);
     config.activation_precision = dev.activation_precision;
-    Ok(match draft {
-        Some(draft) => EngineHandle::start_with_draft_model(model, draft, config)?,
-        None => EngineHandle::start(model, config)?,
-    })
+    Ok(EngineHandle::start_with_draft_model(model, draft, config)?)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -44,8 +44,9 @@ fn a_requantized_draft_changes_no_greedy_token() {
         disable_by_batch_size: usize::MAX,
         ..DraftModelSpeculation::new(4)
     };
-    let spec = EngineHandle::start_with_draft_model(load(&default_model()), load(&draft_path), config(Some(settings)))
-        .unwrap();
+    let spec =
+        EngineHandle::start_with_draft_model(load(&default_model()), Some(load(&draft_path)), config(Some(settings)))
+            .unwrap();
     let prompts = [
         "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog. The quick brown fox",
         "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",

@@ -209,7 +209,7 @@ fn main() {
             };
             EngineHandle::start_with_draft_model(
                 model,
-                draft,
+                Some(draft),
                 EngineConfig {
                     speculative_model: Some(settings),
                     ..config

@@ -336,21 +336,14 @@ impl EngineHandle {
     /// Starts the engine thread for `model` on the CPU backend, with a KV cache of
     /// `config.kv_cache_memory` bytes.
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
-        let LoadedModel {
-            transformer,
-            tokenizer,
-            chat_template,
-            ..
-        } = model;
-        let executor = cpu_executor(transformer, &config)?;
-        EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)
+        EngineHandle::start_with_draft_model(model, None, config)
     }
 
-    /// [`Self::start`] with `draft` proposing tokens for `model` (draft-model speculation, as
-    /// `config.speculative_model` says), both on the CPU's threads.
+    /// [`Self::start`], with `draft` (when given) proposing tokens for `model` (draft-model
+    /// speculation, as `config.speculative_model` says), both on the CPU's threads.
     pub fn start_with_draft_model(
         model: LoadedModel,
-        draft: LoadedModel,
+        draft: Option<LoadedModel>,
         config: EngineConfig,
     ) -> Result<EngineHandle, EngineError> {
         let LoadedModel {
@@ -360,11 +353,11 @@ impl EngineHandle {
             ..
         } = model;
         let executor = cpu_executor(transformer, &config)?;
-        let draft = DraftModel {
+        let draft = draft.map(|draft| DraftModel {
             executor: Box::new(cpu_draft_executor(draft.transformer, &config, &executor)),
             tokenizer: draft.tokenizer,
-        };
-        EngineHandle::start_with_draft(Box::new(executor), Some(draft), tokenizer, chat_template, config)
+        });
+        EngineHandle::start_with_draft(Box::new(executor), draft, tokenizer, chat_template, config)
     }
 
     /// Starts the engine thread on any backend: `executor` holds the model and its KV cache.

@@ -58,13 +58,7 @@ impl NgramSpeculation {
                 self.lookup_max, self.lookup_min
             ));
         }
-        if !(1..=MAX_DRAFT_TOKENS).contains(&self.num_tokens) {
-            return Err(format!(
-                "--speculative-ngram: draft tokens must be in 1..={MAX_DRAFT_TOKENS}, got {}",
-                self.num_tokens
-            ));
-        }
-        Ok(())
+        check_num_tokens(self.num_tokens, "--speculative-ngram: draft tokens")
     }
 
     /// Whether sequences draft in a step where `active` sequences run or wait.
@@ -103,6 +97,14 @@ pub const MAX_DRAFT_TOKENS: usize = 16;
 /// Draft tokens a step proposes with a draft model unless `--num-speculative-tokens` says otherwise.
 pub const DEFAULT_DRAFT_MODEL_TOKENS: usize = 4;
 
+/// Checks a draft length; `what` names the flag that set it.
+fn check_num_tokens(num_tokens: usize, what: &str) -> Result<(), String> {
+    if !(1..=MAX_DRAFT_TOKENS).contains(&num_tokens) {
+        return Err(format!("{what} must be in 1..={MAX_DRAFT_TOKENS}, got {num_tokens}"));
+    }
+    Ok(())
+}
+
 /// The one rule of both methods: sequences draft while at most `disable_by_batch_size` run or wait.
 fn speculates_at(active: usize, disable_by_batch_size: usize) -> bool {
     active <= disable_by_batch_size
@@ -132,13 +134,7 @@ impl DraftModelSpeculation {
 
     /// Checks the draft length; the message names the flag.
     pub fn validate(&self) -> Result<(), String> {
-        if !(1..=MAX_DRAFT_TOKENS).contains(&self.num_tokens) {
-            return Err(format!(
-                "--num-speculative-tokens must be in 1..={MAX_DRAFT_TOKENS}, got {}",
-                self.num_tokens
-            ));
-        }
-        Ok(())
+        check_num_tokens(self.num_tokens, "--num-speculative-tokens")
     }
 
     /// Whether sequences draft in a step where `active` sequences run or wait.
