@@ -113,7 +113,10 @@ impl Drafter {
     /// tokens not yet in the draft cache are run first (the whole prompt the first time, then the
     /// tokens accepted since), then one draft pass a token, every sequence a row of the same
     /// pass, each token the draft's argmax. When the draft cache is full, the sequences not
-    /// drafting now give their draft KV back; one it still has no room for drafts nothing this step. `Err` when the draft executor fails; no sequence has a draft then.
+    /// drafting now give their draft KV back; one it still has no room for drafts nothing this
+    /// step. `Err` when the draft executor fails; no sequence has a draft then. Each draft token
+    /// is certain given the tokens before it (a one-point proposal), so the engine's
+    /// verification keeps the target's distribution exactly, greedy and sampled.
     pub(crate) fn propose(
         &mut self,
         seqs: &mut HashMap<SequenceId, Sequence>,
