@@ -192,22 +192,25 @@ impl StepFlags {
     }
 }
 
-/// Starts the engine for `model` on the chosen device.
+/// Starts the engine for `model` on the chosen device, with `draft` proposing tokens for it on
+/// the same device when given (draft-model speculation, `config.speculative_model`).
 pub fn start_engine(
     model: LoadedModel,
+    draft: Option<LoadedModel>,
     config: EngineConfig,
     dev: &DeviceArgs,
     steps: StepFlags,
 ) -> anyhow::Result<EngineHandle> {
     match dev.device {
-        Device::Cpu => start_cpu(model, config, dev, steps),
-        Device::Auto | Device::Gpus | Device::Cuda(_) => start_gpu_or_cpu(model, config, dev, steps),
+        Device::Cpu => start_cpu(model, draft, config, dev, steps),
+        Device::Auto | Device::Gpus | Device::Cuda(_) => start_gpu_or_cpu(model, draft, config, dev, steps),
     }
 }
 
 /// The CPU engine with the CPU's step defaults.
 fn start_cpu(
     model: LoadedModel,
+    draft: Option<LoadedModel>,
     mut config: EngineConfig,
     dev: &DeviceArgs,
     steps: StepFlags,
@@ -217,12 +220,13 @@ fn start_cpu(
     }
     steps.apply(&mut config, false);
     config.activation_precision = dev.activation_precision;
-    Ok(EngineHandle::start(model, config)?)
+    Ok(EngineHandle::start_with_draft_model(model, draft, config)?)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn start_gpu_or_cpu(
     model: LoadedModel,
+    draft: Option<LoadedModel>,
     config: EngineConfig,
     dev: &DeviceArgs,
     steps: StepFlags,
@@ -232,12 +236,13 @@ fn start_gpu_or_cpu(
             "this strata was built without the `cuda` feature; rebuild with --features cuda or pass --device cpu"
         );
     }
-    start_cpu(model, config, dev, steps)
+    start_cpu(model, draft, config, dev, steps)
 }
 
 #[cfg(feature = "cuda")]
 fn start_gpu_or_cpu(
     model: LoadedModel,
+    draft: Option<LoadedModel>,
     mut config: EngineConfig,
     dev: &DeviceArgs,
     steps: StepFlags,
@@ -259,21 +264,32 @@ fn start_gpu_or_cpu(
         };
         if let Some(why) = why {
             tracing::info!("running on the CPU: {why}");
-            return start_cpu(model, config, dev, steps);
+            return start_cpu(model, draft, config, dev, steps);
         }
     }
     steps.apply(&mut config, true);
-    match dev.device {
+    let ordinal = match dev.device {
         Device::Cuda(ordinal) => {
             if dev.forced_gpus() > 1 {
                 anyhow::bail!(
                     "--device cuda:{ordinal} runs on that one GPU; use --device cuda with --tensor-parallel-size / --pipeline-parallel-size"
                 );
             }
-            Ok(start_gpu(model, config, ordinal, dev)?.0)
+            ordinal
         }
-        _ if count.unwrap_or(0) > 1 || dev.forced_gpus() > 1 => Ok(start_planned(model, config, dev)?.0),
-        _ => Ok(start_gpu(model, config, 0, dev)?.0),
+        _ if count.unwrap_or(0) > 1 || dev.forced_gpus() > 1 => {
+            if draft.is_some() {
+                anyhow::bail!(
+                    "--speculative-model runs beside a target on one GPU; pass --device cuda:N (or --speculative-ngram)"
+                );
+            }
+            return Ok(start_planned(model, config, dev)?.0);
+        }
+        _ => 0,
+    };
+    match draft {
+        Some(draft) => start_gpu_with_draft(model, draft, config, ordinal, dev),
+        None => Ok(start_gpu(model, config, ordinal, dev)?.0),
     }
 }
 
@@ -377,6 +393,60 @@ pub fn start_gpu(
         let weight_bytes = executor.weight_bytes();
         Ok((Box::new(executor), weight_bytes))
     })
+}
+
+/// Starts the engine for `model` on GPU `ordinal` with `draft` proposing tokens on the same GPU.
+/// The draft is uploaded first, on its weights' share of --gpu-memory-utilization (at least a
+/// twentieth of it) for its weights, activations and KV cache; the target gets the rest.
+#[cfg(feature = "cuda")]
+fn start_gpu_with_draft(
+    model: LoadedModel,
+    draft: LoadedModel,
+    config: EngineConfig,
+    ordinal: usize,
+    dev: &DeviceArgs,
+) -> anyhow::Result<EngineHandle> {
+    use strata_model::cuda::GpuExecutor;
+    use strata_runtime::cuda::libraries;
+
+    let libs = libraries::search(&libraries::candidate_dirs());
+    let util = dev.gpu_memory_utilization;
+    let (target_bytes, draft_bytes) = (
+        model.transformer.weights.matrix_bytes(),
+        draft.transformer.weights.matrix_bytes(),
+    );
+    let draft_share = (util * draft_bytes as f64 / (target_bytes + draft_bytes).max(1) as f64).max(util / 20.0);
+    let draft_opts = strata_model::cuda::GpuOptions {
+        gpu_memory_utilization: draft_share,
+        ..gpu_options(&draft, &config, ordinal, dev)
+    };
+    let target_opts = strata_model::cuda::GpuOptions {
+        gpu_memory_utilization: util - draft_share,
+        ..gpu_options(&model, &config, ordinal, dev)
+    };
+    let progress = crate::progress::bar("uploading the draft model to the GPU");
+    let draft_executor = GpuExecutor::new(draft.transformer, &draft_opts, &libs, &|d, t| progress.update(d, t))?;
+    progress.finish();
+    let draft = strata_engine::DraftModel {
+        executor: Box::new(draft_executor),
+        tokenizer: draft.tokenizer,
+    };
+    let LoadedModel {
+        transformer,
+        tokenizer,
+        chat_template,
+        ..
+    } = model;
+    let progress = crate::progress::bar("uploading to the GPU");
+    let executor = GpuExecutor::new(transformer, &target_opts, &libs, &|d, t| progress.update(d, t))?;
+    progress.finish();
+    Ok(EngineHandle::start_with_draft(
+        Box::new(executor),
+        Some(draft),
+        tokenizer,
+        chat_template,
+        config,
+    )?)
 }
 
 #[cfg(test)]

@@ -144,5 +144,5 @@ pub fn start_single_stream(
         max_num_seqs: Some(1),
         max_num_batched_tokens: Some(tokens),
     };
-    crate::device::start_engine(model, config, device, steps)
+    crate::device::start_engine(model, None, config, device, steps)
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use strata_engine::speculation::DEFAULT_DISABLE_BY_BATCH_SIZE;
-use strata_engine::{EngineConfig, KvCacheDtype, NgramSpeculation};
+use strata_engine::speculation::{DEFAULT_DISABLE_BY_BATCH_SIZE, DEFAULT_DRAFT_MODEL_TOKENS};
+use strata_engine::{DraftModelSpeculation, EngineConfig, KvCacheDtype, NgramSpeculation};
 use strata_model::kv_cache::DEFAULT_BLOCK_SIZE;
 use strata_model::loader::default_model_path;
 use strata_server::connections::{
@@ -96,7 +96,7 @@ pub struct ServeArgs {
     pub max_connections: Option<usize>,
 }
 
-/// Speculative decoding flags (`strata serve`, `strata bench-local`).
+/// Speculative decoding flags (`strata serve`).
 #[derive(Args, Debug, Clone)]
 pub struct SpeculationArgs {
     /// Prompt-lookup (n-gram) speculative decoding, off by default: `TOKENS` draft tokens a step
@@ -104,7 +104,17 @@ pub struct SpeculationArgs {
     /// prompt_lookup_min, num_speculative_tokens), e.g. 3:1:4. Output is the same as without it.
     #[arg(long, value_name = "[MAX:MIN:]TOKENS", value_parser = NgramSpeculation::parse)]
     pub speculative_ngram: Option<NgramSpeculation>,
-    /// With --speculative-ngram: no drafts in steps where more sequences than this run or wait
+    /// Draft-model speculative decoding, off by default: a GGUF file or HF checkpoint of a smaller
+    /// model with the target's tokenizer (e.g. Qwen2.5-0.5B-Instruct for Qwen2.5-7B-Instruct)
+    /// proposes --num-speculative-tokens tokens a step, which the target verifies in one pass.
+    /// Output is the same as without it. Not with --speculative-ngram.
+    #[arg(long, value_name = "PATH")]
+    pub speculative_model: Option<PathBuf>,
+    /// With --speculative-model: draft tokens a step, 1 to 16 (vLLM's num_speculative_tokens;
+    /// default 4). --speculative-ngram takes its count in its own value.
+    #[arg(long, visible_alias = "speculative-tokens", value_name = "N")]
+    pub num_speculative_tokens: Option<usize>,
+    /// With either method: no drafts in steps where more sequences than this run or wait
     /// (there verifying costs more than it saves; the default is measured, bench/NOTES.md).
     #[arg(long, default_value_t = DEFAULT_DISABLE_BY_BATCH_SIZE)]
     pub speculative_disable_by_batch_size: usize,
@@ -117,6 +127,29 @@ impl SpeculationArgs {
             disable_by_batch_size: self.speculative_disable_by_batch_size,
             ..s
         })
+    }
+
+    /// The draft-model setting: `None` when off; an error, before anything loads, when the flags
+    /// do not go together.
+    pub fn draft_model(&self) -> anyhow::Result<Option<DraftModelSpeculation>> {
+        match (&self.speculative_model, self.num_speculative_tokens) {
+            (Some(_), _) if self.speculative_ngram.is_some() => {
+                anyhow::bail!("--speculative-ngram and --speculative-model are two ways to draft; pass one of them")
+            }
+            (None, Some(_)) => anyhow::bail!(
+                "--num-speculative-tokens is the draft model's count: pass --speculative-model PATH with it \
+                 (--speculative-ngram takes its count as TOKENS)"
+            ),
+            (None, None) => Ok(None),
+            (Some(_), tokens) => {
+                let settings = DraftModelSpeculation {
+                    num_tokens: tokens.unwrap_or(DEFAULT_DRAFT_MODEL_TOKENS),
+                    disable_by_batch_size: self.speculative_disable_by_batch_size,
+                };
+                settings.validate().map_err(anyhow::Error::msg)?;
+                Ok(Some(settings))
+            }
+        }
     }
 }
 
@@ -226,14 +259,27 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_queue: args.max_queue,
         threads,
         speculative_ngram: args.speculation.ngram(),
+        speculative_model: args.speculation.draft_model()?,
         ..EngineConfig::default()
     };
     let model = crate::progress::load_with_progress(&path)?;
+    let draft = match &args.speculation.speculative_model {
+        Some(draft_path) if !draft_path.exists() => anyhow::bail!(
+            "--speculative-model {}: no such file or directory; pass a .gguf file or an HF checkpoint \
+             directory of a model with the target's tokenizer",
+            draft_path.display()
+        ),
+        Some(draft_path) => Some(
+            crate::progress::load_with_progress(draft_path)
+                .with_context(|| format!("--speculative-model {}", draft_path.display()))?,
+        ),
+        None => None,
+    };
     let steps = crate::device::StepFlags {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
     };
-    let engine = crate::device::start_engine(model, engine_config, &args.device, steps)?;
+    let engine = crate::device::start_engine(model, draft, engine_config, &args.device, steps)?;
     let cap = engine.capacity();
     tracing::info!(
         "KV cache: {} blocks x {} tokens = {} tokens ({:.1} MiB, {}); {:.1} sequences of --max-model-len {} fit at once",
@@ -272,7 +318,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 mod tests {
     use super::{parse_size, SpeculationArgs};
     use clap::Parser;
-    use strata_engine::NgramSpeculation;
+    use strata_engine::{DraftModelSpeculation, NgramSpeculation};
 
     #[derive(Parser)]
     struct Flags {
@@ -304,6 +350,40 @@ mod tests {
             .err()
             .expect("MIN above MAX is refused");
         assert!(err.to_string().contains("MIN <= MAX"), "{err}");
+    }
+
+    #[test]
+    fn draft_model_flags_give_the_engine_setting_or_say_what_goes_together() {
+        let parse = |args: &[&str]| {
+            Flags::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
+                .unwrap()
+                .speculation
+        };
+        let flags = parse(&["--speculative-model", "draft.gguf"]);
+        assert_eq!(flags.draft_model().unwrap(), Some(DraftModelSpeculation::new(4)));
+        let flags = parse(&[
+            "--speculative-model",
+            "draft.gguf",
+            "--speculative-tokens",
+            "6",
+            "--speculative-disable-by-batch-size",
+            "3",
+        ]);
+        assert_eq!(
+            flags.draft_model().unwrap(),
+            Some(DraftModelSpeculation {
+                num_tokens: 6,
+                disable_by_batch_size: 3
+            })
+        );
+        assert_eq!(parse(&[]).draft_model().unwrap(), None, "off by default");
+        let refused = |args: &[&str]| parse(args).draft_model().unwrap_err().to_string();
+        let both = refused(&["--speculative-model", "d.gguf", "--speculative-ngram", "4"]);
+        assert!(both.contains("pass one of them"), "{both}");
+        let alone = refused(&["--num-speculative-tokens", "4"]);
+        assert!(alone.contains("pass --speculative-model PATH"), "{alone}");
+        let many = refused(&["--speculative-model", "d.gguf", "--num-speculative-tokens", "17"]);
+        assert!(many.contains("1..=16"), "{many}");
     }
 
     #[test]

@@ -1,19 +1,23 @@
-//! Prompt-lookup speculative decoding side by side with it off, on the default model: closed-loop
-//! users on input-grounded chat prompts, on/off runs interleaved per level; prints a table, writes JSON to bench/results/.
+//! Speculative decoding (prompt lookup, or a draft model) side by side with it off, on the default model:
+//! closed-loop users on input-grounded chat prompts, on/off runs interleaved per level; prints a table, writes JSON to bench/results/.
 //!
 //! `cargo bench -p strata-engine --bench speculation -- [--threads 2] [--levels 1,4,16,64]
-//! [--speculative-ngram 3:1:4] [--speculative-disable-by-batch-size N] [--output-len 128]
-//! [--rounds 2] [--show-outputs] [--out PATH]`
+//! [--speculative-ngram 3:1:4 | --speculative-model PATH [--num-speculative-tokens 4]]
+//! [--speculative-disable-by-batch-size N] [--output-len 128] [--rounds 2] [--requests N]
+//! [--show-outputs] [--out PATH]`
 //!
-//! One engine speculates (`--speculative-ngram`; by default at any batch size, to measure where
-//! it stops paying); the "off" runs send the same requests with `speculative: false`.
+//! One engine speculates (`--speculative-ngram`, the default, or `--speculative-model`; by
+//! default at any batch size, to measure where it stops paying); the "off" runs send the same
+//! requests with `speculative: false`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use strata_engine::{complete, EngineConfig, EngineHandle, GenerationRequest, NgramSpeculation};
+use strata_engine::speculation::DEFAULT_DRAFT_MODEL_TOKENS;
+use strata_engine::{complete, DraftModelSpeculation, EngineConfig, EngineHandle, GenerationRequest, NgramSpeculation};
 use strata_model::chat_template::ChatMessage;
+use strata_model::loader::load_model;
 
 mod common;
 
@@ -22,7 +26,12 @@ struct Options {
     levels: Vec<usize>,
     output_len: usize,
     rounds: usize,
+    /// Requests a run sends, at least (default: twice the users, at least 8).
+    requests: usize,
     ngram: NgramSpeculation,
+    /// Draft with this model instead of prompt lookup.
+    draft_model: Option<std::path::PathBuf>,
+    draft_tokens: usize,
     /// Print each task's answer once (what the drafts are verified against).
     show_outputs: bool,
     out: std::path::PathBuf,
@@ -34,6 +43,9 @@ fn options() -> Result<Options, String> {
         levels: vec![1, 4, 16, 64],
         output_len: 128,
         rounds: 2,
+        requests: 8,
+        draft_model: None,
+        draft_tokens: DEFAULT_DRAFT_MODEL_TOKENS,
         ngram: NgramSpeculation {
             disable_by_batch_size: usize::MAX,
             ..NgramSpeculation::parse("3:1:4")?
@@ -57,6 +69,9 @@ fn options() -> Result<Options, String> {
                     ..NgramSpeculation::parse(&value()?)?
                 }
             }
+            "--speculative-model" => o.draft_model = Some(value()?.into()),
+            "--num-speculative-tokens" => o.draft_tokens = number(value()?)?,
+            "--requests" => o.requests = number(value()?)?.max(1),
             "--speculative-disable-by-batch-size" => o.ngram.disable_by_batch_size = number(value()?)?,
             "--show-outputs" => o.show_outputs = true,
             "--out" => o.out = common::results_path(Some(&value()?), ""),
@@ -101,12 +116,21 @@ struct Run {
     decode_step_ms: f64,
     /// Accepted over proposed by position in the draft (0 = first).
     acceptance_by_position: Vec<f64>,
+    /// Seconds the draft model ran.
+    draft_s: f64,
 }
 
-/// `users` closed-loop users, `2 * users` requests (at least 8), each until end-of-generation or
-/// `output_len` tokens.
-fn run(e: &EngineHandle, prompts: &[Vec<u32>], users: usize, output_len: usize, speculative: bool) -> Run {
-    let requests = (users * 2).max(8);
+/// `users` closed-loop users, `2 * users` requests (at least `min_requests`), each until
+/// end-of-generation or `output_len` tokens.
+fn run(
+    e: &EngineHandle,
+    prompts: &[Vec<u32>],
+    users: usize,
+    min_requests: usize,
+    output_len: usize,
+    speculative: bool,
+) -> Run {
+    let requests = (users * 2).max(min_requests);
     let next = AtomicUsize::new(0);
     let results = Mutex::new((0usize, Vec::new()));
     let before = e.stats();
@@ -141,6 +165,7 @@ fn run(e: &EngineHandle, prompts: &[Vec<u32>], users: usize, output_len: usize, 
         proposed: after.drafts.proposed_total() - before.drafts.proposed_total(),
         accepted: after.drafts.accepted_total() - before.drafts.accepted_total(),
         steps: after.steps_total - before.steps_total,
+        draft_s: after.draft_seconds_total - before.draft_seconds_total,
         acceptance_by_position: (0..after.drafts.proposed.len())
             .map(|i| {
                 let was = |v: &[u64]| v.get(i).copied().unwrap_or(0);
@@ -163,10 +188,39 @@ fn main() {
         max_num_seqs: 64,
         max_num_batched_tokens: 512,
         kv_cache_memory: 2 << 30,
-        speculative_ngram: Some(o.ngram),
         ..Default::default()
     };
-    let e = EngineHandle::start(model, config).expect("engine starts");
+    let e = match &o.draft_model {
+        None => EngineHandle::start(
+            model,
+            EngineConfig {
+                speculative_ngram: Some(o.ngram),
+                ..config
+            },
+        ),
+        Some(draft_path) => {
+            let draft = load_model(draft_path, &|_, _| {}).unwrap_or_else(|e| {
+                eprintln!("error: cannot load --speculative-model {}: {e}", draft_path.display());
+                std::process::exit(1)
+            });
+            let settings = DraftModelSpeculation {
+                num_tokens: o.draft_tokens,
+                disable_by_batch_size: o.ngram.disable_by_batch_size,
+            };
+            EngineHandle::start_with_draft_model(
+                model,
+                Some(draft),
+                EngineConfig {
+                    speculative_model: Some(settings),
+                    ..config
+                },
+            )
+        }
+    }
+    .unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1)
+    });
     let ps = prompts(&e);
     if o.show_outputs {
         for p in &ps {
@@ -179,10 +233,10 @@ fn main() {
         }
     }
     // Warm-up: page in weights, fill caches, and the prompts' prefix blocks for both modes.
-    run(&e, &ps, 4, 8, false);
-    run(&e, &ps, 4, 8, true);
-    println!("| users | round | off tok/s | on tok/s | on/off | off p50 user tok/s | on p50 user tok/s | user on/off | acceptance | tokens/step on | decode step ms off / on |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    run(&e, &ps, 4, 8, 8, false);
+    run(&e, &ps, 4, 8, 8, true);
+    println!("| users | round | off tok/s | on tok/s | on/off | off p50 user tok/s | on p50 user tok/s | user on/off | acceptance | tokens/step on | decode step ms off / on | drafting s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     let mut by_position = Vec::new();
     for &users in &o.levels {
@@ -191,7 +245,7 @@ fn main() {
             let order = if round % 2 == 0 { [false, true] } else { [true, false] };
             let mut got: [Option<Run>; 2] = [None, None];
             for speculative in order {
-                got[speculative as usize] = Some(run(&e, &ps, users, o.output_len, speculative));
+                got[speculative as usize] = Some(run(&e, &ps, users, o.requests, o.output_len, speculative));
             }
             let [Some(off), Some(on)] = got else {
                 unreachable!("both modes ran")
@@ -200,7 +254,7 @@ fn main() {
             let acceptance = on.accepted as f64 / on.proposed.max(1) as f64;
             let per_step = on.output_tokens as f64 / on.steps.max(1) as f64;
             println!(
-                "| {users} | {round} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {acceptance:.2} | {per_step:.2} | {:.2} / {:.2} |",
+                "| {users} | {round} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {acceptance:.2} | {per_step:.2} | {:.2} / {:.2} | {:.2} |",
                 tps(&off),
                 tps(&on),
                 tps(&on) / tps(&off),
@@ -208,7 +262,8 @@ fn main() {
                 on.decode_tps_p50,
                 on.decode_tps_p50 / off.decode_tps_p50,
                 off.decode_step_ms,
-                on.decode_step_ms
+                on.decode_step_ms,
+                on.draft_s
             );
             let rates: Vec<String> = on.acceptance_by_position.iter().map(|a| format!("{a:.2}")).collect();
             by_position.push(format!("{users} users, round {round}: {}", rates.join(" ")));
@@ -222,6 +277,7 @@ fn main() {
                 "off_steps": off.steps, "on_steps": on.steps,
                 "off_decode_step_ms": off.decode_step_ms, "on_decode_step_ms": on.decode_step_ms,
                 "acceptance_by_position": on.acceptance_by_position,
+                "on_draft_seconds": on.draft_s, "on_wall_seconds": on.wall_s, "off_wall_seconds": off.wall_s,
             }));
         }
     }
@@ -230,16 +286,30 @@ fn main() {
         println!("  {line}");
     }
     let n = o.ngram;
-    let json = serde_json::json!({
-        "model": path.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
+    let file_name = |p: &std::path::Path| p.file_name().and_then(|f| f.to_str()).unwrap_or("?").to_string();
+    let mut json = serde_json::json!({
+        "model": file_name(&path),
         "threads": o.threads,
         "output_len": o.output_len,
-        "speculative_ngram": format!("{}:{}:{}", n.lookup_max, n.lookup_min, n.num_tokens),
         "disable_by_batch_size": (n.disable_by_batch_size != usize::MAX).then_some(n.disable_by_batch_size),
         "runs": rows,
-    })
-    .to_string()
-        + "\n";
+    });
+    let method = match &o.draft_model {
+        None => [(
+            "speculative_ngram",
+            format!("{}:{}:{}", n.lookup_max, n.lookup_min, n.num_tokens).into(),
+        )]
+        .to_vec(),
+        Some(draft) => [
+            ("speculative_model", file_name(draft).into()),
+            ("num_speculative_tokens", o.draft_tokens.into()),
+        ]
+        .to_vec(),
+    };
+    for (key, value) in method {
+        json[key] = value;
+    }
+    let json = json.to_string() + "\n";
     if let Some(dir) = o.out.parent() {
         let _ = std::fs::create_dir_all(dir);
     }

@@ -22,12 +22,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::block_manager::BlockManager;
 use crate::constraint::{GrammarCompiler, MaskSlot, MaskWorkers, NextTokens, SequenceConstraint};
+use crate::draft_model::{check_same_vocabulary, DraftModel, Drafter};
 use crate::outbox::Outbox;
 use crate::request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, MAX_TOP_LOGPROBS};
 use crate::sampler::logprobs;
 use crate::scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::{Progress, Sequence, SequenceId};
-use crate::speculation::{DraftCounts, NgramSpeculation};
+use crate::speculation::{DraftCounts, DraftModelSpeculation, NgramSpeculation};
 
 /// How the engine runs; flags of `strata serve` map onto these.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +55,9 @@ pub struct EngineConfig {
     pub activation_precision: ActPrecision,
     /// Prompt-lookup speculative decoding (`--speculative-ngram`); `None` = off.
     pub speculative_ngram: Option<NgramSpeculation>,
+    /// Draft-model speculative decoding (`--speculative-model`); `None` = off. The model goes to
+    /// [`EngineHandle::start_with_draft`]; one method at a time.
+    pub speculative_model: Option<DraftModelSpeculation>,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +74,7 @@ impl Default for EngineConfig {
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             activation_precision: ActPrecision::default(),
             speculative_ngram: None,
+            speculative_model: None,
         }
     }
 }
@@ -132,6 +137,14 @@ fn resolve_max_model_len(config: &EngineConfig, model_context: usize) -> Result<
     if let Some(spec) = &config.speculative_ngram {
         spec.validate().map_err(EngineError::Config)?;
     }
+    if let Some(spec) = &config.speculative_model {
+        spec.validate().map_err(EngineError::Config)?;
+    }
+    if config.speculative_ngram.is_some() && config.speculative_model.is_some() {
+        return Err(EngineError::Config(
+            "--speculative-ngram and --speculative-model are two ways to draft; pass one of them".into(),
+        ));
+    }
     Ok(max_model_len)
 }
 
@@ -158,6 +171,20 @@ pub fn cpu_executor(mut transformer: Transformer, config: &EngineConfig) -> Resu
         blocks,
         config.threads,
     ))
+}
+
+/// A CPU executor for a draft model beside `target`: on the target's threads, with a KV cache of
+/// as many tokens as the target's (in `config`'s dtype and block size).
+pub fn cpu_draft_executor(mut draft: Transformer, config: &EngineConfig, target: &CpuExecutor) -> CpuExecutor {
+    draft.act_precision = config.activation_precision;
+    let target_kv = target.kv_layout();
+    CpuExecutor::with_pool(
+        draft,
+        config.kv_cache_dtype,
+        target_kv.block_size,
+        target_kv.blocks,
+        target.pool(),
+    )
 }
 
 /// Counters and gauges of the engine, as of its last step.
@@ -190,6 +217,10 @@ pub struct EngineStats {
     pub mask_wait_seconds_total: f64,
     /// Draft tokens of speculative decoding proposed and accepted, by position in the draft.
     pub drafts: DraftCounts,
+    /// Seconds the draft model ran (draft-model speculation; its passes run on the engine thread).
+    pub draft_seconds_total: f64,
+    /// Blocks of the draft model's KV cache in use.
+    pub draft_kv_blocks_used: usize,
 }
 
 impl EngineStats {
@@ -305,6 +336,16 @@ impl EngineHandle {
     /// Starts the engine thread for `model` on the CPU backend, with a KV cache of
     /// `config.kv_cache_memory` bytes.
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        EngineHandle::start_with_draft_model(model, None, config)
+    }
+
+    /// [`Self::start`], with `draft` (when given) proposing tokens for `model` (draft-model
+    /// speculation, as `config.speculative_model` says), both on the CPU's threads.
+    pub fn start_with_draft_model(
+        model: LoadedModel,
+        draft: Option<LoadedModel>,
+        config: EngineConfig,
+    ) -> Result<EngineHandle, EngineError> {
         let LoadedModel {
             transformer,
             tokenizer,
@@ -312,12 +353,28 @@ impl EngineHandle {
             ..
         } = model;
         let executor = cpu_executor(transformer, &config)?;
-        EngineHandle::start_with(Box::new(executor), tokenizer, chat_template, config)
+        let draft = draft.map(|draft| DraftModel {
+            executor: Box::new(cpu_draft_executor(draft.transformer, &config, &executor)),
+            tokenizer: draft.tokenizer,
+        });
+        EngineHandle::start_with_draft(Box::new(executor), draft, tokenizer, chat_template, config)
     }
 
     /// Starts the engine thread on any backend: `executor` holds the model and its KV cache.
     pub fn start_with(
         executor: Box<dyn Executor>,
+        tokenizer: Tokenizer,
+        chat_template: ChatTemplate,
+        config: EngineConfig,
+    ) -> Result<EngineHandle, EngineError> {
+        EngineHandle::start_with_draft(executor, None, tokenizer, chat_template, config)
+    }
+
+    /// [`Self::start_with`], and `draft` (on any backend, with its own KV cache) proposing tokens
+    /// when `config.speculative_model` is set; its tokenizer must be the target's.
+    pub fn start_with_draft(
+        executor: Box<dyn Executor>,
+        draft: Option<DraftModel>,
         tokenizer: Tokenizer,
         chat_template: ChatTemplate,
         config: EngineConfig,
@@ -339,6 +396,42 @@ impl EngineHandle {
             dtype: kv.dtype,
             value_type: kv.value_type,
             max_model_len,
+        };
+        let speculation = match (config.speculative_ngram, config.speculative_model, draft) {
+            (Some(ngram), None, None) => Some(Proposer::Ngram(ngram)),
+            (None, Some(settings), Some(draft)) => {
+                check_same_vocabulary(&tokenizer, &draft.tokenizer).map_err(EngineError::Config)?;
+                let kv = draft.executor.kv_layout();
+                if kv.blocks * kv.block_size < max_model_len {
+                    return Err(EngineError::Config(format!(
+                        "the draft model's KV cache holds {} tokens, fewer than --max-model-len {max_model_len}; \
+                         give it more memory or lower --max-model-len",
+                        kv.blocks * kv.block_size
+                    )));
+                }
+                let drafter = Drafter::new(
+                    draft.executor,
+                    settings,
+                    tokenizer.vocab_size(),
+                    config.max_num_batched_tokens,
+                );
+                Some(Proposer::Model(Box::new(drafter)))
+            }
+            (None, None, None) => None,
+            (_, Some(_), None) => {
+                return Err(EngineError::Config(
+                    "draft-model speculation needs the draft model: pass --speculative-model PATH".into(),
+                ))
+            }
+            (_, None, Some(_)) => return Err(EngineError::Config(
+                "a draft model was given without --num-speculative-tokens settings (EngineConfig::speculative_model)"
+                    .into(),
+            )),
+            (Some(_), Some(_), Some(_)) => {
+                return Err(EngineError::Config(
+                    "--speculative-ngram and --speculative-model are two ways to draft; pass one of them".into(),
+                ))
+            }
         };
         let depth = executor.pipeline_depth().max(1);
         let overlap = depth == 1 && executor.overlaps_steps();
@@ -381,7 +474,7 @@ impl EngineHandle {
                 ..Default::default()
             },
             masks: None,
-            speculation: config.speculative_ngram,
+            speculation,
         };
         let thread = std::thread::Builder::new()
             .name("strata-engine".into())
@@ -645,8 +738,26 @@ struct EngineLoop {
     stats: EngineStats,
     /// Computes constrained sequences' masks during their steps; started with the first one.
     masks: Option<MaskWorkers>,
-    /// Prompt-lookup speculation, when on.
-    speculation: Option<NgramSpeculation>,
+    /// Speculative decoding's proposer, when on.
+    speculation: Option<Proposer>,
+}
+
+/// Where draft tokens come from.
+enum Proposer {
+    /// Prompt lookup in the sequence's own tokens.
+    Ngram(NgramSpeculation),
+    /// A draft model on its own executor and KV cache.
+    Model(Box<Drafter>),
+}
+
+impl Proposer {
+    /// Whether sequences draft in a step where `active` sequences run or wait.
+    fn on_at(&self, active: usize) -> bool {
+        match self {
+            Proposer::Ngram(n) => n.on_at(active),
+            Proposer::Model(d) => d.settings.on_at(active),
+        }
+    }
 }
 
 impl EngineLoop {
@@ -806,6 +917,7 @@ impl EngineLoop {
         }
         self.blocks.free_table(&mut seq.table);
         self.scheduler.remove(id);
+        self.forget_draft(id);
         Some(seq)
     }
 
@@ -991,26 +1103,52 @@ impl EngineLoop {
     }
 
     /// Sets the draft of every sequence that decodes next and is not in flight: proposed by
-    /// prompt lookup while speculation is on at this many sequences, empty otherwise.
+    /// prompt lookup or the draft model while speculation is on at this many sequences, empty
+    /// otherwise. A draft model that fails is logged and no sequence drafts in this step.
     fn propose_drafts(&mut self, busy: &HashSet<SequenceId>) {
-        if self.speculation.is_none() {
+        let Some(proposer) = self.speculation.as_mut() else {
             return;
-        }
+        };
         let active = self.scheduler.num_running() + self.scheduler.num_waiting();
-        let spec = self.speculation.filter(|s| s.on_at(active));
+        let on = proposer.on_at(active);
+        let mut wanting = Vec::new();
         for seq in self.seqs.values_mut() {
             if busy.contains(&seq.id) {
                 continue;
             }
             seq.draft.clear();
-            let Some(spec) = spec else { continue };
-            if seq.num_computed == 0 || seq.to_compute() != 1 || !seq.speculates() {
+            if !on || seq.num_computed == 0 || seq.to_compute() != 1 || !seq.speculates() {
                 continue;
             }
             let room = seq.draft_room(self.max_model_len).min(seq.draft_limit);
-            if room > 0 {
-                seq.draft = spec.propose(&seq.tokens(0..seq.num_tokens()), room);
+            if room == 0 {
+                continue;
             }
+            match proposer {
+                Proposer::Ngram(ngram) => seq.draft = ngram.propose(&seq.tokens(0..seq.num_tokens()), room),
+                Proposer::Model(_) => wanting.push((seq.id, room)),
+            }
+        }
+        if let Proposer::Model(drafter) = proposer {
+            if wanting.is_empty() {
+                return;
+            }
+            // In id order: the draft's batches do not depend on the map's.
+            wanting.sort_unstable();
+            let started = Instant::now();
+            if let Err(e) = drafter.propose(&mut self.seqs, &wanting) {
+                tracing::warn!("the draft model failed, this step verifies no draft: {e}");
+            }
+            self.stats.draft_seconds_total += started.elapsed().as_secs_f64();
+            self.stats.draft_kv_blocks_used = drafter.blocks_used();
+        }
+    }
+
+    /// Gives a sequence's draft-model KV back (finished, aborted or preempted).
+    fn forget_draft(&mut self, id: SequenceId) {
+        if let Some(Proposer::Model(drafter)) = self.speculation.as_mut() {
+            drafter.forget(id);
+            self.stats.draft_kv_blocks_used = drafter.blocks_used();
         }
     }
 
@@ -1173,6 +1311,9 @@ impl EngineLoop {
             }
         }
         self.stats.preemptions_total += plan.preempted.len() as u64;
+        for &id in &plan.preempted {
+            self.forget_draft(id);
+        }
         if !plan.preempted.is_empty() {
             tracing::debug!("preempted {} sequence(s) for lack of KV blocks", plan.preempted.len());
         }
@@ -1217,9 +1358,10 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
 /// Takes the tokens of a step that verified the first `drafts` tokens of `seq`'s draft (batch
 /// row `bi`). The token of each position is chosen from its row exactly as a plain step chooses
 /// it (same sampler, same draw of the sequence's random stream); the draft token there is
-/// accepted when it is that token, and the next row then chooses the following one. For a draft
-/// that proposes one token for certain this is rejection sampling: the draft is kept with the
-/// target's probability of it, and otherwise the token comes from the target's distribution
+/// accepted when it is that token, and the next row then chooses the following one. Both
+/// proposers (prompt lookup, and a draft model's argmax) propose one token for certain at each
+/// position, and for such a one-point proposal this is rejection sampling: the draft is kept with
+/// the target's probability of it, and otherwise the token comes from the target's distribution
 /// without it. So the output is token for token the output without speculation, greedy or
 /// seeded. The KV of accepted tokens stays; the caller drops the rest. `Err` when a row is missing.
 fn take_verified(

@@ -4,6 +4,7 @@
 pub mod block_manager;
 pub mod completion;
 pub mod constraint;
+pub mod draft_model;
 pub mod engine;
 pub mod outbox;
 pub mod request;
@@ -14,9 +15,12 @@ pub mod speculation;
 
 pub use completion::{complete, Completion};
 pub use constraint::{GrammarCompiler, OutputConstraint};
-pub use engine::{cpu_executor, EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream};
+pub use draft_model::DraftModel;
+pub use engine::{
+    cpu_draft_executor, cpu_executor, EngineConfig, EngineError, EngineHandle, EngineStats, KvCapacity, RequestStream,
+};
 pub use request::{FinishReason, GenerationRequest, RequestOutput, SubmitError, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
-pub use speculation::{DraftCounts, NgramSpeculation};
+pub use speculation::{DraftCounts, DraftModelSpeculation, NgramSpeculation};
 pub use strata_model::kv_cache::KvCacheDtype;
 pub use strata_runtime::cpu::ActPrecision;

@@ -1,5 +1,5 @@
-//! Prompt-lookup (n-gram) speculative decoding: draft tokens proposed from a sequence's own prompt
-//! and output, the rule that turns speculation off in large batches, and the acceptance counts.
+//! Speculative decoding's settings (prompt lookup and draft model), n-gram proposals from a
+//! sequence's own prompt and output, the rule that turns speculation off in large batches, and the acceptance counts.
 
 /// Speculation by prompt lookup (`--speculative-ngram MAX:MIN:TOKENS`, vLLM's
 /// `prompt_lookup_max`, `prompt_lookup_min` and `num_speculative_tokens`): the last n tokens of a
@@ -58,18 +58,12 @@ impl NgramSpeculation {
                 self.lookup_max, self.lookup_min
             ));
         }
-        if !(1..=MAX_DRAFT_TOKENS).contains(&self.num_tokens) {
-            return Err(format!(
-                "--speculative-ngram: draft tokens must be in 1..={MAX_DRAFT_TOKENS}, got {}",
-                self.num_tokens
-            ));
-        }
-        Ok(())
+        check_num_tokens(self.num_tokens, "--speculative-ngram: draft tokens")
     }
 
     /// Whether sequences draft in a step where `active` sequences run or wait.
     pub fn on_at(&self, active: usize) -> bool {
-        active <= self.disable_by_batch_size
+        speculates_at(active, self.disable_by_batch_size)
     }
 
     /// Up to `max` draft tokens for the sequence whose tokens so far are `context`: the tokens
@@ -99,6 +93,55 @@ impl NgramSpeculation {
 
 /// Most draft tokens a step may verify per sequence.
 pub const MAX_DRAFT_TOKENS: usize = 16;
+
+/// Draft tokens a step proposes with a draft model unless `--num-speculative-tokens` says otherwise.
+pub const DEFAULT_DRAFT_MODEL_TOKENS: usize = 4;
+
+/// Checks a draft length; `what` names the flag that set it.
+fn check_num_tokens(num_tokens: usize, what: &str) -> Result<(), String> {
+    if !(1..=MAX_DRAFT_TOKENS).contains(&num_tokens) {
+        return Err(format!("{what} must be in 1..={MAX_DRAFT_TOKENS}, got {num_tokens}"));
+    }
+    Ok(())
+}
+
+/// The one rule of both methods: sequences draft while at most `disable_by_batch_size` run or wait.
+fn speculates_at(active: usize, disable_by_batch_size: usize) -> bool {
+    active <= disable_by_batch_size
+}
+
+/// Speculation with a draft model (`--speculative-model PATH --num-speculative-tokens N`, vLLM's
+/// `model` and `num_speculative_tokens`): a smaller model with the target's tokenizer proposes
+/// each sequence's next tokens greedily; the model itself goes to the engine beside the target's
+/// executor ([`crate::DraftModel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftModelSpeculation {
+    /// Draft tokens proposed per step, at most.
+    pub num_tokens: usize,
+    /// Speculation is off in a step when more sequences than this run or wait
+    /// (`--speculative-disable-by-batch-size`).
+    pub disable_by_batch_size: usize,
+}
+
+impl DraftModelSpeculation {
+    /// `num_tokens` draft tokens a step, with the default batch-size rule.
+    pub fn new(num_tokens: usize) -> DraftModelSpeculation {
+        DraftModelSpeculation {
+            num_tokens,
+            disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+        }
+    }
+
+    /// Checks the draft length; the message names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        check_num_tokens(self.num_tokens, "--num-speculative-tokens")
+    }
+
+    /// Whether sequences draft in a step where `active` sequences run or wait.
+    pub fn on_at(&self, active: usize) -> bool {
+        speculates_at(active, self.disable_by_batch_size)
+    }
+}
 
 /// Draft tokens proposed and accepted, by position in the draft (index 0 = the first draft token).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

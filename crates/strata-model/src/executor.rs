@@ -2,6 +2,7 @@
 //! step. The CPU executor lives here; the CUDA one under `cuda/` (feature `cuda`).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use strata_runtime::cpu::ThreadPool;
 
@@ -71,7 +72,8 @@ pub trait Executor: Send {
 pub struct CpuExecutor {
     transformer: Transformer,
     kv: PagedKvCache,
-    pool: ThreadPool,
+    /// Shared with a draft model's executor, which runs between the target's steps.
+    pool: Arc<ThreadPool>,
     scratch: ForwardScratch,
     threads: usize,
     /// Logits of batches run at `submit` and not yet collected, oldest first.
@@ -87,15 +89,37 @@ impl CpuExecutor {
         blocks: usize,
         threads: usize,
     ) -> CpuExecutor {
+        CpuExecutor::with_pool(
+            transformer,
+            dtype,
+            block_size,
+            blocks,
+            Arc::new(ThreadPool::new(threads)),
+        )
+    }
+
+    /// [`Self::new`] on the threads of `pool` (a draft model's executor on its target's).
+    pub fn with_pool(
+        transformer: Transformer,
+        dtype: KvCacheDtype,
+        block_size: usize,
+        blocks: usize,
+        pool: Arc<ThreadPool>,
+    ) -> CpuExecutor {
         let kv = PagedKvCache::new(&transformer.config, dtype, block_size, blocks);
         CpuExecutor {
             transformer,
             kv,
-            pool: ThreadPool::new(threads.max(1)),
+            threads: pool.n_threads(),
+            pool,
             scratch: ForwardScratch::default(),
-            threads: threads.max(1),
             done: VecDeque::new(),
         }
+    }
+
+    /// Its compute threads, for another executor to share.
+    pub fn pool(&self) -> Arc<ThreadPool> {
+        Arc::clone(&self.pool)
     }
 }
 

@@ -166,7 +166,7 @@ macro_rules! generation_request {
             /// Keep generating past end-of-generation tokens.
             pub ignore_eos: Option<bool>,
             /// `false`: never draft tokens for this request when the server speculates
-            /// (`--speculative-ngram`); the output is the same either way (default true).
+            /// (`--speculative-ngram`, `--speculative-model`); the output is the same either way (default true).
             pub speculative: Option<bool>,
             /// Answer with a `text/event-stream` of chunks.
             pub stream: Option<bool>,

@@ -790,6 +790,24 @@ async fn a_speculating_server_answers_as_without_and_counts_drafts_on_metrics() 
         ..common::engine_config()
     };
     let s = TestServer::start(config, common::server_config()).await;
+    assert_answers_as_without_and_counts_drafts(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_drafting_with_a_model_answers_as_without_and_counts_drafts_on_metrics() {
+    let config = EngineConfig {
+        speculative_model: Some(strata_engine::DraftModelSpeculation::new(4)),
+        ..common::engine_config()
+    };
+    let (target, draft) = (common::default_model().await, common::default_model().await);
+    let engine = strata_engine::EngineHandle::start_with_draft_model(target, Some(draft), config).unwrap();
+    let s = TestServer::serve(engine, common::server_config()).await;
+    assert_answers_as_without_and_counts_drafts(s).await;
+}
+
+/// A request opted out of speculation and the same one drafting get the same text, and only
+/// the second one's drafts show on /metrics.
+async fn assert_answers_as_without_and_counts_drafts(s: TestServer) {
     let body = |speculative: bool| {
         json!({"prompt": "Red, green, blue. Red, green, blue. Red, green, blue. Red,", "max_tokens": 24,
                "ignore_eos": true, "temperature": 0, "speculative": speculative})
