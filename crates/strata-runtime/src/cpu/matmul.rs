@@ -417,13 +417,10 @@ fn matmul_quantized(
             }
         }
     };
-    // A multiple of every layout's row alignment.
-    let align = 16;
-    if m == 1 {
-        pool.split_even(total, align, &body);
-    } else {
-        pool.parallel_for(total, align, &body);
-    }
+    // One equal part per thread, on a multiple of every layout's row alignment. A dynamic
+    // split into a few parts per thread cost the row-group kernels half their speed on two
+    // threads at 32 rows (bench/NOTES.md, issue 31).
+    pool.split_even(total, 16, &body);
 }
 
 /// Quantizes the `m` rows of `x` into `buf`: for integer formats with `residual` each row as
