@@ -123,9 +123,10 @@ pub struct SeqChunk {
     /// Cache block of each `block_size` positions, covering at least `first_pos + tokens.len()`.
     pub block_table: Vec<u32>,
     pub logits: LogitsWanted,
-    /// Positions below this are prompt tokens, computed on the dense (GEMM) path; positions from
-    /// here on were generated and are computed on the quantized decode path, also when they are
-    /// recomputed in a chunk after a preemption. A token's numbers depend on its path only, never
+    /// Positions below this are prompt tokens, computed on the dense (GEMM) path (on the
+    /// integer path at `standard` precision when every layer matrix is row-grouped); positions
+    /// from here on were generated and are computed on the quantized decode path, also when they
+    /// are recomputed in a chunk after a preemption. A token's numbers depend on its path only, never
     /// on the rest of the batch. `usize::MAX` makes every token a prompt token.
     pub prompt_len: usize,
     /// Bias and mask of the last token's logits, for `LastArgmax` / `LastSampled` rows on

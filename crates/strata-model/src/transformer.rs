@@ -2,6 +2,7 @@
 //! Reads and writes the paged KV cache; returns logits only for the positions asked for.
 
 use strata_runtime::cpu::ops;
+use strata_runtime::cpu::quant_dot::WeightLayout;
 use strata_runtime::cpu::{matmul, matmul_many, ActPrecision, DisjointMut, MatmulScratch, RowPaths, ThreadPool};
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
@@ -123,6 +124,25 @@ impl Transformer {
         }
     }
 
+    /// How the rows of a batch go through the layers' products. Generated rows take the
+    /// integer kernels; prompt rows the f32 GEMM, except at `standard` precision when every
+    /// layer matrix is stored in row groups: those integer kernels (8-bit activations, as
+    /// llama.cpp's prompts get) outrun the GEMM (bench/NOTES.md, issue 31). A row's path
+    /// follows from its kind, never from the batch.
+    fn matmul_paths(&self, flat: &FlatBatch) -> RowPaths {
+        let grouped = |l: &crate::weights::Linear| l.layout == WeightLayout::RowGroups8;
+        let all_grouped = self.weights.layers.iter().all(|lw| {
+            [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]
+                .into_iter()
+                .all(grouped)
+        });
+        if self.act_precision == ActPrecision::Standard && all_grouped {
+            RowPaths::quantized(flat.paths.total()).with_precision(ActPrecision::Standard)
+        } else {
+            flat.paths.with_precision(self.act_precision)
+        }
+    }
+
     /// Checks a batch against the model and the cache before anything is computed.
     fn validate(&self, batch: &[SeqChunk], kv: &PagedKvCache) -> Result<(), ModelError> {
         let c = &self.config;
@@ -168,7 +188,7 @@ impl Transformer {
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let flat = FlatBatch::new(batch);
         let slots = &flat.slots;
-        let paths = flat.paths.with_precision(self.act_precision);
+        let paths = self.matmul_paths(&flat);
         let t = slots.len();
         if t == 0 {
             return Ok(Logits {

@@ -126,7 +126,8 @@ pub enum ActPrecision {
     High,
     /// One 8-bit quantization per row, as llama.cpp does: ~1 % logit drift that can change
     /// greedy text, about twice the throughput where batched decode is compute-bound. The
-    /// default of the engine and the CLI.
+    /// default of the engine and the CLI; with row-grouped weights the model sends its prompt
+    /// rows through these kernels too (`Transformer`'s `matmul_paths`).
     #[default]
     Standard,
 }
