@@ -376,6 +376,10 @@ fn matmul_quantized(
     let body = |virt: std::ops::Range<usize>| {
         for (wi, w) in ws.iter().enumerate() {
             let (lo, hi) = (first_row[wi].max(virt.start), first_row[wi + 1].min(virt.end));
+            if lo >= hi {
+                continue;
+            }
+            // The padding rows of a row group are computed by no one.
             let rows = lo - first_row[wi]..(hi - first_row[wi]).min(w.rows);
             if rows.is_empty() {
                 continue;
@@ -524,6 +528,36 @@ mod tests {
                 &single[..],
                 "row {j} differs alone vs in a batch"
             );
+        }
+    }
+
+    /// Several matrices in one call, split over threads at any row: each output equals the
+    /// matrix's product alone (a thread's range before or after a matrix must skip it).
+    #[test]
+    fn matmul_many_splits_rows_over_matrices_of_any_size() {
+        let k = 64;
+        let shapes = [40usize, 13, 24, 7];
+        let files: Vec<Vec<u8>> = shapes.iter().map(|&n| q4_1_matrix(n, k)).collect();
+        let packed: Vec<Vec<u8>> = files.iter().zip(shapes).map(|(f, n)| cpu_bytes(f, n, k)).collect();
+        let ws: Vec<WeightMatrix> = packed
+            .iter()
+            .zip(shapes)
+            .map(|(b, n)| WeightMatrix::new(GgmlType::Q4_1, n, k, b).unwrap())
+            .collect();
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for m in [1, 3] {
+                let x: Vec<f32> = (0..m * k).map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0).collect();
+                let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&n| vec![f32::NAN; m * n]).collect();
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                let paths = RowPaths::quantized(m).with_precision(ActPrecision::Standard);
+                matmul_many(&pool, &ws, &x, paths, &mut refs, &mut MatmulScratch::default());
+                for (w, got) in ws.iter().zip(&outs) {
+                    let mut alone = vec![0.0; m * w.rows];
+                    matmul(&pool, w, &x, paths, &mut alone, &mut MatmulScratch::default());
+                    assert_eq!(got, &alone, "{w:?}, {threads} threads, m = {m}");
+                }
+            }
         }
     }
 

@@ -1109,7 +1109,7 @@ vnni_matrix_fn!(vnni_mat_q5_1, vnni_mat_q5_1_impl, vnni_tile_q5_1, GgmlType::Q5_
 macro_rules! group_matrix_fn {
     ($safe:ident, $inner:ident, $tile:ident, $kind:ident, $gb:literal, $ty:expr, $feat:literal, $rmax:literal) => {
         /// Row groups one after another, each against the activation rows `$rmax` at a time
-        /// (then 4, 2, 1): the group's weights stay in L1 while the rows pass.
+        /// (then the rest at once): the group's weights stay in L1 while the rows pass.
         #[target_feature(enable = $feat)]
         fn $inner(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
             let gbytes = GROUP_ROWS * weight_row_bytes($ty, n);
@@ -1126,19 +1126,24 @@ macro_rules! group_matrix_fn {
                     put_group(out, m, r0, valid, j, t);
                     j += $rmax;
                 }
-                if $rmax > 4 && m - j >= 4 {
-                    let t = $tile::<$kind, $gb, 4>(n, gw, std::array::from_fn(|r| arow(j + r)));
-                    put_group(out, m, r0, valid, j, t);
-                    j += 4;
+                // The rest in one pass over the group (a verification step of speculative
+                // decoding is 2-5 rows): AVX2's 16 registers hold at most 4 rows' sums.
+                macro_rules! rest {
+                    ($r:literal) => {{
+                        let t = $tile::<$kind, $gb, $r>(n, gw, std::array::from_fn(|r| arow(j + r)));
+                        put_group(out, m, r0, valid, j, t);
+                    }};
                 }
-                if m - j >= 2 {
-                    let t = $tile::<$kind, $gb, 2>(n, gw, [arow(j), arow(j + 1)]);
-                    put_group(out, m, r0, valid, j, t);
-                    j += 2;
-                }
-                if m > j {
-                    let t = $tile::<$kind, $gb, 1>(n, gw, [arow(j)]);
-                    put_group(out, m, r0, valid, j, t);
+                match m - j {
+                    0 => {}
+                    1 => rest!(1),
+                    2 => rest!(2),
+                    3 => rest!(3),
+                    4 if $rmax > 4 => rest!(4),
+                    5 if $rmax > 5 => rest!(5),
+                    6 if $rmax > 6 => rest!(6),
+                    7 if $rmax > 7 => rest!(7),
+                    _ => unreachable!("fewer than {} rows are left", $rmax),
                 }
             }
         }
