@@ -422,9 +422,8 @@ fn matmul_quantized(
             }
         }
     };
-    // One equal part per thread, on a multiple of every layout's row alignment. A dynamic
-    // split into a few parts per thread cost the row-group kernels half their speed on two
-    // threads at 32 rows (bench/NOTES.md, issue 31).
+    // One equal part per thread (rows cost the same), on a multiple of every layout's row
+    // alignment.
     pool.split_even(total, 16, &body);
 }
 
