@@ -7,17 +7,24 @@
 // 16; scales[n] f32; value = e4m3 × scales[row]. Normed inputs carry the norm's weights in x,
 // as quant.cu's do (norm kernels with weights, or the residual GEMV scaling res_bf16).
 //
-// E4M3 to f16 is one instruction a pair from sm_89 (cvt.rn.f16x2.e4m3x2). Below, a byte's
-// exponent and mantissa bits placed in an f16's low exponent bits give the value times 2^-8
-// exactly (subnormals included), three instructions a pair; FP8_DECODED folds the 2^8 into
-// each row's scale, so both paths give the same sums.
+// E4M3 to f32 by integer instructions: the byte moved to the top of a word, shifted down 4
+// arithmetically and masked leaves its sign at bit 31 and its exponent and mantissa in the f32's
+// low exponent and high mantissa bits: the value times 2^-120 exactly, subnormals included (the
+// kernels run without flush-to-zero). FP8_DECODED folds the 2^120 into each row's scale. Three
+// integer instructions a weight: the conversion unit (cvt e4m3x2 to f16x2, then f16 to f32) runs
+// at an eighth of the FMA rate and bound the GEMVs (bench/NOTES.md, FP8 v2).
+// STRATA_KERNEL_DEFINES="FP8_CVT=1" selects that conversion-unit path, for measurements.
 
 typedef unsigned char u8;
 
-#if __CUDA_ARCH__ >= 890
+#ifndef FP8_CVT
+#define FP8_CVT 0
+#endif
+
+#if FP8_CVT && __CUDA_ARCH__ >= 890
 #define FP8_DECODED 1.0f
 #else
-#define FP8_DECODED 256.0f
+#define FP8_DECODED 0x1p120f
 #endif
 
 // 16-byte loads in flight per lane and row (STRATA_KERNEL_DEFINES="FP8_LOADS=4" for measurements).
@@ -25,34 +32,29 @@ typedef unsigned char u8;
 #define FP8_LOADS 4
 #endif
 
-// Two E4M3 bytes (the low two of `two`, lowest first) as an f16 pair: exactly, or times 2^-8
-// below sm_89 (see FP8_DECODED).
-__device__ __forceinline__ u32 fp8x2_to_f16x2(u32 two) {
-#if __CUDA_ARCH__ >= 890
-    u32 r;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)(two & 0xffffu)));
-    return r;
-#else
-    // Byte 0 to bits 15..8, byte 1 to bits 31..24; then e and m down one bit, below the sign.
-    const u32 p = __byte_perm(two, 0u, 0x1404);
-    return ((p & 0x7f007f00u) >> 1) | (p & 0x80008000u);
-#endif
-}
-
 // Sixteen E4M3 bytes as f32 (times 1 / FP8_DECODED).
 __device__ __forceinline__ void fp8x16_to_f32(uint4 q, float (&v)[16]) {
     const u32 words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
+#if FP8_CVT && __CUDA_ARCH__ >= 890
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const u32 pair = fp8x2_to_f16x2(words[i] >> (16 * h));
+            u32 pair;
+            asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"((unsigned short)((words[i] >> (16 * h)) & 0xffffu)));
             float lo, hi;
             asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(pair & 0xffffu)));
             asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(pair >> 16)));
             v[4 * i + 2 * h] = lo;
             v[4 * i + 2 * h + 1] = hi;
         }
+#else
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const int top = (int)__byte_perm(words[i], 0u, 0x0444u | ((u32)b << 12));
+            v[4 * i + b] = __uint_as_float((u32)(top >> 4) & 0x87f00000u);
+        }
+#endif
     }
 }
 

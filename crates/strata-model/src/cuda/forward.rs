@@ -97,6 +97,9 @@ pub struct GpuTransformer {
     /// cuBLASLt on FP8 operands for the FP8 matrices' larger products, where the GPU has FP8
     /// tensor cores (compute capability 8.9 on); `None` runs them weight-only in bf16.
     pub(super) fp8_gemm: Option<Gemm>,
+    /// cuBLASLt applies the FP8 products' weight-row and token scales itself (off by
+    /// `STRATA_FP8_OUTER_SCALES=0`, or once cuBLASLt refuses them: then fp8.cu's kernel does).
+    pub(super) fp8_outer_scales: bool,
 }
 
 impl Drop for GpuTransformer {
@@ -170,7 +173,9 @@ impl GpuTransformer {
                 let width = local.widest_product_input();
                 let bytes = fp8_act_scales_offset(limits.max_tokens, width) + limits.max_tokens * 4;
                 bufs.fp8_act = Some(gpu.alloc(bytes, "FP8 activations")?);
-                Some(Gemm::new(&gpu, GemmOperands::Fp8E4m3)?)
+                let mut g = Gemm::new(&gpu, GemmOperands::Fp8E4m3)?;
+                g.set_fp8_fast_accum(knobs.fp8_fast_accum);
+                Some(g)
             }
             false => None,
         };
@@ -208,6 +213,7 @@ impl GpuTransformer {
             ablate: Vec::new(),
             two_pass_activations: false,
             fp8_gemm,
+            fp8_outer_scales: knobs.fp8_outer_scales,
         })
     }
 

@@ -73,6 +73,20 @@ impl GpuTransformer {
             return Ok(());
         }
         let timer = self.profile_start()?;
+        if self.fp8_outer_scales {
+            if let Some(gemm) = self.fp8_gemm.as_mut() {
+                // SAFETY: as below, and w's n row scales, the t token scales.
+                let scaled = unsafe { gemm.matmul_scaled(&self.gpu, w.w, act, y, (n, k, t), out, (w.scales, scales)) };
+                match scaled {
+                    Ok(()) => return self.profile_end(timer, || format!("gemm fp8 scaled {n}x{k}")),
+                    // Refused before anything was queued: scale with fp8.cu's kernel from now on.
+                    Err(e) => {
+                        tracing::warn!("cuBLASLt does not scale FP8 products here ({e}); fp8.cu scales them");
+                        self.fp8_outer_scales = false;
+                    }
+                }
+            }
+        }
         if let Some(gemm) = self.fp8_gemm.as_mut() {
             // SAFETY: w holds n x k E4M3 bytes (weights.rs), act the t x k quantized activations
             // (the FP8 activation buffer holds max_tokens rows of the widest k), y t x n outputs.

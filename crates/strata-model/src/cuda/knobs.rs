@@ -26,6 +26,11 @@ pub struct GpuKnobs {
     pub tune_gemms: bool,
     /// `STRATA_GPU_PROFILE` (any value): the GPU time of every kernel, printed at the end.
     pub profile: bool,
+    /// `STRATA_FP8_FAST_ACCUM=0`: FP8 GEMMs with cuBLASLt's periodic promotion to f32 sums.
+    pub fp8_fast_accum: bool,
+    /// `STRATA_FP8_OUTER_SCALES=0`: FP8 GEMMs scaled by fp8.cu's kernel after cuBLASLt, not by
+    /// cuBLASLt itself.
+    pub fp8_outer_scales: bool,
 }
 
 impl GpuKnobs {
@@ -51,6 +56,8 @@ impl GpuKnobs {
             },
             tune_gemms: !off("STRATA_GEMM_TUNE"),
             profile: var("STRATA_GPU_PROFILE").is_some(),
+            fp8_fast_accum: !off("STRATA_FP8_FAST_ACCUM"),
+            fp8_outer_scales: !off("STRATA_FP8_OUTER_SCALES"),
         }
     }
 }
@@ -77,6 +84,8 @@ mod tests {
                 attention_stages: 3,
                 tune_gemms: true,
                 profile: false,
+                fp8_fast_accum: true,
+                fp8_outer_scales: true,
             }
         );
         let all = knobs(&[
@@ -88,6 +97,8 @@ mod tests {
             ("STRATA_ATTN_STAGES", "0"),
             ("STRATA_GEMM_TUNE", "0"),
             ("STRATA_GPU_PROFILE", "1"),
+            ("STRATA_FP8_FAST_ACCUM", "0"),
+            ("STRATA_FP8_OUTER_SCALES", "0"),
         ]);
         assert_eq!(
             all,
@@ -100,6 +111,8 @@ mod tests {
                 attention_stages: 0,
                 tune_gemms: false,
                 profile: true,
+                fp8_fast_accum: false,
+                fp8_outer_scales: false,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

@@ -4,9 +4,13 @@
 use strata_runtime::cuda::{CudaError, GemmOut};
 
 use super::forward::GpuTransformer;
+use super::fp8_matmul::fp8_act_scales_offset;
 use super::graphs::graph_bucket;
 use super::layers::DETERMINISTIC_CHUNKS;
-use super::weights::{ComputeDtype, GpuLayer, GpuMatrix};
+use super::weights::{ComputeDtype, GpuLayer, GpuMatrix, MatrixView};
+
+/// A product of every layer: its matrix, input, output, (n, k) and output type.
+type ProductKind = (fn(&GpuLayer) -> &GpuMatrix, u64, u64, (usize, usize), GemmOut);
 
 impl GpuTransformer {
     /// `--deterministic`: every GEMM sums in one fixed order whatever its shape (gemm.cu), TP
@@ -62,36 +66,67 @@ impl GpuTransformer {
             self.weights.layers.iter().map(|l| f(l).gemm_ptr(scratch)).collect()
         };
         let width = c.q_dim() + 2 * c.kv_dim();
-        let products = [
+        let kinds: [ProductKind; 4] = [
+            (|l| &l.wqkv, b.xn.ptr(), b.qkv.ptr(), (width, c.hidden), GemmOut::Bf16),
             (
-                of_layers(|l| &l.wqkv),
-                b.xn.ptr(),
-                b.qkv.ptr(),
-                (width, c.hidden),
-                GemmOut::Bf16,
-            ),
-            (
-                of_layers(|l| &l.wo),
+                |l| &l.wo,
                 b.attn.ptr(),
                 b.proj.ptr(),
                 (c.hidden, c.q_dim()),
                 GemmOut::F32,
             ),
             (
-                of_layers(|l| &l.w_gate_up),
+                |l| &l.w_gate_up,
                 b.xn.ptr(),
                 b.gate_up.ptr(),
                 (2 * c.intermediate, c.hidden),
                 GemmOut::Bf16,
             ),
             (
-                of_layers(|l| &l.w_down),
+                |l| &l.w_down,
                 b.act.ptr(),
                 b.proj.ptr(),
                 (c.hidden, c.intermediate),
                 GemmOut::F32,
             ),
         ];
+        // FP8 matrices' products run on the FP8 GEMM (fp8_matmul.rs), from the FP8 activations.
+        let fp8_act = b.fp8_act.as_ref().map(|a| a.ptr()).filter(|_| self.fp8_gemm.is_some());
+        let on_fp8 = |f: fn(&GpuLayer) -> &GpuMatrix| {
+            fp8_act.is_some()
+                && self
+                    .weights
+                    .layers
+                    .iter()
+                    .all(|l| matches!(f(l), GpuMatrix::Fp8 { .. }))
+        };
+        let products: Vec<_> = kinds
+            .iter()
+            .filter(|(f, ..)| !on_fp8(*f))
+            .map(|&(f, x, y, shape, out)| (of_layers(f), x, y, shape, out))
+            .collect();
+        // The FP8 products, with the first layer's weight scales and the activations' scales
+        // when cuBLASLt applies them (the values do not change the timing).
+        let fp8_products: Vec<_> = match fp8_act {
+            Some(act) => kinds
+                .iter()
+                .filter(|(f, ..)| on_fp8(*f))
+                .map(|&(f, _, y, (n, k), out)| {
+                    let ptrs = |m: &GpuMatrix| match m.view() {
+                        MatrixView::Fp8(v) => (v.w, v.scales),
+                        _ => (0, 0),
+                    };
+                    let weights: Vec<u64> = self.weights.layers.iter().map(|l| ptrs(f(l)).0).collect();
+                    let act_scales =
+                        act + fp8_act_scales_offset(self.limits.max_tokens, c.widest_product_input()) as u64;
+                    let scales = self
+                        .fp8_outer_scales
+                        .then(|| (ptrs(f(&self.weights.layers[0])).1, act_scales));
+                    (weights, act, y, (n, k), out, scales)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let dense_head = |w: &&GpuMatrix| !w.is_quantized();
         let lm_head = self
             .weights
@@ -120,7 +155,15 @@ impl GpuTransformer {
                 // SAFETY: the weights are this shard's matrices of shape n x k; x and y are the
                 // step buffers these products read and write, sized for the step limits, which
                 // hold `t` tokens (t <= max_tokens, and t <= logit_rows for the LM head).
-                let (f, b) = unsafe { self.gemm.tune(&self.gpu, weights, *x, *y, (*n, *k, t), *out) }?;
+                let (f, b) = unsafe { self.gemm.tune(&self.gpu, weights, *x, *y, (*n, *k, t), *out, None) }?;
+                first += f;
+                best += b;
+            }
+            for (weights, x, y, (n, k), out, scales) in &fp8_products {
+                let Some(gemm) = self.fp8_gemm.as_mut() else { break };
+                // SAFETY: as above, with n x k E4M3 weights, the FP8 activation buffer (max_tokens
+                // rows of the widest input) and scales of n and t f32.
+                let (f, b) = unsafe { gemm.tune(&self.gpu, weights, *x, *y, (*n, *k, t), *out, *scales) }?;
                 first += f;
                 best += b;
             }

@@ -42,9 +42,13 @@ pub enum GemmOperands {
     Fp8E4m3,
 }
 
-/// A product's shape `(n, k, t)`, output type and output row stride (`n`, or wider for a slab
-/// of a larger output).
-type PlanKey = (usize, usize, usize, GemmOut, usize);
+/// A product's shape `(n, k, t)`, output type, output row stride (`n`, or wider for a slab of a
+/// larger output), and whether cuBLASLt scales an FP8 product itself ([`Gemm::matmul_scaled`]).
+type PlanKey = (usize, usize, usize, GemmOut, usize, bool);
+
+/// cuBLASLt's `CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F` (CUDA 12.9+): an f32 scale per row of
+/// op(A) and per column of B, i.e. per weight row and per token.
+const SCALE_OUTER_VEC_32F: i32 = 3;
 
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
@@ -58,6 +62,9 @@ pub struct Gemm {
     operands: GemmOperands,
     workspace: DeviceBuffer,
     plans: HashMap<PlanKey, Plan>,
+    /// FP8 products accumulate in the tensor cores' own precision, without cuBLASLt's periodic
+    /// promotion to f32 (`set_fp8_fast_accum`).
+    fp8_fast_accum: bool,
 }
 
 // SAFETY: the handle is used from one thread at a time (the owner's).
@@ -81,7 +88,14 @@ impl Gemm {
             operands,
             workspace,
             plans: HashMap::new(),
+            fp8_fast_accum: true,
         })
+    }
+
+    /// Whether FP8 products skip cuBLASLt's periodic promotion to f32 sums (default on, as the
+    /// FP8 serving stacks run; `STRATA_FP8_FAST_ACCUM=0` turns it off). Applies to plans made after.
+    pub fn set_fp8_fast_accum(&mut self, on: bool) {
+        self.fp8_fast_accum = on;
     }
 
     fn plan(&mut self, key: PlanKey) -> Result<&Plan, CudaError> {
@@ -92,7 +106,7 @@ impl Gemm {
         Ok(&self.plans[&key])
     }
 
-    fn make_plan(&self, (n, k, t, out, ld): PlanKey) -> Result<Plan, CudaError> {
+    fn make_plan(&self, (n, k, t, out, ld, scaled): PlanKey) -> Result<Plan, CudaError> {
         let (bf16, f32) = (sys::cudaDataType_t::CUDA_R_16BF, sys::cudaDataType_t::CUDA_R_32F);
         let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
         let (in_type, out_type) = match (self.operands, out) {
@@ -120,13 +134,19 @@ impl Gemm {
         let transpose: i32 = 1;
         // SAFETY: the descriptor was just created; the attribute buffer outlives the call.
         unsafe {
-            lt::set_matmul_desc_attribute(
-                desc,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &transpose as *const i32 as *const c_void,
-                std::mem::size_of::<i32>(),
-            )
-            .map_err(blas("set TRANSA"))?;
+            set_desc(desc, Desc::CUBLASLT_MATMUL_DESC_TRANSA, &transpose).map_err(blas("set TRANSA"))?;
+            if self.operands == GemmOperands::Fp8E4m3 {
+                let fast = self.fp8_fast_accum as i8;
+                set_desc(desc, Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast).map_err(blas("set FAST_ACCUM"))?;
+            }
+            if scaled {
+                for attr in [
+                    Desc::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    Desc::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                ] {
+                    set_desc(desc, attr, &SCALE_OUTER_VEC_32F).map_err(blas("set SCALE_MODE"))?;
+                }
+            }
         }
         let layouts = [a, b, c];
         let algo = self.candidates(desc, layouts, 1)?[0].algo;
@@ -190,10 +210,12 @@ impl Gemm {
     /// be distinct (a model's layers): each product then reads its weights from memory as inside
     /// a forward pass, where one matrix timed back to back is served from L2 and favours
     /// algorithms that lose inside a step. Returns the timed pass of the heuristic's first choice
-    /// and of the one kept, in ms.
+    /// and of the one kept, in ms. `scales` (weight rows, tokens) times the scaled FP8 product
+    /// ([`Gemm::matmul_scaled`]) instead of the unscaled one.
     ///
     /// # Safety
     /// As [`Gemm::matmul`] for every matrix of `weights`. Not while `gpu`'s stream is captured.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn tune(
         &mut self,
         gpu: &Gpu,
@@ -202,10 +224,14 @@ impl Gemm {
         y: CUdeviceptr,
         (n, k, t): (usize, usize, usize),
         out: GemmOut,
+        scales: Option<(CUdeviceptr, CUdeviceptr)>,
     ) -> Result<(f32, f32), CudaError> {
-        let key = (n, k, t, out, n);
+        let key = (n, k, t, out, n, scales.is_some());
         self.plan(key)?;
         let plan = &self.plans[&key];
+        if let Some(scales) = scales {
+            set_scales(plan, scales)?;
+        }
         let heuristic = self.candidates(plan.desc, plan.layouts, TUNE_CANDIDATES)?;
         let mut candidates: Vec<sys::cublasLtMatmulAlgo_t> = heuristic.iter().map(|r| r.algo).collect();
         // Split-k copies come after the heuristic's own candidates (`STRATA_GEMM_SPLIT_K=0`
@@ -338,9 +364,42 @@ impl Gemm {
         if t == 0 {
             return Ok(());
         }
-        let key = (n, k, t, out, ld);
+        let key = (n, k, t, out, ld, false);
         let algo = self.plan(key)?.algo;
         self.run(gpu, &self.plans[&key], &algo, w, x, y)
+    }
+
+    /// An FP8 [`Gemm::matmul`] that cuBLASLt scales itself: `y[j, i] = (x[j] · w[i]) *
+    /// w_scales[i] * x_scales[j]` (f32 scales), where the GPU and cuBLASLt support outer-vector
+    /// scales (Hopper, CUDA 12.9+). An error before anything is queued when they do not.
+    ///
+    /// # Safety
+    /// As [`Gemm::matmul`], with `w_scales` holding n and `x_scales` t f32.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn matmul_scaled(
+        &mut self,
+        gpu: &Gpu,
+        w: CUdeviceptr,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+        (w_scales, x_scales): (CUdeviceptr, CUdeviceptr),
+    ) -> Result<(), CudaError> {
+        if self.operands != GemmOperands::Fp8E4m3 {
+            return Err(CudaError::Blas {
+                op: "cublasLtMatmul",
+                err: "scales are for FP8 operands".into(),
+            });
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let key = (n, k, t, out, n, true);
+        let algo = self.plan(key)?.algo;
+        let plan = &self.plans[&key];
+        set_scales(plan, (w_scales, x_scales))?;
+        self.run(gpu, plan, &algo, w, x, y)
     }
 
     /// One product with `plan`'s descriptors and `algo`.
@@ -373,6 +432,26 @@ impl Gemm {
             gpu.stream.cu_stream() as sys::cudaStream_t,
         )
         .map_err(blas("cublasLtMatmul"))
+    }
+}
+
+use sys::cublasLtMatmulDescAttributes_t as Desc;
+
+/// Sets a matmul descriptor attribute (`T` its C type).
+///
+/// # Safety
+/// `desc` must be a live descriptor.
+unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: Desc, value: &T) -> Result<(), lt::CublasError> {
+    lt::set_matmul_desc_attribute(desc, attr, value as *const T as *const c_void, std::mem::size_of::<T>())
+}
+
+/// Points a scaled plan at a product's weight-row and token scales (read when the product is
+/// queued, so each product of a captured graph keeps its own).
+fn set_scales(plan: &Plan, (w_scales, x_scales): (CUdeviceptr, CUdeviceptr)) -> Result<(), CudaError> {
+    // SAFETY: the plan's descriptor lives as long as the plan; the values are copied.
+    unsafe {
+        set_desc(plan.desc, Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales).map_err(blas("set A_SCALE"))?;
+        set_desc(plan.desc, Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales).map_err(blas("set B_SCALE"))
     }
 }
 

@@ -282,24 +282,46 @@ fn fp8_tensor_core_products_match_the_cpu_within_activation_rounding() {
             };
             // SAFETY: y t x n, scales t and n f32.
             unsafe { scale.launch(&gpu, &kernels) }.unwrap();
-            let got: Vec<f32> = if out == GemmOut::F32 {
-                let mut v = vec![0f32; t * n];
-                gpu.read(&y, 0, &mut v).unwrap();
-                v
-            } else {
-                read_bf16(&gpu, &y, t * n)
+            // The same product scaled by cuBLASLt itself (Hopper with CUDA 12.9+ takes it).
+            let y_scaled = gpu.alloc(t * n * elem, "y scaled").unwrap();
+            let scales = (m.scales.ptr(), act_scales.ptr());
+            // SAFETY: as above, scales of n and t f32.
+            let scaled =
+                unsafe { gemm.matmul_scaled(&gpu, m.bytes.ptr(), act.ptr(), y_scaled.ptr(), (n, k, t), out, scales) };
+            if gpu.info.compute_capability >= (9, 0) {
+                scaled.unwrap();
+            } else if let Err(e) = scaled {
+                eprintln!(
+                    "cuBLASLt scales no FP8 product on {:?}: {e}",
+                    gpu.info.compute_capability
+                );
+            }
+            let read = |y: &DeviceBuffer| -> Vec<f32> {
+                if out == GemmOut::F32 {
+                    let mut v = vec![0f32; t * n];
+                    gpu.read(y, 0, &mut v).unwrap();
+                    v
+                } else {
+                    read_bf16(&gpu, y, t * n)
+                }
             };
-            for j in 0..t {
-                let xr = &x[j * k..(j + 1) * k];
-                for r in 0..n {
-                    let wr = &m.w[r * k..(r + 1) * k];
-                    let (a, b) = (got[j * n + r] as f64, dot(wr, xr));
-                    // The activations' rounding (1/16 of each product at most), then bf16 twice.
-                    let bound = abs_dot(wr, xr) / 16.0 + 2.0 * b.abs() / 256.0;
-                    assert!(
-                        (a - b).abs() <= bound,
-                        "n {n} k {k} {out:?}: token {j} row {r}: {a} vs {b}"
-                    );
+            let mut outputs = vec![("scaled after", read(&y))];
+            if gpu.info.compute_capability >= (9, 0) {
+                outputs.push(("scaled by cuBLASLt", read(&y_scaled)));
+            }
+            for (how, got) in &outputs {
+                for j in 0..t {
+                    let xr = &x[j * k..(j + 1) * k];
+                    for r in 0..n {
+                        let wr = &m.w[r * k..(r + 1) * k];
+                        let (a, b) = (got[j * n + r] as f64, dot(wr, xr));
+                        // The activations' rounding (1/16 of each product at most), then bf16 twice.
+                        let bound = abs_dot(wr, xr) / 16.0 + 2.0 * b.abs() / 256.0;
+                        assert!(
+                            (a - b).abs() <= bound,
+                            "n {n} k {k} {out:?} {how}: token {j} row {r}: {a} vs {b}"
+                        );
+                    }
                 }
             }
         }

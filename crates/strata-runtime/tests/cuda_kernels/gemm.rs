@@ -116,7 +116,7 @@ fn a_tuned_gemm_computes_what_the_heuristic_one_does() {
     };
     let before = product(&mut gemm);
     // SAFETY: as above, for each of the four matrices.
-    let (first, best) = unsafe { gemm.tune(&gpu, &ptrs, xp, yp, (n, k, t), GemmOut::F32) }.unwrap();
+    let (first, best) = unsafe { gemm.tune(&gpu, &ptrs, xp, yp, (n, k, t), GemmOut::F32, None) }.unwrap();
     eprintln!("{n}x{k}, {t} tokens, 4 matrices: heuristic's first {first:.3} ms, kept {best:.3} ms");
     assert!(
         best > 0.0 && best <= first,
