@@ -397,7 +397,9 @@ pub fn start_gpu(
 
 /// Starts the engine for `model` on GPU `ordinal` with `draft` proposing tokens on the same GPU.
 /// The draft is uploaded first, on its weights' share of --gpu-memory-utilization (at least a
-/// twentieth of it) for its weights, activations and KV cache; the target gets the rest.
+/// twentieth of it) for its weights, activations and KV cache; the target gets the rest. The
+/// draft keeps its file's weight format (`--quantization` is the target's): a draft is meant to be
+/// cheap, e.g. a 4-bit GGUF drafting for a bf16 or FP8 target.
 #[cfg(feature = "cuda")]
 fn start_gpu_with_draft(
     model: LoadedModel,
@@ -418,6 +420,7 @@ fn start_gpu_with_draft(
     let draft_share = (util * draft_bytes as f64 / (target_bytes + draft_bytes).max(1) as f64).max(util / 20.0);
     let draft_opts = strata_model::cuda::GpuOptions {
         gpu_memory_utilization: draft_share,
+        quantization: strata_model::cuda::GpuQuantization::Auto,
         ..gpu_options(&draft, &config, ordinal, dev)
     };
     let target_opts = strata_model::cuda::GpuOptions {

@@ -107,7 +107,8 @@ pub struct SpeculationArgs {
     /// Draft-model speculative decoding, off by default: a GGUF file or HF checkpoint of a smaller
     /// model with the target's tokenizer (e.g. Qwen2.5-0.5B-Instruct for Qwen2.5-7B-Instruct)
     /// proposes --num-speculative-tokens tokens a step, which the target verifies in one pass.
-    /// Output is the same as without it. Not with --speculative-ngram.
+    /// Output is the same as without it. On a GPU the draft keeps its file's weight format
+    /// (--quantization is the target's). Not with --speculative-ngram.
     #[arg(long, value_name = "PATH")]
     pub speculative_model: Option<PathBuf>,
     /// With --speculative-model: draft tokens a step, 1 to 16 (vLLM's num_speculative_tokens;
