@@ -81,22 +81,24 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
-/// Input-grounded tasks: the answer quotes or rewrites its input (edit this code, answer quoting
-/// this passage, rewrite this JSON).
-const TASKS: &[&str] = &[
-    "Rename the function `area` to `rectangle_area` in this code and change nothing else. Reply with the whole code.\n\n```python\ndef area(width, height):\n    \"\"\"Return the area of a rectangle.\"\"\"\n    if width < 0 or height < 0:\n        raise ValueError(\"sides must be positive\")\n    return width * height\n\n\ndef describe(width, height):\n    return f\"a {width} by {height} rectangle of area {area(width, height)}\"\n```",
-    "Answer by quoting the passage word for word: what does the passage say about the river?\n\nPassage: The river runs through the middle of the old town, under seven stone bridges. In spring the river rises and floods the lower streets, so the market moves up the hill to the church square. In summer the river is low and slow, and children swim near the mill.",
-    "Rewrite this JSON with the key \"city\" renamed to \"town\", keeping every other key and value as it is. Reply with JSON only.\n\n{\"name\": \"Ada Lovelace\", \"born\": 1815, \"city\": \"London\", \"fields\": [\"mathematics\", \"computing\"], \"notes\": \"wrote the first published program for the Analytical Engine\"}",
-    "Fix the typo in this code and reply with the corrected code only.\n\n```rust\nfn main() {\n    let numbers = vec![1, 2, 3, 4, 5];\n    let total: i32 = numbers.iter().sum();\n    println!(\"the totl is {}\", total);\n    for n in &numbers {\n        println!(\"{} squared is {}\", n, n * n);\n    }\n}\n```",
-];
+/// Input-grounded tasks (the answer quotes or rewrites its input), shared with the GPU client.
+fn tasks() -> Vec<String> {
+    let file: serde_json::Value =
+        serde_json::from_str(include_str!("../../../bench/speculation_tasks.json")).expect("the tasks file is JSON");
+    let tasks = file["tasks"].as_array().expect("a list of tasks");
+    tasks
+        .iter()
+        .map(|t| t.as_str().expect("a task is text").to_string())
+        .collect()
+}
 
 fn prompts(e: &EngineHandle) -> Vec<Vec<u32>> {
-    TASKS
+    tasks()
         .iter()
         .map(|task| {
             let text = e
                 .chat_template()
-                .render(&[ChatMessage::user(*task)], true)
+                .render(&[ChatMessage::user(task)], true)
                 .expect("the chat template renders");
             e.tokenizer().encode(&text, false, true).expect("encodes")
         })

@@ -239,18 +239,19 @@ impl GpuTransformer {
         self.limits.check(batch, &self.config, &self.kv)?;
         let gpu_err = |e: CudaError| ModelError::Device(e.to_string());
         self.gpu.bind().map_err(gpu_err)?;
+        // Decode-shaped steps, where every token is a logits row (one token a sequence, or a
+        // speculative verification chunk of a sequence's draft tokens, each attending to the
+        // keys up to its own position), run padded to a bucket size, captured as a graph or
+        // eagerly: the same shapes either way, so the same numbers.
         let decode = !batch.is_empty()
-            && batch.iter().all(|c| {
-                c.tokens.len() == 1
-                    && matches!(
-                        c.logits,
-                        LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_)
-                    )
+            && batch.iter().all(|c| match c.logits {
+                LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) => c.tokens.len() == 1,
+                LogitsWanted::All => !c.tokens.is_empty(),
+                _ => false,
             });
-        // Decode steps run padded to a bucket size, captured as a graph or eagerly: the same
-        // shapes either way, so the same numbers.
+        let rows: usize = batch.iter().map(|c| c.tokens.len()).sum();
         let bucket = if decode {
-            graph_bucket(batch.len(), self.limits.max_seqs)
+            graph_bucket(rows, self.limits.max_seqs)
         } else {
             None
         };

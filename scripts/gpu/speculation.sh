@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 32 on one H200 with the default model's real weights (staged by stage_model.sh from the
+# carried parts): the engine's GPU test (greedy output the same with and without prompt lookup,
+# verification steps as CUDA graphs), then `strata serve` under speculation_client.py (one user on
+# bench/speculation_tasks.json with speculation on and off interleaved, then 64 users): prompt
+# lookup (--speculative-ngram 3:1:4) on the Q4_1 file, and a draft model: the Q4_1 file drafting
+# for a bf16 copy of the same weights (--quantization none), the only real-weight pair here.
+# With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Carries gpu-bin/strata.gz,
+# speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks. Outputs in $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+source "$(dirname "$0")/libs.sh"
+bash scripts/gpu/stage_model.sh
+MODEL=${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf
+echo "== engine test: greedy output with and without speculation on the GPU"
+timeout 240 gpu-bin/speculation-gpu-test --nocapture --test-threads 1 > "$OUT/speculation_gpu_test.log" 2>&1
+grep -E "^test |panicked|result|skipped|GPU drafts" "$OUT/speculation_gpu_test.log"
+
+# serve_and_measure NAME PORT [serve flags...]: the client's table for one server.
+serve_and_measure() {
+    local name=$1 port=$2
+    shift 2
+    $S serve --model "$MODEL" --port "$port" --max-model-len 2048 "$@" > "$OUT/serve_$name.log" 2>&1 &
+    local pid=$!
+    if wait_up "$port"; then
+        grep -iE "engine on|draft|weights" "$OUT/serve_$name.log" | cut -c1-240 | head -4
+        timeout 240 python3 scripts/gpu/speculation_client.py "$port" "$OUT/speculation_$name.json" --rounds 3 \
+            --users 64 --label "$name" 2>&1 | tee "$OUT/speculation_$name.txt"
+        grep -E "ERROR|WARN|panick" "$OUT/serve_$name.log" | cut -c1-240 | head -5
+    else
+        echo "$name: server did not come up"
+        tail -20 "$OUT/serve_$name.log"
+    fi
+    kill $pid 2>/dev/null
+    wait $pid 2>/dev/null
+}
+echo "== prompt lookup, Q4_1 on the GPU"
+serve_and_measure ngram 8061 --speculative-ngram 3:1:4
+echo "== draft model: the Q4_1 file drafting for its bf16 copy"
+serve_and_measure draft 8062 --quantization none --speculative-model "$MODEL" --num-speculative-tokens 4
+if [ -n "${TESTS:-}" ]; then
+    mkdir -p "$OUT/quantized"
+    OUT=$OUT/quantized bash scripts/gpu/quantized.sh test
+fi
+(cd "$OUT" && tar czf /tmp/results_spec.tgz . && find . -maxdepth 1 -type f -delete && rm -rf quantized &&
+    mv /tmp/results_spec.tgz .)
