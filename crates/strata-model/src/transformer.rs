@@ -19,6 +19,8 @@ pub struct Transformer {
     /// Activation precision of the quantized (decode) path; see [`ActPrecision`].
     pub act_precision: ActPrecision,
     inv_freq: Vec<f32>,
+    /// Every layer matrix is stored in row groups (read once, at load: see `matmul_paths`).
+    layers_row_grouped: bool,
 }
 
 /// Buffers reused across forward passes.
@@ -116,11 +118,18 @@ impl Transformer {
     /// Builds the model from its shape and weights.
     pub fn new(config: ModelConfig, weights: ModelWeights) -> Transformer {
         let inv_freq = config.rope.inv_freq();
+        let grouped = |l: &crate::weights::Linear| l.layout == WeightLayout::RowGroups8;
+        let layers_row_grouped = weights.layers.iter().all(|lw| {
+            [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]
+                .into_iter()
+                .all(grouped)
+        });
         Transformer {
             config,
             weights,
             act_precision: ActPrecision::High,
             inv_freq,
+            layers_row_grouped,
         }
     }
 
@@ -130,13 +139,7 @@ impl Transformer {
     /// llama.cpp's prompts get) outrun the GEMM (bench/NOTES.md, issue 31). A row's path
     /// follows from its kind, never from the batch.
     fn matmul_paths(&self, flat: &FlatBatch) -> RowPaths {
-        let grouped = |l: &crate::weights::Linear| l.layout == WeightLayout::RowGroups8;
-        let all_grouped = self.weights.layers.iter().all(|lw| {
-            [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]
-                .into_iter()
-                .all(grouped)
-        });
-        if self.act_precision == ActPrecision::Standard && all_grouped {
+        if self.act_precision == ActPrecision::Standard && self.layers_row_grouped {
             RowPaths::quantized(flat.paths.total()).with_precision(ActPrecision::Standard)
         } else {
             flat.paths.with_precision(self.act_precision)

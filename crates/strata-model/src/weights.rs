@@ -15,6 +15,11 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::fp8::{scale_values, Fp8Checkpoint, Fp8Scales};
 
+thread_local! {
+    /// One row-grouped row in the file's layout, for [`ModelWeights::row_f32`].
+    static UNPACKED_ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A matrix of `rows` outputs by `cols` inputs, in the file's storage type.
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -437,8 +442,18 @@ impl ModelWeights {
 
     /// Writes row `row` of `l` (e.g. a token's embedding) as f32 into `out`.
     pub fn row_f32(&self, l: &Linear, row: usize, out: &mut [f32]) {
-        dequantize(l.info.ty, &self.file_rows(l, row..row + 1), out)
-            .expect("row size was checked when the weights were loaded");
+        let bytes = self.arena.bytes(l);
+        let rb = l.arena_bytes() / l.layout.stored_rows(l.rows);
+        let done = match l.layout {
+            WeightLayout::File => dequantize(l.info.ty, &bytes[row * rb..(row + 1) * rb], out),
+            // A grouped row (an embedding lookup a token) is unpacked into this thread's buffer.
+            grouped => UNPACKED_ROW.with_borrow_mut(|buf| {
+                buf.resize(rb, 0);
+                grouped.unpack_rows(l.info.ty, l.cols, bytes, row..row + 1, buf);
+                dequantize(l.info.ty, buf, out)
+            }),
+        };
+        done.expect("row size was checked when the weights were loaded");
     }
 
     /// The file's bytes of rows `rows` of `l` (what the GPU uploads): borrowed from the arena,
