@@ -361,12 +361,7 @@ impl Gemm {
         out: GemmOut,
         ld: usize,
     ) -> Result<(), CudaError> {
-        if t == 0 {
-            return Ok(());
-        }
-        let key = (n, k, t, out, ld, false);
-        let algo = self.plan(key)?.algo;
-        self.run(gpu, &self.plans[&key], &algo, w, x, y)
+        self.product(gpu, (w, x, y), (n, k, t, out, ld, false), None)
     }
 
     /// An FP8 [`Gemm::matmul`] that cuBLASLt scales itself: `y[j, i] = (x[j] · w[i]) *
@@ -392,13 +387,25 @@ impl Gemm {
                 err: "scales are for FP8 operands".into(),
             });
         }
-        if t == 0 {
+        self.product(gpu, (w, x, y), (n, k, t, out, n, true), Some((w_scales, x_scales)))
+    }
+
+    /// One product of the plan for `key`, pointed at `scales` first for a scaled plan.
+    unsafe fn product(
+        &mut self,
+        gpu: &Gpu,
+        (w, x, y): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
+        key: PlanKey,
+        scales: Option<(CUdeviceptr, CUdeviceptr)>,
+    ) -> Result<(), CudaError> {
+        if key.2 == 0 {
             return Ok(());
         }
-        let key = (n, k, t, out, n, true);
         let algo = self.plan(key)?.algo;
         let plan = &self.plans[&key];
-        set_scales(plan, (w_scales, x_scales))?;
+        if let Some(scales) = scales {
+            set_scales(plan, scales)?;
+        }
         self.run(gpu, plan, &algo, w, x, y)
     }
 
