@@ -5,20 +5,17 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
+use common::default_model;
 use strata_engine::{
     complete, cpu_executor, Completion, EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype,
     OutputConstraint, RequestOutput, RequestStream, SamplingParams, SubmitError,
 };
-use strata_model::loader::{default_model_path, load_model, LoadedModel};
+use strata_model::loader::{default_model_path, load_model};
 use strata_model::{
     CpuExecutor, DeviceSampling, Executor, KvLayout, Logits, LogitsWanted, ModelConfig, ModelError, RowAdjust, SeqChunk,
 };
-
-fn default_model() -> LoadedModel {
-    let path = default_model_path();
-    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
-    load_model(&path, &|_, _| {}).expect("default model loads")
-}
 
 fn engine(config: EngineConfig) -> EngineHandle {
     EngineHandle::start(default_model(), config).expect("engine starts")

@@ -4,20 +4,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod common;
+
+use common::{default_model, run_together};
 use strata_engine::{
-    complete, cpu_draft_executor, cpu_executor, ActPrecision, Completion, DraftCounts, DraftModel,
-    DraftModelSpeculation, EngineConfig, EngineError, EngineHandle, GenerationRequest, KvCacheDtype, NgramSpeculation,
-    RequestStream, SamplingParams,
+    cpu_draft_executor, cpu_executor, ActPrecision, Completion, DraftCounts, DraftModel, DraftModelSpeculation,
+    EngineConfig, EngineError, EngineHandle, GenerationRequest, KvCacheDtype, NgramSpeculation, SamplingParams,
 };
-use strata_model::loader::{cache_dir, default_model_path, load_model, LoadedModel};
+use strata_model::loader::cache_dir;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{CpuExecutor, Executor, Transformer};
-
-fn default_model() -> LoadedModel {
-    let path = default_model_path();
-    assert!(path.exists(), "{} is missing: run `make fetch` first", path.display());
-    load_model(&path, &|_, _| {}).expect("default model loads")
-}
 
 fn engine(config: EngineConfig) -> EngineHandle {
     EngineHandle::start(default_model(), config).expect("engine starts")
@@ -108,14 +104,6 @@ fn prompts(e: &EngineHandle) -> Vec<Vec<u32>> {
     texts
         .iter()
         .map(|t| e.tokenizer().encode(t, true, false).expect("encodes"))
-        .collect()
-}
-
-fn run_together(e: &EngineHandle, reqs: Vec<GenerationRequest>) -> Vec<Completion> {
-    let streams: Vec<RequestStream> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
-    streams
-        .into_iter()
-        .map(|s| complete(s, &mut |_| {}).expect("request succeeds"))
         .collect()
 }
 

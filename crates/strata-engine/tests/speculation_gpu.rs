@@ -2,10 +2,12 @@
 //! model's greedy output token for token the same with and without prompt lookup, alone and batched.
 #![cfg(feature = "cuda")]
 
-use strata_engine::{complete, Completion, EngineConfig, EngineHandle, GenerationRequest, NgramSpeculation};
+mod common;
+
+use common::{default_model, run_together};
+use strata_engine::{EngineConfig, EngineHandle, GenerationRequest, NgramSpeculation};
 use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions, GpuQuantization};
 use strata_model::kv_cache::KvCacheDtype;
-use strata_model::loader::{default_model_path, load_model};
 use strata_runtime::cpu::ActPrecision;
 use strata_runtime::cuda::{libraries, Gpu};
 
@@ -23,7 +25,7 @@ fn gpu_engine(ngram: NgramSpeculation) -> Option<EngineHandle> {
             return None;
         }
     }
-    let model = load_model(&default_model_path(), &|_, _| {}).expect("default model loads (make fetch)");
+    let model = default_model();
     let opts = GpuOptions {
         ordinal: 0,
         gpu_memory_utilization: 0.2,
@@ -70,14 +72,6 @@ fn requests(e: &EngineHandle, which: &[(usize, bool)]) -> Vec<GenerationRequest>
                 ..GenerationRequest::greedy(prompt, 40)
             }
         })
-        .collect()
-}
-
-fn run_together(e: &EngineHandle, reqs: Vec<GenerationRequest>) -> Vec<Completion> {
-    let streams: Vec<_> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
-    streams
-        .into_iter()
-        .map(|s| complete(s, &mut |_| {}).expect("request succeeds"))
         .collect()
 }
 
