@@ -2,18 +2,29 @@
 # Issue 30's FP8 figures on one H200 in one call: fp8.cu's and the GEMM's kernel tests, then the
 # random Qwen2.5-7B checkpoint (real tokenizer) in bf16 and converted to FP8 while it loads, at one
 # stream and 256 users (`bench-gpu`, 512-token prompts, 128 out), beside the FP8 variants each knob
-# turns back (the conversion unit's E4M3 decode, cuBLASLt's f32 promotion, fp8.cu's output scaling),
-# and the eager per-kernel profile of FP8 steps at 1 and 256 tokens. Carries gpu-bin/strata.gz,
-# cuda-kernels-test.gz and tokenizers.tgz. Outputs in $OUT (one archive).
+# turns (the integer E4M3 decode of sm_80/86 forced on, cuBLASLt's f32 promotion, cuBLASLt's
+# outer-vector scales), and the eager per-kernel profile of FP8 steps at 1 and 256 tokens. Carries
+# gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers.tgz (QUICK=1: kernel tests and the FP8
+# single stream only). Outputs in $OUT/results_fp8.tgz,
+# packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
+FINAL_OUT=$OUT
+OUT=/tmp/fp8_results
+mkdir -p "$OUT"
+pack() { tar czf "$FINAL_OUT/results_fp8.tgz" -C "$OUT" .; }
 Q7=$CK/qwen2.5-7b-prompts
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bash scripts/gpu/stage_model.sh
 echo "== kernel tests: fp8 and gemm"
 timeout 200 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm > "$OUT/cuda_kernels_tests.log" 2>&1
 grep -E "^test |panicked|result|skipped|cuBLASLt" "$OUT/cuda_kernels_tests.log"
+echo "== kernel tests: fp8 with the integer E4M3 decode forced (the sm_80/86 fallback)"
+STRATA_KERNEL_DEFINES=FP8_CVT=0 timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 \
+    > "$OUT/cuda_kernels_tests_integer_decode.log" 2>&1
+grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests_integer_decode.log"
+pack
 [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
     --prompts-only 2>&1 | grep -v -i warn | tail -2
 
@@ -25,17 +36,23 @@ bench() {
         --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
     echo "-- $name ($quant, levels $levels${*:+, $*}), exit $?"
     grep -E "weight matrices|^single stream|^\| (bf16|fp8) |tuned|error|Error" "$OUT/bench_$name.log" | cut -c1-200
+    pack
 }
+# QUICK=1: the FP8 single stream alone, after the kernel tests.
+if [ -n "${QUICK:-}" ]; then
+    bench fp8 fp8 1
+    exit 0
+fi
 bench bf16 none 1,256
 bench fp8 fp8 1,256
-bench fp8_cvt fp8 1 STRATA_KERNEL_DEFINES=FP8_CVT=1
+bench fp8_integer fp8 1 STRATA_KERNEL_DEFINES=FP8_CVT=0
 bench fp8_promoted fp8 256 STRATA_FP8_FAST_ACCUM=0
-bench fp8_scaled_after fp8 256 STRATA_FP8_OUTER_SCALES=0
+bench fp8_outer_scales fp8 256 STRATA_FP8_OUTER_SCALES=1
 for t in 1 256; do
     echo "== where an FP8 decode step goes at $t tokens (eager steps, GPU time of each kernel)"
     STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $Q7 --quantization fp8 --enforce-eager --levels $t \
         --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 --decode-tokens 16 --out /tmp/profile.json \
         > "$OUT/profile_fp8_$t.log" 2>&1
     grep -A30 "GPU profile" "$OUT/profile_fp8_$t.log" | head -24
+    pack
 done
-(cd "$OUT" && tar czf /tmp/results_fp8.tgz . && find . -maxdepth 1 -type f -delete && mv /tmp/results_fp8.tgz .)

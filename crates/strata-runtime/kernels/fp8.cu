@@ -7,18 +7,19 @@
 // 16; scales[n] f32; value = e4m3 × scales[row]. Normed inputs carry the norm's weights in x,
 // as quant.cu's do (norm kernels with weights, or the residual GEMV scaling res_bf16).
 //
-// E4M3 to f32 by integer instructions: the byte moved to the top of a word, shifted down 4
-// arithmetically and masked leaves its sign at bit 31 and its exponent and mantissa in the f32's
-// low exponent and high mantissa bits: the value times 2^-120 exactly, subnormals included (the
-// kernels run without flush-to-zero). FP8_DECODED folds the 2^120 into each row's scale. Three
-// integer instructions a weight: the conversion unit (cvt e4m3x2 to f16x2, then f16 to f32) runs
-// at an eighth of the FMA rate and bound the GEMVs (bench/NOTES.md, FP8 v2).
-// STRATA_KERNEL_DEFINES="FP8_CVT=1" selects that conversion-unit path, for measurements.
+// E4M3 to f32: on sm_89+ by the conversion unit (cvt e4m3x2 to f16x2, then f16 to f32); before
+// sm_89, which has no such cvt, by integer instructions: the byte moved to the top of a word,
+// shifted down 4 arithmetically and masked leaves its sign at bit 31 and its exponent and
+// mantissa in the f32's low exponent and high mantissa bits, the value times 2^-120 exactly,
+// subnormals included (the kernels run without flush-to-zero); FP8_DECODED folds the 2^120 into
+// each row's scale. On an H200 the integer path decoded slower (2.93 against 2.61 ms a token on
+// a Qwen2.5-7B shape, bench/NOTES.md, FP8 v2); STRATA_KERNEL_DEFINES="FP8_CVT=0" selects it
+// there too, for measurements and to check the fallback.
 
 typedef unsigned char u8;
 
 #ifndef FP8_CVT
-#define FP8_CVT 0
+#define FP8_CVT 1
 #endif
 
 #if FP8_CVT && __CUDA_ARCH__ >= 890

@@ -97,8 +97,9 @@ pub struct GpuTransformer {
     /// cuBLASLt on FP8 operands for the FP8 matrices' larger products, where the GPU has FP8
     /// tensor cores (compute capability 8.9 on); `None` runs them weight-only in bf16.
     pub(super) fp8_gemm: Option<Gemm>,
-    /// cuBLASLt applies the FP8 products' weight-row and token scales itself (off by
-    /// `STRATA_FP8_OUTER_SCALES=0`, or once cuBLASLt refuses them: then fp8.cu's kernel does).
+    /// cuBLASLt applies the FP8 products' weight-row and token scales itself (opt-in by
+    /// `STRATA_FP8_OUTER_SCALES=1`, off again once cuBLASLt refuses them); otherwise fp8.cu's
+    /// kernel does.
     pub(super) fp8_outer_scales: bool,
 }
 

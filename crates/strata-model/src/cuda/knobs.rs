@@ -28,8 +28,9 @@ pub struct GpuKnobs {
     pub profile: bool,
     /// `STRATA_FP8_FAST_ACCUM=0`: FP8 GEMMs with cuBLASLt's periodic promotion to f32 sums.
     pub fp8_fast_accum: bool,
-    /// `STRATA_FP8_OUTER_SCALES=0`: FP8 GEMMs scaled by fp8.cu's kernel after cuBLASLt, not by
-    /// cuBLASLt itself.
+    /// `STRATA_FP8_OUTER_SCALES=1`: FP8 GEMMs scaled by cuBLASLt itself (outer-vector scales),
+    /// not by fp8.cu's kernel after it. Opt-in: cuBLASLt 13.0 refused them on an H200
+    /// (bench/NOTES.md, FP8 v2); a refusal falls back to the kernel.
     pub fp8_outer_scales: bool,
 }
 
@@ -57,7 +58,7 @@ impl GpuKnobs {
             tune_gemms: !off("STRATA_GEMM_TUNE"),
             profile: var("STRATA_GPU_PROFILE").is_some(),
             fp8_fast_accum: !off("STRATA_FP8_FAST_ACCUM"),
-            fp8_outer_scales: !off("STRATA_FP8_OUTER_SCALES"),
+            fp8_outer_scales: var("STRATA_FP8_OUTER_SCALES").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -85,7 +86,7 @@ mod tests {
                 tune_gemms: true,
                 profile: false,
                 fp8_fast_accum: true,
-                fp8_outer_scales: true,
+                fp8_outer_scales: false,
             }
         );
         let all = knobs(&[
@@ -98,7 +99,7 @@ mod tests {
             ("STRATA_GEMM_TUNE", "0"),
             ("STRATA_GPU_PROFILE", "1"),
             ("STRATA_FP8_FAST_ACCUM", "0"),
-            ("STRATA_FP8_OUTER_SCALES", "0"),
+            ("STRATA_FP8_OUTER_SCALES", "1"),
         ]);
         assert_eq!(
             all,
@@ -112,7 +113,7 @@ mod tests {
                 tune_gemms: false,
                 profile: true,
                 fp8_fast_accum: false,
-                fp8_outer_scales: false,
+                fp8_outer_scales: true,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

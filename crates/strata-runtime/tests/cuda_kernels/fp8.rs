@@ -282,15 +282,15 @@ fn fp8_tensor_core_products_match_the_cpu_within_activation_rounding() {
             };
             // SAFETY: y t x n, scales t and n f32.
             unsafe { scale.launch(&gpu, &kernels) }.unwrap();
-            // The same product scaled by cuBLASLt itself (Hopper with CUDA 12.9+ takes it).
+            // The same product scaled by cuBLASLt itself, where it takes outer-vector scales
+            // (cuBLASLt 13.0 on an H200 refused them: the opt-in path falls back, and so does
+            // this check).
             let y_scaled = gpu.alloc(t * n * elem, "y scaled").unwrap();
             let scales = (m.scales.ptr(), act_scales.ptr());
             // SAFETY: as above, scales of n and t f32.
             let scaled =
                 unsafe { gemm.matmul_scaled(&gpu, m.bytes.ptr(), act.ptr(), y_scaled.ptr(), (n, k, t), out, scales) };
-            if gpu.info.compute_capability >= (9, 0) {
-                scaled.unwrap();
-            } else if let Err(e) = scaled {
+            if let Err(e) = &scaled {
                 eprintln!(
                     "cuBLASLt scales no FP8 product on {:?}: {e}",
                     gpu.info.compute_capability
@@ -306,7 +306,7 @@ fn fp8_tensor_core_products_match_the_cpu_within_activation_rounding() {
                 }
             };
             let mut outputs = vec![("scaled after", read(&y))];
-            if gpu.info.compute_capability >= (9, 0) {
+            if scaled.is_ok() {
                 outputs.push(("scaled by cuBLASLt", read(&y_scaled)));
             }
             for (how, got) in &outputs {
