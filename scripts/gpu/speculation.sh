@@ -6,15 +6,22 @@
 # lookup (--speculative-ngram 3:1:4) on the Q4_1 file, and a draft model: the Q4_1 file drafting
 # for a bf16 copy of the same weights (--quantization none), the only real-weight pair here.
 # With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Carries gpu-bin/strata.gz,
-# speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks. Outputs in $OUT.
+# speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks (stage_model.sh: a
+# first call carries strata.gz, tokenizers.tgz and model.partaa, this one the rest). Outputs in
+# $OUT/results_spec.tgz, packed again after every step.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
+FINAL_OUT=$OUT
+OUT=/tmp/spec_results
+mkdir -p "$OUT"
+pack() { tar czf "$FINAL_OUT/results_spec.tgz" -C "$OUT" .; }
 bash scripts/gpu/stage_model.sh
 MODEL=${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "== engine test: greedy output with and without speculation on the GPU"
 timeout 240 gpu-bin/speculation-gpu-test --nocapture --test-threads 1 > "$OUT/speculation_gpu_test.log" 2>&1
 grep -E "^test |panicked|result|skipped|GPU drafts" "$OUT/speculation_gpu_test.log"
+pack
 
 # serve_and_measure NAME PORT [serve flags...]: the client's table for one server.
 serve_and_measure() {
@@ -33,6 +40,7 @@ serve_and_measure() {
     fi
     kill $pid 2>/dev/null
     wait $pid 2>/dev/null
+    pack
 }
 echo "== prompt lookup, Q4_1 on the GPU"
 serve_and_measure ngram 8061 --speculative-ngram 3:1:4
@@ -41,6 +49,5 @@ serve_and_measure draft 8062 --quantization none --speculative-model "$MODEL" --
 if [ -n "${TESTS:-}" ]; then
     mkdir -p "$OUT/quantized"
     OUT=$OUT/quantized bash scripts/gpu/quantized.sh test
+    pack
 fi
-(cd "$OUT" && tar czf /tmp/results_spec.tgz . && find . -maxdepth 1 -type f -delete && rm -rf quantized &&
-    mv /tmp/results_spec.tgz .)

@@ -1,6 +1,8 @@
 #!/bin/bash
 # On the GPU machine (no network): rebuilds the default model from parts carried in gpu-bin/
 # over several calls (the working tree that travels is capped at 64 MiB), checked by sha256.
+# Made here by `split -n 2 MODEL gpu-bin/model.part`: two parts of 47 MiB, each of which
+# travels beside a binary or two; the second call must come within the machine's idle release.
 set -u
 CACHE=${STRATA_CACHE:-$HOME/.cache/strata}
 mkdir -p "$CACHE/models" "$CACHE/parts"
