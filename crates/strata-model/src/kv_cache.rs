@@ -249,6 +249,21 @@ impl PagedKvCache {
         }
     }
 
+    /// Asks the CPU to bring the keys (`values` false) or values of one head in one block into
+    /// its caches: blocks of a sequence lie anywhere in the cache, so the hardware prefetcher
+    /// cannot see the next one coming.
+    #[inline]
+    pub fn prefetch_block(&self, layer: usize, block: usize, head: usize, values: bool) {
+        let o = self.head_offset(layer, block, head);
+        let n = self.block_size * self.head_dim;
+        match (&self.store, values) {
+            (Storage::F32 { k, .. }, false) => prefetch_lines(&k[o..o + n]),
+            (Storage::F32 { v, .. }, true) => prefetch_lines(&v[o..o + n]),
+            (Storage::Fp8 { k, .. }, false) => prefetch_lines(&k[o..o + n]),
+            (Storage::Fp8 { v, .. }, true) => prefetch_lines(&v[o..o + n]),
+        }
+    }
+
     fn decode<'a>(&self, bytes: &[u8], scales: &[f32], buf: &'a mut [f32]) -> &'a [f32] {
         let table = e4m3_table();
         let hd = self.head_dim;
@@ -273,6 +288,20 @@ impl PagedKvCache {
 }
 
 /// Quantizes one vector to E4M3 with a shared scale (its max magnitude maps to 448); returns the scale.
+/// Prefetches every 64-byte line of `x` into all cache levels (a no-op off x86_64).
+#[inline]
+fn prefetch_lines<T>(x: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in x.chunks((64 / std::mem::size_of::<T>()).max(1)) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: SSE is part of x86_64; a prefetch is only a hint, it never faults and changes
+        // no memory, and the address is inside `x`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 pub(crate) fn encode_fp8(x: &[f32], out: &mut [u8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = if amax > 0.0 && amax.is_finite() {

@@ -530,6 +530,11 @@ impl DecodeAttention<'_> {
         let stride = scores.len() / group;
         let blocks = &self.table[..ctx.div_ceil(bs)];
         for (b, &block) in blocks.iter().enumerate() {
+            if let Some(&next) = blocks.get(b + 1) {
+                self.kv.prefetch_block(self.layer, next as usize, self.kvh, false);
+            } else {
+                self.kv.prefetch_block(self.layer, blocks[0] as usize, self.kvh, true);
+            }
             let keys = self.kv.k_block(self.layer, block as usize, self.kvh, buf);
             let n = bs.min(ctx - b * bs);
             for g0 in (0..group).step_by(GROUP_TILE) {
@@ -546,6 +551,9 @@ impl DecodeAttention<'_> {
             ops::softmax_inplace(&mut scores[g * stride..g * stride + ctx]);
         }
         for (b, &block) in blocks.iter().enumerate() {
+            if let Some(&next) = blocks.get(b + 1) {
+                self.kv.prefetch_block(self.layer, next as usize, self.kvh, true);
+            }
             let vals = self.kv.v_block(self.layer, block as usize, self.kvh, buf);
             let n = bs.min(ctx - b * bs);
             for g0 in (0..group).step_by(GROUP_TILE) {
