@@ -10,10 +10,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
-FINAL_OUT=$OUT
-OUT=/tmp/fp8_results
-mkdir -p "$OUT"
-pack() { tar czf "$FINAL_OUT/results_fp8.tgz" -C "$OUT" .; }
+start_results fp8
 Q7=$CK/qwen2.5-7b-prompts
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bash scripts/gpu/stage_model.sh

@@ -32,6 +32,16 @@ mkdir -p "${OUT:=/tmp/out}"
 for f in gpu-bin/*.gz; do [ -e "$f" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
 [ -d gpu-bin/tokenizers ] || [ ! -f gpu-bin/tokenizers.tgz ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin
 S=gpu-bin/strata
+# start_results NAME: the script's outputs go to /tmp/NAME_results ($OUT from here on), and `pack`
+# (after every step) archives them as $FINAL_OUT/results_NAME.tgz: a call cut off by its limit
+# still brings back what ran, in one file (a call brings back only a few).
+start_results() {
+    FINAL_OUT=$OUT
+    RESULTS_NAME=$1
+    OUT=/tmp/$1_results
+    mkdir -p "$OUT"
+}
+pack() { tar czf "$FINAL_OUT/results_$RESULTS_NAME.tgz" -C "$OUT" .; }
 CK=/root/ckpt
 L8=$CK/llama3-8b
 # Makes the random-weight Llama-3-8B checkpoint in $L8 (transformers, no reference logits) unless

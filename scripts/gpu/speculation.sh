@@ -12,10 +12,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
-FINAL_OUT=$OUT
-OUT=/tmp/spec_results
-mkdir -p "$OUT"
-pack() { tar czf "$FINAL_OUT/results_spec.tgz" -C "$OUT" .; }
+start_results spec
 bash scripts/gpu/stage_model.sh
 MODEL=${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "== engine test: greedy output with and without speculation on the GPU"

@@ -366,7 +366,7 @@ impl Gemm {
 
     /// An FP8 [`Gemm::matmul`] that cuBLASLt scales itself: `y[j, i] = (x[j] · w[i]) *
     /// w_scales[i] * x_scales[j]` (f32 scales), where the GPU and cuBLASLt support outer-vector
-    /// scales (Hopper, CUDA 12.9+). An error before anything is queued when they do not.
+    /// scales (cuBLASLt 13.0 on an H200 did not). An error before anything is queued when not.
     ///
     /// # Safety
     /// As [`Gemm::matmul`], with `w_scales` holding n and `x_scales` t f32.
