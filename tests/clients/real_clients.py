@@ -364,6 +364,16 @@ def bursts(arrivals, gap=0.001):
     return 1 + sum(1 for a, b in zip(arrivals, arrivals[1:]) if b - a > gap)
 
 
+def assert_incremental(start, arrivals, end):
+    """Chunks that came through a proxy as they were generated: many, in separate deliveries, the
+    first well before the end (held back, it would have come with the rest)."""
+    assert len(arrivals) >= 32, len(arrivals)
+    # Buffered, they would come in a few large deliveries at the end.
+    assert bursts(arrivals) >= len(arrivals) // 2, "the proxy delivered the stream in bursts"
+    # Relative to the request's time: decode speed varies with the machine and the build.
+    assert end - arrivals[0] > 0.5 * (end - start), "the proxy held the stream back until the end"
+
+
 def check_responses(client, via_nginx):
     """The Responses API through the SDK: the answer the chat path gives, `incomplete` at
     max_output_tokens, the events in order through nginx as they are generated, the stream helper's
@@ -542,10 +552,7 @@ def main():
             lead = end - arrivals[0]
             print(f"     via nginx: {len(arrivals)} content chunks in {bursts(arrivals)} deliveries; the first "
                   f"{arrivals[0] - start:.2f}s after the request and {lead:.2f}s before the end")
-            assert len(arrivals) >= 32, len(arrivals)
-            # Buffered, they would come in a few large deliveries at the end.
-            assert bursts(arrivals) >= len(arrivals) // 2, "nginx delivered the stream in bursts"
-            assert arrivals[-1] - arrivals[0] > 0.3, "nginx held the stream back until the end"
+            assert_incremental(start, arrivals, end)
         run("nginx (proxy_buffering on): chunks arrive as generated", incremental_through_nginx)
 
         run("openai SDK: responses, streamed through nginx and not", lambda: check_responses(plain, via_nginx))
