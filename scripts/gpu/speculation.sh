@@ -5,7 +5,8 @@
 # bench/speculation_tasks.json with speculation on and off interleaved, then 64 users): prompt
 # lookup (--speculative-ngram 3:1:4) on the Q4_1 file, and a draft model: the Q4_1 file drafting
 # for a bf16 copy of the same weights (--quantization none), the only real-weight pair here.
-# With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Carries gpu-bin/strata.gz,
+# Then prompt lookup at 2-64 users with the batch-size rule off, to measure the rule's threshold on
+# the GPU. With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Carries gpu-bin/strata.gz,
 # speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks (stage_model.sh: a
 # first call carries strata.gz, tokenizers.tgz and model.partaa, this one the rest). Outputs in
 # $OUT/results_spec.tgz, packed again after every step.
@@ -20,16 +21,17 @@ timeout 240 gpu-bin/speculation-gpu-test --nocapture --test-threads 1 > "$OUT/sp
 grep -E "^test |panicked|result|skipped|GPU drafts" "$OUT/speculation_gpu_test.log"
 pack
 
-# serve_and_measure NAME PORT [serve flags...]: the client's table for one server.
+# serve_and_measure NAME PORT ROUNDS USERS [serve flags...]: the client's table for one server
+# (ROUNDS one-user rounds, then each comma-separated count of USERS).
 serve_and_measure() {
-    local name=$1 port=$2
-    shift 2
+    local name=$1 port=$2 rounds=$3 users=$4
+    shift 4
     $S serve --model "$MODEL" --port "$port" --max-model-len 2048 "$@" > "$OUT/serve_$name.log" 2>&1 &
     local pid=$!
     if wait_up "$port"; then
         grep -iE "engine on|draft|weights" "$OUT/serve_$name.log" | cut -c1-240 | head -4
-        timeout 240 python3 scripts/gpu/speculation_client.py "$port" "$OUT/speculation_$name.json" --rounds 3 \
-            --users 64 --label "$name" 2>&1 | tee "$OUT/speculation_$name.txt"
+        timeout 240 python3 scripts/gpu/speculation_client.py "$port" "$OUT/speculation_$name.json" --rounds "$rounds" \
+            --users "$users" --label "$name" 2>&1 | tee "$OUT/speculation_$name.txt"
         grep -E "ERROR|WARN|panick" "$OUT/serve_$name.log" | cut -c1-240 | head -5
     else
         echo "$name: server did not come up"
@@ -40,9 +42,11 @@ serve_and_measure() {
     pack
 }
 echo "== prompt lookup, Q4_1 on the GPU"
-serve_and_measure ngram 8061 --speculative-ngram 3:1:4
+serve_and_measure ngram 8061 3 64 --speculative-ngram 3:1:4
 echo "== draft model: the Q4_1 file drafting for its bf16 copy"
-serve_and_measure draft 8062 --quantization none --speculative-model "$MODEL" --num-speculative-tokens 4
+serve_and_measure draft 8062 3 64 --quantization none --speculative-model "$MODEL" --num-speculative-tokens 4
+echo "== prompt lookup at 2-64 users with the batch-size rule off: where drafting stops paying on the GPU"
+serve_and_measure ngram_rule_off 8063 0 2,4,16,64 --speculative-ngram 3:1:4 --speculative-disable-by-batch-size 1024
 if [ -n "${TESTS:-}" ]; then
     mkdir -p "$OUT/quantized"
     OUT=$OUT/quantized bash scripts/gpu/quantized.sh test

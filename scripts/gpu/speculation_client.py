@@ -2,10 +2,12 @@
 """Speculation on and off against one `strata serve` (started with --speculative-ngram or
 --speculative-model): the input-grounded chat tasks of bench/speculation_tasks.json, greedy, up to
 128 tokens, ending at end-of-generation. One user sends the tasks in turn, with `speculative` on
-and off interleaved (the order alternates by round); then USERS closed-loop users do the same. The
-acceptance comes from /metrics. Prints a table, writes JSON.
+and off interleaved (the order alternates by round); then, for each count in USERS, that many
+closed-loop users do the same (off, then on). The acceptance comes from /metrics. Prints a table,
+writes JSON. With the server's --speculative-disable-by-batch-size raised, the user counts show
+where drafting stops paying; with the default they check that the rule keeps throughput.
 
-usage: speculation_client.py PORT OUT.json [--rounds 2] [--users 64] [--label NAME]
+usage: speculation_client.py PORT OUT.json [--rounds 2] [--users 64[,N...]] [--label NAME]
 """
 import json
 import sys
@@ -95,7 +97,8 @@ def main():
     port, out = int(sys.argv[1]), sys.argv[2]
     args = sys.argv[3:]
     opt = lambda name, default: type(default)(args[args.index(name) + 1]) if name in args else default
-    rounds, users, label = opt("--rounds", 2), opt("--users", 64), opt("--label", "speculation")
+    rounds, label = opt("--rounds", 2), opt("--label", "speculation")
+    users = [int(u) for u in opt("--users", "64").split(",") if int(u) > 0]
     with open("bench/speculation_tasks.json") as f:
         tasks = json.load(f)["tasks"]
     # Warm-up: every prompt into the prefix cache (both modes then reuse it alike), and the
@@ -118,9 +121,9 @@ def main():
     proposed = after.get(key, 0) - before.get(key, 0)
     accepted = after.get(acc_key, 0) - before.get(acc_key, 0)
     crowd = []
-    if users > 0:
-        for spec in [False, True]:
-            crowd.append({"speculative": spec, **many_users(port, tasks, spec, users)})
+    for n in users:
+        off, on = (many_users(port, tasks, spec, n) for spec in [False, True])
+        crowd.append({"users": n, "off": off, "on": on, "ratio": on["tok_s"] / off["tok_s"]})
     print(f"| {label} | round | off tok/s | on tok/s | on/off | same answers |")
     print("|---|---|---|---|---|---|")
     for run in runs:
@@ -128,9 +131,8 @@ def main():
               f"{run['ratio']:.2f}x | {run['same_answers']} |")
     if proposed:
         print(f"drafts at one user: {proposed:.0f} proposed, {accepted:.0f} accepted ({accepted / proposed:.2f})")
-    if crowd:
-        off, on = crowd
-        print(f"| {users} users | - | {off['tok_s']:.1f} | {on['tok_s']:.1f} | {on['tok_s'] / off['tok_s']:.2f}x | - |")
+    for c in crowd:
+        print(f"| {c['users']} users | - | {c['off']['tok_s']:.1f} | {c['on']['tok_s']:.1f} | {c['ratio']:.2f}x | - |")
     for run in runs:
         for k in ("on", "off"):
             run[k].pop("answers")
