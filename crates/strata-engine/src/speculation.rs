@@ -19,9 +19,10 @@ pub struct NgramSpeculation {
 }
 
 /// Sequences (running and waiting) above which speculation is off, measured on the CPU with the
-/// speculation bench (bench/NOTES.md, issue 32): with 2 to 16 users drafting cost 7-19 % of the
-/// aggregate tok/s (a 5-row step costs twice a 1-row one); with one user it gained up to 10 %.
-pub const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 1;
+/// speculation bench and the row-group kernels (bench/NOTES.md, issue 32): with the rule off,
+/// drafting gave 1.40x the aggregate tok/s at 2 users, 1.10x at 3, 1.01-1.06x at 4, and cost
+/// 5-10 % from 6 users on.
+pub const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 4;
 
 impl NgramSpeculation {
     /// `TOKENS` (n-grams of 1 to 3 tokens) or `MAX:MIN:TOKENS`, e.g. `3:1:4`.
