@@ -287,7 +287,6 @@ impl PagedKvCache {
     }
 }
 
-/// Quantizes one vector to E4M3 with a shared scale (its max magnitude maps to 448); returns the scale.
 /// Prefetches every 64-byte line of `x` into all cache levels (a no-op off x86_64).
 #[inline]
 fn prefetch_lines<T>(x: &[T]) {
@@ -302,6 +301,7 @@ fn prefetch_lines<T>(x: &[T]) {
     let _ = x;
 }
 
+/// Quantizes one vector to E4M3 with a shared scale (its max magnitude maps to 448); returns the scale.
 pub(crate) fn encode_fp8(x: &[f32], out: &mut [u8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = if amax > 0.0 && amax.is_finite() {
