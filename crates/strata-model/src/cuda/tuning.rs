@@ -100,33 +100,31 @@ impl GpuTransformer {
                     .iter()
                     .all(|l| matches!(f(l), GpuMatrix::Fp8 { .. }))
         };
-        let products: Vec<_> = kinds
+        let (fp8_kinds, dense_kinds): (Vec<&ProductKind>, Vec<&ProductKind>) =
+            kinds.iter().partition(|(f, ..)| on_fp8(*f));
+        let products: Vec<_> = dense_kinds
             .iter()
-            .filter(|(f, ..)| !on_fp8(*f))
-            .map(|&(f, x, y, shape, out)| (of_layers(f), x, y, shape, out))
+            .map(|&&(f, x, y, shape, out)| (of_layers(f), x, y, shape, out))
             .collect();
         // The FP8 products, with the first layer's weight scales and the activations' scales
         // when cuBLASLt applies them (the values do not change the timing).
-        let fp8_products: Vec<_> = match fp8_act {
-            Some(act) => kinds
+        let fp8_products: Vec<_> = fp8_act.map_or_else(Vec::new, |act| {
+            let act_scales = act + fp8_act_scales_offset(self.limits.max_tokens, c.widest_product_input()) as u64;
+            let ptrs = |m: &GpuMatrix| match m.view() {
+                MatrixView::Fp8(v) => (v.w, v.scales),
+                _ => (0, 0),
+            };
+            fp8_kinds
                 .iter()
-                .filter(|(f, ..)| on_fp8(*f))
-                .map(|&(f, _, y, (n, k), out)| {
-                    let ptrs = |m: &GpuMatrix| match m.view() {
-                        MatrixView::Fp8(v) => (v.w, v.scales),
-                        _ => (0, 0),
-                    };
+                .map(|&&(f, _, y, (n, k), out)| {
                     let weights: Vec<u64> = self.weights.layers.iter().map(|l| ptrs(f(l)).0).collect();
-                    let act_scales =
-                        act + fp8_act_scales_offset(self.limits.max_tokens, c.widest_product_input()) as u64;
                     let scales = self
                         .fp8_outer_scales
                         .then(|| (ptrs(f(&self.weights.layers[0])).1, act_scales));
                     (weights, act, y, (n, k), out, scales)
                 })
-                .collect(),
-            None => Vec::new(),
-        };
+                .collect()
+        });
         let dense_head = |w: &&GpuMatrix| !w.is_quantized();
         let lm_head = self
             .weights
