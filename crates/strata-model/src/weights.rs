@@ -16,8 +16,8 @@ use crate::error::ModelError;
 use crate::fp8::{scale_values, Fp8Checkpoint, Fp8Scales};
 
 thread_local! {
-    /// One row-grouped row in the file's layout, for [`ModelWeights::row_f32`].
-    static UNPACKED_ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Row-grouped rows unpacked to the file's layout, for [`ModelWeights::with_file_rows`].
+    static UNPACKED_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A matrix of `rows` outputs by `cols` inputs, in the file's storage type.
@@ -442,32 +442,24 @@ impl ModelWeights {
 
     /// Writes row `row` of `l` (e.g. a token's embedding) as f32 into `out`.
     pub fn row_f32(&self, l: &Linear, row: usize, out: &mut [f32]) {
-        let bytes = self.arena.bytes(l);
-        let rb = l.arena_bytes() / l.layout.stored_rows(l.rows);
-        let done = match l.layout {
-            WeightLayout::File => dequantize(l.info.ty, &bytes[row * rb..(row + 1) * rb], out),
-            // A grouped row (an embedding lookup a token) is unpacked into this thread's buffer.
-            grouped => UNPACKED_ROW.with_borrow_mut(|buf| {
-                buf.resize(rb, 0);
-                grouped.unpack_rows(l.info.ty, l.cols, bytes, row..row + 1, buf);
-                dequantize(l.info.ty, buf, out)
-            }),
-        };
-        done.expect("row size was checked when the weights were loaded");
+        self.with_file_rows(l, row..row + 1, |bytes| dequantize(l.info.ty, bytes, out))
+            .expect("row size was checked when the weights were loaded");
     }
 
-    /// The file's bytes of rows `rows` of `l` (what the GPU uploads): borrowed from the arena,
-    /// or unpacked from the CPU's row groups.
-    pub fn file_rows(&self, l: &Linear, rows: std::ops::Range<usize>) -> std::borrow::Cow<'_, [u8]> {
+    /// `f` of the file's bytes of rows `rows` of `l` (what the GPU uploads, an embedding
+    /// lookup): borrowed from the arena, or unpacked from the CPU's row groups into this thread's
+    /// buffer (no allocation a token; the buffer keeps its largest size, at most a GPU upload's
+    /// slab of a few MiB). `f` must not call it again.
+    pub fn with_file_rows<R>(&self, l: &Linear, rows: std::ops::Range<usize>, f: impl FnOnce(&[u8]) -> R) -> R {
         let bytes = self.arena.bytes(l);
         let rb = l.arena_bytes() / l.layout.stored_rows(l.rows);
         match l.layout {
-            WeightLayout::File => std::borrow::Cow::Borrowed(&bytes[rows.start * rb..rows.end * rb]),
-            grouped => {
-                let mut out = vec![0u8; rows.len() * rb];
-                grouped.unpack_rows(l.info.ty, l.cols, bytes, rows, &mut out);
-                std::borrow::Cow::Owned(out)
-            }
+            WeightLayout::File => f(&bytes[rows.start * rb..rows.end * rb]),
+            grouped => UNPACKED_ROWS.with_borrow_mut(|buf| {
+                buf.resize(rows.len() * rb, 0);
+                grouped.unpack_rows(l.info.ty, l.cols, bytes, rows, buf);
+                f(buf)
+            }),
         }
     }
 

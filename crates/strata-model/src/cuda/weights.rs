@@ -475,11 +475,12 @@ fn upload_fp8(gpu: &Gpu, w: &ModelWeights, parts: &[Part], what: &str) -> Result
 fn part_row(w: &ModelWeights, p: &Part, r: usize, full: &mut [f32], out: &mut [f32]) {
     let m = p.m;
     if m.info.ty == GgmlType::BF16 {
-        let row = w.file_rows(m, r..r + 1);
-        let src = &row[p.cols.start * 2..p.cols.end * 2];
-        for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
-            *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
-        }
+        w.with_file_rows(m, r..r + 1, |row| {
+            let src = &row[p.cols.start * 2..p.cols.end * 2];
+            for (d, s) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
+            }
+        });
     } else {
         w.row_f32(m, r, full);
         out.copy_from_slice(&full[p.cols.clone()]);
@@ -524,12 +525,13 @@ fn upload_quantized(
             let mut r = p.rows.start;
             while r < p.rows.end {
                 let n = slab_rows.min(p.rows.end - r);
-                let bytes = w.file_rows(p.m, r..r + n);
-                let slab: Vec<u8> = bytes
-                    .chunks_exact(file_row)
-                    .flat_map(|row| &row[c0..c1])
-                    .copied()
-                    .collect();
+                let slab: Vec<u8> = w.with_file_rows(p.m, r..r + n, |bytes| {
+                    bytes
+                        .chunks_exact(file_row)
+                        .flat_map(|row| &row[c0..c1])
+                        .copied()
+                        .collect()
+                });
                 format.place_rows(&slab, row_blocks, row, rows, &mut put);
                 row += n;
                 r += n;
