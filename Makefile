@@ -28,12 +28,13 @@ lint: setup
 
 # `cargo test` leaves the binary its CLI tests ran at target/debug/strata; the real-client
 # tests reuse it (a separate `cargo build` resolves features differently and recompiles).
-# NVRTC from the fetched wheel compiles every CUDA kernel for sm_90 (no GPU needed); GPU tests
-# skip with a reason where there is no GPU.
+# NVRTC from the fetched wheel compiles every CUDA kernel for sm_90, sm_86 and sm_80 and the fetched
+# ptxas assembles the PTX (no GPU needed); GPU tests skip with a reason where there is no GPU.
 NVRTC_LIB = $${STRATA_CACHE:-$$HOME/.cache/strata}/nvrtc/nvidia/cu13/lib
+PTXAS = $${STRATA_CACHE:-$$HOME/.cache/strata}/ptxas/bin/ptxas
 
 test: fetch lint
-	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 $(CARGO) test --locked --workspace
+	LD_LIBRARY_PATH=$(NVRTC_LIB):$$LD_LIBRARY_PATH STRATA_REQUIRE_NVRTC=1 STRATA_PTXAS=$(PTXAS) $(CARGO) test --locked --workspace
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/clients/real_clients.py
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/deploy/check_deploy.py
 	STRATA_BIN=target/debug/strata $(CLIENTS_PYTHON) tests/soak/soak.py --duration 40

