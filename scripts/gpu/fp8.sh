@@ -2,10 +2,12 @@
 # Issue 30's FP8 figures on one H200 in one call: fp8.cu's and the GEMM's kernel tests, then the
 # random Qwen2.5-7B checkpoint (real tokenizer) in bf16 and converted to FP8 while it loads, at one
 # stream and 256 users (`bench-gpu`, 512-token prompts, 128 out), beside the FP8 variants each knob
-# turns (the integer E4M3 decode of sm_80/86 forced on, cuBLASLt's f32 promotion, cuBLASLt's
-# outer-vector scales), and the eager per-kernel profile of FP8 steps at 1 and 256 tokens. Carries
+# turns (the decode products on tensor cores, STRATA_FP8_GEMV=mma; the integer E4M3 decode of
+# sm_80/86 forced on; cuBLASLt's f32 promotion; cuBLASLt's outer-vector scales), and the eager
+# per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
+# model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers.tgz (QUICK=1: kernel tests and the FP8
-# single stream only). Outputs in $OUT/results_fp8.tgz,
+# single stream of each GEMV only). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -22,6 +24,14 @@ STRATA_KERNEL_DEFINES=FP8_CVT=0 timeout 120 gpu-bin/cuda-kernels-test --nocaptur
     > "$OUT/cuda_kernels_tests_integer_decode.log" 2>&1
 grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests_integer_decode.log"
 pack
+if [ -x gpu-bin/cuda-test ] && [ -f "${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    for gemv in lanes mma; do
+        echo "== SmolLM2 with FP8 weights against bf16, $gemv GEMVs"
+        STRATA_FP8_GEMV=$gemv timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 > "$OUT/cuda_test_fp8_$gemv.log" 2>&1
+        grep -E "^test |panicked|result|FP8 weights" "$OUT/cuda_test_fp8_$gemv.log"
+    done
+    pack
+fi
 [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
     --prompts-only 2>&1 | grep -v -i warn | tail -2
 
@@ -35,21 +45,25 @@ bench() {
     grep -E "weight matrices|^single stream|^\| (bf16|fp8) |tuned|error|Error" "$OUT/bench_$name.log" | cut -c1-200
     pack
 }
-# QUICK=1: the FP8 single stream alone, after the kernel tests.
+# QUICK=1: the FP8 single stream of each decode GEMV, after the kernel tests.
 if [ -n "${QUICK:-}" ]; then
     bench fp8 fp8 1
+    bench fp8_mma fp8 1 STRATA_FP8_GEMV=mma
+    bench fp8_mma_loads4 fp8 1 STRATA_FP8_GEMV=mma STRATA_KERNEL_DEFINES=FP8M_LOADS=4
     exit 0
 fi
 bench bf16 none 1,256
 bench fp8 fp8 1,256
+bench fp8_mma fp8 1,256 STRATA_FP8_GEMV=mma
 bench fp8_integer fp8 1 STRATA_KERNEL_DEFINES=FP8_CVT=0
 bench fp8_promoted fp8 256 STRATA_FP8_FAST_ACCUM=0
 bench fp8_outer_scales fp8 256 STRATA_FP8_OUTER_SCALES=1
-for t in 1 256; do
-    echo "== where an FP8 decode step goes at $t tokens (eager steps, GPU time of each kernel)"
-    STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $Q7 --quantization fp8 --enforce-eager --levels $t \
-        --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 --decode-tokens 16 --out /tmp/profile.json \
-        > "$OUT/profile_fp8_$t.log" 2>&1
-    grep -A30 "GPU profile" "$OUT/profile_fp8_$t.log" | head -24
+for run in "1 lanes" "1 mma" "256 lanes"; do
+    set -- $run
+    echo "== where an FP8 decode step goes at $1 tokens, $2 GEMVs (eager steps, GPU time of each kernel)"
+    STRATA_FP8_GEMV=$2 STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $Q7 --quantization fp8 --enforce-eager \
+        --levels $1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 --decode-tokens 16 \
+        --out /tmp/profile.json > "$OUT/profile_fp8_$1_$2.log" 2>&1
+    grep -A30 "GPU profile" "$OUT/profile_fp8_$1_$2.log" | head -24
     pack
 done

@@ -229,6 +229,260 @@ __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restr
         if (j < t) norm_add(norm_out, j, ss[j]);
 }
 
+// ---- Decode GEMVs on tensor cores (STRATA_FP8_GEMV=mma; the lanes' GEMVs above by default) ----
+// The GEMVs above spend 1.5 conversions a weight (E4M3 pair to f16 pair, then each f16 to f32), and
+// the conversion unit, not memory, sets their speed (bench/NOTES.md, FP8 v2). These take the
+// products on tensor cores instead: mma.sync m16n8k16 with f16 operands and f32 sums, the weights
+// as A (an E4M3 pair to an f16 pair, exact, and nothing more a weight), the tokens as the 8
+// columns of B (x in f16, zero past t), so one conversion serves two weights.
+// A block of FP8M_WARPS warps computes FP8M_TILES tiles of 16 rows; warp w takes the 64-column
+// chunks w, w + FP8M_WARPS, ... (split k, so a 3,584-row matrix still gives 112 blocks of 8
+// warps), FP8M_LOADS chunks in flight, and the warps' sums meet in shared memory in a fixed
+// order. Lane (g, c) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 of each tile at
+// column 64 chunk + 16 c, and x[g] at the same columns. A dot product may take its columns in any
+// order as long as A and B agree: mma step s (0..3) takes bytes 4s..4s + 3 of the lane's pieces
+// as its k = 2c, 2c + 1 (bytes 4s, 4s + 1) and 2c + 8, 2c + 9 (bytes 4s + 2, 4s + 3).
+
+#define FP8M_WARPS 8
+#define FP8M_TILES 2
+#define FP8M_ROWS (16 * FP8M_TILES)
+// Chunks of 64 columns in flight per warp (STRATA_KERNEL_DEFINES="FP8M_LOADS=4" for measurements).
+#ifndef FP8M_LOADS
+#define FP8M_LOADS 2
+#endif
+
+// Where there is no E4M3 cvt, the integer decode below gives each value times 2^-8.
+#if FP8_CVT && __CUDA_ARCH__ >= 890
+#define FP8M_DECODED 1.0f
+#else
+#define FP8M_DECODED 256.0f
+#endif
+
+// E4M3 bytes 2h and 2h + 1 of `w` as an f16 pair (lower byte in the lower half), times
+// 1 / FP8M_DECODED.
+__device__ __forceinline__ u32 fp8x2_to_f16x2(u32 w, int h) {
+#if FP8_CVT && __CUDA_ARCH__ >= 890
+    u32 r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)((w >> (16 * h)) & 0xffffu)));
+    return r;
+#else
+    // Each byte at the top of its half; its sign stays at bit 15 and its exponent and mantissa
+    // move to f16's low exponent and top mantissa bits: the value times 2^-8, subnormals included.
+    const u32 p = __byte_perm(w, 0u, h ? 0x3424u : 0x1404u);
+    return (p & 0x80008000u) | ((p >> 1) & 0x3f803f80u);
+#endif
+}
+
+// A pair of bf16 activations as an f16 pair, clamped to f16's range (sm_80+, as the GEMVs
+// that use it: strata runs the lanes' GEMVs below that).
+__device__ __forceinline__ u32 bf16x2_to_f16x2(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    const float lo = fminf(fmaxf(__uint_as_float(v << 16), -65504.0f), 65504.0f);
+    const float hi = fminf(fmaxf(__uint_as_float(v & 0xffff0000u), -65504.0f), 65504.0f);
+    return pack_pair<true>(lo, hi);
+#else
+    return 0u;
+#endif
+}
+
+// The block's products: rows first[tile] .. first[tile] + 15 of w (rows at or past end[tile]
+// read as zero) times x's t tokens. Returns true in warp 0, whose lane (g, c) then holds in
+// sums[tile][r] row first[tile] + g + 8 (r / 2), token 2c + r % 2, times 1 / FP8M_DECODED.
+// after_wait() runs right after the wait for the previous kernel.
+template <typename AfterWait>
+__device__ __forceinline__ bool fp8_mma_sums(const u8* __restrict__ w, int k, const bf16* __restrict__ x, int t,
+                                             const int (&first)[FP8M_TILES], const int (&end)[FP8M_TILES],
+                                             float (&sums)[FP8M_TILES][4], AfterWait&& after_wait) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    float acc[FP8M_TILES][4];
+    const u8* rows[FP8M_TILES][2];
+    bool live[FP8M_TILES][2];
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[tile][r] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = first[tile] + g + 8 * h;
+            live[tile][h] = row < end[tile];
+            rows[tile][h] = w + (size_t)(live[tile][h] ? row : 0) * k + 16 * c;
+        }
+    }
+    const int chunks = (k + 63) >> 6;
+    const bool has_x = g < t;
+    const bf16* xr = x + (size_t)(has_x ? g : 0) * k + 16 * c;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    bool waited = false;
+    for (int base = warp; base < chunks; base += FP8M_WARPS * FP8M_LOADS) {
+        uint4 q[FP8M_LOADS][FP8M_TILES][2];
+#pragma unroll
+        for (int u = 0; u < FP8M_LOADS; u++) {
+            const int col = (base + FP8M_WARPS * u) * 64;
+            const bool in = base + FP8M_WARPS * u < chunks && col + 16 * c < k;
+#pragma unroll
+            for (int tile = 0; tile < FP8M_TILES; tile++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    q[u][tile][h] = in && live[tile][h] ? load_streaming(rows[tile][h] + col) : zero;
+        }
+        if (!waited) {
+            wait_for_previous_kernel();
+            after_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < FP8M_LOADS; u++) {
+            const int chunk = base + FP8M_WARPS * u;
+            if (chunk >= chunks) break;
+            const int col = chunk * 64;
+            uint4 x0 = zero, x1 = zero;
+            if (has_x && col + 16 * c < k) {
+                x0 = __ldg((const uint4*)(xr + col));
+                x1 = __ldg((const uint4*)(xr + col) + 1);
+            }
+            const u32 xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const u32 b0 = bf16x2_to_f16x2(xw[2 * s]), b1 = bf16x2_to_f16x2(xw[2 * s + 1]);
+#pragma unroll
+                for (int tile = 0; tile < FP8M_TILES; tile++) {
+                    const u32 lo[4] = {q[u][tile][0].x, q[u][tile][0].y, q[u][tile][0].z, q[u][tile][0].w};
+                    const u32 hi[4] = {q[u][tile][1].x, q[u][tile][1].y, q[u][tile][1].z, q[u][tile][1].w};
+                    mma_16x8x16<true>(acc[tile], fp8x2_to_f16x2(lo[s], 0), fp8x2_to_f16x2(hi[s], 0),
+                                      fp8x2_to_f16x2(lo[s], 1), fp8x2_to_f16x2(hi[s], 1), b0, b1);
+                }
+            }
+        }
+    }
+    if (!waited) {
+        wait_for_previous_kernel();
+        after_wait();
+    }
+    __shared__ float partial[FP8M_WARPS][FP8M_TILES][4][32];
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) partial[warp][tile][r][lane] = acc[tile][r];
+    __syncthreads();
+    if (warp != 0) return false;
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            float v = partial[0][tile][r][lane];
+#pragma unroll
+            for (int p = 1; p < FP8M_WARPS; p++) v += partial[p][tile][r][lane];
+            sums[tile][r] = v;
+        }
+    return true;
+}
+
+// s[j] for a token j < t <= T (s from NormIn::scales).
+template <int T>
+__device__ __forceinline__ float token_scale(const float (&s)[T], int j) {
+    float v = 1.0f;
+#pragma unroll
+    for (int i = 0; i < T; i++)
+        if (i == j) v = s[i];
+    return v;
+}
+
+// fp8_gemv's product on tensor cores. Grid ceil(n / FP8M_ROWS), FP8M_WARPS warps a block.
+template <int T>
+__device__ void fp8_mma_gemv(const u8* __restrict__ w, const float* __restrict__ scales, const bf16* __restrict__ x,
+                             void* __restrict__ y, int n, int k, int t, int ld, int out_f32,
+                             const u64* __restrict__ norm_in, float eps) {
+    int first[FP8M_TILES], end[FP8M_TILES];
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++) {
+        first[tile] = blockIdx.x * FP8M_ROWS + 16 * tile;
+        end[tile] = n;
+    }
+    NormIn<T> norm{norm_in};
+    float sums[FP8M_TILES][4], s[T];
+    if (!fp8_mma_sums(w, k, x, t, first, end, sums, [&] {
+            if (threadIdx.x < 32) norm.load_in_each_warp(t);
+        }))
+        return;
+    norm.scales(t, k, eps, s);
+    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = first[tile] + g + 8 * (r >> 1), j = 2 * c + (r & 1);
+            if (row >= n || j >= t) continue;
+            const size_t at = (size_t)j * ld + row;
+            const float v = sums[tile][r] * scales[row] * FP8M_DECODED * token_scale(s, j);
+            if (out_f32) ((float*)y)[at] = v;
+            else ((bf16*)y)[at] = f2bf(v);
+        }
+}
+
+// fp8_gemv_silu's product on tensor cores: tile 0 holds 16 gate rows, tile 1 their up rows.
+// Grid ceil(inter / 16), FP8M_WARPS warps a block.
+template <int T>
+__device__ void fp8_mma_gemv_silu(const u8* __restrict__ w, const float* __restrict__ scales,
+                                  const bf16* __restrict__ x, bf16* __restrict__ out, int inter, int k, int t,
+                                  const u64* __restrict__ norm_in, float eps) {
+    const int row0 = blockIdx.x * 16;
+    const int first[FP8M_TILES] = {row0, inter + row0}, end[FP8M_TILES] = {inter, 2 * inter};
+    NormIn<T> norm{norm_in};
+    float sums[FP8M_TILES][4], s[T];
+    if (!fp8_mma_sums(w, k, x, t, first, end, sums, [&] {
+            if (threadIdx.x < 32) norm.load_in_each_warp(t);
+        }))
+        return;
+    norm.scales(t, k, eps, s);
+    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = row0 + g + 8 * (r >> 1), j = 2 * c + (r & 1);
+        if (row >= inter || j >= t) continue;
+        const float sj = token_scale(s, j) * FP8M_DECODED;
+        const float gate = bf2f(f2bf(sums[0][r] * scales[row] * sj));
+        const float up = bf2f(f2bf(sums[1][r] * scales[row + inter] * sj));
+        out[(size_t)j * inter + row] = f2bf(silu_times(gate, up));
+    }
+}
+
+// fp8_gemv_residual's product on tensor cores. Grid ceil(n / FP8M_ROWS), FP8M_WARPS warps a block.
+template <int T>
+__device__ void fp8_mma_gemv_residual(const u8* __restrict__ w, const float* __restrict__ scales,
+                                      const bf16* __restrict__ x, float* __restrict__ res,
+                                      bf16* __restrict__ res_bf16, u64* __restrict__ norm_out,
+                                      const float* __restrict__ next_norm, int n, int k, int t) {
+    int first[FP8M_TILES], end[FP8M_TILES];
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++) {
+        first[tile] = blockIdx.x * FP8M_ROWS + 16 * tile;
+        end[tile] = n;
+    }
+    float sums[FP8M_TILES][4];
+    if (!fp8_mma_sums(w, k, x, t, first, end, sums, [] {})) return;
+    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+    // This lane's share of the sums of squares of tokens 2c and 2c + 1.
+    float ss[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = first[tile] + g + 8 * (r >> 1), j = 2 * c + (r & 1);
+            if (row >= n || j >= t) continue;
+            const size_t at = (size_t)j * n + row;
+            const float v = res[at] + sums[tile][r] * scales[row] * FP8M_DECODED;
+            res[at] = v;
+            res_bf16[at] = f2bf(v * (next_norm ? next_norm[row] : 1.0f));
+            ss[r & 1] += v * v;
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) ss[i] += __shfl_xor_sync(FULL_MASK, ss[i], o);
+        if (g == 0 && 2 * c + i < t) norm_add(norm_out, 2 * c + i, ss[i]);
+    }
+}
+
 #define FP8_GEMVS(T)                                                                                            \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_t##T(                                   \
         const u8* w, const float* scales, const bf16* x, void* y, int n, int k, int t, int ld, int out_f32,     \
@@ -244,6 +498,21 @@ __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restr
         const u8* w, const float* scales, const bf16* x, float* res, bf16* res_bf16, u64* norm_out,             \
         const float* next_norm, int n, int k, int t) {                                                          \
         fp8_gemv_residual<T>(w, scales, x, res, res_bf16, norm_out, next_norm, n, k, t);                        \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(FP8M_WARPS * 32) fp8_mma_gemv_t##T(                             \
+        const u8* w, const float* scales, const bf16* x, void* y, int n, int k, int t, int ld, int out_f32,     \
+        const u64* norm_in, float eps) {                                                                        \
+        fp8_mma_gemv<T>(w, scales, x, y, n, k, t, ld, out_f32, norm_in, eps);                                   \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(FP8M_WARPS * 32) fp8_mma_gemv_silu_t##T(                        \
+        const u8* w, const float* scales, const bf16* x, bf16* out, int inter, int k, int t, const u64* norm_in, \
+        float eps) {                                                                                            \
+        fp8_mma_gemv_silu<T>(w, scales, x, out, inter, k, t, norm_in, eps);                                     \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(FP8M_WARPS * 32) fp8_mma_gemv_residual_t##T(                    \
+        const u8* w, const float* scales, const bf16* x, float* res, bf16* res_bf16, u64* norm_out,             \
+        const float* next_norm, int n, int k, int t) {                                                          \
+        fp8_mma_gemv_residual<T>(w, scales, x, res, res_bf16, norm_out, next_norm, n, k, t);                    \
     }
 
 FP8_GEMVS(1)

@@ -11,7 +11,7 @@ use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::gemm_call::GEMV_KERNEL_TOKENS;
 use strata_runtime::cuda::norm_call::ROW_THREADS;
 use strata_runtime::cuda::{
-    Communicator, CudaError, Gemm, GemmOperands, Gpu, Graph, KernelSpec, Kernels, QuantizeQ8Call,
+    Communicator, CudaError, Fp8Gemv, Gemm, GemmOperands, Gpu, Graph, KernelSpec, Kernels, QuantizeQ8Call,
 };
 
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
@@ -131,7 +131,11 @@ impl GpuTransformer {
         if comms.tp.is_some() || comms.pp.is_some() {
             gpu.programmatic_launch = false;
         }
-        let knobs = GpuKnobs::from_env();
+        let mut knobs = GpuKnobs::from_env();
+        // fp8.cu's tensor-core GEMVs need mma.sync on f16 (sm_80+).
+        if gpu.info.compute_capability < (8, 0) {
+            knobs.fp8_gemv = Fp8Gemv::Lanes;
+        }
         let local = shard.local_config(&config);
         let (h, inter) = (local.hidden, local.intermediate);
         if !h.is_multiple_of(4) || h > 16 * ROW_THREADS as usize || !inter.is_multiple_of(8) {

@@ -48,6 +48,7 @@ impl GpuTransformer {
                     out_f32,
                     norm_in,
                     eps: self.local.rms_eps,
+                    kind: self.knobs.fp8_gemv,
                 }
                 .launch_with(self.launcher())?;
             }
@@ -123,6 +124,7 @@ impl GpuTransformer {
             t: t as i32,
             norm_in,
             eps: self.local.rms_eps,
+            kind: self.knobs.fp8_gemv,
         }
         .launch_with(self.launcher())
     }
@@ -149,6 +151,7 @@ impl GpuTransformer {
             n: n as i32,
             k: k as i32,
             t: t as i32,
+            kind: self.knobs.fp8_gemv,
         }
         .launch_with(self.launcher())
     }

@@ -1,6 +1,8 @@
 //! The `STRATA_*` measurement knobs of the CUDA forward pass, read from the environment once,
 //! when a model is placed on its GPU; the rest of the CUDA layer reads this struct.
 
+use strata_runtime::cuda::Fp8Gemv;
+
 /// Shared-memory stages a warp of the staged attention kernel uses by default.
 const DEFAULT_ATTENTION_STAGES: usize = 3;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt by default.
@@ -32,6 +34,8 @@ pub struct GpuKnobs {
     /// not by fp8.cu's kernel after it. Opt-in: cuBLASLt 13.0 refused them on an H200
     /// (bench/NOTES.md, FP8 v2); a refusal falls back to the kernel.
     pub fp8_outer_scales: bool,
+    /// `STRATA_FP8_GEMV=mma`: FP8 decode products on tensor cores (fp8.cu's `fp8_mma_gemv_*`).
+    pub fp8_gemv: Fp8Gemv,
 }
 
 impl GpuKnobs {
@@ -59,6 +63,10 @@ impl GpuKnobs {
             profile: var("STRATA_GPU_PROFILE").is_some(),
             fp8_fast_accum: !off("STRATA_FP8_FAST_ACCUM"),
             fp8_outer_scales: var("STRATA_FP8_OUTER_SCALES").is_some_and(|v| v == "1"),
+            fp8_gemv: match var("STRATA_FP8_GEMV").as_deref() {
+                Some("mma") => Fp8Gemv::Mma,
+                _ => Fp8Gemv::Lanes,
+            },
         }
     }
 }
@@ -87,6 +95,7 @@ mod tests {
                 profile: false,
                 fp8_fast_accum: true,
                 fp8_outer_scales: false,
+                fp8_gemv: Fp8Gemv::Lanes,
             }
         );
         let all = knobs(&[
@@ -100,6 +109,7 @@ mod tests {
             ("STRATA_GPU_PROFILE", "1"),
             ("STRATA_FP8_FAST_ACCUM", "0"),
             ("STRATA_FP8_OUTER_SCALES", "1"),
+            ("STRATA_FP8_GEMV", "mma"),
         ]);
         assert_eq!(
             all,
@@ -114,6 +124,7 @@ mod tests {
                 profile: true,
                 fp8_fast_accum: false,
                 fp8_outer_scales: true,
+                fp8_gemv: Fp8Gemv::Mma,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

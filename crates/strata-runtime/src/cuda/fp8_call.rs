@@ -12,17 +12,24 @@ use crate::kernel_args;
 const FP8_BLOCK_ROWS: u32 = GEMV_THREADS / 32 * 2;
 /// Gate/up row pairs an `fp8_gemv_silu_*` block computes, a warp each.
 const FP8_SILU_BLOCK_ROWS: u32 = GEMV_THREADS / 32;
+/// Threads of a tensor-core GEMV block (fp8.cu's FP8M_WARPS warps).
+const FP8_MMA_THREADS: u32 = 8 * 32;
+/// Rows a tensor-core GEMV block computes (FP8M_ROWS: two tiles of 16).
+const FP8_MMA_BLOCK_ROWS: u32 = 32;
+/// Gate/up row pairs a tensor-core SiLU GEMV block computes (a tile of gate rows, one of up rows).
+const FP8_MMA_SILU_BLOCK_ROWS: u32 = 16;
 /// Threads of the element-wise kernels' blocks.
 const ELEMENT_THREADS: u32 = 256;
 /// Values an `fp8_dequant` thread decodes (one 16-byte load).
 const DEQUANT_VALUES: u64 = 16;
 
-/// The GEMV of `form` (0 plain, 1 SiLU, 2 residual) compiled for `t` tokens: fp8.cu's list in
-/// [`FAMILIES`] starts with each form's GEMVs for 1, 2, 4 and 8 tokens.
+/// The GEMV of `form` (0 plain, 1 SiLU, 2 residual) compiled for `t` tokens, on tensor cores
+/// when `mma`: fp8.cu's list in [`FAMILIES`] starts with each form's GEMVs for 1, 2, 4 and 8
+/// tokens, then the same for the tensor-core GEMVs.
 ///
 /// # Panics
 /// When `t` is 0 or more than [`GEMV_KERNEL_TOKENS`]: the caller was to use a GEMM.
-fn gemv_name(form: usize, t: i32) -> &'static str {
+fn gemv_name(form: usize, t: i32, mma: bool) -> &'static str {
     let g = gemv_kernels(t.max(0) as usize)
         .unwrap_or_else(|| panic!("no FP8 GEMV is compiled for {t} tokens (1 to {GEMV_KERNEL_TOKENS})"));
     let names = FAMILIES
@@ -30,11 +37,22 @@ fn gemv_name(form: usize, t: i32) -> &'static str {
         .find(|(family, _, _)| *family == "fp8")
         .map(|(_, _, names)| *names)
         .unwrap_or_default();
-    names[4 * form + g.tokens.trailing_zeros() as usize]
+    names[12 * mma as usize + 4 * form + g.tokens.trailing_zeros() as usize]
 }
 
-/// `y[j * ld + row] = (x[j] · w[row]) * scales[row]` (`fp8_gemv_t{T}`), times the norm scale of
-/// `norm_in` when given.
+/// Which decode GEMVs run an FP8 matrix's products of up to [`GEMV_KERNEL_TOKENS`] tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fp8Gemv {
+    /// Each lane's dot products on CUDA cores, weights converted to f32 (the default).
+    #[default]
+    Lanes,
+    /// The products on tensor cores (mma.sync, f16 operands, f32 sums): `STRATA_FP8_GEMV=mma`,
+    /// until an H200 run shows which is faster.
+    Mma,
+}
+
+/// `y[j * ld + row] = (x[j] · w[row]) * scales[row]` (`fp8_gemv_t{T}`, `fp8_mma_gemv_t{T}`),
+/// times the norm scale of `norm_in` when given.
 #[derive(Debug, Clone, Copy)]
 pub struct Fp8GemvCall {
     /// E4M3 `[n, k]`.
@@ -55,16 +73,27 @@ pub struct Fp8GemvCall {
     /// The sums of the norm the dot products are scaled by, or 0.
     pub norm_in: u64,
     pub eps: f32,
+    pub kind: Fp8Gemv,
+}
+
+/// The grid and block of a GEMV over `rows` (row pairs for SiLU), by kind.
+fn gemv_shape(rows: i32, kind: Fp8Gemv, silu: bool) -> ((u32, u32, u32), u32, u32) {
+    let (per_block, threads) = match (kind, silu) {
+        (Fp8Gemv::Lanes, false) => (FP8_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Lanes, true) => (FP8_SILU_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Mma, false) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
+        (Fp8Gemv::Mma, true) => (FP8_MMA_SILU_BLOCK_ROWS, FP8_MMA_THREADS),
+    };
+    (((rows.max(0) as u32).div_ceil(per_block), 1, 1), threads, 0)
 }
 
 impl Fp8GemvCall {
     pub fn name(&self) -> &'static str {
-        gemv_name(0, self.t)
+        gemv_name(0, self.t, self.kind == Fp8Gemv::Mma)
     }
 
-    /// Two rows a warp.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        (((self.n as u32).div_ceil(FP8_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+        gemv_shape(self.n, self.kind, false)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -102,20 +131,16 @@ pub struct Fp8GemvSiluCall {
     pub t: i32,
     pub norm_in: u64,
     pub eps: f32,
+    pub kind: Fp8Gemv,
 }
 
 impl Fp8GemvSiluCall {
     pub fn name(&self) -> &'static str {
-        gemv_name(1, self.t)
+        gemv_name(1, self.t, self.kind == Fp8Gemv::Mma)
     }
 
-    /// A gate/up pair of rows a warp.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        (
-            ((self.inter as u32).div_ceil(FP8_SILU_BLOCK_ROWS), 1, 1),
-            GEMV_THREADS,
-            0,
-        )
+        gemv_shape(self.inter, self.kind, true)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -153,16 +178,16 @@ pub struct Fp8GemvResidualCall {
     pub n: i32,
     pub k: i32,
     pub t: i32,
+    pub kind: Fp8Gemv,
 }
 
 impl Fp8GemvResidualCall {
     pub fn name(&self) -> &'static str {
-        gemv_name(2, self.t)
+        gemv_name(2, self.t, self.kind == Fp8Gemv::Mma)
     }
 
-    /// Two rows a warp.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        (((self.n as u32).div_ceil(FP8_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+        gemv_shape(self.n, self.kind, false)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -288,7 +313,9 @@ impl Fp8ScaleOutputCall {
 pub(crate) fn called_kernels() -> Vec<&'static str> {
     let mut names = Vec::new();
     for t in [1, 2, 4, 8] {
-        names.extend([gemv_name(0, t), gemv_name(1, t), gemv_name(2, t)]);
+        for mma in [false, true] {
+            names.extend([gemv_name(0, t, mma), gemv_name(1, t, mma), gemv_name(2, t, mma)]);
+        }
     }
     let d = Fp8DequantCall {
         w: 1,
@@ -335,6 +362,7 @@ mod tests {
             out_f32: 1,
             norm_in: 5,
             eps: 0.5,
+            kind: Fp8Gemv::Lanes,
         };
         let want = vec![
             at(&g.w),
@@ -351,6 +379,13 @@ mod tests {
         ];
         assert_eq!(g.args(), want);
         assert_eq!((g.name(), g.shape()), ("fp8_gemv_t4", ((2, 1, 1), 128, 0)));
+        // Tensor cores: 32 rows a block of 8 warps.
+        let g = Fp8GemvCall {
+            n: 33,
+            kind: Fp8Gemv::Mma,
+            ..g
+        };
+        assert_eq!((g.name(), g.shape()), ("fp8_mma_gemv_t4", ((2, 1, 1), 256, 0)));
         let s = Fp8GemvSiluCall {
             w: 1,
             scales: 2,
@@ -361,9 +396,18 @@ mod tests {
             t: 1,
             norm_in: 0,
             eps: 0.1,
+            kind: Fp8Gemv::Lanes,
         };
         assert_eq!(s.args()[1], at(&s.scales));
         assert_eq!((s.name(), s.shape()), ("fp8_gemv_silu_t1", ((3, 1, 1), 128, 0)));
+        // A tile of 16 gate rows and one of their up rows a block.
+        let s = Fp8GemvSiluCall {
+            inter: 17,
+            t: 2,
+            kind: Fp8Gemv::Mma,
+            ..s
+        };
+        assert_eq!((s.name(), s.shape()), ("fp8_mma_gemv_silu_t2", ((2, 1, 1), 256, 0)));
         let r = Fp8GemvResidualCall {
             w: 1,
             scales: 2,
@@ -375,6 +419,7 @@ mod tests {
             n: 17,
             k: 32,
             t: 8,
+            kind: Fp8Gemv::Lanes,
         };
         let want = vec![
             at(&r.w),
@@ -390,6 +435,11 @@ mod tests {
         ];
         assert_eq!(r.args(), want);
         assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((3, 1, 1), 128, 0)));
+        let r = Fp8GemvResidualCall {
+            kind: Fp8Gemv::Mma,
+            ..r
+        };
+        assert_eq!((r.name(), r.shape()), ("fp8_mma_gemv_residual_t8", ((1, 1, 1), 256, 0)));
         let d = Fp8DequantCall {
             w: 1,
             scales: 2,
@@ -418,6 +468,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "no FP8 GEMV is compiled for 9 tokens")]
     fn an_fp8_gemv_past_the_compiled_tokens_is_a_bug() {
-        gemv_name(0, 9);
+        gemv_name(0, 9, false);
     }
 }

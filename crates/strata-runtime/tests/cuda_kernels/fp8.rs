@@ -4,7 +4,7 @@
 
 use strata_runtime::cuda::gemm_call::NORM_SLOTS;
 use strata_runtime::cuda::{
-    DeviceBuffer, Fp8DequantCall, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall,
+    DeviceBuffer, Fp8DequantCall, Fp8Gemv, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall,
     Fp8ScaleOutputCall, Gemm, GemmOperands, GemmOut, Gpu, KernelSpec, Kernels,
 };
 
@@ -75,8 +75,9 @@ fn fp8_gemvs_and_dequantization_match_the_cpu() {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    // An odd row count (a warp's second row missing), a short and a long row.
-    for (n, k) in [(37usize, 768usize), (258, 2816)] {
+    // An odd row count (a warp's second row missing, tiles of 16 rows cut short), a short row
+    // ending in part of a 64-column chunk, and a long row.
+    for (n, k) in [(37usize, 784usize), (258, 2816)] {
         let m = upload_matrix(&gpu, 2 * n, k, (n + k) as u64);
         let ctx = format!("n {n} k {k}");
 
@@ -101,120 +102,129 @@ fn fp8_gemvs_and_dequantization_match_the_cpu() {
             let x: Vec<f32> = xb.iter().map(|&b| bf16_value(b)).collect();
             let xd = gpu.upload(&xb, "x").unwrap();
             let want = |j: usize, r: usize| dot(&m.w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
-            // f32 sums of exact products in another order: a few ulps of the sum of magnitudes.
-            let tol = |j: usize, r: usize| 2e-5 * abs_dot(&m.w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]) + 1e-30;
 
-            // Plain, f32 out into a wider output (ld = 2n + 5).
-            let ld = 2 * n + 5;
-            let y = gpu.alloc(t * ld * 4, "y").unwrap();
-            gpu.zero(&y, 0, t * ld * 4).unwrap();
-            let plain = Fp8GemvCall {
-                w: m.bytes.ptr(),
-                scales: m.scales.ptr(),
-                x: xd.ptr(),
-                y: y.ptr(),
-                n: 2 * n as i32,
-                k: k as i32,
-                t: t as i32,
-                ld: ld as i32,
-                out_f32: 1,
-                norm_in: 0,
-                eps: 0.0,
-            };
-            // SAFETY: bytes 2n x k, x t x k bf16, y t x ld f32.
-            unsafe { plain.launch(&gpu, &kernels) }.unwrap();
-            let mut got = vec![0f32; t * ld];
-            gpu.read(&y, 0, &mut got).unwrap();
-            for j in 0..t {
-                for r in 0..2 * n {
-                    let (a, b) = (got[j * ld + r] as f64, want(j, r));
+            for kind in [Fp8Gemv::Lanes, Fp8Gemv::Mma] {
+                let ctx = format!("{ctx} {kind:?}");
+                // f32 sums of exact products in another order: a few ulps of the sum of magnitudes
+                // (tensor cores: sums of 16 products at a time, with their own rounding).
+                let rel = if kind == Fp8Gemv::Mma { 1e-4 } else { 2e-5 };
+                let tol = |j: usize, r: usize| rel * abs_dot(&m.w[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]) + 1e-30;
+
+                // Plain, f32 out into a wider output (ld = 2n + 5).
+                let ld = 2 * n + 5;
+                let y = gpu.alloc(t * ld * 4, "y").unwrap();
+                gpu.zero(&y, 0, t * ld * 4).unwrap();
+                let plain = Fp8GemvCall {
+                    w: m.bytes.ptr(),
+                    scales: m.scales.ptr(),
+                    x: xd.ptr(),
+                    y: y.ptr(),
+                    n: 2 * n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    ld: ld as i32,
+                    out_f32: 1,
+                    norm_in: 0,
+                    eps: 0.0,
+                    kind,
+                };
+                // SAFETY: bytes 2n x k, x t x k bf16, y t x ld f32.
+                unsafe { plain.launch(&gpu, &kernels) }.unwrap();
+                let mut got = vec![0f32; t * ld];
+                gpu.read(&y, 0, &mut got).unwrap();
+                for j in 0..t {
+                    for r in 0..2 * n {
+                        let (a, b) = (got[j * ld + r] as f64, want(j, r));
+                        assert!(
+                            (a - b).abs() <= tol(j, r),
+                            "{ctx} t {t}: gemv row {r} token {j}: {a} vs {b}"
+                        );
+                    }
+                    assert_eq!(got[j * ld + 2 * n], 0.0, "{ctx}: wrote past its rows");
+                }
+
+                // Gate (rows 0..n) and up (n..2n) with SiLU, bf16 out.
+                let act = gpu.alloc(t * n * 2, "act").unwrap();
+                let silu = Fp8GemvSiluCall {
+                    w: m.bytes.ptr(),
+                    scales: m.scales.ptr(),
+                    x: xd.ptr(),
+                    out: act.ptr(),
+                    inter: n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    norm_in: 0,
+                    eps: 0.0,
+                    kind,
+                };
+                // SAFETY: as above; act t x n bf16.
+                unsafe { silu.launch(&gpu, &kernels) }.unwrap();
+                let got = read_bf16(&gpu, &act, t * n);
+                for j in 0..t {
+                    for r in 0..n {
+                        let (g, u) = (want(j, r), want(j, n + r));
+                        let s = g / (1.0 + (-g).exp()) * u;
+                        let a = got[j * n + r] as f64;
+                        let bound = 1e-2 * s.abs() + (tol(j, r) + tol(j, n + r)) * (u.abs() + g.abs() + 1.0);
+                        assert!(
+                            (a - s).abs() <= bound,
+                            "{ctx} t {t}: silu row {r} token {j}: {a} vs {s}"
+                        );
+                    }
+                }
+
+                // Residual over all 2n rows, times the next norm's weights, with its sums.
+                let res0 = random_f32(t * 2 * n, 99);
+                let g = random_f32(2 * n, 98);
+                let res = gpu.upload(&res0, "res").unwrap();
+                let res_bf16 = gpu.alloc(t * 2 * n * 2, "res_bf16").unwrap();
+                let gd = gpu.upload(&g, "g").unwrap();
+                let sums_len = t * NORM_SLOTS * 2;
+                let sums = gpu.alloc(sums_len * 8, "sums").unwrap();
+                gpu.zero(&sums, 0, sums_len * 8).unwrap();
+                let residual = Fp8GemvResidualCall {
+                    w: m.bytes.ptr(),
+                    scales: m.scales.ptr(),
+                    x: xd.ptr(),
+                    res: res.ptr(),
+                    res_bf16: res_bf16.ptr(),
+                    norm_out: sums.ptr(),
+                    next_norm: gd.ptr(),
+                    n: 2 * n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    kind,
+                };
+                // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
+                unsafe { residual.launch(&gpu, &kernels) }.unwrap();
+                let mut new = vec![0f32; t * 2 * n];
+                gpu.read(&res, 0, &mut new).unwrap();
+                let new_bf16 = read_bf16(&gpu, &res_bf16, t * 2 * n);
+                let mut raw = vec![0u64; sums_len];
+                gpu.read(&sums, 0, &mut raw).unwrap();
+                for j in 0..t {
+                    let mut squares = 0f64;
+                    for r in 0..2 * n {
+                        let v = res0[j * 2 * n + r] as f64 + want(j, r);
+                        let a = new[j * 2 * n + r] as f64;
+                        assert!(
+                            (a - v).abs() <= tol(j, r) + 1e-6,
+                            "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
+                        );
+                        let b = new_bf16[j * 2 * n + r];
+                        assert_eq!(
+                            b,
+                            bf16_value(bf16_bits(a as f32 * g[r])),
+                            "{ctx} t {t}: res_bf16 row {r} token {j}"
+                        );
+                        squares += a * a;
+                    }
+                    let total = carried_norm_total(&raw, j);
                     assert!(
-                        (a - b).abs() <= tol(j, r),
-                        "{ctx} t {t}: gemv row {r} token {j}: {a} vs {b}"
+                        (total - squares).abs() <= 1e-5 * squares,
+                        "{ctx} t {t}: norm sums {total} vs {squares}"
                     );
                 }
-                assert_eq!(got[j * ld + 2 * n], 0.0, "{ctx}: wrote past its rows");
-            }
-
-            // Gate (rows 0..n) and up (n..2n) with SiLU, bf16 out.
-            let act = gpu.alloc(t * n * 2, "act").unwrap();
-            let silu = Fp8GemvSiluCall {
-                w: m.bytes.ptr(),
-                scales: m.scales.ptr(),
-                x: xd.ptr(),
-                out: act.ptr(),
-                inter: n as i32,
-                k: k as i32,
-                t: t as i32,
-                norm_in: 0,
-                eps: 0.0,
-            };
-            // SAFETY: as above; act t x n bf16.
-            unsafe { silu.launch(&gpu, &kernels) }.unwrap();
-            let got = read_bf16(&gpu, &act, t * n);
-            for j in 0..t {
-                for r in 0..n {
-                    let (g, u) = (want(j, r), want(j, n + r));
-                    let s = g / (1.0 + (-g).exp()) * u;
-                    let a = got[j * n + r] as f64;
-                    let bound = 1e-2 * s.abs() + (tol(j, r) + tol(j, n + r)) * (u.abs() + g.abs() + 1.0);
-                    assert!(
-                        (a - s).abs() <= bound,
-                        "{ctx} t {t}: silu row {r} token {j}: {a} vs {s}"
-                    );
-                }
-            }
-
-            // Residual over all 2n rows, times the next norm's weights, with its sums.
-            let res0 = random_f32(t * 2 * n, 99);
-            let g = random_f32(2 * n, 98);
-            let res = gpu.upload(&res0, "res").unwrap();
-            let res_bf16 = gpu.alloc(t * 2 * n * 2, "res_bf16").unwrap();
-            let gd = gpu.upload(&g, "g").unwrap();
-            let sums_len = t * NORM_SLOTS * 2;
-            let sums = gpu.alloc(sums_len * 8, "sums").unwrap();
-            gpu.zero(&sums, 0, sums_len * 8).unwrap();
-            let residual = Fp8GemvResidualCall {
-                w: m.bytes.ptr(),
-                scales: m.scales.ptr(),
-                x: xd.ptr(),
-                res: res.ptr(),
-                res_bf16: res_bf16.ptr(),
-                norm_out: sums.ptr(),
-                next_norm: gd.ptr(),
-                n: 2 * n as i32,
-                k: k as i32,
-                t: t as i32,
-            };
-            // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
-            unsafe { residual.launch(&gpu, &kernels) }.unwrap();
-            let mut new = vec![0f32; t * 2 * n];
-            gpu.read(&res, 0, &mut new).unwrap();
-            let new_bf16 = read_bf16(&gpu, &res_bf16, t * 2 * n);
-            let mut raw = vec![0u64; sums_len];
-            gpu.read(&sums, 0, &mut raw).unwrap();
-            for j in 0..t {
-                let mut squares = 0f64;
-                for r in 0..2 * n {
-                    let v = res0[j * 2 * n + r] as f64 + want(j, r);
-                    let a = new[j * 2 * n + r] as f64;
-                    assert!(
-                        (a - v).abs() <= tol(j, r) + 1e-6,
-                        "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
-                    );
-                    let b = new_bf16[j * 2 * n + r];
-                    assert_eq!(
-                        b,
-                        bf16_value(bf16_bits(a as f32 * g[r])),
-                        "{ctx} t {t}: res_bf16 row {r} token {j}"
-                    );
-                    squares += a * a;
-                }
-                let total = carried_norm_total(&raw, j);
-                assert!(
-                    (total - squares).abs() <= 1e-5 * squares,
-                    "{ctx} t {t}: norm sums {total} vs {squares}"
-                );
             }
         }
     }
