@@ -144,7 +144,7 @@ impl Executor for MockGpu {
             match c.logits {
                 LogitsWanted::None => {}
                 LogitsWanted::LastArgmax => logits.argmax.push((i, token)),
-                LogitsWanted::Last | LogitsWanted::LastSampled(_) | LogitsWanted::All => {
+                LogitsWanted::Last | LogitsWanted::LastSampled(_) | LogitsWanted::All | LogitsWanted::AllArgmax => {
                     let row = logits.data.len();
                     logits.data.resize(row + vocab, 0.0);
                     logits.data[row + token as usize] = 10.0;

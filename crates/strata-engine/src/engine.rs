@@ -1082,7 +1082,7 @@ impl EngineLoop {
                         LogitsWanted::None
                     } else if c.drafts > 0 {
                         // The row of the last token and of each draft token: one verifies the next.
-                        LogitsWanted::All
+                        verification_logits(seq)
                     } else {
                         next_token_logits(seq, on_device)
                     },
@@ -1355,6 +1355,21 @@ fn next_token_logits(seq: &mut Sequence, on_device: bool) -> LogitsWanted {
     }
 }
 
+/// What a verification chunk of `seq` asks for: each row's argmax alone when that is all the
+/// greedy sampler reads (no penalties, logprobs, bias or grammar), otherwise the rows.
+fn verification_logits(seq: &Sequence) -> LogitsWanted {
+    let request = &seq.request;
+    let plain = request.sampling.is_plain_greedy()
+        && request.logprobs.is_none()
+        && request.sampling.logit_bias.is_empty()
+        && seq.constraint.is_none();
+    if plain {
+        LogitsWanted::AllArgmax
+    } else {
+        LogitsWanted::All
+    }
+}
+
 /// Takes the tokens of a step that verified the first `drafts` tokens of `seq`'s draft (batch
 /// row `bi`). The token of each position is chosen from its row exactly as a plain step chooses
 /// it (same sampler, same draw of the sequence's random stream); the draft token there is
@@ -1378,12 +1393,17 @@ fn take_verified(
     let first = seq.num_computed - 1;
     let mut accepted = 0;
     let mut progress = Progress::Running;
+    // Each position's greedy token, where the executor chose them (`AllArgmax`).
+    let ids = logits.argmaxes_of(bi);
     for i in 0..=drafts {
-        let row = logits
-            .row_at(bi, first + i)
-            .ok_or_else(|| format!("internal error: no logits for draft position {}", first + i))?;
-        let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output, None);
-        let lp = seq.request.logprobs.map(|k| logprobs(row, token, k));
+        let missing = || format!("internal error: no logits for draft position {}", first + i);
+        let (token, lp) = if ids.is_empty() {
+            let row = logits.row_at(bi, first + i).ok_or_else(missing)?;
+            let token = seq.sampler.sample(row, &seq.request.prompt, &seq.output, None);
+            (token, seq.request.logprobs.map(|k| logprobs(row, token, k)))
+        } else {
+            (*ids.get(i).ok_or_else(missing)?, None)
+        };
         stats.generation_tokens_total += 1;
         progress = seq.push_token(token, lp, max_model_len, outbox);
         if progress != Progress::Running || i == drafts || draft.get(i) != Some(&token) {

@@ -10,7 +10,7 @@ mod common;
 use common::default_model;
 use strata_engine::{
     complete, cpu_executor, Completion, EngineConfig, EngineHandle, FinishReason, GenerationRequest, KvCacheDtype,
-    OutputConstraint, RequestOutput, RequestStream, SamplingParams, SubmitError,
+    NgramSpeculation, OutputConstraint, RequestOutput, RequestStream, SamplingParams, SubmitError,
 };
 use strata_model::loader::{default_model_path, load_model};
 use strata_model::{
@@ -471,6 +471,8 @@ fn two_stage_engine(config: EngineConfig) -> (EngineHandle, Arc<Mutex<PipelineLo
 #[derive(Default)]
 struct OverlapLog {
     overlapped: usize,
+    /// Verification rows answered by their argmax alone (`AllArgmax`, when `on_device`).
+    verified_ids: usize,
     violations: Vec<String>,
 }
 
@@ -509,10 +511,28 @@ impl OverlappingCpu {
     }
 
     /// The CPU's forward pass, then, when `on_device`, the tokens of `LastSampled` rows drawn
-    /// here; rows with a bias or mask are chosen later ([`Self::choose_adjusted`]), as the GPU
+    /// here and the rows of `AllArgmax` chunks replaced by their argmax, in position order;
+    /// rows with a bias or mask are chosen later ([`Self::choose_adjusted`]), as the GPU
     /// launches their logits only once the host's masks are in.
     fn run(&mut self, batch: &[SeqChunk]) -> Result<Logits, ModelError> {
         let mut logits = self.cpu.forward(batch)?;
+        if self.on_device && batch.iter().any(|c| c.logits == LogitsWanted::AllArgmax) {
+            let mut kept = Logits {
+                vocab: logits.vocab,
+                ..Default::default()
+            };
+            for (i, &(seq, pos)) in logits.rows.iter().enumerate() {
+                let row = logits.row(i);
+                if batch[seq].logits == LogitsWanted::AllArgmax {
+                    kept.argmax.push((seq, greedy_token(row)));
+                } else {
+                    kept.rows.push((seq, pos));
+                    kept.data.extend_from_slice(row);
+                }
+            }
+            self.log.lock().unwrap().verified_ids += kept.argmax.len();
+            logits = kept;
+        }
         if self.on_device {
             for (i, c) in batch.iter().enumerate() {
                 if let (LogitsWanted::LastSampled(sampling), None) = (c.logits, &c.adjust) {
@@ -730,6 +750,49 @@ fn masks_and_biases_applied_on_the_device_match_the_host() {
     assert!(log.violations.is_empty(), "{:?}", log.violations);
     // Masked steps are queued behind the running one too: their masks wait for its tokens.
     assert!(log.overlapped > 10, "{} overlapped steps", log.overlapped);
+}
+
+/// Greedy verification on a device that returns each draft position's argmax alone: the same
+/// tokens as without speculation, beside a sequence whose logprobs keep its rows coming back.
+#[test]
+fn greedy_drafts_verified_by_device_argmaxes_give_the_plain_output() {
+    let text = "Copy this line twice: the quick brown fox jumps over the lazy dog, and the dog sleeps.";
+    let requests = |e: &EngineHandle| -> Vec<GenerationRequest> {
+        let p = prompt(e, text);
+        vec![
+            GenerationRequest {
+                ignore_eos: true,
+                ..GenerationRequest::greedy(p.clone(), 40)
+            },
+            GenerationRequest {
+                ignore_eos: true,
+                logprobs: Some(2),
+                ..GenerationRequest::greedy(p, 40)
+            },
+        ]
+    };
+    let plain = engine(small_config());
+    let want: Vec<Vec<u32>> = run_together(&plain, requests(&plain))
+        .into_iter()
+        .map(|c| c.tokens)
+        .collect();
+    let config = EngineConfig {
+        speculative_ngram: Some(NgramSpeculation {
+            disable_by_batch_size: usize::MAX,
+            ..NgramSpeculation::parse("3:1:4").expect("parses")
+        }),
+        ..small_config()
+    };
+    let (e, log) = device_engine(config, true, true);
+    let got: Vec<Vec<u32>> = run_together(&e, requests(&e)).into_iter().map(|c| c.tokens).collect();
+    assert_eq!(got, want, "verified by argmax ids, the tokens are the plain ones");
+    let log = log.lock().unwrap();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    assert!(
+        log.verified_ids > 10,
+        "{} verification rows came back as ids",
+        log.verified_ids
+    );
 }
 
 #[test]

@@ -20,6 +20,10 @@ pub enum LogitsWanted {
     /// Every token of the chunk: speculative verification (the last computed token and each
     /// draft token, every row choosing the token after it), scoring, tests.
     All,
+    /// Every token of the chunk, for greedy verification (no penalties, logprobs, bias or mask):
+    /// an executor may return each row's argmax alone (in [`Logits::argmax`], in position
+    /// order) instead of the rows.
+    AllArgmax,
 }
 
 impl LogitsWanted {
@@ -154,7 +158,8 @@ pub struct Logits {
     pub vocab: usize,
     pub data: Vec<f32>,
     /// `(sequence index in the batch, token id)` for `LastArgmax` (ties go to the lowest id) and
-    /// `LastSampled` sequences whose row was not returned.
+    /// `LastSampled` sequences whose row was not returned, and for each row of an `AllArgmax`
+    /// sequence whose rows were not returned (one entry a position, in position order).
     pub argmax: Vec<(usize, u32)>,
 }
 
@@ -171,6 +176,15 @@ impl Logits {
             Some(&(s, t)) if s == seq => Some(t),
             _ => self.argmax.iter().find(|&&(s, _)| s == seq).map(|&(_, t)| t),
         }
+    }
+
+    /// Every argmax returned for sequence `seq`, in order: an `AllArgmax` chunk's positions.
+    pub fn argmaxes_of(&self, seq: usize) -> Vec<u32> {
+        self.argmax
+            .iter()
+            .filter(|&&(s, _)| s == seq)
+            .map(|&(_, t)| t)
+            .collect()
     }
 
     /// The row of sequence `seq` at position `pos`, if it was asked for.

@@ -292,7 +292,7 @@ impl Transformer {
                 LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) => {
                     ch.end_pos() - 1..ch.end_pos()
                 }
-                LogitsWanted::All => ch.first_pos..ch.end_pos(),
+                LogitsWanted::All | LogitsWanted::AllArgmax => ch.first_pos..ch.end_pos(),
             };
             rows.extend(positions.map(|p| (si, p, flat.index(batch, si, p))));
         }

@@ -251,7 +251,7 @@ impl GpuTransformer {
         let decode = !batch.is_empty()
             && batch.iter().all(|c| match c.logits {
                 LogitsWanted::Last | LogitsWanted::LastArgmax | LogitsWanted::LastSampled(_) => c.tokens.len() == 1,
-                LogitsWanted::All => !c.tokens.is_empty(),
+                LogitsWanted::All | LogitsWanted::AllArgmax => !c.tokens.is_empty(),
                 _ => false,
             });
         let rows: usize = batch.iter().map(|c| c.tokens.len()).sum();

@@ -192,6 +192,7 @@ impl StepInputs {
                     LogitsWanted::Last if last => Some(true),
                     w if last && w.wants_id_only() => Some(false),
                     LogitsWanted::All => Some(true),
+                    LogitsWanted::AllArgmax => Some(false),
                     _ => None,
                 };
                 if let Some(whole) = whole {
