@@ -377,6 +377,15 @@ __device__ __forceinline__ bool fp8_mma_sums(const u8* __restrict__ w, int k, co
     return true;
 }
 
+// This block's tiles of an n-row matrix: FP8M_ROWS consecutive rows.
+__device__ __forceinline__ void fp8_mma_block_tiles(int n, int (&first)[FP8M_TILES], int (&end)[FP8M_TILES]) {
+#pragma unroll
+    for (int tile = 0; tile < FP8M_TILES; tile++) {
+        first[tile] = blockIdx.x * FP8M_ROWS + 16 * tile;
+        end[tile] = n;
+    }
+}
+
 // s[j] for a token j < t <= T (s from NormIn::scales).
 template <int T>
 __device__ __forceinline__ float token_scale(const float (&s)[T], int j) {
@@ -387,24 +396,31 @@ __device__ __forceinline__ float token_scale(const float (&s)[T], int j) {
     return v;
 }
 
+// fp8_mma_sums for a GEMV that reads normed rows: also each token's norm scale s[j] (1 without
+// a norm), in warp 0, the only warp that returns true.
+template <int T>
+__device__ __forceinline__ bool fp8_mma_normed_sums(const u8* __restrict__ w, int k, const bf16* __restrict__ x,
+                                                    int t, const int (&first)[FP8M_TILES],
+                                                    const int (&end)[FP8M_TILES], const u64* __restrict__ norm_in,
+                                                    float eps, float (&sums)[FP8M_TILES][4], float (&s)[T]) {
+    NormIn<T> norm{norm_in};
+    if (!fp8_mma_sums(w, k, x, t, first, end, sums, [&] {
+            if (threadIdx.x < 32) norm.load_in_each_warp(t);
+        }))
+        return false;
+    norm.scales(t, k, eps, s);
+    return true;
+}
+
 // fp8_gemv's product on tensor cores. Grid ceil(n / FP8M_ROWS), FP8M_WARPS warps a block.
 template <int T>
 __device__ void fp8_mma_gemv(const u8* __restrict__ w, const float* __restrict__ scales, const bf16* __restrict__ x,
                              void* __restrict__ y, int n, int k, int t, int ld, int out_f32,
                              const u64* __restrict__ norm_in, float eps) {
     int first[FP8M_TILES], end[FP8M_TILES];
-#pragma unroll
-    for (int tile = 0; tile < FP8M_TILES; tile++) {
-        first[tile] = blockIdx.x * FP8M_ROWS + 16 * tile;
-        end[tile] = n;
-    }
-    NormIn<T> norm{norm_in};
+    fp8_mma_block_tiles(n, first, end);
     float sums[FP8M_TILES][4], s[T];
-    if (!fp8_mma_sums(w, k, x, t, first, end, sums, [&] {
-            if (threadIdx.x < 32) norm.load_in_each_warp(t);
-        }))
-        return;
-    norm.scales(t, k, eps, s);
+    if (!fp8_mma_normed_sums(w, k, x, t, first, end, norm_in, eps, sums, s)) return;
     const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
 #pragma unroll
     for (int tile = 0; tile < FP8M_TILES; tile++)
@@ -427,13 +443,8 @@ __device__ void fp8_mma_gemv_silu(const u8* __restrict__ w, const float* __restr
                                   const u64* __restrict__ norm_in, float eps) {
     const int row0 = blockIdx.x * 16;
     const int first[FP8M_TILES] = {row0, inter + row0}, end[FP8M_TILES] = {inter, 2 * inter};
-    NormIn<T> norm{norm_in};
     float sums[FP8M_TILES][4], s[T];
-    if (!fp8_mma_sums(w, k, x, t, first, end, sums, [&] {
-            if (threadIdx.x < 32) norm.load_in_each_warp(t);
-        }))
-        return;
-    norm.scales(t, k, eps, s);
+    if (!fp8_mma_normed_sums(w, k, x, t, first, end, norm_in, eps, sums, s)) return;
     const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
 #pragma unroll
     for (int r = 0; r < 4; r++) {
@@ -453,11 +464,7 @@ __device__ void fp8_mma_gemv_residual(const u8* __restrict__ w, const float* __r
                                       bf16* __restrict__ res_bf16, u64* __restrict__ norm_out,
                                       const float* __restrict__ next_norm, int n, int k, int t) {
     int first[FP8M_TILES], end[FP8M_TILES];
-#pragma unroll
-    for (int tile = 0; tile < FP8M_TILES; tile++) {
-        first[tile] = blockIdx.x * FP8M_ROWS + 16 * tile;
-        end[tile] = n;
-    }
+    fp8_mma_block_tiles(n, first, end);
     float sums[FP8M_TILES][4];
     if (!fp8_mma_sums(w, k, x, t, first, end, sums, [] {})) return;
     const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;

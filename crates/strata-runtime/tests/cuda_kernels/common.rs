@@ -137,3 +137,69 @@ pub fn carried_norm_total(raw: &[u64], j: usize) -> f64 {
         sum(1) as f64 / (1u64 << 40) as f64
     }
 }
+
+/// The buffers of a residual GEMV over `rows` rows and `t` tokens (gemv.cuh's carried norm):
+/// the f32 residual (random before), its bf16 copy times the next norm's weights (random), and
+/// the norm's sums (zeroed).
+pub struct ResidualCase {
+    pub before: Vec<f32>,
+    pub next_norm: Vec<f32>,
+    pub res: DeviceBuffer,
+    pub res_bf16: DeviceBuffer,
+    pub next_norm_on_gpu: DeviceBuffer,
+    pub sums: DeviceBuffer,
+    t: usize,
+    rows: usize,
+}
+
+impl ResidualCase {
+    pub fn new(gpu: &Gpu, t: usize, rows: usize) -> ResidualCase {
+        let before = random_f32(t * rows, 99);
+        let next_norm = random_f32(rows, 98);
+        let sums_bytes = t * strata_runtime::cuda::gemm_call::NORM_SLOTS * 2 * 8;
+        let sums = gpu.alloc(sums_bytes, "sums").unwrap();
+        gpu.zero(&sums, 0, sums_bytes).unwrap();
+        ResidualCase {
+            res: gpu.upload(&before, "res").unwrap(),
+            res_bf16: gpu.alloc(t * rows * 2, "res_bf16").unwrap(),
+            next_norm_on_gpu: gpu.upload(&next_norm, "next norm").unwrap(),
+            sums,
+            before,
+            next_norm,
+            t,
+            rows,
+        }
+    }
+
+    /// After the GEMV: each new residual value within `tol(j, r)` of before + `want(j, r)`, its
+    /// bf16 copy that value times the next norm's weight exactly, and each token's sum of squares
+    /// within 1e-5.
+    pub fn check(&self, gpu: &Gpu, want: impl Fn(usize, usize) -> f64, tol: impl Fn(usize, usize) -> f64, ctx: &str) {
+        let (t, rows) = (self.t, self.rows);
+        let mut new = vec![0f32; t * rows];
+        gpu.read(&self.res, 0, &mut new).unwrap();
+        let new_bf16 = read_bf16(gpu, &self.res_bf16, t * rows);
+        let mut raw = vec![0u64; t * strata_runtime::cuda::gemm_call::NORM_SLOTS * 2];
+        gpu.read(&self.sums, 0, &mut raw).unwrap();
+        for j in 0..t {
+            let mut squares = 0f64;
+            for r in 0..rows {
+                let v = self.before[j * rows + r] as f64 + want(j, r);
+                let a = new[j * rows + r] as f64;
+                assert!(
+                    (a - v).abs() <= tol(j, r),
+                    "{ctx}: residual row {r} token {j}: {a} vs {v}"
+                );
+                let b = new_bf16[j * rows + r];
+                let want_b = bf16_value(bf16_bits(a as f32 * self.next_norm[r]));
+                assert_eq!(b, want_b, "{ctx}: res_bf16 row {r} token {j}");
+                squares += a * a;
+            }
+            let total = carried_norm_total(&raw, j);
+            assert!(
+                (total - squares).abs() <= 1e-5 * squares,
+                "{ctx}: norm sums {total} vs {squares}"
+            );
+        }
+    }
+}

@@ -2,15 +2,12 @@
 //! next norm's sums), dequantization to bf16, and the FP8 tensor-core product (activation
 //! quantization, cuBLASLt on E4M3, output scaling) where the GPU has FP8 tensor cores.
 
-use strata_runtime::cuda::gemm_call::NORM_SLOTS;
 use strata_runtime::cuda::{
     DeviceBuffer, Fp8DequantCall, Fp8Gemv, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall,
     Fp8ScaleOutputCall, Gemm, GemmOperands, GemmOut, Gpu, KernelSpec, Kernels,
 };
 
-use crate::common::{
-    bf16_bits, bf16_value, carried_norm_total, first_gpu, random_bf16, random_f32, read_bf16, xorshift,
-};
+use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, xorshift, ResidualCase};
 
 /// The value of an E4M3 byte (OCP "fn": no infinities; 0x7f and 0xff are NaN).
 fn e4m3(b: u8) -> f32 {
@@ -174,22 +171,15 @@ fn fp8_gemvs_and_dequantization_match_the_cpu() {
                 }
 
                 // Residual over all 2n rows, times the next norm's weights, with its sums.
-                let res0 = random_f32(t * 2 * n, 99);
-                let g = random_f32(2 * n, 98);
-                let res = gpu.upload(&res0, "res").unwrap();
-                let res_bf16 = gpu.alloc(t * 2 * n * 2, "res_bf16").unwrap();
-                let gd = gpu.upload(&g, "g").unwrap();
-                let sums_len = t * NORM_SLOTS * 2;
-                let sums = gpu.alloc(sums_len * 8, "sums").unwrap();
-                gpu.zero(&sums, 0, sums_len * 8).unwrap();
+                let case = ResidualCase::new(&gpu, t, 2 * n);
                 let residual = Fp8GemvResidualCall {
                     w: m.bytes.ptr(),
                     scales: m.scales.ptr(),
                     x: xd.ptr(),
-                    res: res.ptr(),
-                    res_bf16: res_bf16.ptr(),
-                    norm_out: sums.ptr(),
-                    next_norm: gd.ptr(),
+                    res: case.res.ptr(),
+                    res_bf16: case.res_bf16.ptr(),
+                    norm_out: case.sums.ptr(),
+                    next_norm: case.next_norm_on_gpu.ptr(),
                     n: 2 * n as i32,
                     k: k as i32,
                     t: t as i32,
@@ -197,34 +187,7 @@ fn fp8_gemvs_and_dequantization_match_the_cpu() {
                 };
                 // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
                 unsafe { residual.launch(&gpu, &kernels) }.unwrap();
-                let mut new = vec![0f32; t * 2 * n];
-                gpu.read(&res, 0, &mut new).unwrap();
-                let new_bf16 = read_bf16(&gpu, &res_bf16, t * 2 * n);
-                let mut raw = vec![0u64; sums_len];
-                gpu.read(&sums, 0, &mut raw).unwrap();
-                for j in 0..t {
-                    let mut squares = 0f64;
-                    for r in 0..2 * n {
-                        let v = res0[j * 2 * n + r] as f64 + want(j, r);
-                        let a = new[j * 2 * n + r] as f64;
-                        assert!(
-                            (a - v).abs() <= tol(j, r) + 1e-6,
-                            "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
-                        );
-                        let b = new_bf16[j * 2 * n + r];
-                        assert_eq!(
-                            b,
-                            bf16_value(bf16_bits(a as f32 * g[r])),
-                            "{ctx} t {t}: res_bf16 row {r} token {j}"
-                        );
-                        squares += a * a;
-                    }
-                    let total = carried_norm_total(&raw, j);
-                    assert!(
-                        (total - squares).abs() <= 1e-5 * squares,
-                        "{ctx} t {t}: norm sums {total} vs {squares}"
-                    );
-                }
+                case.check(&gpu, want, |j, r| tol(j, r) + 1e-6, &format!("{ctx} t {t}"));
             }
         }
     }

@@ -3,13 +3,12 @@
 //! sums), dequantization of a matrix and of a slab of its rows, and the embedding.
 
 use strata_formats::quant::dequantize;
-use strata_runtime::cuda::gemm_call::NORM_SLOTS;
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemvCall,
     QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
 };
 
-use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, random_f32, read_bf16};
+use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
 
 /// `rows` rows of `k / block` random blocks of `format` whose f16 scale fields are small finite
 /// values (the rest of each block random bytes), as the file holds them.
@@ -296,62 +295,24 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 }
 
                 // Residual over all 2n rows, times the next norm's weights, with its sums.
-                let res0 = random_f32(t * 2 * n, 99);
-                let g = random_f32(2 * n, 98);
-                let res = gpu.upload(&res0, "res").unwrap();
-                let res_bf16 = gpu.alloc(t * 2 * n * 2, "res_bf16").unwrap();
-                let gd = gpu.upload(&g, "g").unwrap();
-                let sums_len = t * NORM_SLOTS * 2;
-                let sums = gpu.alloc(sums_len * 8, "sums").unwrap();
-                gpu.zero(&sums, 0, sums_len * 8).unwrap();
+                let case = ResidualCase::new(&gpu, t, 2 * n);
                 let residual = QuantGemvResidualCall {
                     format,
                     w: seg.ptr(),
                     x: xq.ptr(),
                     x_scales: xs.ptr(),
                     two_pass: two_pass as i32,
-                    res: res.ptr(),
-                    res_bf16: res_bf16.ptr(),
-                    norm_out: sums.ptr(),
-                    next_norm: gd.ptr(),
+                    res: case.res.ptr(),
+                    res_bf16: case.res_bf16.ptr(),
+                    norm_out: case.sums.ptr(),
+                    next_norm: case.next_norm_on_gpu.ptr(),
                     n: 2 * n as i32,
                     k: k as i32,
                     t: t as i32,
                 };
                 // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
                 unsafe { residual.launch(&gpu, &kernels) }.unwrap();
-                let mut new = vec![0f32; t * 2 * n];
-                gpu.read(&res, 0, &mut new).unwrap();
-                let new_bf16 = read_bf16(&gpu, &res_bf16, t * 2 * n);
-                let mut raw = vec![0u64; sums_len];
-                gpu.read(&sums, 0, &mut raw).unwrap();
-                for j in 0..t {
-                    let mut squares = 0f64;
-                    for r in 0..2 * n {
-                        let v = res0[j * 2 * n + r] as f64 + want(j, r);
-                        let a = new[j * 2 * n + r] as f64;
-                        assert!(
-                            (a - v).abs() <= tol_of(j),
-                            "{ctx} t {t}: residual row {r} token {j}: {a} vs {v}"
-                        );
-                        let b = new_bf16[j * 2 * n + r];
-                        let want_b = bf16_value(bf16_bits(a as f32 * g[r]));
-                        assert_eq!(b, want_b, "{ctx} t {t}: res_bf16 row {r} token {j}");
-                        squares += a * a;
-                    }
-                    // gemv.cuh's rule: the coarse sum (2^-8) once it reaches 2^22, else the fine (2^-40).
-                    let sum = |f: usize| -> u64 { (0..NORM_SLOTS).map(|s| raw[(j * NORM_SLOTS + s) * 2 + f]).sum() };
-                    let coarse = sum(0) as f64 / 256.0;
-                    let total = if coarse >= (1u64 << 22) as f64 {
-                        coarse
-                    } else {
-                        sum(1) as f64 / (1u64 << 40) as f64
-                    };
-                    assert!(
-                        (total - squares).abs() <= 1e-5 * squares,
-                        "{ctx} t {t}: norm sums {total} vs {squares}"
-                    );
-                }
+                case.check(&gpu, want, |j, _| tol_of(j), &format!("{ctx} t {t}"));
             }
         }
     }
