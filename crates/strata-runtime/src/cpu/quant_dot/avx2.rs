@@ -9,7 +9,8 @@
 // Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them) read
 // their weights in row groups (`WeightLayout::RowGroups8`): eight rows share every vector, one
 // lane each, so the activations are broadcast instead of the weights being reduced across
-// lanes; a tile is one group by up to 4 (AVX2) or 8 (VNNI) activation rows. The other types
+// lanes; a tile is one group by up to 4 (AVX2) or 8 (VNNI) activation rows, or with VNNI and
+// a few activation rows two groups in one 512-bit register (`vnni_group_pair_tile`). The other types
 // read the file's rows in tiles of `RW` weight rows by `R` activation rows, one accumulator
 // per pair: single-stream decode (`m == 1`) uses 4 x 1 tiles, so four FMA chains hide latency
 // and the per-row setup and horizontal sums are shared.
@@ -597,6 +598,103 @@ group_tile!(
     vnni_q8_finish
 );
 
+/// The VNNI group tile on 512-bit registers over two consecutive row groups (`g0`, `g1`):
+/// lanes 0-7 of result r are group `g0`'s rows, lanes 8-15 group `g1`'s. Each activation
+/// broadcast and `vpdpbusd` serves sixteen rows instead of eight; every lane runs the same
+/// integer sums and the same float operations in the same order as [`vnni_group_tile`], so
+/// the results are bit for bit its results.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_group_pair_tile<const KIND: u8, const GB: usize, const R: usize>(
+    n: usize,
+    g0: &[u8],
+    g1: &[u8],
+    a: [&[u8]; R],
+) -> [__m512; R] {
+    let nb = n / 32;
+    let (b0, b1) = (&g0.as_chunks::<GB>().0[..nb], &g1.as_chunks::<GB>().0[..nb]);
+    let (aq, am) = split_acts::<R, 32, Q8_1_META_BYTES>(n, nb, nb, a);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..nb {
+        let dw = ph_pair(&b0[b], &b1[b], 0);
+        let mut isum = [_mm512_setzero_si512(); R];
+        if KIND == GK_Q8_0 {
+            for j in 0..8 {
+                let v = _mm512_xor_si512(ld_pair(&b0[b], &b1[b], 16 + 32 * j), _mm512_set1_epi8(-128));
+                for r in 0..R {
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], v, _mm512_set1_epi32(i32_at(&aq[r][b], 4 * j)));
+                }
+            }
+            for r in 0..R {
+                isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(i32_at(&am[r][b], 8) << 7));
+            }
+        } else {
+            let qo = if KIND == GK_Q4_1 { 32 } else { 16 };
+            for j in 0..4 {
+                let v = ld_pair(&b0[b], &b1[b], qo + 32 * j);
+                let lo = _mm512_and_si512(v, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4);
+                for r in 0..R {
+                    let alo = _mm512_set1_epi32(i32_at(&aq[r][b], 4 * j));
+                    let ahi = _mm512_set1_epi32(i32_at(&aq[r][b], 16 + 4 * j));
+                    isum[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r], lo, alo), hi, ahi);
+                }
+            }
+            if KIND == GK_Q4_0 {
+                for r in 0..R {
+                    isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(i32_at(&am[r][b], 8) << 3));
+                }
+            }
+        }
+        let mw = if KIND == GK_Q4_1 {
+            ph_pair(&b0[b], &b1[b], 16)
+        } else {
+            _mm512_setzero_ps()
+        };
+        for r in 0..R {
+            let da = _mm512_set1_ps(f32_at(&am[r][b], 0));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, da), acc[r]);
+            if KIND == GK_Q4_1 {
+                acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(f32_at(&am[r][b], 4)), acc[r]);
+            }
+        }
+    }
+    acc
+}
+
+/// Two groups' 32 bytes at `off` of their blocks `x` and `y`, `x`'s in the low half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn ld_pair<const N: usize>(x: &[u8; N], y: &[u8; N], off: usize) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(x, off)), ld256(y, off))
+}
+
+/// Two groups' eight f16 at `off` of their blocks `x` and `y`, as sixteen f32 (`x`'s first).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn ph_pair<const N: usize>(x: &[u8; N], y: &[u8; N], off: usize) -> __m512 {
+    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(ld128(x, off)),
+        ld128(y, off),
+    ))
+}
+
+/// Writes a pair tile's results: the low eight lanes as group rows `r0..`, the high eight as the
+/// next group's ([`put_group`] for each; `valid` rows of the second).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn put_group_pair<const R: usize>(out: &mut [f32], m: usize, r0: usize, valid: usize, j: usize, t: [__m512; R]) {
+    let mut low = [_mm256_setzero_ps(); R];
+    let mut high = [_mm256_setzero_ps(); R];
+    for r in 0..R {
+        low[r] = _mm512_castps512_ps256(t[r]);
+        high[r] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t[r])));
+    }
+    put_group(out, m, r0, GROUP_ROWS, j, low);
+    put_group(out, m, r0 + GROUP_ROWS, valid, j, high);
+}
+
 /// Writes a group tile's results: lane i of `t[r]` to `out[(r0 + i) * m + j + r]` for the
 /// first `valid` rows of the group.
 #[inline]
@@ -1106,45 +1204,87 @@ macro_rules! vnni_matrix_fn {
 vnni_matrix_fn!(vnni_mat_q5_0, vnni_mat_q5_0_impl, vnni_tile_q5_0, GgmlType::Q5_0);
 vnni_matrix_fn!(vnni_mat_q5_1, vnni_mat_q5_1_impl, vnni_tile_q5_1, GgmlType::Q5_1);
 
+/// Activation rows from which the VNNI group kernels of `KIND` take two groups at a time. A
+/// pair reads two streams a tile: from DRAM it lost where a tile is bound by its bytes (Q4 at
+/// one row 0.83-0.93x, Q8_0 at three 0.87x; from L2 1.13-1.27x faster) and won from two rows
+/// (Q4) or four (Q8_0) on (bench/NOTES.md), and one-row decode of a model larger than the L3
+/// streams from DRAM.
+const fn pair_min_rows(kind: u8) -> usize {
+    if kind == GK_Q8_0 {
+        4
+    } else {
+        2
+    }
+}
+
 macro_rules! group_matrix_fn {
-    ($safe:ident, $inner:ident, $tile:ident, $kind:ident, $gb:literal, $ty:expr, $feat:literal, $rmax:literal) => {
-        /// Row groups one after another, each against the activation rows `$rmax` at a time
-        /// (then the rest at once): the group's weights stay in L1 while the rows pass.
+    ($safe:ident, $inner:ident, $tile:ident, $kind:ident, $gb:literal, $ty:expr, $feat:literal, $rmax:literal
+     $(, $pair:ident)?) => {
+        /// Row groups one after another (with `$pair` and at least `pair_min_rows` activation
+        /// rows: two at a time on 512-bit registers, then the last one alone), each against the
+        /// activation rows `$rmax` at a time (then the rest at once): the groups' weights stay
+        /// in L1 while the rows pass.
         #[target_feature(enable = $feat)]
         fn $inner(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
             let gbytes = GROUP_ROWS * weight_row_bytes($ty, n);
             let ab = act_row_bytes(ActFormat::Q8_1, n);
             let arow = |j: usize| &acts[j * ab..(j + 1) * ab];
+            let group = |g: usize| &w[g * gbytes..(g + 1) * gbytes];
             let pf = Prefetch::for_this_cpu();
-            for (g, gw) in w.chunks_exact(gbytes).enumerate().take(rows.div_ceil(GROUP_ROWS)) {
+            let groups = rows.div_ceil(GROUP_ROWS);
+            // Every activation row through `$tile_rows!(R, j)`: tiles of `$rmax` rows, then the
+            // rest in one pass (a verification step of speculative decoding is 2-5 rows; AVX2's
+            // 16 registers hold at most 4 rows' sums).
+            macro_rules! each_row_tile {
+                ($tile_rows:ident) => {{
+                    let mut j = 0;
+                    while j + $rmax <= m {
+                        $tile_rows!($rmax, j);
+                        j += $rmax;
+                    }
+                    match m - j {
+                        0 => {}
+                        1 => $tile_rows!(1, j),
+                        2 => $tile_rows!(2, j),
+                        3 => $tile_rows!(3, j),
+                        4 if $rmax > 4 => $tile_rows!(4, j),
+                        5 if $rmax > 5 => $tile_rows!(5, j),
+                        6 if $rmax > 6 => $tile_rows!(6, j),
+                        7 if $rmax > 7 => $tile_rows!(7, j),
+                        _ => unreachable!("fewer than {} rows are left", $rmax),
+                    }
+                }};
+            }
+            let mut g = 0;
+            $(
+                while g + 1 < groups && m >= pair_min_rows($kind) {
+                    prefetch_ahead(w, g * gbytes, (g + 2) * gbytes, pf);
+                    let r0 = g * GROUP_ROWS;
+                    let valid = GROUP_ROWS.min(rows - r0 - GROUP_ROWS);
+                    let (g0, g1) = (group(g), group(g + 1));
+                    macro_rules! pair_rows {
+                        ($r:literal, $j:expr) => {{
+                            let t = $pair::<$kind, $gb, $r>(n, g0, g1, std::array::from_fn(|r| arow($j + r)));
+                            put_group_pair(out, m, r0, valid, $j, t);
+                        }};
+                    }
+                    each_row_tile!(pair_rows);
+                    g += 2;
+                }
+            )?
+            while g < groups {
                 prefetch_ahead(w, g * gbytes, (g + 1) * gbytes, pf);
                 let r0 = g * GROUP_ROWS;
                 let valid = GROUP_ROWS.min(rows - r0);
-                let mut j = 0;
-                while j + $rmax <= m {
-                    let t = $tile::<$kind, $gb, $rmax>(n, gw, std::array::from_fn(|r| arow(j + r)));
-                    put_group(out, m, r0, valid, j, t);
-                    j += $rmax;
-                }
-                // The rest in one pass over the group (a verification step of speculative
-                // decoding is 2-5 rows): AVX2's 16 registers hold at most 4 rows' sums.
-                macro_rules! rest {
-                    ($r:literal) => {{
-                        let t = $tile::<$kind, $gb, $r>(n, gw, std::array::from_fn(|r| arow(j + r)));
-                        put_group(out, m, r0, valid, j, t);
+                let gw = group(g);
+                macro_rules! group_rows {
+                    ($r:literal, $j:expr) => {{
+                        let t = $tile::<$kind, $gb, $r>(n, gw, std::array::from_fn(|r| arow($j + r)));
+                        put_group(out, m, r0, valid, $j, t);
                     }};
                 }
-                match m - j {
-                    0 => {}
-                    1 => rest!(1),
-                    2 => rest!(2),
-                    3 => rest!(3),
-                    4 if $rmax > 4 => rest!(4),
-                    5 if $rmax > 5 => rest!(5),
-                    6 if $rmax > 6 => rest!(6),
-                    7 if $rmax > 7 => rest!(7),
-                    _ => unreachable!("fewer than {} rows are left", $rmax),
-                }
+                each_row_tile!(group_rows);
+                g += 1;
             }
         }
 
@@ -1195,7 +1335,8 @@ group_matrix_fn!(
     144,
     GgmlType::Q4_0,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    8
+    8,
+    vnni_group_pair_tile
 );
 group_matrix_fn!(
     vnni_groups_q4_1,
@@ -1205,7 +1346,8 @@ group_matrix_fn!(
     160,
     GgmlType::Q4_1,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    8
+    8,
+    vnni_group_pair_tile
 );
 group_matrix_fn!(
     vnni_groups_q8_0,
@@ -1215,7 +1357,8 @@ group_matrix_fn!(
     272,
     GgmlType::Q8_0,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    8
+    8,
+    vnni_group_pair_tile
 );
 
 // ---------------------------------------------------------------------------------------
