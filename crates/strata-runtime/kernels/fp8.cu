@@ -86,11 +86,7 @@ __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const 
             for (int r = 0; r < R; r++)
                 q[r][u] = i < pieces ? load_streaming(w + (size_t)rows[r] * k + (size_t)i * 16) : make_uint4(0u, 0u, 0u, 0u);
         }
-        if (!waited) {
-            wait_for_previous_kernel();
-            after_wait();
-            waited = true;
-        }
+        wait_once(waited, after_wait);
 #pragma unroll
         for (int u = 0; u < FP8_LOADS; u++) {
             const int i = base + 32 * u;
@@ -113,10 +109,7 @@ __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const 
             }
         }
     }
-    if (!waited) {
-        wait_for_previous_kernel();
-        after_wait();
-    }
+    wait_once(waited, after_wait);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -325,11 +318,7 @@ __device__ __forceinline__ bool fp8_mma_sums(const u8* __restrict__ w, int k, co
                 for (int h = 0; h < 2; h++)
                     q[u][tile][h] = in && live[tile][h] ? load_streaming(rows[tile][h] + col) : zero;
         }
-        if (!waited) {
-            wait_for_previous_kernel();
-            after_wait();
-            waited = true;
-        }
+        wait_once(waited, after_wait);
 #pragma unroll
         for (int u = 0; u < FP8M_LOADS; u++) {
             const int chunk = base + FP8M_WARPS * u;
@@ -354,10 +343,7 @@ __device__ __forceinline__ bool fp8_mma_sums(const u8* __restrict__ w, int k, co
             }
         }
     }
-    if (!waited) {
-        wait_for_previous_kernel();
-        after_wait();
-    }
+    wait_once(waited, after_wait);
     __shared__ float partial[FP8M_WARPS][FP8M_TILES][4][32];
 #pragma unroll
     for (int tile = 0; tile < FP8M_TILES; tile++)

@@ -123,11 +123,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
             for (int r = 0; r < R; r++)
                 wv[r][u] = i < k8 ? load_streaming(w + (size_t)rows[r] * k + (size_t)i * 8) : make_uint4(0u, 0u, 0u, 0u);
         }
-        if (!waited) {
-            wait_for_previous_kernel();
-            after_wait();
-            waited = true;
-        }
+        wait_once(waited, after_wait);
 #pragma unroll
         for (int u = 0; u < GEMV_LOADS; u++) {
             const int i = base + u * GEMV_THREADS;
@@ -149,10 +145,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ w, const bf16
             }
         }
     }
-    if (!waited) {
-        wait_for_previous_kernel();
-        after_wait();
-    }
+    wait_once(waited, after_wait);
     block_sum_rows<T, R>(acc);
 }
 

@@ -13,6 +13,16 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
     return v;
 }
 
+// The wait for the previous kernel, then after_wait(), the first time only: a GEMV issues its
+// first weight loads before it waits (they do not depend on the previous kernel).
+template <typename AfterWait>
+__device__ __forceinline__ void wait_once(bool& waited, AfterWait&& after_wait) {
+    if (waited) return;
+    wait_for_previous_kernel();
+    after_wait();
+    waited = true;
+}
+
 // Sums each thread's acc over the block, in a fixed order (lanes by a butterfly, warps in
 // shared memory); the result is valid in thread 0.
 template <int T, int R>

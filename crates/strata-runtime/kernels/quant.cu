@@ -499,21 +499,14 @@ __device__ __forceinline__ void qgemv_row(const u8* __restrict__ w, int n, const
             const int i = base + 32 * u;
             if (i < units) raw[u] = F::load(w, n, kb, row, i);
         }
-        if (!waited) {
-            wait_for_previous_kernel();
-            after_wait();
-            waited = true;
-        }
+        wait_once(waited, after_wait);
 #pragma unroll
         for (int u = 0; u < QGEMV_LOADS; u++) {
             const int i = base + 32 * u;
             if (i < units) F::template dot<T>(raw[u], i, x, t, acc);
         }
     }
-    if (!waited) {
-        wait_for_previous_kernel();
-        after_wait();
-    }
+    wait_once(waited, after_wait);
 #pragma unroll
     for (int j = 0; j < T; j++) acc[j] = warp_sum(acc[j]);
 }
