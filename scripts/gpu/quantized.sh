@@ -16,7 +16,8 @@
 #   test: carries the model's other parts and cuda-test.gz: the CUDA tests (the default model's
 #     Q4_1 kept on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against
 #     the CPU backend; CUDA_TESTS names the tests, default all), the SmolLM2 and quantized-file tests
-#     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0).
+#     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
+#     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -118,6 +119,12 @@ test)
     STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 quantized \
         > "$OUT/cuda_tests_sm80.log" 2>&1
     grep -E "^test |vs CPU|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
+    echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
+    for cap in "" 8.0; do
+        env ${cap:+STRATA_GPU_CAPABILITY=$cap} STRATA_FP8_GEMV=mma timeout 150 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 \
+            > "$OUT/cuda_tests_fp8_mma${cap:+_sm80}.log" 2>&1
+        grep -E "^test |FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests_fp8_mma${cap:+_sm80}.log"
+    done
     ;;
 *) echo "usage: quantized.sh decode|test"; exit 2 ;;
 esac
