@@ -363,8 +363,20 @@ fn batched_rows_match_single_rows() {
                         let bytes = &w[k.layout().row_bytes_range(ty, n, lo..hi)];
                         k.dot_matrix(n, bytes, hi - lo, &acts, m, &mut part);
                         assert_eq!(bits(&part), bits(&all[lo * m..hi * m]), "{ctx} rows {lo}..{hi}");
+                        // By activation row, where the kernel writes so: the same bits.
+                        let mut cols = vec![f32::NAN; (hi - lo) * m];
+                        if k.dot_matrix_columns(n, bytes, hi - lo, &acts, m, &mut cols) {
+                            let back: Vec<f32> =
+                                (0..(hi - lo) * m).map(|i| cols[(i % m) * (hi - lo) + i / m]).collect();
+                            assert_eq!(bits(&back), bits(&part), "{ctx} rows {lo}..{hi} by activation row");
+                        }
                     }
                 }
+                assert_eq!(
+                    k.writes_columns(),
+                    k.isa() != "scalar" && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
+                    "{ctx}: the row-group kernels write by activation row"
+                );
                 for r in 0..rows {
                     let w_row = &file[r * wb..(r + 1) * wb];
                     let batched = run(k, n, w_row, &acts, m);

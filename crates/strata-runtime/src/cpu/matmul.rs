@@ -396,8 +396,18 @@ fn matmul_quantized(
             let n = w.rows;
             // SAFETY: virtual row ranges are disjoint between threads, so are their tmp ranges.
             let t = unsafe { tmp.range_mut(lo * max_ma..lo * max_ma + rows.len() * ma) };
-            w.kernel.dot_matrix(k, wdata, rows.len(), acts, ma, t);
             let outp = &outps[wi];
+            // Several rows without the residual split: by activation row where the kernel
+            // writes so, one contiguous run of each output row to copy.
+            if m > 1 && !split && w.kernel.dot_matrix_columns(k, wdata, rows.len(), acts, m, t) {
+                for (j, run) in t.chunks_exact(rows.len()).enumerate() {
+                    let at = j * n + rows.start;
+                    // SAFETY: columns `rows` of every output row belong to this thread only.
+                    unsafe { outp.range_mut(at..at + rows.len()) }.copy_from_slice(run);
+                }
+                continue;
+            }
+            w.kernel.dot_matrix(k, wdata, rows.len(), acts, ma, t);
             if m == 1 {
                 // SAFETY: rows of this output in `rows` belong to this thread only.
                 let o = unsafe { outp.range_mut(rows.clone()) };

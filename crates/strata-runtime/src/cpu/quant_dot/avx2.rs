@@ -63,6 +63,25 @@ pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     })
 }
 
+/// The row-group kernel for weights of type `w` that writes its output by activation row
+/// (`out[j * rows + r]`), VNNI where `vnni` (the build [`kernel_vnni`] hands out) else AVX2,
+/// or `None` when the CPU lacks the features or the type has no row-group kernel.
+pub(super) fn columns_kernel(w: GgmlType, vnni: bool) -> Option<MatrixFn> {
+    if !(if vnni { available_vnni() } else { available() }) {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match (w, vnni) {
+        (Q8_0, true) => vnni_groups_q8_0_columns,
+        (Q4_0, true) => vnni_groups_q4_0_columns,
+        (Q4_1, true) => vnni_groups_q4_1_columns,
+        (Q8_0, false) => groups_q8_0_columns,
+        (Q4_0, false) => groups_q4_0_columns,
+        (Q4_1, false) => groups_q4_1_columns,
+        _ => return None,
+    })
+}
+
 /// The AVX2 kernel for weights of type `w`, or `None` when the CPU lacks the features or the
 /// type has no AVX2 kernel. The functions returned here are the only way to reach the
 /// `#[target_feature]` code, so the feature check below is what makes calling them sound.
@@ -684,28 +703,55 @@ fn ph_pair<const N: usize>(x: &[u8; N], y: &[u8; N], off: usize) -> __m512 {
 /// next group's ([`put_group`] for each; `valid` rows of the second).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn put_group_pair<const R: usize>(out: &mut [f32], m: usize, r0: usize, valid: usize, j: usize, t: [__m512; R]) {
+fn put_group_pair<const R: usize, const COLUMNS: bool>(
+    out: &mut [f32],
+    shape: (usize, usize),
+    r0: usize,
+    valid: usize,
+    j: usize,
+    t: [__m512; R],
+) {
     let mut low = [_mm256_setzero_ps(); R];
     let mut high = [_mm256_setzero_ps(); R];
     for r in 0..R {
         low[r] = _mm512_castps512_ps256(t[r]);
         high[r] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t[r])));
     }
-    put_group(out, m, r0, GROUP_ROWS, j, low);
-    put_group(out, m, r0 + GROUP_ROWS, valid, j, high);
+    put_group::<R, COLUMNS>(out, shape, r0, GROUP_ROWS, j, low);
+    put_group::<R, COLUMNS>(out, shape, r0 + GROUP_ROWS, valid, j, high);
 }
 
-/// Writes a group tile's results: lane i of `t[r]` to `out[(r0 + i) * m + j + r]` for the
-/// first `valid` rows of the group.
+/// Writes a group tile's results for the first `valid` rows of the group: lane i of `t[r]` to
+/// `out[(r0 + i) * m + j + r]`, or with `COLUMNS` (the output of `rows` weight rows by
+/// activation row) to `out[(j + r) * rows + r0 + i]`, eight lanes in one store.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn put_group<const R: usize>(out: &mut [f32], m: usize, r0: usize, valid: usize, j: usize, t: [__m256; R]) {
+fn put_group<const R: usize, const COLUMNS: bool>(
+    out: &mut [f32],
+    (m, rows): (usize, usize),
+    r0: usize,
+    valid: usize,
+    j: usize,
+    t: [__m256; R],
+) {
     for (r, v) in t.into_iter().enumerate() {
+        if COLUMNS && valid == GROUP_ROWS {
+            let at = (j + r) * rows + r0;
+            let dst: &mut [f32; GROUP_ROWS] = (&mut out[at..at + GROUP_ROWS]).try_into().expect("eight lanes");
+            // SAFETY: `dst` is exactly 8 floats, the size of the unaligned store.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), v) };
+            continue;
+        }
         let mut lanes = [0.0f32; GROUP_ROWS];
         // SAFETY: `lanes` is exactly 8 floats, the size of the unaligned store.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
         for (i, l) in lanes[..valid].iter().enumerate() {
-            out[(r0 + i) * m + j + r] = *l;
+            let at = if COLUMNS {
+                (j + r) * rows + r0 + i
+            } else {
+                (r0 + i) * m + j + r
+            };
+            out[at] = *l;
         }
     }
 }
@@ -1218,14 +1264,15 @@ const fn pair_min_rows(kind: u8) -> usize {
 }
 
 macro_rules! group_matrix_fn {
-    ($safe:ident, $inner:ident, $tile:ident, $kind:ident, $gb:literal, $ty:expr, $feat:literal, $rmax:literal
-     $(, $pair:ident)?) => {
+    ($safe:ident, $columns:ident, $inner:ident, $tile:ident, $kind:ident, $gb:literal, $ty:expr, $feat:literal,
+     $rmax:literal $(, $pair:ident)?) => {
         /// Row groups one after another (with `$pair` and at least `pair_min_rows` activation
         /// rows: two at a time on 512-bit registers, then the last one alone), each against the
         /// activation rows `$rmax` at a time (then the rest at once): the groups' weights stay
         /// in L1 while the rows pass.
+        /// With `COLUMNS` the output is by activation row (`out[j * rows + r]`).
         #[target_feature(enable = $feat)]
-        fn $inner(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+        fn $inner<const COLUMNS: bool>(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
             let gbytes = GROUP_ROWS * weight_row_bytes($ty, n);
             let ab = act_row_bytes(ActFormat::Q8_1, n);
             let arow = |j: usize| &acts[j * ab..(j + 1) * ab];
@@ -1265,7 +1312,7 @@ macro_rules! group_matrix_fn {
                     macro_rules! pair_rows {
                         ($r:literal, $j:expr) => {{
                             let t = $pair::<$kind, $gb, $r>(n, g0, g1, std::array::from_fn(|r| arow($j + r)));
-                            put_group_pair(out, m, r0, valid, $j, t);
+                            put_group_pair::<$r, COLUMNS>(out, (m, rows), r0, valid, $j, t);
                         }};
                     }
                     each_row_tile!(pair_rows);
@@ -1280,7 +1327,7 @@ macro_rules! group_matrix_fn {
                 macro_rules! group_rows {
                     ($r:literal, $j:expr) => {{
                         let t = $tile::<$kind, $gb, $r>(n, gw, std::array::from_fn(|r| arow($j + r)));
-                        put_group(out, m, r0, valid, $j, t);
+                        put_group::<$r, COLUMNS>(out, (m, rows), r0, valid, $j, t);
                     }};
                 }
                 each_row_tile!(group_rows);
@@ -1292,13 +1339,19 @@ macro_rules! group_matrix_fn {
             // SAFETY: `kernel()` / `kernel_vnni()` hand this function out only after
             // `available()` / `available_vnni()` found the features `$inner` is compiled
             // for on this CPU; all memory access inside is through bounds-checked slices.
-            unsafe { $inner(n, w, rows, acts, m, out) }
+            unsafe { $inner::<false>(n, w, rows, acts, m, out) }
+        }
+
+        fn $columns(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+            // SAFETY: as for `$safe` (`columns_kernel()` checks the same features).
+            unsafe { $inner::<true>(n, w, rows, acts, m, out) }
         }
     };
 }
 
 group_matrix_fn!(
     groups_q4_0,
+    groups_q4_0_columns,
     groups_q4_0_impl,
     group_tile,
     GK_Q4_0,
@@ -1309,6 +1362,7 @@ group_matrix_fn!(
 );
 group_matrix_fn!(
     groups_q4_1,
+    groups_q4_1_columns,
     groups_q4_1_impl,
     group_tile,
     GK_Q4_1,
@@ -1319,6 +1373,7 @@ group_matrix_fn!(
 );
 group_matrix_fn!(
     groups_q8_0,
+    groups_q8_0_columns,
     groups_q8_0_impl,
     group_tile,
     GK_Q8_0,
@@ -1329,6 +1384,7 @@ group_matrix_fn!(
 );
 group_matrix_fn!(
     vnni_groups_q4_0,
+    vnni_groups_q4_0_columns,
     vnni_groups_q4_0_impl,
     vnni_group_tile,
     GK_Q4_0,
@@ -1340,6 +1396,7 @@ group_matrix_fn!(
 );
 group_matrix_fn!(
     vnni_groups_q4_1,
+    vnni_groups_q4_1_columns,
     vnni_groups_q4_1_impl,
     vnni_group_tile,
     GK_Q4_1,
@@ -1351,6 +1408,7 @@ group_matrix_fn!(
 );
 group_matrix_fn!(
     vnni_groups_q8_0,
+    vnni_groups_q8_0_columns,
     vnni_groups_q8_0_impl,
     vnni_group_tile,
     GK_Q8_0,

@@ -131,6 +131,8 @@ pub struct DotKernel {
     isa: IsaLevel,
     layout: WeightLayout,
     f: MatrixFn,
+    /// The same kernel writing its output by activation row, where it has such a build.
+    columns: Option<MatrixFn>,
 }
 
 impl std::fmt::Debug for DotKernel {
@@ -194,6 +196,34 @@ impl DotKernel {
     /// As [`DotKernel::dot_rows`], with `w` needing `rows` rows and `out` `rows * m` values.
     #[inline]
     pub fn dot_matrix(&self, n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+        self.run(self.f, n, w, rows, acts, m, out);
+    }
+
+    /// Whether [`DotKernel::dot_matrix_columns`] has a build for this kernel (the row-group
+    /// types on AVX2 and AVX-512 VNNI).
+    pub fn writes_columns(&self) -> bool {
+        self.columns.is_some()
+    }
+
+    /// [`DotKernel::dot_matrix`] with its output by activation row, `out[j * rows + r]`, bit for
+    /// bit the same values: a batch's product lands in the layout of its output matrix without
+    /// a transposition. Returns `false`, writing nothing, where the kernel has no such build.
+    ///
+    /// # Panics
+    /// As [`DotKernel::dot_matrix`].
+    #[inline]
+    pub fn dot_matrix_columns(&self, n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) -> bool {
+        let Some(f) = self.columns else {
+            return false;
+        };
+        self.run(f, n, w, rows, acts, m, out);
+        true
+    }
+
+    /// Checks the arguments of a `rows` x `m` product and runs `f` on them.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, f: MatrixFn, n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
         let bl = self.weight.block_len().max(self.act.block_len());
         assert!(
             n.is_multiple_of(bl),
@@ -229,7 +259,7 @@ impl DotKernel {
             return;
         }
         let stored = wb * self.layout.stored_rows(rows);
-        (self.f)(n, &w[..stored], rows, &acts[..ab * m], m, &mut out[..rows * m]);
+        f(n, &w[..stored], rows, &acts[..ab * m], m, &mut out[..rows * m]);
     }
 }
 
@@ -261,15 +291,16 @@ pub fn kernels_for(w: GgmlType) -> Vec<DotKernel> {
     } else {
         WeightLayout::File
     };
-    let make = |isa, f| DotKernel {
-        weight: w,
-        act: act_format_for(w),
-        isa,
-        layout,
-        f,
-    };
     #[cfg(target_arch = "x86_64")]
     {
+        let make = |isa, f| DotKernel {
+            weight: w,
+            act: act_format_for(w),
+            isa,
+            layout,
+            f,
+            columns: avx2::columns_kernel(w, isa == IsaLevel::Avx512Vnni),
+        };
         out.extend(avx2::kernel_vnni(w).map(|f| make(IsaLevel::Avx512Vnni, f)));
         out.extend(avx2::kernel(w).map(|f| make(IsaLevel::Avx2, f)));
     }
@@ -286,6 +317,7 @@ pub fn scalar_kernel_for(w: GgmlType) -> Option<DotKernel> {
         isa: IsaLevel::Scalar,
         layout: WeightLayout::File,
         f,
+        columns: None,
     })
 }
 
