@@ -7,7 +7,7 @@ STRATA := target/release/strata
 # The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
 CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures quant-models clean-cache
+.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures quant-models gpu-bin clean-cache
 
 setup:
 	@scripts/setup.sh
@@ -80,5 +80,9 @@ quant-fixtures:
 
 # SmolLM2 re-quantized by `strata quantize` to Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and Q4_K_M in
 # $STRATA_CACHE/models/quant/ (the GPU correctness tests' files); existing files are kept.
+# What the GPU scripts (scripts/gpu/) carry to the device machine, built here into gpu-bin/.
+gpu-bin: setup
+	scripts/gpu/build_bin.sh
+
 quant-models: fetch build
 	STRATA_BIN=$(STRATA) scripts/make_quant_models.sh
