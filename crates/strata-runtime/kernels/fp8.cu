@@ -372,6 +372,16 @@ __device__ __forceinline__ void fp8_mma_block_tiles(int n, int (&first)[FP8M_TIL
     }
 }
 
+// The row and token of accumulator r (0..3) of this lane in a tile whose first row is `first`:
+// mma.sync's C layout, lane (g, c) holding rows g and g + 8, tokens 2c and 2c + 1.
+struct MmaOut {
+    int row, token;
+};
+__device__ __forceinline__ MmaOut fp8_mma_out(int first, int r) {
+    const int lane = threadIdx.x & 31;
+    return {first + (lane >> 2) + 8 * (r >> 1), 2 * (lane & 3) + (r & 1)};
+}
+
 // s[j] for a token j < t <= T (s from NormIn::scales).
 template <int T>
 __device__ __forceinline__ float token_scale(const float (&s)[T], int j) {
@@ -407,12 +417,11 @@ __device__ void fp8_mma_gemv(const u8* __restrict__ w, const float* __restrict__
     fp8_mma_block_tiles(n, first, end);
     float sums[FP8M_TILES][4], s[T];
     if (!fp8_mma_normed_sums(w, k, x, t, first, end, norm_in, eps, sums, s)) return;
-    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
 #pragma unroll
     for (int tile = 0; tile < FP8M_TILES; tile++)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            const int row = first[tile] + g + 8 * (r >> 1), j = 2 * c + (r & 1);
+            const auto [row, j] = fp8_mma_out(first[tile], r);
             if (row >= n || j >= t) continue;
             const size_t at = (size_t)j * ld + row;
             const float v = sums[tile][r] * scales[row] * FP8M_DECODED * token_scale(s, j);
@@ -431,10 +440,9 @@ __device__ void fp8_mma_gemv_silu(const u8* __restrict__ w, const float* __restr
     const int first[FP8M_TILES] = {row0, inter + row0}, end[FP8M_TILES] = {inter, 2 * inter};
     float sums[FP8M_TILES][4], s[T];
     if (!fp8_mma_normed_sums(w, k, x, t, first, end, norm_in, eps, sums, s)) return;
-    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-        const int row = row0 + g + 8 * (r >> 1), j = 2 * c + (r & 1);
+        const auto [row, j] = fp8_mma_out(row0, r);
         if (row >= inter || j >= t) continue;
         const float sj = token_scale(s, j) * FP8M_DECODED;
         const float gate = bf2f(f2bf(sums[0][r] * scales[row] * sj));
@@ -453,14 +461,13 @@ __device__ void fp8_mma_gemv_residual(const u8* __restrict__ w, const float* __r
     fp8_mma_block_tiles(n, first, end);
     float sums[FP8M_TILES][4];
     if (!fp8_mma_sums(w, k, x, t, first, end, sums, [] {})) return;
-    const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
-    // This lane's share of the sums of squares of tokens 2c and 2c + 1.
+    // This lane's share of the sums of squares of its two tokens (accumulators r % 2 == 0, 1).
     float ss[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int tile = 0; tile < FP8M_TILES; tile++)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            const int row = first[tile] + g + 8 * (r >> 1), j = 2 * c + (r & 1);
+            const auto [row, j] = fp8_mma_out(first[tile], r);
             if (row >= n || j >= t) continue;
             const size_t at = (size_t)j * n + row;
             const float v = res[at] + sums[tile][r] * scales[row] * FP8M_DECODED;
@@ -472,7 +479,9 @@ __device__ void fp8_mma_gemv_residual(const u8* __restrict__ w, const float* __r
     for (int i = 0; i < 2; i++) {
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) ss[i] += __shfl_xor_sync(FULL_MASK, ss[i], o);
-        if (g == 0 && 2 * c + i < t) norm_add(norm_out, 2 * c + i, ss[i]);
+        // Lanes 0-3 (row 0 of a tile at 0) add their tokens' totals.
+        const auto [row, j] = fp8_mma_out(0, i);
+        if (row == 0 && j < t) norm_add(norm_out, j, ss[i]);
     }
 }
 
