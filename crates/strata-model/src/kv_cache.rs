@@ -256,11 +256,9 @@ impl PagedKvCache {
     pub fn prefetch_block(&self, layer: usize, block: usize, head: usize, values: bool) {
         let o = self.head_offset(layer, block, head);
         let n = self.block_size * self.head_dim;
-        match (&self.store, values) {
-            (Storage::F32 { k, .. }, false) => prefetch_lines(&k[o..o + n]),
-            (Storage::F32 { v, .. }, true) => prefetch_lines(&v[o..o + n]),
-            (Storage::Fp8 { k, .. }, false) => prefetch_lines(&k[o..o + n]),
-            (Storage::Fp8 { v, .. }, true) => prefetch_lines(&v[o..o + n]),
+        match &self.store {
+            Storage::F32 { k, v, .. } => prefetch_lines(&(if values { v } else { k })[o..o + n]),
+            Storage::Fp8 { k, v, .. } => prefetch_lines(&(if values { v } else { k })[o..o + n]),
         }
     }
 
