@@ -19,8 +19,6 @@ pub struct Transformer {
     /// Activation precision of the quantized (decode) path; see [`ActPrecision`].
     pub act_precision: ActPrecision,
     inv_freq: Vec<f32>,
-    /// Every layer matrix is stored in row groups (read once, at load: see `matmul_paths`).
-    layers_row_grouped: bool,
 }
 
 /// Buffers reused across forward passes.
@@ -118,28 +116,22 @@ impl Transformer {
     /// Builds the model from its shape and weights.
     pub fn new(config: ModelConfig, weights: ModelWeights) -> Transformer {
         let inv_freq = config.rope.inv_freq();
-        let grouped = |l: &crate::weights::Linear| l.layout == WeightLayout::RowGroups8;
-        let layers_row_grouped = weights.layers.iter().all(|lw| {
-            [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]
-                .into_iter()
-                .all(grouped)
-        });
         Transformer {
             config,
             weights,
             act_precision: ActPrecision::High,
             inv_freq,
-            layers_row_grouped,
         }
     }
 
-    /// How the rows of a batch go through the layers' products. Generated rows take the
-    /// integer kernels; prompt rows the f32 GEMM, except at `standard` precision when every
-    /// layer matrix is stored in row groups: those integer kernels (8-bit activations, as
-    /// llama.cpp's prompts get) outrun the GEMM (bench/NOTES.md, issue 31). A row's path
-    /// follows from its kind, never from the batch.
-    fn matmul_paths(&self, flat: &FlatBatch) -> RowPaths {
-        if self.act_precision == ActPrecision::Standard && self.layers_row_grouped {
+    /// How the rows of a batch go through the products of `ws` (one call's matrices).
+    /// Generated rows take the integer kernels; prompt rows the f32 GEMM, except at `standard`
+    /// precision when every matrix of the call is stored in row groups: those integer kernels
+    /// (8-bit activations, as llama.cpp's prompts get) outrun the GEMM (bench/NOTES.md, issues
+    /// 31 and 30's Q4_K). A row's path follows from its kind and the matrix, never from the batch.
+    fn matmul_paths(&self, flat: &FlatBatch, ws: &[&crate::weights::Linear]) -> RowPaths {
+        let grouped = ws.iter().all(|l| l.layout == WeightLayout::RowGroups8);
+        if self.act_precision == ActPrecision::Standard && grouped {
             RowPaths::quantized(flat.paths.total()).with_precision(ActPrecision::Standard)
         } else {
             flat.paths.with_precision(self.act_precision)
@@ -191,7 +183,6 @@ impl Transformer {
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let flat = FlatBatch::new(batch);
         let slots = &flat.slots;
-        let paths = self.matmul_paths(&flat);
         let t = slots.len();
         if t == 0 {
             return Ok(Logits {
@@ -236,7 +227,7 @@ impl Transformer {
                 pool,
                 &qkv,
                 &s.xn,
-                paths,
+                self.matmul_paths(&flat, &[&lw.wq, &lw.wk, &lw.wv]),
                 &mut [&mut s.q, &mut s.k, &mut s.v],
                 &mut s.matmul,
             );
@@ -265,6 +256,7 @@ impl Transformer {
                 kv.write(li, block, slot.pos % kv.block_size, k, v);
             }
             self.attention(pool, li, batch, &flat, kv, &s.q, &mut s.attn);
+            let paths = self.matmul_paths(&flat, &[&lw.wo]);
             matmul(pool, &w.matrix(&lw.wo), &s.attn, paths, &mut s.proj, &mut s.matmul);
             ops::add_inplace(&mut s.x, &s.proj);
 
@@ -275,11 +267,12 @@ impl Transformer {
                 pool,
                 &gate_up,
                 &s.xn,
-                paths,
+                self.matmul_paths(&flat, &[&lw.w_gate, &lw.w_up]),
                 &mut [&mut s.gate, &mut s.up],
                 &mut s.matmul,
             );
             ops::silu_mul(&mut s.gate, &s.up);
+            let paths = self.matmul_paths(&flat, &[&lw.w_down]);
             matmul(pool, &w.matrix(&lw.w_down), &s.gate, paths, &mut s.proj, &mut s.matmul);
             ops::add_inplace(&mut s.x, &s.proj);
         }

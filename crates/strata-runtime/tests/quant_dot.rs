@@ -374,7 +374,8 @@ fn batched_rows_match_single_rows() {
                 }
                 assert_eq!(
                     k.writes_columns(),
-                    k.isa() != "scalar" && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
+                    k.isa() != "scalar"
+                        && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K),
                     "{ctx}: the row-group kernels write by activation row"
                 );
                 for r in 0..rows {
@@ -412,8 +413,13 @@ fn vnni_matches_avx2_bit_for_bit() {
             continue;
         };
         let fmt = act_format_for(ty);
-        // 352 = 11 blocks: the pairs and the odd last block.
-        for n in [352usize, 576] {
+        // 352 = 11 blocks: the pairs and the odd last block (K-quants: 2 and 5 super-blocks).
+        let ns = if ty.block_len() == 256 {
+            [512usize, 1280]
+        } else {
+            [352, 576]
+        };
+        for n in ns {
             let rows = 9;
             let ab = act_row_bytes(fmt, n);
             let w = packed(vnni, n, rows, &random_weights(&mut rng, ty, n, rows));
@@ -435,17 +441,18 @@ fn vnni_matches_avx2_bit_for_bit() {
     if compared == 0 {
         println!("skipping: this CPU lacks AVX-512 VNNI (no vpdpbusd builds to compare)");
     } else {
-        assert_eq!(compared, 5, "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 have VNNI builds");
+        assert_eq!(compared, 6, "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K have VNNI builds");
     }
 }
 
-/// The SIMD builds of Q4_0, Q4_1 and Q8_0 read row groups; the scalar ones and every other type
+/// The SIMD builds of Q4_0, Q4_1, Q8_0 and Q4_K read row groups; the scalar ones and every other type
 /// the file's rows. A matrix one row short of a group is padded.
 #[test]
 fn layouts_are_the_documented_ones() {
     for ty in TYPES {
         for k in kernels_for(ty) {
-            let grouped = k.isa() != "scalar" && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+            let grouped =
+                k.isa() != "scalar" && matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K);
             let want = if grouped {
                 WeightLayout::RowGroups8
             } else {

@@ -6,7 +6,8 @@
 // activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32` partial
 // sums), which are scaled and accumulated in `f32` with FMA.
 //
-// Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them) read
+// Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them) and
+// Q4_K (most of a Q4_K_M file) read
 // their weights in row groups (`WeightLayout::RowGroups8`): eight rows share every vector, one
 // lane each, so the activations are broadcast instead of the weights being reduced across
 // lanes; a tile is one group by up to 4 (AVX2) or 8 (VNNI) activation rows, or with VNNI and
@@ -46,7 +47,7 @@ pub(super) fn available_vnni() -> bool {
 }
 
 /// The AVX-512 VNNI kernel for weights of type `w`, or `None` when the CPU lacks the
-/// features or the type has no such build (the K-quants and float types keep AVX2).
+/// features or the type has no such build (Q5_K, Q6_K and the float types keep AVX2).
 /// As with [`kernel`], this check is what makes calling the returned functions sound.
 pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     if !available_vnni() {
@@ -59,6 +60,7 @@ pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
         Q5_0 => vnni_mat_q5_0,
         Q4_1 => vnni_groups_q4_1,
         Q5_1 => vnni_mat_q5_1,
+        Q4K => vnni_groups_q4k,
         _ => return None,
     })
 }
@@ -75,9 +77,11 @@ pub(super) fn columns_kernel(w: GgmlType, vnni: bool) -> Option<MatrixFn> {
         (Q8_0, true) => vnni_groups_q8_0_columns,
         (Q4_0, true) => vnni_groups_q4_0_columns,
         (Q4_1, true) => vnni_groups_q4_1_columns,
+        (Q4K, true) => vnni_groups_q4k_columns,
         (Q8_0, false) => groups_q8_0_columns,
         (Q4_0, false) => groups_q4_0_columns,
         (Q4_1, false) => groups_q4_1_columns,
+        (Q4K, false) => groups_q4k_columns,
         _ => return None,
     })
 }
@@ -99,7 +103,7 @@ pub(super) fn kernel(w: GgmlType) -> Option<MatrixFn> {
         Q5_0 => mat_q5_0,
         Q4_1 => groups_q4_1,
         Q5_1 => mat_q5_1,
-        Q4K => mat_q4k,
+        Q4K => groups_q4k,
         Q5K => mat_q5k,
         Q6K => mat_q6k,
         _ => return None,
@@ -617,6 +621,123 @@ group_tile!(
     vnni_q8_finish
 );
 
+// Q4_K in row groups against Q8K activations. Per super-block the eight rows' sub-block scales
+// and mins are decoded from their packed bytes once (`k4_group_scales`); each sub-block's
+// integer sum (i16 lanes on AVX2: eight pairs, `8 * 2 * 15 * 127 < 32768`; i32 with VNNI) is
+// exact, times its 6-bit scale in i32 (`8 * 63 * 32 * 15 * 127 < 2^31`), and the super-block's
+// totals go to f32 as `acc = fma(sumi, d * da, acc)` then `acc = fnmadd(summ, dmin * da, acc)`:
+// the same integers as the scalar kernel, in an order no tile height, build or batch changes.
+
+/// `KIND` of the Q4_K row-group kernels (one kind: their tile has its own body).
+const GK_Q4K: u8 = 3;
+
+/// Bytes of a Q4_K group block: eight rows' 144-byte super-blocks.
+const Q4K_GROUP_BYTES: usize = 1152;
+
+/// The i32 lanes (one per row of the group) of the eight sub-block scales and mins of a Q4_K
+/// group block, unpacked from the twelve scale bytes each row stores one after another.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_group_scales(blk: &[u8; Q4K_GROUP_BYTES]) -> ([__m256i; 8], [__m256i; 8]) {
+    let mut t = [_mm256_setzero_si256(); 12];
+    for (s, v) in t.iter_mut().enumerate() {
+        *v = _mm256_cvtepu8_epi32(ld64(blk, 32 + 8 * s));
+    }
+    let (low6, low4) = (_mm256_set1_epi32(63), _mm256_set1_epi32(15));
+    let mut sc = [_mm256_setzero_si256(); 8];
+    let mut mn = [_mm256_setzero_si256(); 8];
+    for j in 0..4 {
+        sc[j] = _mm256_and_si256(t[j], low6);
+        mn[j] = _mm256_and_si256(t[j + 4], low6);
+        // Sub-blocks 4..8: four bits from byte j + 8, the top two from the bytes of j and j + 4.
+        let sc_top = _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(t[j]));
+        let mn_top = _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(t[j + 4]));
+        sc[j + 4] = _mm256_or_si256(_mm256_and_si256(t[j + 8], low4), sc_top);
+        mn[j + 4] = _mm256_or_si256(_mm256_srli_epi32::<4>(t[j + 8]), mn_top);
+    }
+    (sc, mn)
+}
+
+/// Adds the products of unsigned nibbles `q` with signed bytes `a` to the `i16` lanes of `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nib_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
+    _mm256_add_epi16(acc, _mm256_maddubs_epi16(q, a))
+}
+
+/// The VNNI twin of [`nib_step`], accumulating in `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_nib_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, q, a)
+}
+
+macro_rules! group_tile_q4k {
+    ($name:ident, $feat:literal, $step:ident, $finish:ident) => {
+        /// One Q4_K row group (`n / 256` blocks of `GB` bytes) against `R` Q8K activation rows:
+        /// lane i of result r is the dot of weight row i with activation row r.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn $name<const KIND: u8, const GB: usize, const R: usize>(
+            n: usize,
+            group: &[u8],
+            a: [&[u8]; R],
+        ) -> [__m256; R] {
+            let nb = n / QK_K;
+            let blocks = &group.as_chunks::<Q4K_GROUP_BYTES>().0[..nb];
+            let av = split_q8k::<R>(n, nb, a);
+            let m4 = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (i, blk) in blocks.iter().enumerate() {
+                let (sc, mn) = k4_group_scales(blk);
+                let mut sumi = [_mm256_setzero_si256(); R];
+                // Sub-block j: the low nibbles (even j) or high nibbles (odd j) of quant bytes
+                // 32 (j / 2)..+32, against activation quants 32 j..+32.
+                for j in 0..8 {
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for c in 0..8 {
+                        let v = ld256(blk, 128 + 32 * (8 * (j / 2) + c));
+                        let q = if j % 2 == 0 {
+                            _mm256_and_si256(v, m4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+                        };
+                        for r in 0..R {
+                            let a4 = _mm256_set1_epi32(i32_at(&av.q[r][i], 32 * j + 4 * c));
+                            isum[r] = $step(isum[r], q, a4);
+                        }
+                    }
+                    for r in 0..R {
+                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32($finish(isum[r]), sc[j]));
+                    }
+                }
+                let d = _mm256_cvtph_ps(ld128(blk, 0));
+                let dmin = _mm256_cvtph_ps(ld128(blk, 16));
+                for r in 0..R {
+                    let bs = &av.bsums[r][i];
+                    let mut summ = _mm256_setzero_si256();
+                    for j in 0..8 {
+                        let xs = i32::from(u16_at(bs, 4 * j) as i16) + i32::from(u16_at(bs, 4 * j + 2) as i16);
+                        summ = _mm256_add_epi32(summ, _mm256_mullo_epi32(mn[j], _mm256_set1_epi32(xs)));
+                    }
+                    let da = _mm256_set1_ps(f32::from_le_bytes(av.d[r][i]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, da), acc[r]);
+                    acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin, da), acc[r]);
+                }
+            }
+            acc
+        }
+    };
+}
+
+group_tile_q4k!(group_tile_q4k, "avx2,fma,f16c", nib_step, q4_finish);
+group_tile_q4k!(
+    vnni_group_tile_q4k,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    vnni_nib_step,
+    vnni_q4_finish
+);
+
 /// The VNNI group tile on 512-bit registers over two consecutive row groups (`g0`, `g1`):
 /// lanes 0-7 of result r are group `g0`'s rows, lanes 8-15 group `g1`'s. Each activation
 /// broadcast and `vpdpbusd` serves sixteen rows instead of eight; every lane runs the same
@@ -896,7 +1017,6 @@ macro_rules! tile_k4 {
     };
 }
 
-tile_k4!(tile_q4k, 144, false);
 tile_k4!(tile_q5k, 176, true);
 
 /// A tile of `RW` Q6_K weight rows by `R` Q8K activation rows. Quants are used unsigned
@@ -1230,7 +1350,6 @@ matrix_fn!(mat_f16, mat_f16_impl, tile_f16, GgmlType::F16);
 matrix_fn!(mat_bf16, mat_bf16_impl, tile_bf16, GgmlType::BF16);
 matrix_fn!(mat_q5_0, mat_q5_0_impl, tile_q5_0, GgmlType::Q5_0);
 matrix_fn!(mat_q5_1, mat_q5_1_impl, tile_q5_1, GgmlType::Q5_1);
-matrix_fn!(mat_q4k, mat_q4k_impl, tile_q4k, GgmlType::Q4K);
 matrix_fn!(mat_q5k, mat_q5k_impl, tile_q5k, GgmlType::Q5K);
 matrix_fn!(mat_q6k, mat_q6k_impl, tile_q6k, GgmlType::Q6K);
 
@@ -1274,7 +1393,7 @@ macro_rules! group_matrix_fn {
         #[target_feature(enable = $feat)]
         fn $inner<const COLUMNS: bool>(n: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
             let gbytes = GROUP_ROWS * weight_row_bytes($ty, n);
-            let ab = act_row_bytes(ActFormat::Q8_1, n);
+            let ab = act_row_bytes(act_format_for($ty), n);
             let arow = |j: usize| &acts[j * ab..(j + 1) * ab];
             let group = |g: usize| &w[g * gbytes..(g + 1) * gbytes];
             let pf = Prefetch::for_this_cpu();
@@ -1381,6 +1500,28 @@ group_matrix_fn!(
     GgmlType::Q8_0,
     "avx2,fma,f16c",
     4
+);
+group_matrix_fn!(
+    groups_q4k,
+    groups_q4k_columns,
+    groups_q4k_impl,
+    group_tile_q4k,
+    GK_Q4K,
+    1152,
+    GgmlType::Q4K,
+    "avx2,fma,f16c",
+    4
+);
+group_matrix_fn!(
+    vnni_groups_q4k,
+    vnni_groups_q4k_columns,
+    vnni_groups_q4k_impl,
+    vnni_group_tile_q4k,
+    GK_Q4K,
+    1152,
+    GgmlType::Q4K,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    8
 );
 group_matrix_fn!(
     vnni_groups_q4_0,

@@ -17,23 +17,50 @@ pub enum WeightLayout {
     File,
     /// Rows in groups of [`GROUP_ROWS`], the last group padded with zero rows. A group holds
     /// its rows' blocks side by side: for block `b`, each f16 field of the eight rows (`d`,
-    /// then `m` for Q4_1) as eight consecutive values, then the quants four bytes at a time,
-    /// row after row (bytes `4j..4j + 4` of rows 0..8, then `4j + 4..4j + 8` of rows 0..8, ...),
-    /// so that one 32-byte load holds the same four quant bytes of every row and a product
-    /// lands in the lane of its row. The same bytes as the file's plus the padding rows.
-    /// Read by the AVX2 and AVX-512 VNNI kernels of Q4_0, Q4_1 and Q8_0.
+    /// then `m` for Q4_1, `dmin` for Q4_K) as eight consecutive values, then Q4_K's twelve
+    /// bytes of packed sub-block scales byte by byte (byte `s` of rows 0..8, then byte `s + 1`),
+    /// then the quants four bytes at a time, row after row (bytes `4j..4j + 4` of rows 0..8,
+    /// then `4j + 4..4j + 8` of rows 0..8, ...), so that one 32-byte load holds the same four
+    /// quant bytes of every row and a product lands in the lane of its row. The same bytes as
+    /// the file's plus the padding rows. Read by the AVX2 and AVX-512 VNNI kernels of Q4_0,
+    /// Q4_1, Q8_0 and Q4_K.
     RowGroups8,
 }
 
-/// The f16 header fields and quant bytes of a 32-block of a type [`WeightLayout::RowGroups8`]
-/// can hold.
-fn group_fields(ty: GgmlType) -> Option<(usize, usize)> {
-    match ty {
-        GgmlType::Q4_0 => Some((1, 16)),
-        GgmlType::Q4_1 => Some((2, 16)),
-        GgmlType::Q8_0 => Some((1, 32)),
-        _ => None,
+/// Where each byte of a block of a type [`WeightLayout::RowGroups8`] holds goes: the block's
+/// leading f16 fields, then (Q4_K) bytes spread one row at a time, then the quant bytes.
+#[derive(Debug, Clone, Copy)]
+struct GroupFields {
+    f16s: usize,
+    bytes: usize,
+    quants: usize,
+}
+
+impl GroupFields {
+    /// The offset in a group's block (eight rows' blocks) of byte `k` of row `i`'s block.
+    fn offset(self, i: usize, k: usize) -> usize {
+        let head = 2 * self.f16s;
+        if k < head {
+            16 * (k / 2) + 2 * i + k % 2
+        } else if k < head + self.bytes {
+            16 * self.f16s + GROUP_ROWS * (k - head) + i
+        } else {
+            let q = k - head - self.bytes;
+            16 * self.f16s + GROUP_ROWS * self.bytes + 32 * (q / 4) + 4 * i + q % 4
+        }
     }
+}
+
+/// The fields of a block of a type [`WeightLayout::RowGroups8`] can hold.
+fn group_fields(ty: GgmlType) -> Option<GroupFields> {
+    let (f16s, bytes, quants) = match ty {
+        GgmlType::Q4_0 => (1, 0, 16),
+        GgmlType::Q4_1 => (2, 0, 16),
+        GgmlType::Q8_0 => (1, 0, 32),
+        GgmlType::Q4K => (2, 12, 128),
+        _ => return None,
+    };
+    Some(GroupFields { f16s, bytes, quants })
 }
 
 impl WeightLayout {
@@ -87,32 +114,20 @@ impl WeightLayout {
         let rb = weight_row_bytes(ty, cols);
         assert_eq!(file.len(), rb * rows, "pack: file bytes of {rows} x {cols} {ty}");
         assert_eq!(out.len(), self.matrix_bytes(ty, rows, cols), "pack: output size");
-        let Some((fields, qbytes)) = self.group_fields(ty) else {
+        let Some(fields) = self.group_fields(ty) else {
             out.copy_from_slice(file);
             return;
         };
         let bb = ty.block_bytes();
+        debug_assert_eq!(2 * fields.f16s + fields.bytes + fields.quants, bb);
         let gb = GROUP_ROWS * bb;
-        let nb = cols / 32;
+        let nb = cols / ty.block_len();
         for (g, dst) in out.chunks_exact_mut(nb * gb).enumerate() {
             for i in 0..GROUP_ROWS {
                 let r = g * GROUP_ROWS + i;
                 for (b, blk) in dst.chunks_exact_mut(gb).enumerate() {
-                    let src: &[u8] = if r < rows {
-                        &file[r * rb + b * bb..r * rb + (b + 1) * bb]
-                    } else {
-                        &[]
-                    };
-                    let byte = |k: usize| src.get(k).copied().unwrap_or(0);
-                    for f in 0..fields {
-                        for k in 0..2 {
-                            blk[16 * f + 2 * i + k] = byte(2 * f + k);
-                        }
-                    }
-                    for j in 0..qbytes / 4 {
-                        for k in 0..4 {
-                            blk[16 * fields + 32 * j + 4 * i + k] = byte(2 * fields + 4 * j + k);
-                        }
+                    for k in 0..bb {
+                        blk[fields.offset(i, k)] = if r < rows { file[r * rb + b * bb + k] } else { 0 };
                     }
                 }
             }
@@ -127,34 +142,30 @@ impl WeightLayout {
     pub fn unpack_rows(self, ty: GgmlType, cols: usize, packed: &[u8], rows: Range<usize>, out: &mut [u8]) {
         let rb = weight_row_bytes(ty, cols);
         assert_eq!(out.len(), rb * rows.len(), "unpack_rows: output size");
-        let Some((fields, qbytes)) = self.group_fields(ty) else {
+        let Some(fields) = self.group_fields(ty) else {
             out.copy_from_slice(&packed[rows.start * rb..rows.end * rb]);
             return;
         };
         let bb = ty.block_bytes();
         let gb = GROUP_ROWS * bb;
-        let nb = cols / 32;
+        let nb = cols / ty.block_len();
         for (r, dst) in rows.zip(out.chunks_exact_mut(rb)) {
             let (g, i) = (r / GROUP_ROWS, r % GROUP_ROWS);
             let group = &packed[g * nb * gb..(g + 1) * nb * gb];
             for (blk, d) in group.chunks_exact(gb).zip(dst.chunks_exact_mut(bb)) {
-                for f in 0..fields {
-                    d[2 * f..2 * f + 2].copy_from_slice(&blk[16 * f + 2 * i..16 * f + 2 * i + 2]);
-                }
-                for j in 0..qbytes / 4 {
-                    let at = 16 * fields + 32 * j + 4 * i;
-                    d[2 * fields + 4 * j..2 * fields + 4 * j + 4].copy_from_slice(&blk[at..at + 4]);
+                for (k, byte) in d.iter_mut().enumerate() {
+                    *byte = blk[fields.offset(i, k)];
                 }
             }
         }
     }
 
-    /// The header fields and quant bytes per block when this layout regroups `ty`, `None` when
-    /// its bytes are the file's.
+    /// Where a block's bytes go when this layout regroups `ty`, `None` when its bytes are the
+    /// file's.
     ///
     /// # Panics
     /// If the layout cannot hold `ty`.
-    fn group_fields(self, ty: GgmlType) -> Option<(usize, usize)> {
+    fn group_fields(self, ty: GgmlType) -> Option<GroupFields> {
         match self {
             WeightLayout::File => None,
             WeightLayout::RowGroups8 => {
@@ -170,8 +181,8 @@ mod tests {
 
     #[test]
     fn packing_round_trips_with_padding() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            let (rows, cols) = (13, 96);
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+            let (rows, cols) = (13, 3 * ty.block_len());
             let rb = weight_row_bytes(ty, cols);
             let file: Vec<u8> = (0..rows * rb).map(|i| (i * 31 % 251) as u8).collect();
             let l = WeightLayout::RowGroups8;
@@ -194,8 +205,8 @@ mod tests {
 
     #[test]
     fn the_file_layout_is_the_file() {
-        let ty = GgmlType::Q4K;
-        let file: Vec<u8> = (0..3 * 144).map(|i| i as u8).collect();
+        let ty = GgmlType::Q6K;
+        let file: Vec<u8> = (0..3 * 210).map(|i| i as u8).collect();
         let mut out = vec![0; file.len()];
         WeightLayout::File.pack(ty, 3, 256, &file, &mut out);
         assert_eq!(out, file);
