@@ -6,8 +6,8 @@
 // activation rows (`_mm256_maddubs_epi16` + `_mm256_madd_epi16` give exact `i32` partial
 // sums), which are scaled and accumulated in `f32` with FMA.
 //
-// Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them) and
-// Q4_K (most of a Q4_K_M file) read
+// Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them),
+// Q4_K and Q6_K (a Q4_K_M file's two types) read
 // their weights in row groups (`WeightLayout::RowGroups8`): eight rows share every vector, one
 // lane each, so the activations are broadcast instead of the weights being reduced across
 // lanes; a tile is one group by up to 4 (AVX2) or 8 (VNNI) activation rows, or with VNNI and
@@ -47,7 +47,7 @@ pub(super) fn available_vnni() -> bool {
 }
 
 /// The AVX-512 VNNI kernel for weights of type `w`, or `None` when the CPU lacks the
-/// features or the type has no such build (Q5_K, Q6_K and the float types keep AVX2).
+/// features or the type has no such build (Q5_K and the float types keep AVX2).
 /// As with [`kernel`], this check is what makes calling the returned functions sound.
 pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     if !available_vnni() {
@@ -61,6 +61,7 @@ pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
         Q4_1 => vnni_groups_q4_1,
         Q5_1 => vnni_mat_q5_1,
         Q4K => vnni_groups_q4k,
+        Q6K => vnni_groups_q6k,
         _ => return None,
     })
 }
@@ -78,10 +79,12 @@ pub(super) fn columns_kernel(w: GgmlType, vnni: bool) -> Option<MatrixFn> {
         (Q4_0, true) => vnni_groups_q4_0_columns,
         (Q4_1, true) => vnni_groups_q4_1_columns,
         (Q4K, true) => vnni_groups_q4k_columns,
+        (Q6K, true) => vnni_groups_q6k_columns,
         (Q8_0, false) => groups_q8_0_columns,
         (Q4_0, false) => groups_q4_0_columns,
         (Q4_1, false) => groups_q4_1_columns,
         (Q4K, false) => groups_q4k_columns,
+        (Q6K, false) => groups_q6k_columns,
         _ => return None,
     })
 }
@@ -105,7 +108,7 @@ pub(super) fn kernel(w: GgmlType) -> Option<MatrixFn> {
         Q5_1 => mat_q5_1,
         Q4K => groups_q4k,
         Q5K => mat_q5k,
-        Q6K => mat_q6k,
+        Q6K => groups_q6k,
         _ => return None,
     })
 }
@@ -628,8 +631,9 @@ group_tile!(
 // totals go to f32 as `acc = fma(sumi, d * da, acc)` then `acc = fnmadd(summ, dmin * da, acc)`:
 // the same integers as the scalar kernel, in an order no tile height, build or batch changes.
 
-/// `KIND` of the Q4_K row-group kernels (one kind: their tile has its own body).
+/// `KIND` of the Q4_K and Q6_K row-group kernels (each tile has its own body).
 const GK_Q4K: u8 = 3;
+const GK_Q6K: u8 = 4;
 
 /// Bytes of a Q4_K group block: eight rows' 144-byte super-blocks.
 const Q4K_GROUP_BYTES: usize = 1152;
@@ -665,10 +669,11 @@ fn nib_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
     _mm256_add_epi16(acc, _mm256_maddubs_epi16(q, a))
 }
 
-/// The VNNI twin of [`nib_step`], accumulating in `i32` lanes.
+/// The VNNI twin of [`nib_step`] and [`byte_step`]: unsigned bytes `q` times signed bytes `a`
+/// added to the `i32` lanes of `acc`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn vnni_nib_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
+fn vnni_byte_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, q, a)
 }
 
@@ -734,8 +739,129 @@ group_tile_q4k!(group_tile_q4k, "avx2,fma,f16c", nib_step, q4_finish);
 group_tile_q4k!(
     vnni_group_tile_q4k,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    vnni_nib_step,
+    vnni_byte_step,
     vnni_q4_finish
+);
+
+// Q6_K in row groups against Q8K activations. Each 16-value sub-block's integer sum of the
+// unsigned 6-bit quants (`[0, 63]`; i32 lanes: on AVX2 each four-byte product is widened at
+// once, `2 * 63 * 127` fits i16 but four of them do not) is times its i8 scale in i32; the
+// `-32` offset comes off as `32 * sum_k sc_k * bsum_k`, two sub-blocks a `madd`; the
+// super-block's total goes to f32 as `acc = fma(sumi, d * da, acc)`. Exact integers as in the
+// scalar kernel (`16 * 16 * 63 * 127 * 128 < 2^31`), one float order for every tile.
+
+/// Bytes of a Q6_K group block: eight rows' 210-byte super-blocks.
+const Q6K_GROUP_BYTES: usize = 1680;
+
+/// Where a Q6_K group block's parts start: quant bytes (128 of low nibbles, then 64 of high bit
+/// pairs, four bytes a row at a time), the sixteen scales byte by byte, `d`.
+const Q6K_QH: usize = 1024;
+const Q6K_SCALES: usize = 1536;
+const Q6K_D: usize = 1664;
+
+/// Bits `2g, 2g + 1` of each byte of `qh` moved to bits 4, 5 (the quant's high bits for group g).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6_high_bits(qh: __m256i, g: usize) -> __m256i {
+    let v = match g {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm256_srli_epi16::<2>(qh),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(0x30))
+}
+
+/// Adds the products of unsigned bytes `q` with signed bytes `a` to the `i32` lanes of `acc`
+/// (each lane's four products summed in i32 at once).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn byte_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1)))
+}
+
+macro_rules! group_tile_q6k {
+    ($name:ident, $feat:literal, $step:ident) => {
+        /// One Q6_K row group (`n / 256` blocks of `GB` bytes) against `R` Q8K activation rows:
+        /// lane i of result r is the dot of weight row i with activation row r.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn $name<const KIND: u8, const GB: usize, const R: usize>(
+            n: usize,
+            group: &[u8],
+            a: [&[u8]; R],
+        ) -> [__m256; R] {
+            let nb = n / QK_K;
+            let blocks = &group.as_chunks::<Q6K_GROUP_BYTES>().0[..nb];
+            let av = split_q8k::<R>(n, nb, a);
+            let m4 = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (i, blk) in blocks.iter().enumerate() {
+                let mut sumi = [_mm256_setzero_si256(); R];
+                // Value 128 h + 32 g + l: low bits from the low (g < 2) or high nibble of quant
+                // byte 64 h + 32 (g % 2) + l, high bits from bits 2g of byte 32 h + l of qh. One
+                // load of each of the three bytes serves the four groups; sub-block 8 h + 2 g +
+                // half holds positions l of 16 half..16 half + 16.
+                for h in 0..2 {
+                    for half in 0..2 {
+                        let mut isum = [[_mm256_setzero_si256(); R]; 4];
+                        for t in 0..4 {
+                            let l = 16 * half + 4 * t;
+                            let ql0 = ld256(blk, 8 * (64 * h + l));
+                            let ql1 = ld256(blk, 8 * (64 * h + 32 + l));
+                            let qh = ld256(blk, Q6K_QH + 8 * (32 * h + l));
+                            let low = [
+                                _mm256_and_si256(ql0, m4),
+                                _mm256_and_si256(ql1, m4),
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                            ];
+                            for g in 0..4 {
+                                let q = _mm256_or_si256(low[g], q6_high_bits(qh, g));
+                                for r in 0..R {
+                                    let a4 = _mm256_set1_epi32(i32_at(&av.q[r][i], 128 * h + 32 * g + l));
+                                    isum[g][r] = $step(isum[g][r], q, a4);
+                                }
+                            }
+                        }
+                        for g in 0..4 {
+                            let k = 8 * h + 2 * g + half;
+                            let sc = _mm256_cvtepi8_epi32(ld64(blk, Q6K_SCALES + 8 * k));
+                            for r in 0..R {
+                                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32(isum[g][r], sc));
+                            }
+                        }
+                    }
+                }
+                let mut off = [_mm256_setzero_si256(); R];
+                for kp in 0..8 {
+                    // Lanes (sc_2kp, sc_2kp+1) of each row as an i16 pair, against the pair of
+                    // activation sums of those sub-blocks.
+                    let s0 = _mm_cvtepi8_epi16(ld64(blk, Q6K_SCALES + 16 * kp));
+                    let s1 = _mm_cvtepi8_epi16(ld64(blk, Q6K_SCALES + 16 * kp + 8));
+                    let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(s0, s1), _mm_unpacklo_epi16(s0, s1));
+                    for r in 0..R {
+                        let b2 = _mm256_set1_epi32(i32_at(&av.bsums[r][i], 4 * kp));
+                        off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(pairs, b2));
+                    }
+                }
+                let d = _mm256_cvtph_ps(ld128(blk, Q6K_D));
+                for r in 0..R {
+                    let total = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(off[r]));
+                    let da = _mm256_set1_ps(f32::from_le_bytes(av.d[r][i]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, da), acc[r]);
+                }
+            }
+            acc
+        }
+    };
+}
+
+group_tile_q6k!(group_tile_q6k, "avx2,fma,f16c", byte_step);
+group_tile_q6k!(
+    vnni_group_tile_q6k,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    vnni_byte_step
 );
 
 /// The VNNI group tile on 512-bit registers over two consecutive row groups (`g0`, `g1`):
@@ -1019,83 +1145,6 @@ macro_rules! tile_k4 {
 
 tile_k4!(tile_q5k, 176, true);
 
-/// A tile of `RW` Q6_K weight rows by `R` Q8K activation rows. Quants are used unsigned
-/// (`[0, 63]`, pairs `2 * 63 * 127 < 32768`); the `-32` offset comes off through the
-/// per-16 activation sums: `sum_k sc_k (sum q a - 32 bsum_k)`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_q6k<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
-    let nb = n / QK_K;
-    let wb = weight_blocks::<RW, 210>(w, nb);
-    let av = split_q8k::<R>(n, nb, a);
-    let mut acc = [[_mm256_setzero_ps(); R]; RW];
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2 = _mm256_set1_epi8(0x30);
-    // Within each 128-bit half: bytes 0,1 of the 32-bit slot (low half) or bytes 2,3 (high).
-    let pick = _mm256_set_epi64x(
-        0x0302_0302_0302_0302,
-        0x0302_0302_0302_0302,
-        0x0100_0100_0100_0100,
-        0x0100_0100_0100_0100,
-    );
-    for i in 0..nb {
-        let mut da = [0.0f32; R];
-        for r in 0..R {
-            da[r] = f32::from_le_bytes(av.d[r][i]);
-        }
-        for x in 0..RW {
-            let b = &wb[x][i];
-            let d = f16_to_f32(u16_at(b, 208));
-            // The 16 scales as i16, in order (scale k covers values 16k..16k+16).
-            let sc = _mm256_cvtepi8_epi16(ld128(b, 192));
-            let mut sumi = [_mm256_setzero_si256(); R];
-            for r in 0..R {
-                let bs = ld256(&av.bsums[r][i], 0);
-                let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc));
-                sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), off);
-            }
-            for h in 0..2 {
-                let ql0 = ld256(b, 64 * h);
-                let ql1 = ld256(b, 64 * h + 32);
-                let qh = ld256(b, 128 + 32 * h);
-                let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                        _mm256_and_si256(qh, m2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
-                    ),
-                ];
-                for (g, qg) in q.iter().enumerate() {
-                    // Scales 8h+2g (values 0..16 of the group) and 8h+2g+1 (16..32) sit in
-                    // 32-bit slot 4h+g; spread them over the low and high 128-bit halves.
-                    let slot = _mm256_set1_epi32((4 * h + g) as i32);
-                    let scg = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, slot), pick);
-                    for r in 0..R {
-                        let qa = ld256(&av.q[r][i], 128 * h + 32 * g);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, qa), scg);
-                        sumi[r] = _mm256_add_epi32(sumi[r], p);
-                    }
-                }
-            }
-            for r in 0..R {
-                acc[x][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * da[r]), _mm256_cvtepi32_ps(sumi[r]), acc[x][r]);
-            }
-        }
-    }
-    finish(acc)
-}
-
 // ---------------------------------------------------------------------------------------
 // Float weights against F32 activations.
 
@@ -1351,7 +1400,6 @@ matrix_fn!(mat_bf16, mat_bf16_impl, tile_bf16, GgmlType::BF16);
 matrix_fn!(mat_q5_0, mat_q5_0_impl, tile_q5_0, GgmlType::Q5_0);
 matrix_fn!(mat_q5_1, mat_q5_1_impl, tile_q5_1, GgmlType::Q5_1);
 matrix_fn!(mat_q5k, mat_q5k_impl, tile_q5k, GgmlType::Q5K);
-matrix_fn!(mat_q6k, mat_q6k_impl, tile_q6k, GgmlType::Q6K);
 
 /// The VNNI builds of the 8-bit kernels (see the module comment).
 macro_rules! vnni_matrix_fn {
@@ -1522,6 +1570,28 @@ group_matrix_fn!(
     GgmlType::Q4K,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     8
+);
+group_matrix_fn!(
+    groups_q6k,
+    groups_q6k_columns,
+    groups_q6k_impl,
+    group_tile_q6k,
+    GK_Q6K,
+    1680,
+    GgmlType::Q6K,
+    "avx2,fma,f16c",
+    2
+);
+group_matrix_fn!(
+    vnni_groups_q6k,
+    vnni_groups_q6k_columns,
+    vnni_groups_q6k_impl,
+    vnni_group_tile_q6k,
+    GK_Q6K,
+    1680,
+    GgmlType::Q6K,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    4
 );
 group_matrix_fn!(
     vnni_groups_q4_0,

@@ -16,51 +16,55 @@ pub enum WeightLayout {
     /// The file's rows, one after another (every type).
     File,
     /// Rows in groups of [`GROUP_ROWS`], the last group padded with zero rows. A group holds
-    /// its rows' blocks side by side: for block `b`, each f16 field of the eight rows (`d`,
-    /// then `m` for Q4_1, `dmin` for Q4_K) as eight consecutive values, then Q4_K's twelve
-    /// bytes of packed sub-block scales byte by byte (byte `s` of rows 0..8, then byte `s + 1`),
-    /// then the quants four bytes at a time, row after row (bytes `4j..4j + 4` of rows 0..8,
-    /// then `4j + 4..4j + 8` of rows 0..8, ...), so that one 32-byte load holds the same four
-    /// quant bytes of every row and a product lands in the lane of its row. The same bytes as
-    /// the file's plus the padding rows. Read by the AVX2 and AVX-512 VNNI kernels of Q4_0,
-    /// Q4_1, Q8_0 and Q4_K.
+    /// its rows' blocks side by side, each part of a block in file order: its f16 fields as
+    /// eight consecutive values (`d` of rows 0..8, then `m` for Q4_1, `dmin` for Q4_K), packed
+    /// scale bytes (Q4_K, Q6_K) byte by byte (byte `s` of rows 0..8, then byte `s + 1`), and the
+    /// quants four bytes at a time, row after row (bytes `4j..4j + 4` of rows 0..8, then
+    /// `4j + 4..4j + 8` of rows 0..8, ...), so that one 32-byte load holds the same four quant
+    /// bytes of every row and a product lands in the lane of its row. The same bytes as the
+    /// file's plus the padding rows. Read by the AVX2 and AVX-512 VNNI kernels of Q4_0, Q4_1,
+    /// Q8_0, Q4_K and Q6_K.
     RowGroups8,
 }
 
-/// Where each byte of a block of a type [`WeightLayout::RowGroups8`] holds goes: the block's
-/// leading f16 fields, then (Q4_K) bytes spread one row at a time, then the quant bytes.
+/// How a block of a type [`WeightLayout::RowGroups8`] holds is regrouped: its bytes as
+/// segments in file order, each `(length, unit)`: the eight rows' segments side by side, `unit`
+/// bytes of row 0, then of row 1, ... (2 for f16 scales, 1 for packed scale bytes, 4 for quants).
 #[derive(Debug, Clone, Copy)]
-struct GroupFields {
-    f16s: usize,
-    bytes: usize,
-    quants: usize,
-}
+struct GroupFields(&'static [(usize, usize)]);
 
 impl GroupFields {
     /// The offset in a group's block (eight rows' blocks) of byte `k` of row `i`'s block.
     fn offset(self, i: usize, k: usize) -> usize {
-        let head = 2 * self.f16s;
-        if k < head {
-            16 * (k / 2) + 2 * i + k % 2
-        } else if k < head + self.bytes {
-            16 * self.f16s + GROUP_ROWS * (k - head) + i
-        } else {
-            let q = k - head - self.bytes;
-            16 * self.f16s + GROUP_ROWS * self.bytes + 32 * (q / 4) + 4 * i + q % 4
+        let mut start = 0;
+        for &(len, unit) in self.0 {
+            if k < start + len {
+                let at = k - start;
+                return GROUP_ROWS * (start + unit * (at / unit)) + unit * i + at % unit;
+            }
+            start += len;
         }
+        unreachable!("byte {k} is past the block's segments")
+    }
+
+    /// Bytes of one row's block.
+    fn block_bytes(self) -> usize {
+        self.0.iter().map(|&(len, _)| len).sum()
     }
 }
 
-/// The fields of a block of a type [`WeightLayout::RowGroups8`] can hold.
+/// The segments of a block of a type [`WeightLayout::RowGroups8`] can hold.
 fn group_fields(ty: GgmlType) -> Option<GroupFields> {
-    let (f16s, bytes, quants) = match ty {
-        GgmlType::Q4_0 => (1, 0, 16),
-        GgmlType::Q4_1 => (2, 0, 16),
-        GgmlType::Q8_0 => (1, 0, 32),
-        GgmlType::Q4K => (2, 12, 128),
+    Some(GroupFields(match ty {
+        GgmlType::Q4_0 => &[(2, 2), (16, 4)],
+        GgmlType::Q4_1 => &[(4, 2), (16, 4)],
+        GgmlType::Q8_0 => &[(2, 2), (32, 4)],
+        // d and dmin, twelve bytes of packed 6-bit scales and mins, 128 bytes of nibbles.
+        GgmlType::Q4K => &[(4, 2), (12, 1), (128, 4)],
+        // 128 bytes of low nibbles and 64 of high bit pairs, sixteen i8 scales, d.
+        GgmlType::Q6K => &[(192, 4), (16, 1), (2, 2)],
         _ => return None,
-    };
-    Some(GroupFields { f16s, bytes, quants })
+    }))
 }
 
 impl WeightLayout {
@@ -119,7 +123,7 @@ impl WeightLayout {
             return;
         };
         let bb = ty.block_bytes();
-        debug_assert_eq!(2 * fields.f16s + fields.bytes + fields.quants, bb);
+        debug_assert_eq!(fields.block_bytes(), bb);
         let gb = GROUP_ROWS * bb;
         let nb = cols / ty.block_len();
         for (g, dst) in out.chunks_exact_mut(nb * gb).enumerate() {
@@ -181,7 +185,13 @@ mod tests {
 
     #[test]
     fn packing_round_trips_with_padding() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ] {
             let (rows, cols) = (13, 3 * ty.block_len());
             let rb = weight_row_bytes(ty, cols);
             let file: Vec<u8> = (0..rows * rb).map(|i| (i * 31 % 251) as u8).collect();
@@ -205,8 +215,8 @@ mod tests {
 
     #[test]
     fn the_file_layout_is_the_file() {
-        let ty = GgmlType::Q6K;
-        let file: Vec<u8> = (0..3 * 210).map(|i| i as u8).collect();
+        let ty = GgmlType::Q5K;
+        let file: Vec<u8> = (0..3 * 176).map(|i| i as u8).collect();
         let mut out = vec![0; file.len()];
         WeightLayout::File.pack(ty, 3, 256, &file, &mut out);
         assert_eq!(out, file);
