@@ -7,7 +7,7 @@ STRATA := target/release/strata
 # The pinned openai SDK that scripts/setup.sh installs for the real-client tests.
 CLIENTS_PYTHON = $${STRATA_CACHE:-$$HOME/.cache/strata}/clients-venv/bin/python
 
-.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures quant-models gpu-bin clean-cache
+.PHONY: setup fetch build serve test test-clients soak fuzz lint bench bench-peers fidelity-reference quant-fixtures quant-models gpu-bin gpu-bin-llama clean-cache
 
 setup:
 	@scripts/setup.sh
@@ -83,6 +83,11 @@ quant-fixtures:
 # What the GPU scripts (scripts/gpu/) carry to the device machine, built here into gpu-bin/.
 gpu-bin: setup
 	scripts/gpu/build_bin.sh
+
+# llama.cpp's CUDA binaries (sm_90) for the GPU scripts' side-by-side runs, built here from pinned
+# CUDA 13 wheels and the pinned llama.cpp source (~35 min on 2 cores the first time).
+gpu-bin-llama: setup
+	scripts/gpu/build_llama_bin.sh
 
 quant-models: fetch build
 	STRATA_BIN=$(STRATA) scripts/make_quant_models.sh

@@ -4,7 +4,7 @@
 #   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers.tgz, the default
 #     model's first part, and llama-src.tar.xz: the pinned llama-cpp-python sdist's vendor/llama.cpp
 #     without docs, models, tests and other backends, or llama-bin.tar.xz.part* from an earlier
-#     call). Builds llama-bench, llama-quantize and llama-server with CUDA for sm_90 in the
+#     call or `make gpu-bin-llama`). Builds llama-bench, llama-quantize and llama-server with CUDA for sm_90 in the
 #     background (saved under $OUT as 15 MB parts, to carry next time instead of rebuilding) while
 #     the quantized kernels' test runs; makes a random Qwen2.5-7B (real tokenizer), converts it with
 #     llama.cpp's convert_hf_to_gguf.py and quantizes it to Q4_K_M with llama-quantize; then per

@@ -7,7 +7,8 @@
 # answers, first all arriving together, then Poisson arrivals at 80 % of the request rate strata
 # sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in $OUT.
 # Carries gpu-bin/strata.gz, gpu-bin/tokenizers.tgz, gpu-bin/llama-src.tar.xz (the convert
-# scripts) and gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries with llama-server).
+# scripts) and gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries with llama-server, from
+# `make gpu-bin-llama`: the two together about 41 MB with strata.gz and tokenizers.tgz).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
