@@ -743,6 +743,74 @@ group_tile_q4k!(
     vnni_q4_finish
 );
 
+/// `x` in the low eight lanes, `y` in the high eight.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn lanes_pair(x: __m256i, y: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y)
+}
+
+/// [`vnni_group_tile_q4k`] on 512-bit registers over two consecutive row groups (`g0`, `g1`):
+/// lanes 0-7 of result r are group `g0`'s rows, lanes 8-15 group `g1`'s, each lane with the
+/// same integer sums and float operations in the same order, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_group_pair_tile_q4k<const KIND: u8, const GB: usize, const R: usize>(
+    n: usize,
+    g0: &[u8],
+    g1: &[u8],
+    a: [&[u8]; R],
+) -> [__m512; R] {
+    let nb = n / QK_K;
+    let (b0, b1) = (
+        &g0.as_chunks::<Q4K_GROUP_BYTES>().0[..nb],
+        &g1.as_chunks::<Q4K_GROUP_BYTES>().0[..nb],
+    );
+    let av = split_q8k::<R>(n, nb, a);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for i in 0..nb {
+        let ((sc0, mn0), (sc1, mn1)) = (k4_group_scales(&b0[i]), k4_group_scales(&b1[i]));
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for j in 0..8 {
+            let sc = lanes_pair(sc0[j], sc1[j]);
+            let mut isum = [_mm512_setzero_si512(); R];
+            for c in 0..8 {
+                let v = ld_pair(&b0[i], &b1[i], 128 + 32 * (8 * (j / 2) + c));
+                let q = if j % 2 == 0 {
+                    _mm512_and_si512(v, m4)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4)
+                };
+                for r in 0..R {
+                    let a4 = _mm512_set1_epi32(i32_at(&av.q[r][i], 32 * j + 4 * c));
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], q, a4);
+                }
+            }
+            for r in 0..R {
+                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(isum[r], sc));
+            }
+        }
+        let d = ph_pair(&b0[i], &b1[i], 0);
+        let dmin = ph_pair(&b0[i], &b1[i], 16);
+        for r in 0..R {
+            let bs = &av.bsums[r][i];
+            let mut summ = _mm512_setzero_si512();
+            for j in 0..8 {
+                let xs = i32::from(u16_at(bs, 4 * j) as i16) + i32::from(u16_at(bs, 4 * j + 2) as i16);
+                summ = _mm512_add_epi32(
+                    summ,
+                    _mm512_mullo_epi32(lanes_pair(mn0[j], mn1[j]), _mm512_set1_epi32(xs)),
+                );
+            }
+            let da = _mm512_set1_ps(f32::from_le_bytes(av.d[r][i]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r]), _mm512_mul_ps(d, da), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dmin, da), acc[r]);
+        }
+    }
+    acc
+}
+
 // Q6_K in row groups against Q8K activations. Each 16-value sub-block's integer sum of the
 // unsigned 6-bit quants (`[0, 63]`; i32 lanes: on AVX2 each four-byte product is widened at
 // once, `2 * 63 * 127` fits i16 but four of them do not) is times its i8 scale in i32; the
@@ -770,6 +838,16 @@ fn q6_high_bits(qh: __m256i, g: usize) -> __m256i {
         _ => _mm256_srli_epi16::<2>(qh),
     };
     _mm256_and_si256(v, _mm256_set1_epi8(0x30))
+}
+
+/// Scales `2 kp` and `2 kp + 1` of each row of a Q6_K group block as an i16 pair in the row's
+/// lane (the operand of a `madd` against two sub-blocks' activation sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6_scale_pairs(blk: &[u8; Q6K_GROUP_BYTES], kp: usize) -> __m256i {
+    let s0 = _mm_cvtepi8_epi16(ld64(blk, Q6K_SCALES + 16 * kp));
+    let s1 = _mm_cvtepi8_epi16(ld64(blk, Q6K_SCALES + 16 * kp + 8));
+    _mm256_set_m128i(_mm_unpackhi_epi16(s0, s1), _mm_unpacklo_epi16(s0, s1))
 }
 
 /// Adds the products of unsigned bytes `q` with signed bytes `a` to the `i32` lanes of `acc`
@@ -835,11 +913,8 @@ macro_rules! group_tile_q6k {
                 }
                 let mut off = [_mm256_setzero_si256(); R];
                 for kp in 0..8 {
-                    // Lanes (sc_2kp, sc_2kp+1) of each row as an i16 pair, against the pair of
-                    // activation sums of those sub-blocks.
-                    let s0 = _mm_cvtepi8_epi16(ld64(blk, Q6K_SCALES + 16 * kp));
-                    let s1 = _mm_cvtepi8_epi16(ld64(blk, Q6K_SCALES + 16 * kp + 8));
-                    let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(s0, s1), _mm_unpacklo_epi16(s0, s1));
+                    // Each row's scale pair against the pair of activation sums of those sub-blocks.
+                    let pairs = q6_scale_pairs(blk, kp);
                     for r in 0..R {
                         let b2 = _mm256_set1_epi32(i32_at(&av.bsums[r][i], 4 * kp));
                         off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(pairs, b2));
@@ -863,6 +938,88 @@ group_tile_q6k!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     vnni_byte_step
 );
+
+/// [`vnni_group_tile_q6k`] on 512-bit registers over two consecutive row groups (`g0`, `g1`):
+/// lanes 0-7 of result r are group `g0`'s rows, lanes 8-15 group `g1`'s, each lane with the
+/// same integer sums and float operations in the same order, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn vnni_group_pair_tile_q6k<const KIND: u8, const GB: usize, const R: usize>(
+    n: usize,
+    g0: &[u8],
+    g1: &[u8],
+    a: [&[u8]; R],
+) -> [__m512; R] {
+    let nb = n / QK_K;
+    let (b0, b1) = (
+        &g0.as_chunks::<Q6K_GROUP_BYTES>().0[..nb],
+        &g1.as_chunks::<Q6K_GROUP_BYTES>().0[..nb],
+    );
+    let av = split_q8k::<R>(n, nb, a);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for i in 0..nb {
+        let (x, y) = (&b0[i], &b1[i]);
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for h in 0..2 {
+            for half in 0..2 {
+                let mut isum = [[_mm512_setzero_si512(); R]; 4];
+                for t in 0..4 {
+                    let l = 16 * half + 4 * t;
+                    let ql0 = ld_pair(x, y, 8 * (64 * h + l));
+                    let ql1 = ld_pair(x, y, 8 * (64 * h + 32 + l));
+                    let qh = ld_pair(x, y, Q6K_QH + 8 * (32 * h + l));
+                    let low = [
+                        _mm512_and_si512(ql0, m4),
+                        _mm512_and_si512(ql1, m4),
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(ql0), m4),
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(ql1), m4),
+                    ];
+                    for g in 0..4 {
+                        let high = match g {
+                            0 => _mm512_slli_epi32::<4>(qh),
+                            1 => _mm512_slli_epi32::<2>(qh),
+                            2 => qh,
+                            _ => _mm512_srli_epi32::<2>(qh),
+                        };
+                        let q = _mm512_or_si512(low[g], _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
+                        for r in 0..R {
+                            let a4 = _mm512_set1_epi32(i32_at(&av.q[r][i], 128 * h + 32 * g + l));
+                            isum[g][r] = _mm512_dpbusd_epi32(isum[g][r], q, a4);
+                        }
+                    }
+                }
+                for g in 0..4 {
+                    let k = 8 * h + 2 * g + half;
+                    let sc = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(
+                        ld64(x, Q6K_SCALES + 8 * k),
+                        ld64(y, Q6K_SCALES + 8 * k),
+                    ));
+                    for r in 0..R {
+                        sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(isum[g][r], sc));
+                    }
+                }
+            }
+        }
+        let mut off = [_mm512_setzero_si512(); R];
+        for kp in 0..8 {
+            // On 256-bit halves: a 512-bit `madd` would need AVX-512 BW.
+            let (px, py) = (q6_scale_pairs(x, kp), q6_scale_pairs(y, kp));
+            for r in 0..R {
+                let b2 = _mm256_set1_epi32(i32_at(&av.bsums[r][i], 4 * kp));
+                let m = lanes_pair(_mm256_madd_epi16(px, b2), _mm256_madd_epi16(py, b2));
+                off[r] = _mm512_add_epi32(off[r], m);
+            }
+        }
+        let d = ph_pair(x, y, Q6K_D);
+        for r in 0..R {
+            let total = _mm512_sub_epi32(sumi[r], _mm512_slli_epi32::<5>(off[r]));
+            let da = _mm512_set1_ps(f32::from_le_bytes(av.d[r][i]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), acc[r]);
+        }
+    }
+    acc
+}
 
 /// The VNNI group tile on 512-bit registers over two consecutive row groups (`g0`, `g1`):
 /// lanes 0-7 of result r are group `g0`'s rows, lanes 8-15 group `g1`'s. Each activation
@@ -1569,7 +1726,8 @@ group_matrix_fn!(
     1152,
     GgmlType::Q4K,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    8
+    8,
+    vnni_group_pair_tile_q4k
 );
 group_matrix_fn!(
     groups_q6k,
@@ -1591,7 +1749,8 @@ group_matrix_fn!(
     1680,
     GgmlType::Q6K,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    4
+    4,
+    vnni_group_pair_tile_q6k
 );
 group_matrix_fn!(
     vnni_groups_q4_0,
