@@ -631,6 +631,23 @@ group_tile!(
 // totals go to f32 as `acc = fma(sumi, d * da, acc)` then `acc = fnmadd(summ, dmin * da, acc)`:
 // the same integers as the scalar kernel, in an order no tile height, build or batch changes.
 
+/// Prefetches (into L1) the block about 16 KiB after block `i` of `blocks`, one call a block:
+/// a K-quant row group spans 40-60 KiB for a long row, and prefetching a whole group at its
+/// start (as the 32-block kinds do) issued hundreds of prefetches at once, which halved what a
+/// one-row product drew from DRAM (quant_dot 1536x8960, bench/NOTES.md). Past the matrix's
+/// end the addresses are only hints.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_block_ahead<const N: usize>(blocks: &[[u8; N]], i: usize) {
+    let ahead = 16384usize.div_ceil(N);
+    let base = blocks.as_ptr().wrapping_add(i + ahead).cast::<u8>();
+    for off in (0..N).step_by(64) {
+        // SAFETY: a prefetch never faults and changes no memory; `wrapping_add` keeps the
+        // pointer arithmetic defined even past the end of `blocks`.
+        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(off).cast());
+    }
+}
+
 /// `KIND` of the Q4_K and Q6_K row-group kernels (each tile has its own body).
 const GK_Q4K: u8 = 3;
 const GK_Q6K: u8 = 4;
@@ -694,6 +711,7 @@ macro_rules! group_tile_q4k {
             let m4 = _mm256_set1_epi8(0x0f);
             let mut acc = [_mm256_setzero_ps(); R];
             for (i, blk) in blocks.iter().enumerate() {
+                prefetch_block_ahead(blocks, i);
                 let (sc, mn) = k4_group_scales(blk);
                 let mut sumi = [_mm256_setzero_si256(); R];
                 // Sub-block j: the low nibbles (even j) or high nibbles (odd j) of quant bytes
@@ -770,6 +788,8 @@ fn vnni_group_pair_tile_q4k<const KIND: u8, const GB: usize, const R: usize>(
     let m4 = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); R];
     for i in 0..nb {
+        prefetch_block_ahead(b0, i);
+        prefetch_block_ahead(b1, i);
         let ((sc0, mn0), (sc1, mn1)) = (k4_group_scales(&b0[i]), k4_group_scales(&b1[i]));
         let mut sumi = [_mm512_setzero_si512(); R];
         for j in 0..8 {
@@ -875,6 +895,7 @@ macro_rules! group_tile_q6k {
             let m4 = _mm256_set1_epi8(0x0f);
             let mut acc = [_mm256_setzero_ps(); R];
             for (i, blk) in blocks.iter().enumerate() {
+                prefetch_block_ahead(blocks, i);
                 let mut sumi = [_mm256_setzero_si256(); R];
                 // Value 128 h + 32 g + l: low bits from the low (g < 2) or high nibble of quant
                 // byte 64 h + 32 (g % 2) + l, high bits from bits 2g of byte 32 h + l of qh. One
@@ -959,6 +980,8 @@ fn vnni_group_pair_tile_q6k<const KIND: u8, const GB: usize, const R: usize>(
     let m4 = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); R];
     for i in 0..nb {
+        prefetch_block_ahead(b0, i);
+        prefetch_block_ahead(b1, i);
         let (x, y) = (&b0[i], &b1[i]);
         let mut sumi = [_mm512_setzero_si512(); R];
         for h in 0..2 {
@@ -1579,6 +1602,11 @@ vnni_matrix_fn!(vnni_mat_q5_1, vnni_mat_q5_1_impl, vnni_tile_q5_1, GgmlType::Q5_
 /// one row 0.83-0.93x, Q8_0 at three 0.87x; from L2 1.13-1.27x faster) and won from two rows
 /// (Q4) or four (Q8_0) on (bench/NOTES.md), and one-row decode of a model larger than the L3
 /// streams from DRAM.
+/// Whether `KIND`'s tiles prefetch their own blocks (the K-quants, [`prefetch_block_ahead`]).
+const fn k_kind(kind: u8) -> bool {
+    kind == GK_Q4K || kind == GK_Q6K
+}
+
 const fn pair_min_rows(kind: u8) -> usize {
     if kind == GK_Q8_0 {
         4
@@ -1629,7 +1657,9 @@ macro_rules! group_matrix_fn {
             let mut g = 0;
             $(
                 while g + 1 < groups && m >= pair_min_rows($kind) {
-                    prefetch_ahead(w, g * gbytes, (g + 2) * gbytes, pf);
+                    if !k_kind($kind) {
+                        prefetch_ahead(w, g * gbytes, (g + 2) * gbytes, pf);
+                    }
                     let r0 = g * GROUP_ROWS;
                     let valid = GROUP_ROWS.min(rows - r0 - GROUP_ROWS);
                     let (g0, g1) = (group(g), group(g + 1));
@@ -1644,7 +1674,9 @@ macro_rules! group_matrix_fn {
                 }
             )?
             while g < groups {
-                prefetch_ahead(w, g * gbytes, (g + 1) * gbytes, pf);
+                if !k_kind($kind) {
+                    prefetch_ahead(w, g * gbytes, (g + 1) * gbytes, pf);
+                }
                 let r0 = g * GROUP_ROWS;
                 let valid = GROUP_ROWS.min(rows - r0);
                 let gw = group(g);
