@@ -377,7 +377,12 @@ fn batched_rows_match_single_rows() {
                     k.isa() != "scalar"
                         && matches!(
                             ty,
-                            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+                            GgmlType::Q4_0
+                                | GgmlType::Q4_1
+                                | GgmlType::Q8_0
+                                | GgmlType::Q4K
+                                | GgmlType::Q5K
+                                | GgmlType::Q6K
                         ),
                     "{ctx}: the row-group kernels write by activation row"
                 );
@@ -444,11 +449,14 @@ fn vnni_matches_avx2_bit_for_bit() {
     if compared == 0 {
         println!("skipping: this CPU lacks AVX-512 VNNI (no vpdpbusd builds to compare)");
     } else {
-        assert_eq!(compared, 7, "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K have VNNI builds");
+        assert_eq!(
+            compared, 8,
+            "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants have VNNI builds"
+        );
     }
 }
 
-/// The SIMD builds of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K read row groups; the scalar ones and every other type
+/// The SIMD builds of Q4_0, Q4_1, Q8_0 and the K-quants read row groups; the scalar ones and every other type
 /// the file's rows. A matrix one row short of a group is padded.
 #[test]
 fn layouts_are_the_documented_ones() {
@@ -457,7 +465,7 @@ fn layouts_are_the_documented_ones() {
             let grouped = k.isa() != "scalar"
                 && matches!(
                     ty,
-                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
                 );
             let want = if grouped {
                 WeightLayout::RowGroups8

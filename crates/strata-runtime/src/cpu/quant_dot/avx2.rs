@@ -7,7 +7,7 @@
 // sums), which are scaled and accumulated in `f32` with FMA.
 //
 // Q4_0, Q4_1 and Q8_0 (the types of llama.cpp's common small files, SmolLM2's among them),
-// Q4_K and Q6_K (a Q4_K_M file's two types) read
+// Q4_K, Q5_K and Q6_K (the K-quant files' types) read
 // their weights in row groups (`WeightLayout::RowGroups8`): eight rows share every vector, one
 // lane each, so the activations are broadcast instead of the weights being reduced across
 // lanes; a tile is one group by up to 4 (AVX2) or 8 (VNNI) activation rows, or with VNNI and
@@ -47,7 +47,7 @@ pub(super) fn available_vnni() -> bool {
 }
 
 /// The AVX-512 VNNI kernel for weights of type `w`, or `None` when the CPU lacks the
-/// features or the type has no such build (Q5_K and the float types keep AVX2).
+/// features or the type has no such build (the float types keep AVX2).
 /// As with [`kernel`], this check is what makes calling the returned functions sound.
 pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
     if !available_vnni() {
@@ -62,6 +62,7 @@ pub(super) fn kernel_vnni(w: GgmlType) -> Option<MatrixFn> {
         Q5_1 => vnni_mat_q5_1,
         Q4K => vnni_groups_q4k,
         Q6K => vnni_groups_q6k,
+        Q5K => vnni_groups_q5k,
         _ => return None,
     })
 }
@@ -80,11 +81,13 @@ pub(super) fn columns_kernel(w: GgmlType, vnni: bool) -> Option<MatrixFn> {
         (Q4_1, true) => vnni_groups_q4_1_columns,
         (Q4K, true) => vnni_groups_q4k_columns,
         (Q6K, true) => vnni_groups_q6k_columns,
+        (Q5K, true) => vnni_groups_q5k_columns,
         (Q8_0, false) => groups_q8_0_columns,
         (Q4_0, false) => groups_q4_0_columns,
         (Q4_1, false) => groups_q4_1_columns,
         (Q4K, false) => groups_q4k_columns,
         (Q6K, false) => groups_q6k_columns,
+        (Q5K, false) => groups_q5k_columns,
         _ => return None,
     })
 }
@@ -107,7 +110,7 @@ pub(super) fn kernel(w: GgmlType) -> Option<MatrixFn> {
         Q4_1 => groups_q4_1,
         Q5_1 => mat_q5_1,
         Q4K => groups_q4k,
-        Q5K => mat_q5k,
+        Q5K => groups_q5k,
         Q6K => groups_q6k,
         _ => return None,
     })
@@ -648,18 +651,41 @@ fn prefetch_block_ahead<const N: usize>(blocks: &[[u8; N]], i: usize) {
     }
 }
 
-/// `KIND` of the Q4_K and Q6_K row-group kernels (each tile has its own body).
+/// `KIND` of the K-quant row-group kernels (Q4_K and Q5_K share a tile, Q6_K has its own).
 const GK_Q4K: u8 = 3;
 const GK_Q6K: u8 = 4;
+const GK_Q5K: u8 = 5;
 
-/// Bytes of a Q4_K group block: eight rows' 144-byte super-blocks.
-const Q4K_GROUP_BYTES: usize = 1152;
+/// Where a Q4_K / Q5_K group block's quant nibbles start (Q5_K: after its fifth bits at 128).
+const fn k4_quants_at(kind: u8) -> usize {
+    if kind == GK_Q5K {
+        384
+    } else {
+        128
+    }
+}
+
+/// Q5_K's fifth bits of sub-block `j`, at bit 4 of each byte, from the group's qh chunk `qh`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_fifth_bits(qh: __m256i, j: usize) -> __m256i {
+    let bit = _mm256_and_si256(_mm256_srl_epi32(qh, _mm_cvtsi32_si128(j as i32)), _mm256_set1_epi8(1));
+    _mm256_slli_epi32::<4>(bit)
+}
+
+/// The 512-bit twin of [`q5_fifth_bits`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn q5_fifth_bits_x2(qh: __m512i, j: usize) -> __m512i {
+    let bit = _mm512_and_si512(_mm512_srl_epi32(qh, _mm_cvtsi32_si128(j as i32)), _mm512_set1_epi8(1));
+    _mm512_slli_epi32::<4>(bit)
+}
 
 /// The i32 lanes (one per row of the group) of the eight sub-block scales and mins of a Q4_K
 /// group block, unpacked from the twelve scale bytes each row stores one after another.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k4_group_scales(blk: &[u8; Q4K_GROUP_BYTES]) -> ([__m256i; 8], [__m256i; 8]) {
+fn k4_group_scales<const N: usize>(blk: &[u8; N]) -> ([__m256i; 8], [__m256i; 8]) {
     let mut t = [_mm256_setzero_si256(); 12];
     for (s, v) in t.iter_mut().enumerate() {
         *v = _mm256_cvtepu8_epi32(ld64(blk, 32 + 8 * s));
@@ -696,8 +722,10 @@ fn vnni_byte_step(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
 
 macro_rules! group_tile_q4k {
     ($name:ident, $feat:literal, $step:ident, $finish:ident) => {
-        /// One Q4_K row group (`n / 256` blocks of `GB` bytes) against `R` Q8K activation rows:
-        /// lane i of result r is the dot of weight row i with activation row r.
+        /// One Q4_K or (`KIND` = `GK_Q5K`) Q5_K row group (`n / 256` blocks of `GB` bytes)
+        /// against `R` Q8K activation rows: lane i of result r is the dot of weight row i with
+        /// activation row r. Quants sum in `$step`'s lanes four bytes at a time, then in i32
+        /// (Q5_K's pairs reach `2 * 31 * 127`, so four of them in i16 at most).
         #[inline]
         #[target_feature(enable = $feat)]
         fn $name<const KIND: u8, const GB: usize, const R: usize>(
@@ -706,7 +734,7 @@ macro_rules! group_tile_q4k {
             a: [&[u8]; R],
         ) -> [__m256; R] {
             let nb = n / QK_K;
-            let blocks = &group.as_chunks::<Q4K_GROUP_BYTES>().0[..nb];
+            let blocks = &group.as_chunks::<GB>().0[..nb];
             let av = split_q8k::<R>(n, nb, a);
             let m4 = _mm256_set1_epi8(0x0f);
             let mut acc = [_mm256_setzero_ps(); R];
@@ -715,23 +743,34 @@ macro_rules! group_tile_q4k {
                 let (sc, mn) = k4_group_scales(blk);
                 let mut sumi = [_mm256_setzero_si256(); R];
                 // Sub-block j: the low nibbles (even j) or high nibbles (odd j) of quant bytes
-                // 32 (j / 2)..+32, against activation quants 32 j..+32.
+                // 32 (j / 2)..+32 (Q5_K: and bit j of qh bytes 0..32), against activation
+                // quants 32 j..+32.
                 for j in 0..8 {
                     let mut isum = [_mm256_setzero_si256(); R];
+                    let mut part = [_mm256_setzero_si256(); R];
                     for c in 0..8 {
-                        let v = ld256(blk, 128 + 32 * (8 * (j / 2) + c));
-                        let q = if j % 2 == 0 {
+                        let v = ld256(blk, k4_quants_at(KIND) + 32 * (8 * (j / 2) + c));
+                        let mut q = if j % 2 == 0 {
                             _mm256_and_si256(v, m4)
                         } else {
                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
                         };
+                        if KIND == GK_Q5K {
+                            q = _mm256_or_si256(q, q5_fifth_bits(ld256(blk, 128 + 32 * c), j));
+                        }
                         for r in 0..R {
                             let a4 = _mm256_set1_epi32(i32_at(&av.q[r][i], 32 * j + 4 * c));
-                            isum[r] = $step(isum[r], q, a4);
+                            part[r] = $step(part[r], q, a4);
+                        }
+                        if c % 4 == 3 {
+                            for r in 0..R {
+                                isum[r] = _mm256_add_epi32(isum[r], $finish(part[r]));
+                                part[r] = _mm256_setzero_si256();
+                            }
                         }
                     }
                     for r in 0..R {
-                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32($finish(isum[r]), sc[j]));
+                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32(isum[r], sc[j]));
                     }
                 }
                 let d = _mm256_cvtph_ps(ld128(blk, 0));
@@ -768,7 +807,7 @@ fn lanes_pair(x: __m256i, y: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y)
 }
 
-/// [`vnni_group_tile_q4k`] on 512-bit registers over two consecutive row groups (`g0`, `g1`):
+/// [`vnni_group_tile_q4k`] (Q4_K or Q5_K) on 512-bit registers over two consecutive row groups (`g0`, `g1`):
 /// lanes 0-7 of result r are group `g0`'s rows, lanes 8-15 group `g1`'s, each lane with the
 /// same integer sums and float operations in the same order, so the same bits.
 #[inline]
@@ -780,10 +819,7 @@ fn vnni_group_pair_tile_q4k<const KIND: u8, const GB: usize, const R: usize>(
     a: [&[u8]; R],
 ) -> [__m512; R] {
     let nb = n / QK_K;
-    let (b0, b1) = (
-        &g0.as_chunks::<Q4K_GROUP_BYTES>().0[..nb],
-        &g1.as_chunks::<Q4K_GROUP_BYTES>().0[..nb],
-    );
+    let (b0, b1) = (&g0.as_chunks::<GB>().0[..nb], &g1.as_chunks::<GB>().0[..nb]);
     let av = split_q8k::<R>(n, nb, a);
     let m4 = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); R];
@@ -796,12 +832,15 @@ fn vnni_group_pair_tile_q4k<const KIND: u8, const GB: usize, const R: usize>(
             let sc = lanes_pair(sc0[j], sc1[j]);
             let mut isum = [_mm512_setzero_si512(); R];
             for c in 0..8 {
-                let v = ld_pair(&b0[i], &b1[i], 128 + 32 * (8 * (j / 2) + c));
-                let q = if j % 2 == 0 {
+                let v = ld_pair(&b0[i], &b1[i], k4_quants_at(KIND) + 32 * (8 * (j / 2) + c));
+                let mut q = if j % 2 == 0 {
                     _mm512_and_si512(v, m4)
                 } else {
                     _mm512_and_si512(_mm512_srli_epi32::<4>(v), m4)
                 };
+                if KIND == GK_Q5K {
+                    q = _mm512_or_si512(q, q5_fifth_bits_x2(ld_pair(&b0[i], &b1[i], 128 + 32 * c), j));
+                }
                 for r in 0..R {
                     let a4 = _mm512_set1_epi32(i32_at(&av.q[r][i], 32 * j + 4 * c));
                     isum[r] = _mm512_dpbusd_epi32(isum[r], q, a4);
@@ -1208,123 +1247,6 @@ fn split_q8k<const R: usize>(n: usize, nb: usize, a: [&[u8]; R]) -> Q8KRows<'_, 
     Q8KRows { q, d, bsums }
 }
 
-/// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block, each as 8 bytes
-/// of a `u64` (sub-block `j` in byte `j`).
-#[inline]
-fn scales_mins_k4(s0: u32, s1: u32, s2: u32) -> (u64, u64) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const TOP2: u32 = 0x0303_0303;
-    let sc_lo = s0 & LOW6;
-    let mn_lo = s1 & LOW6;
-    let sc_hi = (s2 & LOW4) | (((s0 >> 6) & TOP2) << 4);
-    let mn_hi = ((s2 >> 4) & LOW4) | (((s1 >> 6) & TOP2) << 4);
-    (
-        u64::from(sc_lo) | (u64::from(sc_hi) << 32),
-        u64::from(mn_lo) | (u64::from(mn_hi) << 32),
-    )
-}
-
-/// Byte pattern for `_mm256_shuffle_epi8` broadcasting 16-bit element `j` of each half.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scale_shuffle(j: usize) -> __m256i {
-    let lo = (2 * j) as u8;
-    _mm256_set1_epi16(i16::from_le_bytes([lo, lo + 1]))
-}
-
-/// Sub-block scales as 8 `i16` in both 128-bit halves, and the mins as 8 `i16`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn k4_scales<const N: usize>(b: &[u8; N]) -> (__m256i, __m128i) {
-    let (sc, mn) = scales_mins_k4(u32_at(b, 4), u32_at(b, 8), u32_at(b, 12));
-    let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64));
-    let mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-    (_mm256_broadcastsi128_si256(sc16), mn16)
-}
-
-/// `sum_j mins[j] * (bsum[2j] + bsum[2j+1])` as 4 `i32` lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn k4_min_dot(bsums: &[u8; 32], mn16: __m128i) -> __m128i {
-    let lo = ld128(bsums, 0);
-    let hi = ld128(bsums, 16);
-    _mm_madd_epi16(_mm_hadd_epi16(lo, hi), mn16)
-}
-
-macro_rules! tile_k4 {
-    ($name:ident, $bb:literal, $five:literal) => {
-        /// A tile of `RW` Q4_K / Q5_K weight rows by `R` Q8K activation rows.
-        /// Pairs stay exact in `i16` (`2 * 31 * 127 < 32768`), scaled sums in `i32`
-        /// (`8 * 2 * 63 * 7874 < 2^31`).
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const RW: usize, const R: usize>(n: usize, w: [&[u8]; RW], a: [&[u8]; R]) -> [[f32; R]; RW] {
-            let nb = n / QK_K;
-            let wb = weight_blocks::<RW, $bb>(w, nb);
-            let av = split_q8k::<R>(n, nb, a);
-            let mut acc = [[_mm256_setzero_ps(); R]; RW];
-            let mut accm = [[_mm_setzero_ps(); R]; RW];
-            let m4 = _mm256_set1_epi8(0x0f);
-            for i in 0..nb {
-                let mut da = [0.0f32; R];
-                for r in 0..R {
-                    da[r] = f32::from_le_bytes(av.d[r][i]);
-                }
-                for x in 0..RW {
-                    let b = &wb[x][i];
-                    let d = f16_to_f32(u16_at(b, 0));
-                    let dmin = f16_to_f32(u16_at(b, 2));
-                    let (sc, mn16) = k4_scales(b);
-                    let mut sumi = [_mm256_setzero_si256(); R];
-                    let mut qh = if $five {
-                        ld256(b, 16)
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    let qoff = if $five { 48 } else { 16 };
-                    for j in 0..4 {
-                        let q = ld256(b, qoff + 32 * j);
-                        let mut lo = _mm256_and_si256(q, m4);
-                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                        if $five {
-                            // Fifth bits 2j and 2j+1 of each qh byte (moved down by 2 per j).
-                            let b5 = _mm256_set1_epi8(0x10);
-                            let h_lo = _mm256_and_si256(_mm256_slli_epi16::<4>(qh), b5);
-                            let h_hi = _mm256_and_si256(_mm256_slli_epi16::<3>(qh), b5);
-                            lo = _mm256_or_si256(lo, h_lo);
-                            hi = _mm256_or_si256(hi, h_hi);
-                            qh = _mm256_srli_epi16::<2>(qh);
-                        }
-                        let sc_lo = _mm256_shuffle_epi8(sc, scale_shuffle(2 * j));
-                        let sc_hi = _mm256_shuffle_epi8(sc, scale_shuffle(2 * j + 1));
-                        for r in 0..R {
-                            let qa = &av.q[r][i];
-                            let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(qa, 64 * j)), sc_lo);
-                            let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(qa, 64 * j + 32)), sc_hi);
-                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
-                        }
-                    }
-                    for r in 0..R {
-                        acc[x][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * da[r]), _mm256_cvtepi32_ps(sumi[r]), acc[x][r]);
-                        let pm = k4_min_dot(&av.bsums[r][i], mn16);
-                        accm[x][r] = _mm_fmadd_ps(_mm_set1_ps(dmin * da[r]), _mm_cvtepi32_ps(pm), accm[x][r]);
-                    }
-                }
-            }
-            for x in 0..RW {
-                for r in 0..R {
-                    let m = _mm256_castps128_ps256(accm[x][r]);
-                    acc[x][r] = _mm256_sub_ps(acc[x][r], _mm256_permute2f128_ps::<0x80>(m, m));
-                }
-            }
-            finish(acc)
-        }
-    };
-}
-
-tile_k4!(tile_q5k, 176, true);
-
 // ---------------------------------------------------------------------------------------
 // Float weights against F32 activations.
 
@@ -1579,7 +1501,6 @@ matrix_fn!(mat_f16, mat_f16_impl, tile_f16, GgmlType::F16);
 matrix_fn!(mat_bf16, mat_bf16_impl, tile_bf16, GgmlType::BF16);
 matrix_fn!(mat_q5_0, mat_q5_0_impl, tile_q5_0, GgmlType::Q5_0);
 matrix_fn!(mat_q5_1, mat_q5_1_impl, tile_q5_1, GgmlType::Q5_1);
-matrix_fn!(mat_q5k, mat_q5k_impl, tile_q5k, GgmlType::Q5K);
 
 /// The VNNI builds of the 8-bit kernels (see the module comment).
 macro_rules! vnni_matrix_fn {
@@ -1604,7 +1525,7 @@ vnni_matrix_fn!(vnni_mat_q5_1, vnni_mat_q5_1_impl, vnni_tile_q5_1, GgmlType::Q5_
 /// streams from DRAM.
 /// Whether `KIND`'s tiles prefetch their own blocks (the K-quants, [`prefetch_block_ahead`]).
 const fn k_kind(kind: u8) -> bool {
-    kind == GK_Q4K || kind == GK_Q6K
+    kind == GK_Q4K || kind == GK_Q5K || kind == GK_Q6K
 }
 
 const fn pair_min_rows(kind: u8) -> usize {
@@ -1783,6 +1704,29 @@ group_matrix_fn!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     4,
     vnni_group_pair_tile_q6k
+);
+group_matrix_fn!(
+    groups_q5k,
+    groups_q5k_columns,
+    groups_q5k_impl,
+    group_tile_q4k,
+    GK_Q5K,
+    1408,
+    GgmlType::Q5K,
+    "avx2,fma,f16c",
+    4
+);
+group_matrix_fn!(
+    vnni_groups_q5k,
+    vnni_groups_q5k_columns,
+    vnni_groups_q5k_impl,
+    vnni_group_tile_q4k,
+    GK_Q5K,
+    1408,
+    GgmlType::Q5K,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    8,
+    vnni_group_pair_tile_q4k
 );
 group_matrix_fn!(
     vnni_groups_q4_0,

@@ -17,13 +17,13 @@ pub enum WeightLayout {
     File,
     /// Rows in groups of [`GROUP_ROWS`], the last group padded with zero rows. A group holds
     /// its rows' blocks side by side, each part of a block in file order: its f16 fields as
-    /// eight consecutive values (`d` of rows 0..8, then `m` for Q4_1, `dmin` for Q4_K), packed
+    /// eight consecutive values (`d` of rows 0..8, then `m` for Q4_1, `dmin` for Q4_K/Q5_K), packed
     /// scale bytes (Q4_K, Q6_K) byte by byte (byte `s` of rows 0..8, then byte `s + 1`), and the
     /// quants four bytes at a time, row after row (bytes `4j..4j + 4` of rows 0..8, then
     /// `4j + 4..4j + 8` of rows 0..8, ...), so that one 32-byte load holds the same four quant
     /// bytes of every row and a product lands in the lane of its row. The same bytes as the
     /// file's plus the padding rows. Read by the AVX2 and AVX-512 VNNI kernels of Q4_0, Q4_1,
-    /// Q8_0, Q4_K and Q6_K.
+    /// Q8_0, Q4_K, Q5_K and Q6_K.
     RowGroups8,
 }
 
@@ -61,6 +61,8 @@ fn group_fields(ty: GgmlType) -> Option<GroupFields> {
         GgmlType::Q8_0 => &[(2, 2), (32, 4)],
         // d and dmin, twelve bytes of packed 6-bit scales and mins, 128 bytes of nibbles.
         GgmlType::Q4K => &[(4, 2), (12, 1), (128, 4)],
+        // The same with 32 bytes of fifth bits before the nibbles.
+        GgmlType::Q5K => &[(4, 2), (12, 1), (32, 4), (128, 4)],
         // 128 bytes of low nibbles and 64 of high bit pairs, sixteen i8 scales, d.
         GgmlType::Q6K => &[(192, 4), (16, 1), (2, 2)],
         _ => return None,
@@ -190,6 +192,7 @@ mod tests {
             GgmlType::Q4_1,
             GgmlType::Q8_0,
             GgmlType::Q4K,
+            GgmlType::Q5K,
             GgmlType::Q6K,
         ] {
             let (rows, cols) = (13, 3 * ty.block_len());
@@ -215,8 +218,8 @@ mod tests {
 
     #[test]
     fn the_file_layout_is_the_file() {
-        let ty = GgmlType::Q5K;
-        let file: Vec<u8> = (0..3 * 176).map(|i| i as u8).collect();
+        let ty = GgmlType::Q5_0;
+        let file: Vec<u8> = (0..3 * 8 * 22).map(|i| i as u8).collect();
         let mut out = vec![0; file.len()];
         WeightLayout::File.pack(ty, 3, 256, &file, &mut out);
         assert_eq!(out, file);
