@@ -568,6 +568,7 @@ macro_rules! group_tile {
             let m4 = _mm256_set1_epi8(0x0f);
             let mut acc = [_mm256_setzero_ps(); R];
             for (b, blk) in blocks.iter().enumerate() {
+                prefetch_block_ahead(blocks, b);
                 let dw = _mm256_cvtph_ps(ld128(blk, 0));
                 let mut isum = [_mm256_setzero_si256(); R];
                 if KIND == GK_Q8_0 {
@@ -634,11 +635,11 @@ group_tile!(
 // totals go to f32 as `acc = fma(sumi, d * da, acc)` then `acc = fnmadd(summ, dmin * da, acc)`:
 // the same integers as the scalar kernel, in an order no tile height, build or batch changes.
 
-/// Prefetches (into L1) the block about 16 KiB after block `i` of `blocks`, one call a block:
-/// a K-quant row group spans 40-60 KiB for a long row, and prefetching a whole group at its
-/// start (as the 32-block kinds do) issued hundreds of prefetches at once, which halved what a
-/// one-row product drew from DRAM (quant_dot 1536x8960, bench/NOTES.md). Past the matrix's
-/// end the addresses are only hints.
+/// Prefetches (into L1) the block about 16 KiB after block `i` of `blocks`, one call a block,
+/// in every row-group tile: a group of a long row spans 40-100 KiB, and prefetching a whole
+/// group at its start issued hundreds of prefetches at once, which halved what a one-row
+/// product drew from DRAM (quant_dot 1536x8960, bench/NOTES.md). Past the matrix's end the
+/// addresses are only hints.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn prefetch_block_ahead<const N: usize>(blocks: &[[u8; N]], i: usize) {
@@ -1102,6 +1103,8 @@ fn vnni_group_pair_tile<const KIND: u8, const GB: usize, const R: usize>(
     let m4 = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
+        prefetch_block_ahead(b0, b);
+        prefetch_block_ahead(b1, b);
         let dw = ph_pair(&b0[b], &b1[b], 0);
         let mut isum = [_mm512_setzero_si512(); R];
         if KIND == GK_Q8_0 {
@@ -1523,11 +1526,6 @@ vnni_matrix_fn!(vnni_mat_q5_1, vnni_mat_q5_1_impl, vnni_tile_q5_1, GgmlType::Q5_
 /// one row 0.83-0.93x, Q8_0 at three 0.87x; from L2 1.13-1.27x faster) and won from two rows
 /// (Q4) or four (Q8_0) on (bench/NOTES.md), and one-row decode of a model larger than the L3
 /// streams from DRAM.
-/// Whether `KIND`'s tiles prefetch their own blocks (the K-quants, [`prefetch_block_ahead`]).
-const fn k_kind(kind: u8) -> bool {
-    kind == GK_Q4K || kind == GK_Q5K || kind == GK_Q6K
-}
-
 const fn pair_min_rows(kind: u8) -> usize {
     if kind == GK_Q8_0 {
         4
@@ -1550,7 +1548,6 @@ macro_rules! group_matrix_fn {
             let ab = act_row_bytes(act_format_for($ty), n);
             let arow = |j: usize| &acts[j * ab..(j + 1) * ab];
             let group = |g: usize| &w[g * gbytes..(g + 1) * gbytes];
-            let pf = Prefetch::for_this_cpu();
             let groups = rows.div_ceil(GROUP_ROWS);
             // Every activation row through `$tile_rows!(R, j)`: tiles of `$rmax` rows, then the
             // rest in one pass (a verification step of speculative decoding is 2-5 rows; AVX2's
@@ -1578,9 +1575,6 @@ macro_rules! group_matrix_fn {
             let mut g = 0;
             $(
                 while g + 1 < groups && m >= pair_min_rows($kind) {
-                    if !k_kind($kind) {
-                        prefetch_ahead(w, g * gbytes, (g + 2) * gbytes, pf);
-                    }
                     let r0 = g * GROUP_ROWS;
                     let valid = GROUP_ROWS.min(rows - r0 - GROUP_ROWS);
                     let (g0, g1) = (group(g), group(g + 1));
@@ -1595,9 +1589,6 @@ macro_rules! group_matrix_fn {
                 }
             )?
             while g < groups {
-                if !k_kind($kind) {
-                    prefetch_ahead(w, g * gbytes, (g + 1) * gbytes, pf);
-                }
                 let r0 = g * GROUP_ROWS;
                 let valid = GROUP_ROWS.min(rows - r0);
                 let gw = group(g);
