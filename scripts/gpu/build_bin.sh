@@ -33,5 +33,5 @@ for f in strata cuda-kernels-test cuda-test speculation-gpu-test; do
 done
 tar czf gpu-bin/tokenizers.tgz -C "$CACHE" tokenizers
 rm -f gpu-bin/model.part*
-split -n 2 "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" gpu-bin/model.part
+split -b 44M "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" gpu-bin/model.part
 ls -la gpu-bin

@@ -29,7 +29,9 @@ export LD_LIBRARY_PATH
 
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "${OUT:=/tmp/out}"
-for f in gpu-bin/*.gz; do [ -e "$f" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
+# Unpacks a .gz only when it is newer than its binary (gunzip gives the binary its mtime): a
+# script started beside another (seeds_32b.sh PREP=1) never rewrites a binary the other runs.
+for f in gpu-bin/*.gz; do [ "$f" -nt "${f%.gz}" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
 [ -d gpu-bin/tokenizers ] || [ ! -f gpu-bin/tokenizers.tgz ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin
 S=gpu-bin/strata
 # start_results NAME: the script's outputs go to /tmp/NAME_results ($OUT from here on), and `pack`

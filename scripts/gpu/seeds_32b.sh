@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Issue 30 point 6, one H200 as the seeds' 24 GiB card: a Qwen2.5-32B-shaped Q4_K_M with random
-# weights, written directly by `strata quantize --random-weights` (the template GGUF for its
-# tokenizer: the random Qwen2.5-7B converted by llama.cpp's convert_hf_to_gguf.py), served by
+# weights, written directly by `strata quantize --random-weights` (its template GGUF: the random
+# Qwen2.5-7B's tokenizer, written by llama.cpp's convert_hf_to_gguf.py --vocab-only), served by
 # `strata serve --gpu-memory-limit 24GiB` and by llama.cpp's `llama-server -np 20` with its context
 # sized to strata's KV tokens, each under `strata bench`: 20 users, 512-token prompts, 1024-token
-# answers, first all arriving together, then Poisson arrivals at 80 % of the request rate strata
-# sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in $OUT.
-# Carries gpu-bin/strata.gz, gpu-bin/tokenizers.tgz, gpu-bin/llama-src.tar.xz (the convert
-# scripts) and gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries with llama-server, from
-# `make gpu-bin-llama`: the two together about 41 MB with strata.gz and tokenizers.tgz).
+# answers, first all arriving together, then 20 more with Poisson arrivals at 80 % of the request
+# rate strata sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in
+# $OUT/results_seeds.tgz, packed again after every step.
+# PREP=1 only makes the file (about 5 minutes of CPU): start it in an earlier call of the same
+# machine as `PREP=1 setsid bash scripts/gpu/seeds_32b.sh &` and the run waits for it. Carries
+# gpu-bin/strata.gz, tokenizers.tgz and llama-src.tar.xz (the convert script) for the file, and
+# gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries, from `make gpu-bin-llama`) for the run.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -19,29 +21,45 @@ Q32=$CK/qwen2.5-32b-config
 M32=$GG/qwen32b-random-q4_k_m.gguf
 LIMIT=${LIMIT:-24GiB}
 mkdir -p $LL $GG
-[ -x $LL/build/bin/llama-server ] || cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
 [ -f $LL/convert_hf_to_gguf.py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL
-if [ ! -f $M32 ]; then
+# make_file: the 32B file, from the 7B checkpoint's tokenizer; $GG/prep.done holds its exit line.
+make_file() {
     [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
         --prompts-only 2>&1 | tail -1
-    [ -f $GG/qwen7b-q8_0.gguf ] || timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype q8_0 \
-        --outfile $GG/qwen7b-q8_0.gguf > /tmp/convert.log 2>&1 || tail -5 /tmp/convert.log
+    [ -f $GG/qwen7b-vocab.gguf ] || timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --vocab-only \
+        --outfile $GG/qwen7b-vocab.gguf > $GG/convert.log 2>&1 || tail -5 $GG/convert.log
     python3 scripts/gpu/hf_reference.py qwen2.5-32b $Q32 gpu-bin/tokenizers/qwen2.5 --config-only
-    /usr/bin/time -f "quantize: %e s, %M KiB" timeout 900 $S quantize $GG/qwen7b-q8_0.gguf $M32 --type Q4_K_M \
-        --random-weights $Q32/config.json --threads 16 > "$OUT/quantize_32b.log" 2>&1
-    tail -3 "$OUT/quantize_32b.log"
+    /usr/bin/time -f "quantize: %e s, %M KiB" timeout 900 $S quantize $GG/qwen7b-vocab.gguf $M32 --type Q4_K_M \
+        --random-weights $Q32/config.json --threads ${THREADS:-16} > $GG/quantize_32b.log 2>&1
+    echo "file exit $?" > $GG/prep.done
+}
+if [ -n "${PREP:-}" ]; then
+    echo $$ > $GG/prep.pid
+    [ -f $M32 ] || make_file
+    exit 0
 fi
+start_results seeds
+[ -x $LL/build/bin/llama-server ] || cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
+if [ ! -f $M32 ]; then
+    echo "waiting for the file from an earlier call"
+    while [ -f $GG/prep.pid ] && kill -0 "$(cat $GG/prep.pid)" 2>/dev/null; do sleep 5; done
+    [ -f $M32 ] || make_file
+fi
+cat $GG/prep.done 2>/dev/null
+cp $GG/*.log "$OUT/" 2>/dev/null
+tail -3 $GG/quantize_32b.log
 ls -la $M32
 
 # strata bench against PORT: the closed run (20 at once) or the Poisson run at RATE.
 bench() {
     local port=$1 name=$2 rate=${3:-}
     local load=(--concurrency 20 --num-requests 20)
-    [ -n "$rate" ] && load=(--concurrency 20 --num-requests 40 --request-rate "$rate")
+    [ -n "$rate" ] && load=(--concurrency 20 --num-requests 20 --request-rate "$rate")
     timeout 400 $S bench --base-url http://127.0.0.1:$port --endpoint completions "${load[@]}" --warmup 2 \
         --input-len 512 --output-len 1024 --ignore-eos --output "$OUT/bench_$name.json" > "$OUT/bench_$name.txt" 2>&1
     echo "-- $name, exit $?"
     grep -E "TTFT|TPOT|output tok|throughput|error" "$OUT/bench_$name.txt" | head -8
+    pack
 }
 
 echo "== strata serve, --gpu-memory-limit $LIMIT"
@@ -72,4 +90,4 @@ else
     echo "llama-server did not come up"; tail -20 "$OUT/llama_server.log"
 fi
 kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
-(cd "$OUT" && tar czf /tmp/results_seeds.tgz . && find . -maxdepth 1 -type f -delete && mv /tmp/results_seeds.tgz .)
+pack

@@ -1,8 +1,9 @@
 #!/bin/bash
 # On the GPU machine (no network): rebuilds the default model from parts carried in gpu-bin/
 # over several calls (the working tree that travels is capped at 64 MiB), checked by sha256.
-# Made here by `split -n 2 MODEL gpu-bin/model.part`: two parts of 47 MiB, each of which
-# travels beside a binary or two; the second call must come within the machine's idle release.
+# Made here by `split -b 44M MODEL gpu-bin/model.part` (build_bin.sh): a first call carries
+# model.partaa beside strata.gz, the tokenizers and a test binary, the next one (within the
+# machine's idle release) model.partab and model.partac beside another binary.
 set -u
 CACHE=${STRATA_CACHE:-$HOME/.cache/strata}
 mkdir -p "$CACHE/models" "$CACHE/parts"
