@@ -7,8 +7,9 @@
 # answers, first all arriving together, then 20 more with Poisson arrivals at 80 % of the request
 # rate strata sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in
 # $OUT/results_seeds.tgz, packed again after every step.
-# PREP=1 only makes the file (about 5 minutes of CPU): start it in an earlier call of the same
-# machine as `PREP=1 setsid bash scripts/gpu/seeds_32b.sh &` and the run waits for it. Carries
+# PREP=1 only makes the file (about 5 minutes of CPU): start it at the end of an earlier call of
+# the same machine as `PREP=1 setsid bash scripts/gpu/seeds_32b.sh > LOG 2>&1 < /dev/null &`
+# (fp8.sh makes the 7B checkpoint it reads) and the run waits for it. Carries
 # gpu-bin/strata.gz, tokenizers.tgz and llama-src.tar.xz (the convert script) for the file, and
 # gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries, from `make gpu-bin-llama`) for the run.
 set -u

@@ -8,7 +8,7 @@
 # Then prompt lookup at 2-64 users with the batch-size rule off, to measure the rule's threshold on
 # the GPU. With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Carries gpu-bin/strata.gz,
 # speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks (stage_model.sh: a
-# first call carries strata.gz, tokenizers.tgz and model.partaa, this one the rest). Outputs in
+# first call carries strata.gz, tokenizers.tgz and model.gz.partaa, this one the rest). Outputs in
 # $OUT/results_spec.tgz, packed again after every step.
 set -u
 OUT=${OUT:-/tmp/out}
