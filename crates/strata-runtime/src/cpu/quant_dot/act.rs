@@ -107,6 +107,14 @@ pub(super) fn write_bsums(q: &[u8], out: &mut [u8]) {
     }
 }
 
+/// The sum of the activation quants of 32-value sub-block `j` of a 256-block, from the sums
+/// [`write_bsums`] wrote (two of its 16-quant sums).
+#[inline]
+pub(super) fn bsum32(bsums: &[u8], j: usize) -> i32 {
+    let at = |o: usize| i32::from(i16::from_le_bytes([bsums[o], bsums[o + 1]]));
+    at(4 * j) + at(4 * j + 2)
+}
+
 /// Writes a Q8_1 block's metadata: `d`, `s = d * sum` and `sum`.
 pub(super) fn write_q8_1_meta(d: f32, sum: i32, out: &mut [u8]) {
     out[..4].copy_from_slice(&d.to_le_bytes());

@@ -28,7 +28,7 @@
 
 use std::arch::x86_64::*;
 
-use super::act::{scales, write_bsums, write_q8_1_meta};
+use super::act::{bsum32, scales, write_bsums, write_q8_1_meta};
 use super::{act_format_for, act_row_bytes, weight_row_bytes, ActFormat, MatrixFn, GROUP_ROWS, Q8_1_META_BYTES};
 use strata_formats::quant::QK_K;
 use strata_formats::GgmlType;
@@ -145,12 +145,6 @@ fn ld64<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     assert!(off + 8 <= N);
     // SAFETY: the assertion keeps the unaligned 8-byte read inside `b`.
     unsafe { _mm_loadl_epi64(b.as_ptr().add(off).cast()) }
-}
-
-/// Little-endian `u16` at `off`.
-#[inline]
-fn u16_at<const N: usize>(b: &[u8; N], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
 }
 
 /// Little-endian `u32` at `off`.
@@ -780,8 +774,8 @@ macro_rules! group_tile_q4k {
                     let bs = &av.bsums[r][i];
                     let mut summ = _mm256_setzero_si256();
                     for j in 0..8 {
-                        let xs = i32::from(u16_at(bs, 4 * j) as i16) + i32::from(u16_at(bs, 4 * j + 2) as i16);
-                        summ = _mm256_add_epi32(summ, _mm256_mullo_epi32(mn[j], _mm256_set1_epi32(xs)));
+                        let xs = _mm256_set1_epi32(bsum32(bs, j));
+                        summ = _mm256_add_epi32(summ, _mm256_mullo_epi32(mn[j], xs));
                     }
                     let da = _mm256_set1_ps(f32::from_le_bytes(av.d[r][i]));
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, da), acc[r]);
@@ -857,11 +851,8 @@ fn vnni_group_pair_tile_q4k<const KIND: u8, const GB: usize, const R: usize>(
             let bs = &av.bsums[r][i];
             let mut summ = _mm512_setzero_si512();
             for j in 0..8 {
-                let xs = i32::from(u16_at(bs, 4 * j) as i16) + i32::from(u16_at(bs, 4 * j + 2) as i16);
-                summ = _mm512_add_epi32(
-                    summ,
-                    _mm512_mullo_epi32(lanes_pair(mn0[j], mn1[j]), _mm512_set1_epi32(xs)),
-                );
+                let xs = _mm512_set1_epi32(bsum32(bs, j));
+                summ = _mm512_add_epi32(summ, _mm512_mullo_epi32(lanes_pair(mn0[j], mn1[j]), xs));
             }
             let da = _mm512_set1_ps(f32::from_le_bytes(av.d[r][i]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r]), _mm512_mul_ps(d, da), acc[r]);

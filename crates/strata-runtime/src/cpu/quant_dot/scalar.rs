@@ -1,6 +1,7 @@
 //! Portable scalar dot-product kernels, one per weight type: the reference the SIMD paths match.
 //! Exact integer sums per block, scaled and summed in f32; written to auto-vectorize passably.
 
+use super::act::bsum32;
 use super::{act_format_for, act_row_bytes, weight_row_bytes, MatrixFn, Q8_1_META_BYTES};
 use half::bf16;
 use strata_formats::quant::QK_K;
@@ -275,7 +276,7 @@ fn k4_block(q: &[i8; QK_K], wb: &[u8], ab: &Q8KBlock) -> f32 {
     for j in 0..8 {
         let wq: [i8; 32] = arr(q, 32 * j);
         sumi += i32::from(sc[j]) * idot(&wq, &arr(ab.q, 32 * j));
-        summ += i32::from(mn[j]) * (i16_at(ab.bsums, 4 * j) + i16_at(ab.bsums, 4 * j + 2));
+        summ += i32::from(mn[j]) * bsum32(ab.bsums, j);
     }
     f16_at(wb, 0) * ab.d * sumi as f32 - f16_at(wb, 2) * ab.d * summ as f32
 }
