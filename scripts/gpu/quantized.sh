@@ -18,6 +18,9 @@
 #     the CPU backend; CUDA_TESTS names the tests, default all), the SmolLM2 and quantized-file tests
 #     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways.
+#   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
+#     time of each kernel), beside bf16's: the file written by `strata quantize --random-weights`
+#     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -126,7 +129,27 @@ test)
         grep -E "^test |FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests_fp8_mma${cap:+_sm80}.log"
     done
     ;;
-*) echo "usage: quantized.sh decode|test"; exit 2 ;;
+profile)
+    F=$GG/qwen7b-random-q4_k_m.gguf
+    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
+        --prompts-only 2>&1 | grep -v -i warn | tail -2
+    if [ ! -f $GG/qwen7b-vocab.gguf ]; then
+        mkdir -p $LL && { [ -f $LL/convert_hf_to_gguf.py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL; }
+        python3 $LL/convert_hf_to_gguf.py $Q7 --vocab-only --outfile $GG/qwen7b-vocab.gguf > /tmp/convert.log 2>&1 ||
+            tail -5 /tmp/convert.log
+    fi
+    [ -f $F ] || timeout 300 $S quantize $GG/qwen7b-vocab.gguf $F --type Q4_K_M --random-weights $Q7/config.json \
+        2>&1 | tail -1
+    for m in $F $Q7; do
+        name=$([ $m = $F ] && echo q4_k_m || echo bf16)
+        echo "== where a 256-user decode step goes, $name"
+        STRATA_GPU_PROFILE=1 timeout 200 $S bench-gpu --model $m --enforce-eager --levels 256 --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 32 --decode-tokens 32 --out "$OUT/profile_${name}_256.json" \
+            > "$OUT/profile_${name}_256.log" 2>&1
+        grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
+    done
+    ;;
+*) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;
 esac
 # At most 8 files come back from $OUT: the figures and logs in one archive.
 (cd "$OUT" && tar czf "/tmp/results_$1.tgz" --exclude='llama-bin*' . && find . -maxdepth 1 -type f \
