@@ -19,7 +19,8 @@
 #     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
-#     time of each kernel), beside bf16's: the file written by `strata quantize --random-weights`
+#     time of each kernel), beside bf16's, and 16-64 users with and without GEMV passes over the
+#     blocks (STRATA_QUANT_GEMV_MAX_TOKENS); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -122,6 +123,10 @@ test)
     STRATA_GPU_CAPABILITY=8.0 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 smollm2 quantized \
         > "$OUT/cuda_tests_sm80.log" 2>&1
     grep -E "^test |vs CPU|FP8 weights vs|panicked|result|skipped" "$OUT/cuda_tests_sm80.log"
+    echo "== quantized files with every product of up to 1024 tokens as GEMV passes (STRATA_QUANT_GEMV_MAX_TOKENS)"
+    STRATA_QUANT_GEMV_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
+        > "$OUT/cuda_tests_gemv_passes.log" 2>&1
+    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_gemv_passes.log"
     echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
     for cap in "" 8.0; do
         env ${cap:+STRATA_GPU_CAPABILITY=$cap} STRATA_FP8_GEMV=mma timeout 150 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 \
@@ -147,6 +152,14 @@ profile)
             --prompt-tokens 512 --output-tokens 32 --decode-tokens 32 --out "$OUT/profile_${name}_256.json" \
             > "$OUT/profile_${name}_256.log" 2>&1
         grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
+    done
+    echo "== 16-64 users: dequantized for cuBLASLt, then GEMV passes of 8 tokens (STRATA_QUANT_GEMV_MAX_TOKENS)"
+    for passes in 0 64; do
+        STRATA_QUANT_GEMV_MAX_TOKENS=$passes timeout 200 $S bench-gpu --model $F --levels 16,32,64 --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_passes$passes.json" \
+            > "$OUT/bench_q4_k_m_passes$passes.log" 2>&1
+        echo "-- STRATA_QUANT_GEMV_MAX_TOKENS=$passes, exit $?"
+        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_passes$passes.log" | cut -c1-200
     done
     ;;
 *) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;

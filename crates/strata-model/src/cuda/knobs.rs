@@ -15,6 +15,10 @@ pub struct GpuKnobs {
     pub overlap: bool,
     /// `STRATA_GEMV_MAX_TOKENS=N`: products of at most N tokens run as GEMVs (0: none).
     pub gemv_max_tokens: usize,
+    /// `STRATA_QUANT_GEMV_MAX_TOKENS=N`: products of quantized matrices of up to N tokens run as
+    /// GEMVs 8 tokens a pass instead of dequantizing the matrix for cuBLASLt (0: off, the
+    /// default until measured; bench/NOTES.md, v24).
+    pub quant_gemv_max_tokens: usize,
     /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
     pub fuse_rope: bool,
     /// `STRATA_FUSE_NORM=0`: the norms as kernels between the GEMVs, not carried by them.
@@ -51,6 +55,7 @@ impl GpuKnobs {
         GpuKnobs {
             overlap: !off("STRATA_OVERLAP"),
             gemv_max_tokens: number("STRATA_GEMV_MAX_TOKENS").unwrap_or(DEFAULT_GEMV_MAX_TOKENS),
+            quant_gemv_max_tokens: number("STRATA_QUANT_GEMV_MAX_TOKENS").unwrap_or(0),
             fuse_rope: !off("STRATA_FUSE_ROPE"),
             fuse_norm: !off("STRATA_FUSE_NORM"),
             simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
@@ -87,6 +92,7 @@ mod tests {
             GpuKnobs {
                 overlap: true,
                 gemv_max_tokens: 8,
+                quant_gemv_max_tokens: 0,
                 fuse_rope: true,
                 fuse_norm: true,
                 simt_attention: false,
@@ -101,6 +107,7 @@ mod tests {
         let all = knobs(&[
             ("STRATA_OVERLAP", "0"),
             ("STRATA_GEMV_MAX_TOKENS", "0"),
+            ("STRATA_QUANT_GEMV_MAX_TOKENS", "64"),
             ("STRATA_FUSE_ROPE", "0"),
             ("STRATA_FUSE_NORM", "0"),
             ("STRATA_ATTENTION", "simt"),
@@ -116,6 +123,7 @@ mod tests {
             GpuKnobs {
                 overlap: false,
                 gemv_max_tokens: 0,
+                quant_gemv_max_tokens: 64,
                 fuse_rope: false,
                 fuse_norm: false,
                 simt_attention: true,

@@ -654,11 +654,12 @@ impl GpuTransformer {
 }
 
 impl GpuTransformer {
-    /// [`Self::matmul`] of a quantized matrix: quant.cu's GEMVs over its segments for a few
-    /// tokens (and, under `--deterministic`, for a matrix larger than the scratch, a few tokens at
-    /// a time: a row's result then never depends on the batch); otherwise the matrix
-    /// dequantized into the scratch, slab by slab when it is larger (an LM head), and dense
-    /// products of it.
+    /// [`Self::matmul`] of a quantized matrix: quant.cu's GEMVs over its segments, a few tokens
+    /// at a time, for a step on the GEMV path, for steps of up to `STRATA_QUANT_GEMV_MAX_TOKENS`
+    /// (a pass over the matrix per 8 tokens can cost less than dequantizing it), and under
+    /// `--deterministic` for a matrix larger than the scratch (a row's result then never
+    /// depends on the batch); otherwise the matrix dequantized into the scratch, slab by slab
+    /// when it is larger (an LM head), and dense products of it.
     #[allow(clippy::too_many_arguments)]
     fn quantized_matmul(
         &mut self,
@@ -670,7 +671,9 @@ impl GpuTransformer {
         path: &StepPath,
         norm_in: u64,
     ) -> Result<(), CudaError> {
-        let gemv = !self.deterministic && path.gemv_for(k);
+        let passes =
+            self.weights.dtype == ComputeDtype::Bf16 && k.is_multiple_of(8) && t <= self.knobs.quant_gemv_max_tokens;
+        let gemv = !self.deterministic && (path.gemv_for(k) || passes);
         let larger = n * k > self.weights.dequant_elems;
         if gemv || (larger && self.deterministic) {
             let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
