@@ -9,7 +9,8 @@
 # $OUT/results_seeds.tgz, packed again after every step.
 # PREP=1 only makes the file (about 5 minutes of CPU): start it at the end of an earlier call of
 # the same machine as `PREP=1 setsid bash scripts/gpu/seeds_32b.sh > LOG 2>&1 < /dev/null &`
-# (fp8.sh makes the 7B checkpoint it reads) and the run waits for it. Carries
+# (fp8.sh makes the 7B checkpoint it reads) and the run waits for it. PASSES=N adds strata's
+# closed run with STRATA_QUANT_GEMV_MAX_TOKENS=N (bench/NOTES.md, v24). Carries
 # gpu-bin/strata.gz, tokenizers.tgz and llama-src.tar.xz (the convert script) for the file, and
 # gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries, from `make gpu-bin-llama`) for the run.
 set -u
@@ -92,3 +93,12 @@ else
 fi
 kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
 pack
+# PASSES=N: strata's closed run again with quantized steps of up to N tokens as GEMV passes.
+if [ -n "${PASSES:-}" ]; then
+    echo "== strata serve, STRATA_QUANT_GEMV_MAX_TOKENS=$PASSES"
+    STRATA_QUANT_GEMV_MAX_TOKENS=$PASSES $S serve --model $M32 --port 8052 --gpu-memory-limit $LIMIT \
+        --max-model-len 2048 --max-num-seqs 20 > "$OUT/strata_serve_passes.log" 2>&1 &
+    pid=$!
+    wait_up 8052 && bench 8052 strata_closed_passes$PASSES
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+fi
