@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the GPU scripts carry into gpu-bin/ (gitignored; the device machine has no Rust
 # toolchain): the strata binary and the CUDA test binaries (release, stripped, gzipped), the real
-# tokenizers as tokenizers.tgz, and the default model gzipped in 38 MiB parts (model.gz.part*)
+# tokenizers as tokenizers-FAMILY.tgz, and the default model gzipped in 40 MiB parts (model.gz.part*)
 # for stage_model.sh, since a call carries at most 64 MiB. `make gpu-bin`; then see each script's
 # header for what its call carries.
 set -eu
@@ -31,7 +31,8 @@ done
 for f in strata cuda-kernels-test cuda-test speculation-gpu-test; do
     gzip -9f "gpu-bin/$f"
 done
-tar czf gpu-bin/tokenizers.tgz -C "$CACHE" tokenizers
+rm -f gpu-bin/tokenizers.tgz
+for fam in qwen2.5 llama3; do tar czf "gpu-bin/tokenizers-$fam.tgz" -C "$CACHE" "tokenizers/$fam"; done
 rm -f gpu-bin/model.part* gpu-bin/model.gz.part*
-gzip -9 -c "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" | split -b 38M - gpu-bin/model.gz.part
+gzip -9 -c "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" | split -b 40M - gpu-bin/model.gz.part
 ls -la gpu-bin

@@ -6,7 +6,7 @@
 # graph steps and every other model test) and bench-gpu on SmolLM2 with half the requests
 # constrained; `bench` does the same bench on the Qwen2.5-7B (a 152k vocabulary: the largest
 # masks). Outputs in $OUT.
-# Carries gpu-bin/ (model.part*, strata.gz, cuda-test.gz, cuda-kernels-test.gz, tokenizers.tgz).
+# Carries gpu-bin/ (model.part*, strata.gz, cuda-test.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"

@@ -6,7 +6,7 @@
 # sm_80/86 forced on; cuBLASLt's f32 promotion; cuBLASLt's outer-vector scales), and the eager
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
-# gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers.tgz (QUICK=1: kernel tests and the FP8
+# gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
 # single stream of each GEMV only). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u

@@ -2,7 +2,7 @@
 # One H200, issue 28's GPU checks (outputs in $OUT): a random-weight Qwen2.5-7B with transformers'
 # reference; the CUDA tests on it (the hardened GGUF/safetensors loaders on a real-size checkpoint);
 # `strata bench-gpu` on it, whose prompts once held ids past Qwen's tokenizer (defect 9).
-# Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers.tgz); no Rust toolchain, no network.
+# Carries gpu-bin/ (strata.gz, cuda-test.gz, tokenizers-qwen2.5.tgz); no Rust toolchain, no network.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"

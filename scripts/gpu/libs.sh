@@ -32,7 +32,11 @@ mkdir -p "${OUT:=/tmp/out}"
 # Unpacks a .gz only when it is newer than its binary (gunzip gives the binary its mtime): a
 # script started beside another (seeds_32b.sh PREP=1) never rewrites a binary the other runs.
 for f in gpu-bin/*.gz; do [ "$f" -nt "${f%.gz}" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
-[ -d gpu-bin/tokenizers ] || [ ! -f gpu-bin/tokenizers.tgz ] || tar xzf gpu-bin/tokenizers.tgz -C gpu-bin
+# The real tokenizers, one archive a family (gpu-bin/tokenizers-qwen2.5.tgz, tokenizers-llama3.tgz).
+for f in gpu-bin/tokenizers-*.tgz; do
+    fam=${f#gpu-bin/tokenizers-}
+    [ -d "gpu-bin/tokenizers/${fam%.tgz}" ] || tar xzf "$f" -C gpu-bin
+done
 S=gpu-bin/strata
 # start_results NAME: the script's outputs go to /tmp/NAME_results ($OUT from here on), and `pack`
 # (after every step) archives them as $FINAL_OUT/results_NAME.tgz: a call cut off by its limit

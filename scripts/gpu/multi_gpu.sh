@@ -9,7 +9,7 @@
 #            (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
 #   seeds    Qwen2.5-32B-shaped random weights served under the auto plan; strata bench, 20 users, 512 in / 1024 out:
 #            all 20 arriving at once (closed loop), and arriving as a Poisson stream capped at 20 in flight
-# Carries gpu-bin/ (strata.gz, multi-gpu-test.gz, tokenizers.tgz); no Rust toolchain, no network.
+# Carries gpu-bin/ (strata.gz, multi-gpu-test.gz, tokenizers-llama3.tgz, tokenizers-qwen2.5.tgz); no Rust toolchain, no network.
 # multi-gpu-test.gz is strata-parallel's multi_gpu test binary (`cargo test --release -p strata-parallel
 # --features cuda --test multi_gpu --no-run`), executable and gzipped.
 set -u

@@ -6,7 +6,7 @@
 #   libs.sh's smollm2_reference);
 #   strata bench-gpu on Llama-3-8B as built, then once per AB variant, side by side in this run;
 #   the eager per-kernel profile at each of PROFILE_LEVELS (default "1 256") streams.
-# Carries gpu-bin/ (strata.gz, cuda-test.gz, cuda-kernels-test.gz, tokenizers.tgz); no Rust
+# Carries gpu-bin/ (strata.gz, cuda-test.gz, cuda-kernels-test.gz, tokenizers-*.tgz); no Rust
 # toolchain, no network.
 # SKIP_QWEN=1 leaves out the Qwen2.5-7B checkpoint; SKIP_TESTS=1 the tests (and the references they
 # need; TEST_TIMEOUT their limit in seconds, default 300); SKIP_BENCH=1 stops after the tests;

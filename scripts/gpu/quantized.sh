@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 30's GPU runs: quantized GGUF weights on one H200 beside llama.cpp CUDA, in calls made
 # back to back (the machine keeps its disk between calls within its idle limit). Outputs in $OUT.
-#   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers.tgz, the default
+#   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz, the default
 #     model's first part, and llama-src.tar.xz: the pinned llama-cpp-python sdist's vendor/llama.cpp
 #     without docs, models, tests and other backends, or llama-bin.tar.xz.part* from an earlier
 #     call or `make gpu-bin-llama`). Builds llama-bench, llama-quantize and llama-server with CUDA for sm_90 in the

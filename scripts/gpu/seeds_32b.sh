@@ -7,11 +7,12 @@
 # answers, first all arriving together, then 20 more with Poisson arrivals at 80 % of the request
 # rate strata sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in
 # $OUT/results_seeds.tgz, packed again after every step.
-# PREP=1 only makes the file (about 5 minutes of CPU): start it at the end of an earlier call of
-# the same machine as `PREP=1 setsid bash scripts/gpu/seeds_32b.sh > LOG 2>&1 < /dev/null &`
-# (fp8.sh makes the 7B checkpoint it reads) and the run waits for it. PASSES=N adds strata's
+# PREP=1 only makes the file (about 5 minutes of CPU): start it in an earlier call of the same
+# machine, beside fp8.sh (which makes the 7B checkpoint it reads; it waits for that), as
+# `PREP=1 setsid bash scripts/gpu/seeds_32b.sh > LOG 2>&1 < /dev/null &` after the binaries
+# are unpacked, and the run waits for it. PASSES=N adds strata's
 # closed run with STRATA_QUANT_GEMV_MAX_TOKENS=N (bench/NOTES.md, v24). Carries
-# gpu-bin/strata.gz, tokenizers.tgz and llama-src.tar.xz (the convert script) for the file, and
+# gpu-bin/strata.gz, tokenizers-qwen2.5.tgz and llama-src.tar.xz (the convert script) for the file, and
 # gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries, from `make gpu-bin-llama`) for the run.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -37,6 +38,11 @@ make_file() {
 }
 if [ -n "${PREP:-}" ]; then
     echo $$ > $GG/prep.pid
+    # Started beside fp8.sh: let it make the 7B checkpoint (up to 5 minutes).
+    for _ in $(seq 60); do
+        [ -f $Q7/config.json ] && ! pgrep -f hf_reference.py >/dev/null && break
+        sleep 5
+    done
     [ -f $M32 ] || make_file
     exit 0
 fi

@@ -5,7 +5,7 @@
 # (temperature 1), then 256 users with temperature 0.7 and top_p 0.9, and greedy: TTFT percentiles,
 # throughput and errors, JSON and text in $OUT. Each run is warmed up with as many requests as it
 # has users and has prompts of its own seed (the same prompts would be found in the prefix cache).
-# Carries gpu-bin/strata.gz and gpu-bin/tokenizers.tgz.
+# Carries gpu-bin/strata.gz and gpu-bin/tokenizers-llama3.tgz.
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"

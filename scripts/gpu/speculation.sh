@@ -5,10 +5,10 @@
 # bench/speculation_tasks.json with speculation on and off interleaved, then 64 users): prompt
 # lookup (--speculative-ngram 3:1:4) on the Q4_1 file, and a draft model: the Q4_1 file drafting
 # for a bf16 copy of the same weights (--quantization none), the only real-weight pair here.
-# Then prompt lookup at 2-64 users with the batch-size rule off, to measure the rule's threshold on
-# the GPU. With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Carries gpu-bin/strata.gz,
+# With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Last, prompt lookup at 2-64
+# users with the batch-size rule off, to measure the rule's threshold on the GPU. Carries gpu-bin/strata.gz,
 # speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks (stage_model.sh: a
-# first call carries strata.gz, tokenizers.tgz and model.gz.partaa, this one the rest). Outputs in
+# first call carries strata.gz, tokenizers-qwen2.5.tgz and model.gz.partaa, this one the rest). Outputs in
 # $OUT/results_spec.tgz, packed again after every step.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -45,10 +45,10 @@ echo "== prompt lookup, Q4_1 on the GPU"
 serve_and_measure ngram 8061 3 64 --speculative-ngram 3:1:4
 echo "== draft model: the Q4_1 file drafting for its bf16 copy"
 serve_and_measure draft 8062 3 64 --quantization none --speculative-model "$MODEL" --num-speculative-tokens 4
-echo "== prompt lookup at 2-64 users with the batch-size rule off: where drafting stops paying on the GPU"
-serve_and_measure ngram_rule_off 8063 0 2,4,16,64 --speculative-ngram 3:1:4 --speculative-disable-by-batch-size 1024
 if [ -n "${TESTS:-}" ]; then
     mkdir -p "$OUT/quantized"
     OUT=$OUT/quantized bash scripts/gpu/quantized.sh test
     pack
 fi
+echo "== prompt lookup at 2-64 users with the batch-size rule off: where drafting stops paying on the GPU"
+serve_and_measure ngram_rule_off 8063 0 2,4,16,64 --speculative-ngram 3:1:4 --speculative-disable-by-batch-size 1024

@@ -1,9 +1,10 @@
 #!/bin/bash
 # On the GPU machine (no network): rebuilds the default model from parts carried in gpu-bin/
 # over several calls (the working tree that travels is capped at 64 MiB), checked by sha256.
-# Made here by build_bin.sh as gzip -9 of the model split into 38 MiB parts (gpu-bin/model.gz.part*,
-# 92.7 MB in all): a first call carries model.gz.partaa beside strata.gz, the tokenizers and
-# llama.cpp's sources, the next one (within the machine's idle release) the rest beside a binary.
+# Made here by build_bin.sh as gzip -9 of the model split into 40 MiB parts (gpu-bin/model.gz.part*,
+# 92.7 MB in all): a first call carries model.gz.partaa beside strata.gz, tokenizers-qwen2.5.tgz
+# and llama.cpp's sources, the next one (within the machine's idle release) the rest beside the
+# speculation and CUDA test binaries.
 set -u
 CACHE=${STRATA_CACHE:-$HOME/.cache/strata}
 mkdir -p "$CACHE/models" "$CACHE/parts"
