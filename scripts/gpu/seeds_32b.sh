@@ -70,34 +70,31 @@ bench() {
     pack
 }
 
+# Both servers stay loaded side by side (strata sized as a 24 GiB card, llama.cpp beside it on the
+# rest), each measured while the other idles: the closed runs first, then the Poisson runs.
 echo "== strata serve, --gpu-memory-limit $LIMIT"
 $S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048 --max-num-seqs 20 \
     > "$OUT/strata_serve.log" 2>&1 &
 pid=$!
-if wait_up 8050; then
-    grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
-    bench 8050 strata_closed
-    rate=$(python3 -c "import json; r=json.load(open('$OUT/bench_strata_closed.json'))['runs'][0]; print(round(0.8*r['request_throughput'], 4))")
-    echo "Poisson rate: $rate requests/s"
-    bench 8050 strata_poisson "$rate"
-else
-    echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"
-fi
+up=
+wait_up 8050 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
+[ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; }
 # strata's KV tokens, for llama.cpp's context: the same KV budget.
 kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
-kill $pid 2>/dev/null; wait $pid 2>/dev/null
-
 echo "== llama-server -np 20 -c ${kv:-30720}"
 $LL/build/bin/llama-server -m $M32 -ngl 99 -np 20 -c "${kv:-30720}" --port 8051 -fa on \
     > "$OUT/llama_server.log" 2>&1 &
 lpid=$!
-if wait_up 8051; then
-    bench 8051 llama_closed
-    [ -n "${rate:-}" ] && bench 8051 llama_poisson "$rate"
-else
-    echo "llama-server did not come up"; tail -20 "$OUT/llama_server.log"
-fi
-kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
+lup=
+wait_up 8051 && lup=1
+[ -n "$lup" ] || { echo "llama-server did not come up"; tail -20 "$OUT/llama_server.log"; }
+[ -n "$up" ] && bench 8050 strata_closed
+[ -n "$lup" ] && bench 8051 llama_closed
+rate=$(python3 -c "import json; r=json.load(open('$OUT/bench_strata_closed.json'))['runs'][0]; print(round(0.8*r['request_throughput'], 4))" 2>/dev/null)
+echo "Poisson rate: ${rate:-none} requests/s"
+[ -n "$up" ] && [ -n "$rate" ] && bench 8050 strata_poisson "$rate"
+[ -n "$lup" ] && [ -n "$rate" ] && bench 8051 llama_poisson "$rate"
+kill $pid $lpid 2>/dev/null; wait $pid $lpid 2>/dev/null
 pack
 # PASSES=N: strata's closed run again with quantized steps of up to N tokens as GEMV passes.
 if [ -n "${PASSES:-}" ]; then
