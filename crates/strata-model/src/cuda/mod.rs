@@ -111,6 +111,8 @@ pub struct ProbedShard {
     budget: usize,
     /// Weights, activations and workspaces.
     used: usize,
+    /// The part of `used` that is not strata's own buffers.
+    foreign: usize,
 }
 
 impl ProbedShard {
@@ -135,6 +137,7 @@ impl ProbedShard {
         let c = transformer.config.clone();
         let local = shard.local_config(&c);
         let (free0, total) = gpu.memory().map_err(cuda)?;
+        let own0 = gpu.allocated_bytes();
         let card = opts.gpu_memory_limit.map_or(total, |limit| limit.min(total));
         let budget = (card as f64 * util) as usize;
         let weights = weights::GpuWeights::upload(
@@ -191,6 +194,20 @@ impl ProbedShard {
         model.gpu.sync().map_err(cuda)?;
         let (free1, _) = model.gpu.memory().map_err(cuda)?;
         let used = (free0 - free1).saturating_sub(probe_kv_bytes);
+        // What the fall in free memory holds beyond strata's own buffers: the CUDA libraries'
+        // workspaces and kernels (well under a GiB), or another process loading on this GPU.
+        let own = model.gpu.allocated_bytes().saturating_sub(own0 + probe_kv_bytes);
+        let foreign = used.saturating_sub(own);
+        if foreign > FOREIGN_WARN_BYTES {
+            tracing::warn!(
+                "{} (GPU {}): free memory fell by {:.1} GiB while loading, {:.1} GiB of it strata's own buffers; \
+                 is another process using this GPU (nvidia-smi)? The KV cache is sized as if all of it stays taken",
+                model.gpu.info.name,
+                model.gpu.info.ordinal,
+                used as f64 / GIB,
+                own as f64 / GIB
+            );
+        }
         let per_block = kv_cache::bytes_per_token(&local, opts.kv_cache_dtype, opts.dtype) * opts.block_size;
         // Headroom for CUDA graphs and allocator slack.
         let reserve = 256 << 20;
@@ -205,6 +222,7 @@ impl ProbedShard {
             blocks: avail / per_block.max(1),
             budget,
             used,
+            foreign,
         })
     }
 
@@ -215,8 +233,15 @@ impl ProbedShard {
             return Ok(());
         }
         let weight_bytes = self.model.weights.matrix_bytes as usize;
+        let foreign = match self.foreign > FOREIGN_WARN_BYTES {
+            true => format!(
+                " ({:.1} GiB of it not strata's buffers: another process on this GPU?)",
+                self.foreign as f64 / GIB
+            ),
+            false => String::new(),
+        };
         Err(ModelError::Device(format!(
-            "not enough GPU memory for the KV cache on {}: {:.1} GiB allowed (--gpu-memory-utilization {}), weights {:.1} GiB, activations at --max-num-batched-tokens {} {:.1} GiB, leaving room for {} tokens but one --max-model-len {} sequence needs {}; lower --max-model-len or --max-num-batched-tokens, use --kv-cache-dtype fp8, spread the model over more GPUs, or raise --gpu-memory-utilization",
+            "not enough GPU memory for the KV cache on {}: {:.1} GiB allowed (--gpu-memory-utilization {}), weights {:.1} GiB, activations at --max-num-batched-tokens {} {:.1} GiB{foreign}, leaving room for {} tokens but one --max-model-len {} sequence needs {}; lower --max-model-len or --max-num-batched-tokens, use --kv-cache-dtype fp8, spread the model over more GPUs, or raise --gpu-memory-utilization",
             self.model.gpu.info.name,
             self.budget as f64 / GIB,
             opts.gpu_memory_utilization,
@@ -295,6 +320,8 @@ impl GpuExecutor {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+/// A load whose fall in free memory exceeds strata's own buffers by more than this warns.
+const FOREIGN_WARN_BYTES: usize = 1 << 30;
 
 impl Executor for GpuExecutor {
     fn config(&self) -> &ModelConfig {

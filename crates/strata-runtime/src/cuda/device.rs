@@ -2,6 +2,7 @@
 //! Raw device pointers keep kernels and CUDA-graph capture simple; all unsafe stays in this crate.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
@@ -33,6 +34,8 @@ pub struct Gpu {
     /// and waits for it in its code (common.cuh's `wait_for_previous_kernel`). The
     /// model turns it off for shards that talk to other GPUs (not yet measured there).
     pub programmatic_launch: bool,
+    /// Bytes of the device buffers of this context alive now.
+    allocated: Arc<AtomicUsize>,
 }
 
 /// Checks that the libraries the CUDA backend needs can be loaded, before cudarc would panic on
@@ -97,6 +100,7 @@ impl Gpu {
             stream,
             info,
             programmatic_launch,
+            allocated: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -110,6 +114,12 @@ impl Gpu {
         self.ctx.mem_get_info().map_err(driver("cuMemGetInfo"))
     }
 
+    /// Bytes of this GPU's device buffers alive now: what strata itself holds, against which a
+    /// fall in free memory also shows what others (libraries, other processes) took.
+    pub fn allocated_bytes(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
     /// Allocates `bytes` of device memory for `what` (named in the error when it runs out).
     pub fn alloc(&self, bytes: usize, what: &str) -> Result<DeviceBuffer, CudaError> {
         self.bind()?;
@@ -119,10 +129,12 @@ impl Gpu {
             bytes,
             err: e.to_string(),
         })?;
+        self.allocated.fetch_add(bytes, Ordering::Relaxed);
         Ok(DeviceBuffer {
             ptr,
             bytes,
             ctx: Arc::clone(&self.ctx),
+            allocated: Arc::clone(&self.allocated),
         })
     }
 
@@ -413,6 +425,8 @@ pub struct DeviceBuffer {
     ptr: CUdeviceptr,
     bytes: usize,
     ctx: Arc<CudaContext>,
+    /// Its GPU's count of live buffer bytes ([`Gpu::allocated_bytes`]).
+    allocated: Arc<AtomicUsize>,
 }
 
 // SAFETY: a device pointer is plain data; the context is thread-safe.
@@ -449,6 +463,7 @@ impl Drop for DeviceBuffer {
             // SAFETY: allocated by malloc_sync on this context, freed once.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
+        self.allocated.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
