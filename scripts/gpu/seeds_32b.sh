@@ -7,7 +7,7 @@
 # answers, first all arriving together, then 20 more with Poisson arrivals at 80 % of the request
 # rate strata sustained in the first run. TTFT p50/p95, TPOT, output tok/s and errors in
 # $OUT/results_seeds.tgz, packed again after every step.
-# PREP=1 only makes the file (about 5 minutes of CPU): start it in an earlier call of the same
+# PREP=1 only makes the file (7 minutes on the GPU machine's 16 cores): start it in an earlier call of the same
 # machine, beside fp8.sh (which makes the 7B checkpoint it reads; it waits for that), as
 # `PREP=1 setsid bash scripts/gpu/seeds_32b.sh > LOG 2>&1 < /dev/null &` after the binaries
 # are unpacked, and the run waits for it. PASSES=N adds strata's
@@ -49,8 +49,10 @@ fi
 start_results seeds
 [ -x $LL/build/bin/llama-server ] || cat gpu-bin/llama-bin.tar.xz.part* | tar xJf - -C $LL
 if [ ! -f $M32 ]; then
-    echo "waiting for the file from an earlier call"
-    while [ -f $GG/prep.pid ] && kill -0 "$(cat $GG/prep.pid)" 2>/dev/null; do sleep 5; done
+    if [ -f $GG/prep.pid ] && kill -0 "$(cat $GG/prep.pid)" 2>/dev/null; then
+        echo "waiting for the file from an earlier call"
+        while kill -0 "$(cat $GG/prep.pid)" 2>/dev/null; do sleep 5; done
+    fi
     [ -f $M32 ] || make_file
 fi
 cat $GG/prep.done 2>/dev/null
