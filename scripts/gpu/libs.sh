@@ -77,9 +77,9 @@ smollm2_reference() {
         /tmp/smollm2_prompts.json $SM 2>&1 | grep -v -i warn
     [ -f $SM/reference.json ]
 }
-# Waits up to 4 minutes for a server on 127.0.0.1:$1 to answer /health.
+# Waits up to $2 seconds (default 240) for a server on 127.0.0.1:$1 to answer /health.
 wait_up() {
-    for _ in $(seq 480); do
+    for _ in $(seq $((2 * ${2:-240}))); do
         curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
         sleep 0.5
     done

@@ -79,7 +79,8 @@ $S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048
     > "$OUT/strata_serve.log" 2>&1 &
 pid=$!
 up=
-wait_up 8050 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
+# A 19 GiB file took strata ~3.5 minutes to load on one core (bench/NOTES.md): up to 8 here.
+wait_up 8050 480 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
 [ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; }
 # strata's KV tokens, for llama.cpp's context: the same KV budget.
 kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
@@ -104,6 +105,6 @@ if [ -n "${PASSES:-}" ]; then
     STRATA_QUANT_GEMV_MAX_TOKENS=$PASSES $S serve --model $M32 --port 8052 --gpu-memory-limit $LIMIT \
         --max-model-len 2048 --max-num-seqs 20 > "$OUT/strata_serve_passes.log" 2>&1 &
     pid=$!
-    wait_up 8052 && bench 8052 strata_closed_passes$PASSES
+    wait_up 8052 480 && bench 8052 strata_closed_passes$PASSES
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
 fi
