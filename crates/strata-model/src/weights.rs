@@ -437,24 +437,25 @@ impl ModelWeights {
         let total = len as u64;
         let done = std::sync::atomic::AtomicU64::new(0);
         let next = std::sync::Mutex::new(jobs.into_iter());
+        // Takes the next matrix and fills its slice; false when none is left.
+        let fill_next = || {
+            let job = next.lock().unwrap_or_else(|e| e.into_inner()).next();
+            let Some((source, m, dst)) = job else { return false };
+            match source {
+                ArenaSource::Fp8(f) => f.scales.dequantize_to_bf16(f.bytes, m.cols, dst),
+                ArenaSource::File(bytes) => m.layout.pack(m.info.ty, m.rows, m.cols, bytes, dst),
+            }
+            done.fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            true
+        };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| loop {
-                        let job = next.lock().unwrap_or_else(|e| e.into_inner()).next();
-                        let Some((source, m, dst)) = job else { break };
-                        match source {
-                            ArenaSource::Fp8(f) => f.scales.dequantize_to_bf16(f.bytes, m.cols, dst),
-                            ArenaSource::File(bytes) => m.layout.pack(m.info.ty, m.rows, m.cols, bytes, dst),
-                        }
-                        done.fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    })
-                })
-                .collect();
-            while workers.iter().any(|w| !w.is_finished()) {
+            for _ in 1..threads {
+                scope.spawn(|| while fill_next() {});
+            }
+            // This thread fills too, and reports after each matrix it finishes.
+            while fill_next() {
                 progress(done.load(std::sync::atomic::Ordering::Relaxed), total);
-                std::thread::sleep(std::time::Duration::from_millis(50));
             }
         });
         progress(total, total);
