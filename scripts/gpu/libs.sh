@@ -34,6 +34,7 @@ mkdir -p "${OUT:=/tmp/out}"
 for f in gpu-bin/*.gz; do [ "$f" -nt "${f%.gz}" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
 # The real tokenizers, one archive a family (gpu-bin/tokenizers-qwen2.5.tgz, tokenizers-llama3.tgz).
 for f in gpu-bin/tokenizers-*.tgz; do
+    [ -e "$f" ] || continue
     fam=${f#gpu-bin/tokenizers-}
     [ -d "gpu-bin/tokenizers/${fam%.tgz}" ] || tar xzf "$f" -C gpu-bin
 done
