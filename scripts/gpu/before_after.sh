@@ -19,7 +19,6 @@ mkdir -p $BEFORE $AFTER
 for f in gpu-bin/before/*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$BEFORE/$(basename "${f%.gz}")"; done
 for f in gpu-bin/*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$AFTER/$(basename "${f%.gz}")"; done
 chmod +x $BEFORE/* $AFTER/* 2>/dev/null
-Q7=$CK/qwen2.5-7b-prompts
 GPUS=$(nvidia-smi -L | wc -l)
 # cuda.rs's PROMPTS.
 PROMPTS=("The capital of France is"
@@ -73,8 +72,7 @@ case "${1:-}" in
 prep)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
     bash scripts/gpu/stage_model.sh
-    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
-        --prompts-only 2>&1 | grep -v -i warn | tail -3
+    qwen7b_checkpoint
     ls $Q7 | head
     ;;
 before)

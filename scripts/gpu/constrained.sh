@@ -10,13 +10,11 @@
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
-Q7=$CK/qwen2.5-7b-prompts
 case "${1:-}" in
 prep)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
     bash scripts/gpu/stage_model.sh
-    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
-        --prompts-only 2>&1 | grep -v -i warn | tail -3
+    qwen7b_checkpoint
     ls $Q7 | head
     ;;
 test)

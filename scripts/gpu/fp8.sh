@@ -13,7 +13,6 @@ set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
 start_results fp8
-Q7=$CK/qwen2.5-7b-prompts
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bash scripts/gpu/stage_model.sh
 echo "== kernel tests: fp8 and gemm"
@@ -32,8 +31,7 @@ if [ -x gpu-bin/cuda-test ] && [ -f "${STRATA_CACHE:-$HOME/.cache/strata}/models
     done
     pack
 fi
-[ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
-    --prompts-only 2>&1 | grep -v -i warn | tail -2
+qwen7b_checkpoint
 
 # bench NAME QUANTIZATION LEVELS [VAR=VALUE ...]: bench-gpu on the 7B checkpoint with the variables set.
 bench() {

@@ -57,6 +57,25 @@ llama3_8b_checkpoint() {
     [ -f $L8/config.json ] || python3 scripts/gpu/hf_reference.py llama3-8b $L8 gpu-bin/tokenizers/llama3 --prompts-only 2>&1 |
         grep -v -i warn
 }
+Q7=$CK/qwen2.5-7b-prompts
+# Makes the random-weight Qwen2.5-7B checkpoint (real tokenizer, prompts, no reference logits) in
+# $Q7 unless one is there: for the scripts that only measure.
+qwen7b_checkpoint() {
+    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
+        --prompts-only 2>&1 | grep -v -i warn | tail -3
+}
+# qwen_vocab_gguf FILE LLAMA_DIR: $Q7's vocabulary alone as a GGUF (llama.cpp's convert_hf_to_gguf.py
+# --vocab-only, unpacked from gpu-bin/llama-src.tar.xz into LLAMA_DIR), the template `strata
+# quantize --random-weights` takes for Qwen2.5 shapes; the converter's log beside it.
+qwen_vocab_gguf() {
+    local file=$1 ll=$2
+    [ -f "$file" ] && return 0
+    qwen7b_checkpoint
+    mkdir -p "$ll"
+    [ -f "$ll/convert_hf_to_gguf.py" ] || tar xJf gpu-bin/llama-src.tar.xz -C "$ll"
+    timeout 300 python3 "$ll/convert_hf_to_gguf.py" $Q7 --vocab-only --outfile "$file" > "${file%.gguf}.convert.log" 2>&1 ||
+        tail -5 "${file%.gguf}.convert.log"
+}
 SM=$CK/smollm2
 # The default model's reference with its real weights (smollm2_reference.py) in $SM, once the model
 # is staged (stage_model.sh) and the `gguf` wheel carried: gpu-bin/gguf-0.17.1-py3-none-any.whl,

@@ -25,7 +25,6 @@
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
-Q7=$CK/qwen2.5-7b-prompts
 LL=/root/llama.cpp
 GG=/root/gguf
 mkdir -p $GG
@@ -81,8 +80,7 @@ decode)
     echo "== kernel tests ${KERNEL_TESTS:-}"
     timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 ${KERNEL_TESTS:-} > "$OUT/cuda_kernels_tests.log" 2>&1
     grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
-    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
-        --prompts-only 2>&1 | grep -v -i warn | tail -2
+    qwen7b_checkpoint
     while [ ! -f $LL/convert_hf_to_gguf.py ]; do sleep 1; done
     [ -f $GG/qwen7b-bf16.gguf ] || [ -f $GG/qwen7b-q4_k_m.gguf ] ||
         timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --outtype bf16 --outfile $GG/qwen7b-bf16.gguf \
@@ -136,13 +134,7 @@ test)
     ;;
 profile)
     F=$GG/qwen7b-random-q4_k_m.gguf
-    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
-        --prompts-only 2>&1 | grep -v -i warn | tail -2
-    if [ ! -f $GG/qwen7b-vocab.gguf ]; then
-        mkdir -p $LL && { [ -f $LL/convert_hf_to_gguf.py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL; }
-        python3 $LL/convert_hf_to_gguf.py $Q7 --vocab-only --outfile $GG/qwen7b-vocab.gguf > /tmp/convert.log 2>&1 ||
-            tail -5 /tmp/convert.log
-    fi
+    qwen_vocab_gguf $GG/qwen7b-vocab.gguf $LL
     [ -f $F ] || timeout 300 $S quantize $GG/qwen7b-vocab.gguf $F --type Q4_K_M --random-weights $Q7/config.json \
         2>&1 | tail -1
     for m in $F $Q7; do

@@ -19,18 +19,13 @@ OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
 LL=/root/llama.cpp
 GG=/root/gguf
-Q7=$CK/qwen2.5-7b-prompts
 Q32=$CK/qwen2.5-32b-config
 M32=$GG/qwen32b-random-q4_k_m.gguf
 LIMIT=${LIMIT:-24GiB}
 mkdir -p $LL $GG
-[ -f $LL/convert_hf_to_gguf.py ] || tar xJf gpu-bin/llama-src.tar.xz -C $LL
 # make_file: the 32B file, from the 7B checkpoint's tokenizer; $GG/prep.done holds its exit line.
 make_file() {
-    [ -f $Q7/config.json ] || python3 scripts/gpu/hf_reference.py qwen2.5-7b $Q7 gpu-bin/tokenizers/qwen2.5 \
-        --prompts-only 2>&1 | tail -1
-    [ -f $GG/qwen7b-vocab.gguf ] || timeout 300 python3 $LL/convert_hf_to_gguf.py $Q7 --vocab-only \
-        --outfile $GG/qwen7b-vocab.gguf > $GG/convert.log 2>&1 || tail -5 $GG/convert.log
+    qwen_vocab_gguf $GG/qwen7b-vocab.gguf $LL
     python3 scripts/gpu/hf_reference.py qwen2.5-32b $Q32 gpu-bin/tokenizers/qwen2.5 --config-only
     /usr/bin/time -f "quantize: %e s, %M KiB" timeout 900 $S quantize $GG/qwen7b-vocab.gguf $M32 --type Q4_K_M \
         --random-weights $Q32/config.json --threads ${THREADS:-16} > $GG/quantize_32b.log 2>&1
