@@ -76,7 +76,8 @@ pid=$!
 up=
 # A 19 GiB file took strata ~3.5 minutes to load on one core (bench/NOTES.md): up to 8 here.
 wait_up 8050 480 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
-[ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; }
+# A strata still loading would count llama.cpp's allocations as its own: stop it first.
+[ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; kill $pid; wait $pid; }
 # strata's KV tokens, for llama.cpp's context: the same KV budget.
 kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
 echo "== llama-server -np 20 -c ${kv:-30720}"
