@@ -394,28 +394,6 @@ struct KvStage {
     }
 };
 
-// 16 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros instead.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
-}
-// 4 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros instead.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most `pending` (1 to 3) of this thread's groups are still in flight.
-__device__ __forceinline__ void cp_async_wait(int pending) {
-    if (pending >= 3) {
-        asm volatile("cp.async.wait_group 3;" ::: "memory");
-    } else if (pending == 2) {
-        asm volatile("cp.async.wait_group 2;" ::: "memory");
-    } else {
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
-    }
-}
-
 // STAGED: tiles come through `stages` (2 to 4) shared-memory stages a warp (dynamic shared
 // memory: ATTN_WARPS * stages * KvStage<FP8>::CHUNKS * 16 bytes); otherwise straight from global
 // memory into registers.

@@ -248,3 +248,28 @@ __device__ __forceinline__ u32 pack_pair(float lo, float hi) {
     return r;
 }
 #endif
+
+// ---- cp.async (sm_80 on): global to shared memory without passing through registers ----
+// 16 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros instead.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+// 4 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros instead.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `pending` (0 to 3) of this thread's groups are still in flight.
+__device__ __forceinline__ void cp_async_wait(int pending) {
+    if (pending <= 0) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    } else if (pending >= 3) {
+        asm volatile("cp.async.wait_group 3;" ::: "memory");
+    } else if (pending == 2) {
+        asm volatile("cp.async.wait_group 2;" ::: "memory");
+    } else {
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    }
+}

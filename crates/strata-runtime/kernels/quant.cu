@@ -172,6 +172,15 @@ struct FmtQ4_0 {
             eat(unit * 32 + 8 * e, v);
         }
     }
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
+    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+        const size_t b = (size_t)row * kb + col / 32;
+        const int l = col & 31;
+        const uint2 q = __ldg((const uint2*)(w + b * BODY + (l & 15)));
+        const float d = half_to_f32(__ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS)));
+        four_values((q.x >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
+        four_values((q.y >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
+    }
 };
 
 // Q4_1: f16 d, f16 m, 16 bytes of nibbles; value i = d * nibble + m.
@@ -215,6 +224,16 @@ struct FmtQ4_1 {
             eat(unit * 32 + 8 * e, v);
         }
     }
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
+    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+        const size_t b = (size_t)row * kb + col / 32;
+        const int l = col & 31;
+        const uint2 q = __ldg((const uint2*)(w + b * BODY + (l & 15)));
+        const u32 f = __ldg((const u32*)(w + (size_t)n * kb * BODY + b * FIELDS));
+        const float d = half_to_f32(f), m = half_to_f32(f >> 16);
+        four_values((q.x >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
+        four_values((q.y >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
+    }
 };
 
 // Q8_0: f16 d, 32 signed bytes; value i = d * q_i.
@@ -253,6 +272,14 @@ struct FmtQ8_0 {
             four_values(q[2 * e + 1] ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
             eat(unit * 32 + 8 * e, v);
         }
+    }
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
+    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+        const size_t b = (size_t)row * kb + col / 32;
+        const uint2 q = __ldg((const uint2*)(w + b * BODY + (col & 31)));
+        const float d = half_to_f32(__ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS)));
+        four_values(q.x ^ 0x80808080u, 128.0f, d, 0.0f, v);
+        four_values(q.y ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
     }
 };
 
@@ -319,6 +346,19 @@ struct FmtQ4_K {
             }
         }
     }
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
+    __device__ static void eight(const u8* w, int, int kb, int row, int col, float (&v)[8]) {
+        const u8* blk = w + ((size_t)row * kb + col / 256) * BYTES;
+        const int c = col & 255, sub = c >> 5;
+        const uint4 head = __ldg((const uint4*)blk);
+        const uint2 q = __ldg((const uint2*)(blk + 16 + 32 * (c >> 6) + (c & 31)));
+        float sc, mn;
+        k4_scale_min(head.y, head.z, head.w, sub, sc, mn);
+        const float dl = half_to_f32(head.x) * sc, ml = -(half_to_f32(head.x >> 16) * mn);
+        const int shift = 4 * (sub & 1);
+        four_values((q.x >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
+        four_values((q.y >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
+    }
 };
 
 // Q5_K (file layout, 176 bytes): as Q4_K with 32 bytes of fifth bits after the scales (bit s of
@@ -382,6 +422,20 @@ struct FmtQ5_K {
                 eat(unit * 64 + 32 * h + 8 * e, v);
             }
         }
+    }
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
+    __device__ static void eight(const u8* w, int, int kb, int row, int col, float (&v)[8]) {
+        const u8* blk = w + ((size_t)row * kb + col / 256) * BYTES;
+        const int c = col & 255, sub = c >> 5, l = c & 31;
+        const uint4 head = __ldg((const uint4*)blk);
+        const uint2 h = __ldg((const uint2*)(blk + 16 + l));
+        const uint2 q = __ldg((const uint2*)(blk + 48 + 32 * (c >> 6) + l));
+        float sc, mn;
+        k4_scale_min(head.y, head.z, head.w, sub, sc, mn);
+        const float dl = half_to_f32(head.x) * sc, ml = -(half_to_f32(head.x >> 16) * mn);
+        const int shift = 4 * (sub & 1);
+        four_values(((q.x >> shift) & 0x0F0F0F0Fu) | (((h.x >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
+        four_values(((q.y >> shift) & 0x0F0F0F0Fu) | (((h.y >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
     }
 };
 
@@ -467,6 +521,19 @@ struct FmtQ6_K {
                 eat(col0 + 32 * j + 8 * e, v);
             }
         }
+    }
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
+    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+        const size_t blk = (size_t)row * kb + col / 256;
+        const u8* body = w + blk * BODY;
+        const int c = col & 255, h = c >> 7, j = (c >> 5) & 3, l = c & 31;
+        const uint2 lo = __ldg((const uint2*)(body + 64 * h + 32 * (j & 1) + l));
+        const uint2 hi = __ldg((const uint2*)(body + 128 + 32 * h + l));
+        const float d = half_to_f32(__ldg((const unsigned short*)(w + (size_t)n * kb * BODY + blk * FIELDS)));
+        const float dl = d * (float)(signed char)__ldg(body + 192 + 8 * h + 2 * j + l / 16);
+        const int shift = 4 * (j >> 1);
+        four_values(((lo.x >> shift) & 0x0F0F0F0Fu) | (((hi.x >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
+        four_values(((lo.y >> shift) & 0x0F0F0F0Fu) | (((hi.y >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
 };
 
@@ -697,6 +764,140 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
     }
 }
 
+// ---- Tensor-core GEMM over quantized rows: steps of more tokens than the GEMVs take. ----
+// y[j * ld + row] = x[j] · w[row] for a segment of n rows, the weights decoded to bf16 in
+// registers straight into mma.sync m16n8k16 (f32 sums) and never written out, so a step reads
+// the file's bytes once per 64-token tile instead of writing and reading a bf16 copy (the
+// dequantize-then-cuBLASLt path, bench/NOTES.md v24). A block of QGEMM_WARPS warps takes
+// QGEMM_ROWS rows (a warp 32: two m16 tiles) and QGEMM_TOKENS tokens (8 n8 tiles, those past t
+// skipped), k in steps of QGEMM_K columns whose x tile cp.async double-buffers in shared memory.
+// The weights are mma's A (rows), the tokens its B. Within each 32-column group, lane (g, c)
+// takes columns 8c..8c+7: its k slots (2c, 2c+1, 2c+8, 2c+9) of the group's first k16 are
+// columns 8c..8c+3 and of the second 8c+4..8c+7, for A and B alike (a dot product takes its
+// columns in any order), so a row's eight values come from one decode (`F::eight`) and a
+// token's from one 16-byte shared load. Grid (ceil(n / QGEMM_ROWS), ceil(t / QGEMM_TOKENS),
+// splits): with splits > 1 block z sums its share of the steps into parts[z][t][n] (f32) and
+// qgemm_reduce adds the shares, so a matrix of few rows still fills the GPU.
+#define QGEMM_WARPS 4
+#define QGEMM_ROWS (32 * QGEMM_WARPS)
+#define QGEMM_TOKENS 64
+#define QGEMM_K 128
+// 16 bytes of padding a row: the 8 tokens of a 16-byte load's quarter-warp hit distinct banks.
+#define QGEMM_XSTRIDE (QGEMM_K + 32)
+
+template <class F>
+__device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
+                      float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) bf16 xs[2][QGEMM_TOKENS * QGEMM_XSTRIDE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * QGEMM_ROWS + 32 * warp, tok0 = blockIdx.y * QGEMM_TOKENS;
+    const int steps = k / QGEMM_K, first = blockIdx.z * steps_per_split;
+    const int last = min(steps, first + steps_per_split);
+    const int live = min(QGEMM_TOKENS, t - tok0), live_nt = (live + 7) >> 3;
+    const int kb = k / F::BLOCK;
+    // Rows g, g + 8 of the warp's two m16 tiles; rows past n decode row 0 and are never stored.
+    int rows[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = row0 + 16 * (r >> 1) + g + 8 * (r & 1);
+        rows[r] = row < n ? row : 0;
+    }
+    float acc[2][8][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
+    wait_for_previous_kernel();
+    // x tile of step s into buffer b: QGEMM_TOKENS x QGEMM_K bf16 in 16-byte pieces, zeros past t.
+    auto load_x = [&](int s, int b) {
+        for (int p = threadIdx.x; p < QGEMM_TOKENS * QGEMM_K / 8; p += QGEMM_WARPS * 32) {
+            const int tok = p / (QGEMM_K / 8), col = 8 * (p % (QGEMM_K / 8));
+            const bool in = tok < live;
+            const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QGEMM_K + col;
+            cp_async16(&xs[b][tok * QGEMM_XSTRIDE + col], src, in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (first < last) load_x(first, 0);
+    for (int s = first; s < last; s++) {
+        const int b = (s - first) & 1;
+        if (s + 1 < last) {
+            load_x(s + 1, b ^ 1);
+            cp_async_wait(1);
+        } else {
+            cp_async_wait(0);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int grp = 0; grp < QGEMM_K / 32; grp++) {
+            const int col = s * QGEMM_K + 32 * grp + 8 * c;
+            // A: per m16 tile, the two k16 steps' registers (a0..a3 each).
+            u32 a[2][2][4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                float v[8];
+                F::eight(w, n, kb, rows[r], col, v);
+                const int m = r >> 1, hi = r & 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    a[m][h][hi] = pack_pair<false>(v[4 * h], v[4 * h + 1]);
+                    a[m][h][2 + hi] = pack_pair<false>(v[4 * h + 2], v[4 * h + 3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j >= live_nt) break;
+                const uint4 bx = *(const uint4*)&xs[b][(8 * j + g) * QGEMM_XSTRIDE + 32 * grp + 8 * c];
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    mma_16x8x16<false>(acc[m][j], a[m][0][0], a[m][0][1], a[m][0][2], a[m][0][3], bx.x, bx.y);
+                    mma_16x8x16<false>(acc[m][j], a[m][1][0], a[m][1][1], a[m][1][2], a[m][1][3], bx.z, bx.w);
+                }
+            }
+        }
+        // The next step's load overwrites this buffer's twin only after every warp is done.
+        __syncthreads();
+    }
+    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 16 * m + g + 8 * (e >> 1), tok = 8 * j + 2 * c + (e & 1);
+                if (row >= n || tok >= live) continue;
+                const float v = acc[m][j][e];
+                if (gridDim.z > 1) {
+                    parts[((size_t)blockIdx.z * t + tok0 + tok) * n + row] = v;
+                } else if (out_f32) {
+                    ((float*)y)[(size_t)(tok0 + tok) * ld + row] = v;
+                } else {
+                    ((bf16*)y)[(size_t)(tok0 + tok) * ld + row] = f2bf(v);
+                }
+            }
+#endif
+}
+
+// y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.
+extern "C" __global__ void qgemm_reduce(const float* __restrict__ parts, void* __restrict__ y, int n, int t, int ld,
+                                        int splits, int out_f32) {
+    wait_for_previous_kernel();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, count = (long long)t * n;
+    if (i >= count) return;
+    float sum = 0.0f;
+    for (int z = 0; z < splits; z++) sum += parts[z * count + i];
+    const long long at = (i / n) * ld + i % n;
+    if (out_f32) {
+        ((float*)y)[at] = sum;
+    } else {
+        ((bf16*)y)[at] = f2bf(sum);
+    }
+}
+
 #define QUANT_GEMVS(F, NAME, T)                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) qgemv_##NAME##_t##T(                            \
         const u8* w, const int8_t* xq, const float2* xs, int two_pass, void* y, int n, int k, int t, int ld,   \
@@ -726,6 +927,10 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
     extern "C" __global__ void embedding_##NAME(const u8* table, const u32* tokens, float* out, int hidden,    \
                                                 int vocab_start, int vocab_rows) {                             \
         embedding_quant<F>(table, tokens, out, hidden, vocab_start, vocab_rows);                               \
+    } \
+    extern "C" __global__ void __launch_bounds__(QGEMM_WARPS * 32) qgemm_##NAME(                               \
+        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
+        qgemm<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                                 \
     }
 
 QUANT_KERNELS(FmtQ4_0, q4_0)

@@ -28,7 +28,7 @@ use super::overlap::OverlapState;
 use super::profile::KernelProfile;
 use super::row_adjust::RowAdjusts;
 use super::shard::Shard;
-use super::step_buffers::StepBuffers;
+use super::step_buffers::{StepBuffers, QGEMM_PARTS_VALUES};
 use super::step_inputs::StepInputs;
 use super::weights::{ComputeDtype, GpuWeights};
 
@@ -172,6 +172,9 @@ impl GpuTransformer {
             let what = "quantized activations";
             bufs.x_q8 = Some(gpu.alloc(QuantizeQ8Call::value_bytes(k, GEMV_KERNEL_TOKENS), what)?);
             bufs.x_q8_scales = Some(gpu.alloc(QuantizeQ8Call::scale_bytes(k, GEMV_KERNEL_TOKENS), what)?);
+            if knobs.quant_gemm_max_tokens > 0 {
+                bufs.qgemm_parts = Some(gpu.alloc(QGEMM_PARTS_VALUES * 4, "quantized GEMM sums")?);
+            }
         }
         let fp8_gemm = match weights.has_fp8() && gpu.info.compute_capability >= (8, 9) {
             true => {

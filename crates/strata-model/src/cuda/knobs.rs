@@ -19,6 +19,11 @@ pub struct GpuKnobs {
     /// GEMVs 8 tokens a pass instead of dequantizing the matrix for cuBLASLt (0: off, the
     /// default until measured; bench/NOTES.md, v24).
     pub quant_gemv_max_tokens: usize,
+    /// `STRATA_QUANT_GEMM_MAX_TOKENS=N`: products of quantized matrices of up to N tokens (past
+    /// the GEMVs) run on quant.cu's tensor-core GEMM, which decodes the blocks in registers,
+    /// instead of dequantizing the matrix for cuBLASLt (0: off, the default until measured;
+    /// bench/NOTES.md, v25).
+    pub quant_gemm_max_tokens: usize,
     /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
     pub fuse_rope: bool,
     /// `STRATA_FUSE_NORM=0`: the norms as kernels between the GEMVs, not carried by them.
@@ -56,6 +61,7 @@ impl GpuKnobs {
             overlap: !off("STRATA_OVERLAP"),
             gemv_max_tokens: number("STRATA_GEMV_MAX_TOKENS").unwrap_or(DEFAULT_GEMV_MAX_TOKENS),
             quant_gemv_max_tokens: number("STRATA_QUANT_GEMV_MAX_TOKENS").unwrap_or(0),
+            quant_gemm_max_tokens: number("STRATA_QUANT_GEMM_MAX_TOKENS").unwrap_or(0),
             fuse_rope: !off("STRATA_FUSE_ROPE"),
             fuse_norm: !off("STRATA_FUSE_NORM"),
             simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
@@ -93,6 +99,7 @@ mod tests {
                 overlap: true,
                 gemv_max_tokens: 8,
                 quant_gemv_max_tokens: 0,
+                quant_gemm_max_tokens: 0,
                 fuse_rope: true,
                 fuse_norm: true,
                 simt_attention: false,
@@ -108,6 +115,7 @@ mod tests {
             ("STRATA_OVERLAP", "0"),
             ("STRATA_GEMV_MAX_TOKENS", "0"),
             ("STRATA_QUANT_GEMV_MAX_TOKENS", "64"),
+            ("STRATA_QUANT_GEMM_MAX_TOKENS", "512"),
             ("STRATA_FUSE_ROPE", "0"),
             ("STRATA_FUSE_NORM", "0"),
             ("STRATA_ATTENTION", "simt"),
@@ -124,6 +132,7 @@ mod tests {
                 overlap: false,
                 gemv_max_tokens: 0,
                 quant_gemv_max_tokens: 64,
+                quant_gemm_max_tokens: 512,
                 fuse_rope: false,
                 fuse_norm: false,
                 simt_attention: true,

@@ -6,10 +6,11 @@ use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
     gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
     GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, QuantEmbeddingCall,
-    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall,
-    SumRanksCall,
+    QuantGemmCall, QuantGemmReduceCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call,
+    RopeCall, RopeKernel, SiluMulCall, SumRanksCall, QGEMM_K,
 };
 
+use super::step_buffers::QGEMM_PARTS_VALUES;
 use crate::config::ModelConfig;
 use crate::kv_cache::KvCacheDtype;
 
@@ -658,8 +659,9 @@ impl GpuTransformer {
     /// at a time, for a step on the GEMV path, for steps of up to `STRATA_QUANT_GEMV_MAX_TOKENS`
     /// (a pass over the matrix per 8 tokens can cost less than dequantizing it), and under
     /// `--deterministic` for a matrix larger than the scratch (a row's result then never
-    /// depends on the batch); otherwise the matrix dequantized into the scratch, slab by slab
-    /// when it is larger (an LM head), and dense products of it.
+    /// depends on the batch); for steps of up to `STRATA_QUANT_GEMM_MAX_TOKENS`, quant.cu's
+    /// tensor-core GEMM over the blocks; otherwise the matrix dequantized into the scratch, slab
+    /// by slab when it is larger (an LM head), and dense products of it.
     #[allow(clippy::too_many_arguments)]
     fn quantized_matmul(
         &mut self,
@@ -702,11 +704,63 @@ impl GpuTransformer {
             }
             return Ok(());
         }
+        let tensor_cores = !self.deterministic
+            && self.weights.dtype == ComputeDtype::Bf16
+            && k.is_multiple_of(QGEMM_K)
+            && t <= self.knobs.quant_gemm_max_tokens;
+        if tensor_cores {
+            return self.quantized_gemm(w, x, y, (n, k, t), out);
+        }
         if larger {
             return self.slab_matmul(w, x, y, (n, k, t), out);
         }
         let scratch = self.dense_weights(w, (n, k))?;
         self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in)
+    }
+
+    /// [`Self::quantized_matmul`] on quant.cu's tensor-core GEMM, segment by segment, k split
+    /// (and the splits summed) where the segment's tiles would not fill the GPU twice.
+    fn quantized_gemm(
+        &mut self,
+        w: MatrixView,
+        x: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+    ) -> Result<(), CudaError> {
+        let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+        let parts = self.bufs.qgemm_parts.as_ref().map_or(0, |b| b.ptr());
+        let capacity = if parts == 0 { 0 } else { QGEMM_PARTS_VALUES };
+        let sms = self.gpu.info.multiprocessors;
+        for seg in w.segments() {
+            let call = QuantGemmCall {
+                format: seg.format,
+                w: seg.ptr,
+                x,
+                y: y + (seg.first_row * y_elem) as u64,
+                parts,
+                n: seg.rows as i32,
+                k: k as i32,
+                t: t as i32,
+                ld: n as i32,
+                out_f32: (out == GemmOut::F32) as i32,
+                splits: QuantGemmCall::splits_for(seg.rows, k, t, sms, capacity) as i32,
+            };
+            call.launch_with(self.launcher())?;
+            if call.grid_splits() > 1 {
+                QuantGemmReduceCall {
+                    parts,
+                    y: call.y,
+                    n: call.n,
+                    t: call.t,
+                    ld: call.ld,
+                    splits: call.grid_splits(),
+                    out_f32: call.out_f32,
+                }
+                .launch_with(self.launcher())?;
+            }
+        }
+        Ok(())
     }
 
     /// `x` (bf16 `[t, k]`, t at most GEMV_KERNEL_TOKENS) as the int8 blocks the quantized GEMVs

@@ -11,6 +11,10 @@ use strata_runtime::cuda::sampling_call::ARGMAX_SLICES;
 use super::layers::{MAX_PARTS, SPLIT_MAX_TOKENS};
 use super::step_inputs::StepLimits;
 
+/// f32 values of quant.cu's GEMM's partial sums (16 MiB): k splits enough to fill the GPU
+/// twice need at most 2 x multiprocessors x its 128 x 64 tile, 4.3 M values on 132.
+pub const QGEMM_PARTS_VALUES: usize = 4 << 20;
+
 pub(super) struct StepBuffers {
     /// The staged inputs ([`super::step_inputs::InputLayout`]).
     pub inputs: DeviceBuffer,
@@ -48,6 +52,9 @@ pub(super) struct StepBuffers {
     /// `None` without quantized matrices.
     pub x_q8: Option<DeviceBuffer>,
     pub x_q8_scales: Option<DeviceBuffer>,
+    /// f32 partial sums of quant.cu's GEMM when it splits k ([`QGEMM_PARTS_VALUES`]); `None`
+    /// without quantized matrices or with the GEMM off.
+    pub qgemm_parts: Option<DeviceBuffer>,
     /// E4M3 activations of the FP8 GEMM (`max_tokens` rows of the widest product input), then
     /// their f32 per-token scales; `None` without FP8 matrices or FP8 tensor cores.
     pub fp8_act: Option<DeviceBuffer>,
@@ -88,6 +95,7 @@ impl StepBuffers {
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
             dequant: None,
             x_q8: None,
+            qgemm_parts: None,
             x_q8_scales: None,
             fp8_act: None,
         })

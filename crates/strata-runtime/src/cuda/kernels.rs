@@ -13,8 +13,8 @@ use super::{driver, CudaError};
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// The kernels quant.cu defines for each block format: its GEMVs for 1, 2, 4 and 8 tokens
-/// (plain, gate/up with SiLU, residual), its dequantization and its embedding lookup; then the
-/// activation quantizer the GEMVs read.
+/// (plain, gate/up with SiLU, residual), its dequantization, its embedding lookup and its
+/// tensor-core GEMM; then the activation quantizer the GEMVs read and the GEMM's split sum.
 macro_rules! quant_kernel_names {
     ($($f:literal),*) => {
         [$(
@@ -24,8 +24,8 @@ macro_rules! quant_kernel_names {
             concat!("qgemv_silu_", $f, "_t4"), concat!("qgemv_silu_", $f, "_t8"),
             concat!("qgemv_residual_", $f, "_t1"), concat!("qgemv_residual_", $f, "_t2"),
             concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
-            concat!("dequant_", $f), concat!("embedding_", $f),
-        )* "quantize_q8"]
+            concat!("dequant_", $f), concat!("embedding_", $f), concat!("qgemm_", $f),
+        )* "quantize_q8", "qgemm_reduce"]
     };
 }
 

@@ -73,8 +73,8 @@ pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
 pub use quant_call::{
-    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
-    QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
+    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmReduceCall, QuantGemvCall,
+    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
 };
 pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};

@@ -1,5 +1,6 @@
 //! The calls of quant.cu over GGUF blocks kept quantized on the GPU (int8 activations and the
-//! GEMVs over them, dequantization to bf16, embedding lookups), and the formats' device layout.
+//! GEMVs over them, the tensor-core GEMM, dequantization to bf16, embedding lookups), and the
+//! formats' device layout.
 
 use std::ffi::c_void;
 
@@ -35,8 +36,8 @@ pub const QUANT_FORMATS: [QuantFormat; 6] = [
 const QGEMV_ROWS: u32 = GEMV_THREADS / 32;
 
 /// Kernels quant.cu defines per format: GEMVs (plain, SiLU, residual) for each compiled token
-/// count, then dequantization and the embedding lookup.
-const KERNELS_PER_FORMAT: usize = 3 * 4 + 2;
+/// count, then dequantization, the embedding lookup and the GEMM.
+const KERNELS_PER_FORMAT: usize = 3 * 4 + 3;
 
 /// Which of a format's kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +47,7 @@ enum Kind {
     Residual,
     Dequant,
     Embedding,
+    Gemm,
 }
 
 impl QuantFormat {
@@ -161,6 +163,7 @@ impl QuantFormat {
             Kind::Residual => 8 + tokens(),
             Kind::Dequant => 12,
             Kind::Embedding => 13,
+            Kind::Gemm => 14,
         };
         let format = QUANT_FORMATS.iter().position(|&f| f == self).unwrap_or_default();
         quant_kernels()[format * KERNELS_PER_FORMAT + offset]
@@ -367,6 +370,123 @@ impl DequantCall {
 
     fn args(&self) -> Vec<*mut c_void> {
         kernel_args!(self.w, self.out, self.n, self.k, self.first, self.rows).to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// Rows, tokens and columns of a `qgemm_*` block's tile, and its threads (quant.cu: QGEMM_ROWS,
+/// QGEMM_TOKENS, QGEMM_K, QGEMM_WARPS * 32).
+const QGEMM_ROWS: usize = 128;
+const QGEMM_TOKENS: usize = 64;
+pub const QGEMM_K: usize = 128;
+const QGEMM_THREADS: u32 = 128;
+
+/// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows on tensor cores, the
+/// blocks decoded in registers (`qgemm_*`): for steps of more tokens than the GEMVs take. With
+/// `splits` > 1 each of `splits` blocks per tile sums a share of k into `parts` and
+/// [`QuantGemmReduceCall`] adds them into y.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemmCall {
+    pub format: QuantFormat,
+    /// The segment's bytes (quant.cu's layout).
+    pub w: u64,
+    /// bf16 `[t, k]`.
+    pub x: u64,
+    /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
+    pub y: u64,
+    /// f32 `[splits, t, n]` when `splits` > 1.
+    pub parts: u64,
+    pub n: i32,
+    /// A multiple of [`QGEMM_K`] and of the format's block.
+    pub k: i32,
+    pub t: i32,
+    pub ld: i32,
+    pub out_f32: i32,
+    pub splits: i32,
+}
+
+impl QuantGemmCall {
+    pub fn name(&self) -> &'static str {
+        self.format.kernel(Kind::Gemm, 0)
+    }
+
+    /// How many ways to split k so that the tiles of an `n` x `t` product fill `multiprocessors`
+    /// twice over, with `[splits, t, n]` f32 partial sums within `parts_capacity` values.
+    pub fn splits_for(n: usize, k: usize, t: usize, multiprocessors: usize, parts_capacity: usize) -> usize {
+        let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(QGEMM_TOKENS);
+        let wanted = (2 * multiprocessors).div_ceil(tiles.max(1));
+        let fits = parts_capacity / (t * n).max(1);
+        wanted.min(fits).min(k / QGEMM_K).clamp(1, 16)
+    }
+
+    /// Columns steps each split takes.
+    fn steps_per_split(&self) -> i32 {
+        let steps = (self.k as u32 / QGEMM_K as u32).max(1);
+        steps.div_ceil(self.splits.max(1) as u32) as i32
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let splits = (self.k as u32 / QGEMM_K as u32).div_ceil(self.steps_per_split().max(1) as u32);
+        (
+            (
+                (self.n as u32).div_ceil(QGEMM_ROWS as u32),
+                (self.t as u32).div_ceil(QGEMM_TOKENS as u32),
+                splits.max(1),
+            ),
+            QGEMM_THREADS,
+            0,
+        )
+    }
+
+    /// The splits the grid has (fewer than asked when k's steps divide unevenly).
+    pub fn grid_splits(&self) -> i32 {
+        self.shape().0 .2 as i32
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(
+            self.w,
+            self.x,
+            self.y,
+            self.parts,
+            self.n,
+            self.k,
+            self.t,
+            self.ld,
+            self.out_f32,
+            self.steps_per_split()
+        )
+        .to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// `y[j * ld + row]` = the sum of a [`QuantGemmCall`]'s `splits` partial sums (`qgemm_reduce`).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemmReduceCall {
+    pub parts: u64,
+    pub y: u64,
+    pub n: i32,
+    pub t: i32,
+    pub ld: i32,
+    pub splits: i32,
+    pub out_f32: i32,
+}
+
+impl QuantGemmReduceCall {
+    pub fn name(&self) -> &'static str {
+        quant_kernels()[QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 1]
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let count = self.t as u64 * self.n as u64;
+        ((count.div_ceil(256) as u32, 1, 1), 256, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.parts, self.y, self.n, self.t, self.ld, self.splits, self.out_f32).to_vec()
     }
 
     one_kernel_launch!("quant.cu");

@@ -1,11 +1,13 @@
 //! quant.cu against strata's CPU dequantizer: the int8 activation blocks, and for each block
 //! format the decode GEMVs over them (plain, gate/up with SiLU, residual with the next norm's
-//! sums), dequantization of a matrix and of a slab of its rows, and the embedding.
+//! sums), dequantization of a matrix and of a slab of its rows, the embedding, and the
+//! tensor-core GEMM (whole and split k) against the bf16-rounded weights.
 
 use strata_formats::quant::dequantize;
 use strata_runtime::cuda::{
-    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemvCall,
-    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
+    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall,
+    QuantGemmReduceCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK,
+    QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
@@ -313,6 +315,95 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
                 // SAFETY: res t x 2n f32, res_bf16 t x 2n bf16, sums t slots, g 2n f32.
                 unsafe { residual.launch(&gpu, &kernels) }.unwrap();
                 case.check(&gpu, want, |j, _| tol_of(j), &format!("{ctx} t {t}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_gemm_matches_the_bf16_rounded_weights() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    for format in QUANT_FORMATS {
+        // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
+        // and a partial third; k of 6 and 22 column steps.
+        for (n, k) in [(37usize, 768usize), (258, 2816)] {
+            let blocks = random_blocks(format, n, k, 3 * n as u64 + k as u64);
+            let mut w = vec![0f32; n * k];
+            dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
+            let wb: Vec<f64> = w.iter().map(|&v| bf16_value(bf16_bits(v)) as f64).collect();
+            let seg = upload_segment(&gpu, format, &blocks, n, k);
+            for t in [9usize, 70, 130] {
+                let xb = random_bf16(t * k, 11 + t as u64);
+                let x: Vec<f64> = xb.iter().map(|&b| bf16_value(b) as f64).collect();
+                let xd = gpu.upload(&xb, "x").unwrap();
+                // f32 into a wider output (ld = n + 3); bf16 with k split three ways.
+                let ld = n + 3;
+                let y = gpu.alloc(t * ld * 4, "y").unwrap();
+                gpu.zero(&y, 0, t * ld * 4).unwrap();
+                let parts = gpu.alloc(3 * t * n * 4, "parts").unwrap();
+                let yb = gpu.alloc(t * n * 2, "y bf16").unwrap();
+                let whole = QuantGemmCall {
+                    format,
+                    w: seg.ptr(),
+                    x: xd.ptr(),
+                    y: y.ptr(),
+                    parts: 0,
+                    n: n as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    ld: ld as i32,
+                    out_f32: 1,
+                    splits: 1,
+                };
+                // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
+                unsafe { whole.launch(&gpu, &kernels) }.unwrap();
+                let split = QuantGemmCall {
+                    y: yb.ptr(),
+                    parts: parts.ptr(),
+                    ld: n as i32,
+                    out_f32: 0,
+                    splits: 3,
+                    ..whole
+                };
+                assert_eq!(split.grid_splits(), 3);
+                // SAFETY: as above; parts 3 x t x n f32.
+                unsafe { split.launch(&gpu, &kernels) }.unwrap();
+                let reduce = QuantGemmReduceCall {
+                    parts: parts.ptr(),
+                    y: yb.ptr(),
+                    n: n as i32,
+                    t: t as i32,
+                    ld: n as i32,
+                    splits: 3,
+                    out_f32: 0,
+                };
+                // SAFETY: parts 3 x t x n f32, yb t x n bf16.
+                unsafe { reduce.launch(&gpu, &kernels) }.unwrap();
+                let mut got = vec![0f32; t * ld];
+                gpu.read(&y, 0, &mut got).unwrap();
+                let got_bf16 = read_bf16(&gpu, &yb, t * n);
+                let ctx = format!("{format:?} n {n} k {k} t {t}");
+                for j in 0..t {
+                    for r in 0..n {
+                        let (wr, xr) = (&wb[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
+                        let want: f64 = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
+                        let size: f64 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                        let a = got[j * ld + r] as f64;
+                        assert!(
+                            (a - want).abs() <= 1e-4 * size + 1e-9,
+                            "{ctx}: row {r} token {j}: {a} vs {want}"
+                        );
+                        let b = got_bf16[j * n + r] as f64;
+                        assert!(
+                            (b - want).abs() <= 1e-4 * size + want.abs() / 128.0 + 1e-9,
+                            "{ctx}: split row {r} token {j}: {b} vs {want}"
+                        );
+                    }
+                    assert_eq!(got[j * ld + n], 0.0, "{ctx}: wrote past its rows");
+                }
             }
         }
     }
