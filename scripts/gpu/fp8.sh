@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30's FP8 figures on one H200 in one call: fp8.cu's and the GEMM's kernel tests, then the
+# Issue 30's FP8 figures on one H200 in one call: fp8.cu's, the GEMM's and quant.cu's kernel tests, then the
 # random Qwen2.5-7B checkpoint (real tokenizer) in bf16 and converted to FP8 while it loads, at one
 # stream and 256 users (`bench-gpu`, 512-token prompts, 128 out), beside the FP8 variants each knob
 # turns (the decode products on tensor cores, STRATA_FP8_GEMV=mma; the integer E4M3 decode of
@@ -15,8 +15,8 @@ source "$(dirname "$0")/libs.sh"
 start_results fp8
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bash scripts/gpu/stage_model.sh
-echo "== kernel tests: fp8 and gemm"
-timeout 200 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm > "$OUT/cuda_kernels_tests.log" 2>&1
+echo "== kernel tests: fp8, gemm and quant (the quantized formats' GEMVs and tensor-core GEMM)"
+timeout 200 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant > "$OUT/cuda_kernels_tests.log" 2>&1
 grep -E "^test |panicked|result|skipped|cuBLASLt" "$OUT/cuda_kernels_tests.log"
 echo "== kernel tests: fp8 with the integer E4M3 decode forced (the sm_80/86 fallback)"
 STRATA_KERNEL_DEFINES=FP8_CVT=0 timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 \

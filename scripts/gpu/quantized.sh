@@ -17,10 +17,12 @@
 #     Q4_1 kept on the GPU, and SmolLM2 re-quantized by `strata quantize` to each type against
 #     the CPU backend; CUDA_TESTS names the tests, default all), the SmolLM2 and quantized-file tests
 #     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
-#     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways.
+#     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways; the quantized-file tests again with every
+#     product past the GEMVs on the tensor-core GEMM.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
-#     time of each kernel), beside bf16's, and 16-64 users with and without GEMV passes over the
-#     blocks (STRATA_QUANT_GEMV_MAX_TOKENS); the file written by `strata quantize --random-weights`
+#     time of each kernel), beside bf16's, and 16-256 users with and without GEMV passes over the
+#     blocks (STRATA_QUANT_GEMV_MAX_TOKENS) and on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS,
+#     levels PROFILE_LEVELS); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -125,6 +127,10 @@ test)
     STRATA_QUANT_GEMV_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
         > "$OUT/cuda_tests_gemv_passes.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_gemv_passes.log"
+    echo "== quantized files with every product past the GEMVs on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS)"
+    STRATA_QUANT_GEMM_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
+        > "$OUT/cuda_tests_qgemm.log" 2>&1
+    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
     echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
     for cap in "" 8.0; do
         env ${cap:+STRATA_GPU_CAPABILITY=$cap} STRATA_FP8_GEMV=mma timeout 150 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 \
@@ -145,13 +151,13 @@ profile)
             > "$OUT/profile_${name}_256.log" 2>&1
         grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
     done
-    echo "== 16-64 users: dequantized for cuBLASLt, then GEMV passes of 8 tokens (STRATA_QUANT_GEMV_MAX_TOKENS)"
-    for passes in 0 64; do
-        STRATA_QUANT_GEMV_MAX_TOKENS=$passes timeout 200 $S bench-gpu --model $F --levels 16,32,64 --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_passes$passes.json" \
-            > "$OUT/bench_q4_k_m_passes$passes.log" 2>&1
-        echo "-- STRATA_QUANT_GEMV_MAX_TOKENS=$passes, exit $?"
-        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_passes$passes.log" | cut -c1-200
+    echo "== 16-256 users: dequantized for cuBLASLt, GEMV passes of 8 tokens, the tensor-core GEMM over the blocks"
+    for setting in STRATA_QUANT_GEMV_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512; do
+        env "$setting" timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_${setting}.json" \
+            > "$OUT/bench_q4_k_m_${setting}.log" 2>&1
+        echo "-- $setting, exit $?"
+        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_${setting}.log" | cut -c1-200
     done
     ;;
 *) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;

@@ -10,8 +10,8 @@
 # PREP=1 only makes the file (7 minutes on the GPU machine's 16 cores): start it in an earlier call of the same
 # machine, beside fp8.sh (which makes the 7B checkpoint it reads; it waits for that), as
 # `PREP=1 setsid bash scripts/gpu/seeds_32b.sh > LOG 2>&1 < /dev/null &` after the binaries
-# are unpacked, and the run waits for it. PASSES=N adds strata's
-# closed run with STRATA_QUANT_GEMV_MAX_TOKENS=N (bench/NOTES.md, v24). Carries
+# are unpacked, and the run waits for it. RERUNS="VAR=VALUE ..." adds strata's
+# closed run under each setting (see the end). Carries
 # gpu-bin/strata.gz, tokenizers-qwen2.5.tgz and llama-src.tar.xz (the convert script) for the file, and
 # gpu-bin/llama-bin.tar.xz.part* (llama.cpp's CUDA binaries, from `make gpu-bin-llama`) for the run.
 set -u
@@ -95,12 +95,16 @@ echo "Poisson rate: ${rate:-none} requests/s"
 [ -n "$lup" ] && [ -n "$rate" ] && bench 8051 llama_poisson "$rate"
 kill $pid $lpid 2>/dev/null; wait $pid $lpid 2>/dev/null
 pack
-# PASSES=N: strata's closed run again with quantized steps of up to N tokens as GEMV passes.
-if [ -n "${PASSES:-}" ]; then
-    echo "== strata serve, STRATA_QUANT_GEMV_MAX_TOKENS=$PASSES"
-    STRATA_QUANT_GEMV_MAX_TOKENS=$PASSES $S serve --model $M32 --port 8052 --gpu-memory-limit $LIMIT \
-        --max-model-len 2048 --max-num-seqs 20 > "$OUT/strata_serve_passes.log" 2>&1 &
+# RERUNS="VAR=VALUE ...": strata's closed run again under each setting, e.g.
+# STRATA_QUANT_GEMM_MAX_TOKENS=64 (the tensor-core GEMM over the blocks, NOTES v25) or
+# STRATA_QUANT_GEMV_MAX_TOKENS=32 (GEMV passes, NOTES v24).
+port=8052
+for setting in ${RERUNS:-}; do
+    echo "== strata serve, $setting"
+    env "$setting" $S serve --model $M32 --port $port --gpu-memory-limit $LIMIT \
+        --max-model-len 2048 --max-num-seqs 20 > "$OUT/strata_serve_${setting%%=*}.log" 2>&1 &
     pid=$!
-    wait_up 8052 480 && bench 8052 strata_closed_passes$PASSES
+    wait_up $port 480 && bench $port "strata_closed_${setting//=/_}"
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
-fi
+    port=$((port + 1))
+done
