@@ -744,7 +744,7 @@ impl GpuTransformer {
                 t: t as i32,
                 ld: n as i32,
                 out_f32: (out == GemmOut::F32) as i32,
-                splits: QuantGemmCall::splits_for(seg.rows, k, t, sms, capacity) as i32,
+                steps_per_split: QuantGemmCall::steps_per_split_for(seg.rows, k, t, sms, capacity),
             };
             call.launch_with(self.launcher())?;
             if call.grid_splits() > 1 {

@@ -277,7 +277,20 @@ mod tests {
                 vocab_rows: 1,
                 rows: 1,
             };
-            names.extend([d.name(), e.name()].map(String::from));
+            let m = QuantGemmCall {
+                format,
+                w: 1,
+                x: 1,
+                y: 1,
+                parts: 1,
+                n: 1,
+                k: 256,
+                t: 9,
+                ld: 1,
+                out_f32: 0,
+                steps_per_split: 2,
+            };
+            names.extend([d.name(), e.name(), m.name()].map(String::from));
         }
         let q = QuantizeQ8Call {
             x: 1,
@@ -288,6 +301,16 @@ mod tests {
             two_pass: 0,
         };
         names.push(q.name().to_string());
+        let r = QuantGemmReduceCall {
+            parts: 1,
+            y: 1,
+            n: 1,
+            t: 1,
+            ld: 1,
+            splits: 2,
+            out_f32: 0,
+        };
+        names.push(r.name().to_string());
         names.extend(fp8_call::called_kernels().into_iter().map(String::from));
         names
     }

@@ -383,9 +383,10 @@ pub const QGEMM_K: usize = 128;
 const QGEMM_THREADS: u32 = 128;
 
 /// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows on tensor cores, the
-/// blocks decoded in registers (`qgemm_*`): for steps of more tokens than the GEMVs take. With
-/// `splits` > 1 each of `splits` blocks per tile sums a share of k into `parts` and
-/// [`QuantGemmReduceCall`] adds them into y.
+/// blocks decoded in registers (`qgemm_*`): for steps of more tokens than the GEMVs take. When
+/// `steps_per_split` is less than k's [`QGEMM_K`]-column steps, each of [`Self::grid_splits`]
+/// blocks per tile sums its share of them into `parts` and [`QuantGemmReduceCall`] adds the
+/// shares into y.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantGemmCall {
     pub format: QuantFormat,
@@ -395,7 +396,7 @@ pub struct QuantGemmCall {
     pub x: u64,
     /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
     pub y: u64,
-    /// f32 `[splits, t, n]` when `splits` > 1.
+    /// f32 `[splits, t, n]` when k is split.
     pub parts: u64,
     pub n: i32,
     /// A multiple of [`QGEMM_K`] and of the format's block.
@@ -403,7 +404,8 @@ pub struct QuantGemmCall {
     pub t: i32,
     pub ld: i32,
     pub out_f32: i32,
-    pub splits: i32,
+    /// Column steps a block takes ([`Self::steps_per_split_for`]; k / QGEMM_K: no split).
+    pub steps_per_split: i32,
 }
 
 impl QuantGemmCall {
@@ -411,37 +413,34 @@ impl QuantGemmCall {
         self.format.kernel(Kind::Gemm, 0)
     }
 
-    /// How many ways to split k so that the tiles of an `n` x `t` product fill `multiprocessors`
-    /// twice over, with `[splits, t, n]` f32 partial sums within `parts_capacity` values.
-    pub fn splits_for(n: usize, k: usize, t: usize, multiprocessors: usize, parts_capacity: usize) -> usize {
+    /// The steps per block that split k so that the tiles of an `n` x `t` product fill
+    /// `multiprocessors` twice over (at most 16 ways), with the `[splits, t, n]` f32 partial
+    /// sums within `parts_capacity` values.
+    pub fn steps_per_split_for(n: usize, k: usize, t: usize, multiprocessors: usize, parts_capacity: usize) -> i32 {
+        let steps = (k / QGEMM_K).max(1);
         let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(QGEMM_TOKENS);
         let wanted = (2 * multiprocessors).div_ceil(tiles.max(1));
         let fits = parts_capacity / (t * n).max(1);
-        wanted.min(fits).min(k / QGEMM_K).clamp(1, 16)
+        let splits = wanted.min(fits).min(steps).clamp(1, 16);
+        steps.div_ceil(splits) as i32
     }
 
-    /// Columns steps each split takes.
-    fn steps_per_split(&self) -> i32 {
-        let steps = (self.k as u32 / QGEMM_K as u32).max(1);
-        steps.div_ceil(self.splits.max(1) as u32) as i32
+    /// Blocks per tile along k (1: no split, y written directly).
+    pub fn grid_splits(&self) -> i32 {
+        let steps = (self.k / QGEMM_K as i32).max(1);
+        (steps as u32).div_ceil(self.steps_per_split.max(1) as u32) as i32
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let splits = (self.k as u32 / QGEMM_K as u32).div_ceil(self.steps_per_split().max(1) as u32);
         (
             (
                 (self.n as u32).div_ceil(QGEMM_ROWS as u32),
                 (self.t as u32).div_ceil(QGEMM_TOKENS as u32),
-                splits.max(1),
+                self.grid_splits() as u32,
             ),
             QGEMM_THREADS,
             0,
         )
-    }
-
-    /// The splits the grid has (fewer than asked when k's steps divide unevenly).
-    pub fn grid_splits(&self) -> i32 {
-        self.shape().0 .2 as i32
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -455,7 +454,7 @@ impl QuantGemmCall {
             self.t,
             self.ld,
             self.out_f32,
-            self.steps_per_split()
+            self.steps_per_split
         )
         .to_vec()
     }
@@ -600,10 +599,11 @@ mod tests {
             }
             assert_eq!(f.kernel(Kind::Dequant, 0), format!("dequant_{}", f.name()));
             assert_eq!(f.kernel(Kind::Embedding, 0), format!("embedding_{}", f.name()));
+            assert_eq!(f.kernel(Kind::Gemm, 0), format!("qgemm_{}", f.name()));
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
-        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 1);
+        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2);
         let q = QuantizeQ8Call {
             x: 1,
             xq: 2,
@@ -616,6 +616,53 @@ mod tests {
         let want = vec![at(&q.x), at(&q.xq), at(&q.xs), at(&q.k), at(&q.t), at(&q.two_pass)];
         assert_eq!(q.args(), want);
         assert_eq!(QuantFormat::of(GgmlType::Q5_0), None);
+    }
+
+    #[test]
+    fn the_quantized_gemm_splits_k_only_to_fill_the_gpu() {
+        let per = QuantGemmCall::steps_per_split_for;
+        // 7B-shaped down projection at 20 tokens on 132 SMs: 28 tiles, so 148 steps 10 ways.
+        assert_eq!(per(3584, 18944, 20, 132, 4 << 20), 15);
+        // Enough tiles already: no split. Little scratch: as many as fit; none: no split.
+        assert_eq!(per(37888, 3584, 256, 132, 4 << 20), 28);
+        assert_eq!(per(3584, 18944, 20, 132, 3 * 20 * 3584), 50);
+        assert_eq!(per(3584, 18944, 20, 132, 0), 148);
+        // Never more splits than column steps, nor more than 16.
+        assert_eq!(per(64, 256, 9, 132, 4 << 20), 1);
+        assert_eq!(per(64, 1 << 16, 9, 132, 4 << 20), 32);
+        let call = QuantGemmCall {
+            format: QuantFormat::Q4K,
+            w: 1,
+            x: 2,
+            y: 3,
+            parts: 4,
+            n: 3584,
+            k: 18944,
+            t: 70,
+            ld: 4608,
+            out_f32: 0,
+            steps_per_split: 15,
+        };
+        // 148 steps 15 a block: 10 blocks along k, the last taking 13.
+        assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((28, 2, 10), 128, 0)));
+        let want = vec![
+            at(&call.w),
+            at(&call.x),
+            at(&call.y),
+            at(&call.parts),
+            at(&call.n),
+            at(&call.k),
+            at(&call.t),
+            at(&call.ld),
+            at(&call.out_f32),
+            at(&call.steps_per_split),
+        ];
+        assert_eq!(call.args(), want);
+        let whole = QuantGemmCall {
+            steps_per_split: 148,
+            ..call
+        };
+        assert_eq!(whole.grid_splits(), 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use strata_formats::quant::dequantize;
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall,
-    QuantGemmReduceCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK,
+    QuantGemmReduceCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K,
     QUANT_FORMATS,
 };
 
@@ -356,7 +356,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     t: t as i32,
                     ld: ld as i32,
                     out_f32: 1,
-                    splits: 1,
+                    steps_per_split: k as i32 / QGEMM_K as i32,
                 };
                 // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
                 unsafe { whole.launch(&gpu, &kernels) }.unwrap();
@@ -365,7 +365,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     parts: parts.ptr(),
                     ld: n as i32,
                     out_f32: 0,
-                    splits: 3,
+                    steps_per_split: (k / QGEMM_K).div_ceil(3) as i32,
                     ..whole
                 };
                 assert_eq!(split.grid_splits(), 3);
