@@ -34,7 +34,7 @@ impl GpuTransformer {
     ) -> Result<(), CudaError> {
         let out_f32 = (out == GemmOut::F32) as i32;
         if !self.deterministic && path.gemv_for(k) {
-            let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+            let y_elem = out.bytes();
             for first in (0..t).step_by(GEMV_KERNEL_TOKENS) {
                 Fp8GemvCall {
                     w: w.w,

@@ -678,7 +678,7 @@ impl GpuTransformer {
         let gemv = !self.deterministic && (path.gemv_for(k) || passes);
         let larger = n * k > self.weights.dequant_elems;
         if gemv || (larger && self.deterministic) {
-            let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+            let y_elem = out.bytes();
             let step = GEMV_KERNEL_TOKENS;
             for first in (0..t).step_by(step) {
                 let tokens = step.min(t - first);
@@ -728,7 +728,7 @@ impl GpuTransformer {
         (n, k, t): (usize, usize, usize),
         out: GemmOut,
     ) -> Result<(), CudaError> {
-        let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+        let y_elem = out.bytes();
         let parts = self.bufs.qgemm_parts.as_ref().map_or(0, |b| b.ptr());
         let capacity = if parts == 0 { 0 } else { QGEMM_PARTS_VALUES };
         let sms = self.gpu.info.multiprocessors;
@@ -796,7 +796,7 @@ impl GpuTransformer {
         // As many rows as the scratch holds, at least one.
         let slab = (self.weights.dequant_elems / k).max(1);
         let scratch = self.dequant_scratch((slab, k), "a quantized")?;
-        let y_elem = if out == GemmOut::F32 { 4 } else { 2 };
+        let y_elem = out.bytes();
         for seg in w.segments() {
             for first in (0..seg.rows).step_by(slab) {
                 let rows = slab.min(seg.rows - first);

@@ -30,6 +30,16 @@ pub enum GemmOut {
     F32,
 }
 
+impl GemmOut {
+    /// Bytes of one output element.
+    pub fn bytes(self) -> usize {
+        match self {
+            GemmOut::Bf16 => 2,
+            GemmOut::F32 => 4,
+        }
+    }
+}
+
 /// Element type of both operands (weights and activations) of every product of a [`Gemm`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmOperands {

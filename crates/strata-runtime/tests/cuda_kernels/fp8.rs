@@ -241,7 +241,7 @@ fn fp8_tensor_core_products_match_the_cpu_within_activation_rounding() {
             }
         }
         for out in [GemmOut::Bf16, GemmOut::F32] {
-            let elem = if out == GemmOut::F32 { 4 } else { 2 };
+            let elem = out.bytes();
             let y = gpu.alloc(t * n * elem, "y").unwrap();
             // SAFETY: bytes n x k E4M3, act t x k E4M3, y t x n of `out`.
             unsafe { gemm.matmul(&gpu, m.bytes.ptr(), act.ptr(), y.ptr(), (n, k, t), out) }.unwrap();
