@@ -22,6 +22,10 @@ GG=/root/gguf
 Q32=$CK/qwen2.5-32b-config
 M32=$GG/qwen32b-random-q4_k_m.gguf
 LIMIT=${LIMIT:-24GiB}
+# KV_DTYPE=fp8: strata's cache in E4M3 and llama.cpp's in q8_0 (about the same bytes a token).
+STRATA_KV=(--kv-cache-dtype "${KV_DTYPE:-auto}")
+LLAMA_KV=()
+[ "${KV_DTYPE:-auto}" = fp8 ] && LLAMA_KV=(-ctk q8_0 -ctv q8_0)
 mkdir -p $LL $GG
 # make_file: the 32B file, from the 7B checkpoint's tokenizer; $GG/prep.done holds its exit line.
 make_file() {
@@ -70,7 +74,7 @@ bench() {
 # Both servers stay loaded side by side (strata sized as a 24 GiB card, llama.cpp beside it on the
 # rest), each measured while the other idles: the closed runs first, then the Poisson runs.
 echo "== strata serve, --gpu-memory-limit $LIMIT"
-$S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048 --max-num-seqs 20 \
+$S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048 --max-num-seqs 20 "${STRATA_KV[@]}" \
     > "$OUT/strata_serve.log" 2>&1 &
 pid=$!
 up=
@@ -78,10 +82,11 @@ up=
 wait_up 8050 480 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
 # A strata still loading would count llama.cpp's allocations as its own: stop it first.
 [ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; kill $pid; wait $pid; }
-# strata's KV tokens, for llama.cpp's context: the same KV budget.
+# strata's KV tokens, for llama.cpp's context: the same KV budget, one pool all slots share (-kvu;
+# without it each of the 20 slots gets a twentieth, too little for one request).
 kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
-echo "== llama-server -np 20 -c ${kv:-30720}"
-$LL/build/bin/llama-server -m $M32 -ngl 99 -np 20 -c "${kv:-30720}" --port 8051 -fa on \
+echo "== llama-server -np 20 -kvu -c ${kv:-30720} ${LLAMA_KV[*]}"
+$LL/build/bin/llama-server -m $M32 -ngl 99 -np 20 -kvu -c "${kv:-30720}" "${LLAMA_KV[@]}" --port 8051 -fa on \
     > "$OUT/llama_server.log" 2>&1 &
 lpid=$!
 lup=
@@ -102,7 +107,7 @@ port=8052
 for setting in ${RERUNS:-}; do
     echo "== strata serve, $setting"
     env "$setting" $S serve --model $M32 --port $port --gpu-memory-limit $LIMIT \
-        --max-model-len 2048 --max-num-seqs 20 > "$OUT/strata_serve_${setting%%=*}.log" 2>&1 &
+        --max-model-len 2048 --max-num-seqs 20 "${STRATA_KV[@]}" > "$OUT/strata_serve_${setting%%=*}.log" 2>&1 &
     pid=$!
     wait_up $port 480 && bench $port "strata_closed_${setting//=/_}"
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
