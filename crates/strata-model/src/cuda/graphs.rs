@@ -41,8 +41,12 @@ impl GpuTransformer {
 }
 
 /// The padded batch size a decode step of `n` sequences runs as a graph: powers of two up to 8,
-/// then multiples of 8 up to 64, then of 32; `None` past `max`.
+/// then multiples of 8 up to 64, then of 32, and never more than `max` (`--max-num-seqs`, which
+/// is then a bucket of its own); `None` past `max`.
 pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
+    if n > max {
+        return None;
+    }
     let b = if n <= 8 {
         n.next_power_of_two()
     } else if n <= 64 {
@@ -50,7 +54,7 @@ pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
     } else {
         n.next_multiple_of(32)
     };
-    (b <= max).then_some(b)
+    Some(b.min(max))
 }
 
 #[cfg(test)]
@@ -65,5 +69,16 @@ mod tests {
         let want = [1, 4, 8, 8, 16, 24, 64, 96, 128, 256].map(Some).to_vec();
         assert_eq!(got, want);
         assert_eq!(graph_bucket(65, 64), None);
+        // A --max-num-seqs between buckets is the last bucket: 17-20 sequences of 20 ran
+        // unpadded and failed to start as an overlapped step before.
+        assert_eq!(graph_bucket(17, 20), Some(20));
+        assert_eq!(graph_bucket(16, 20), Some(16));
+        assert_eq!(graph_bucket(21, 20), None);
+        for max in 1..=300 {
+            for n in 1..=max {
+                let b = graph_bucket(n, max).unwrap();
+                assert!(n <= b && b <= max, "{n} of {max}: bucket {b}");
+            }
+        }
     }
 }
