@@ -7,6 +7,9 @@ use strata_runtime::cuda::Fp8Gemv;
 const DEFAULT_ATTENTION_STAGES: usize = 3;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt by default.
 const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
+/// Quantized products of up to this many tokens use quant.cu's tensor-core GEMM by default: on an
+/// H200 it beat dequantizing for cuBLASLt 1.4x at 64 users, tied at 128, lost at 256 (NOTES v25).
+const DEFAULT_QUANT_GEMM_MAX_TOKENS: usize = 64;
 
 /// What the environment turns on or off; the defaults are what strata runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +24,7 @@ pub struct GpuKnobs {
     pub quant_gemv_max_tokens: usize,
     /// `STRATA_QUANT_GEMM_MAX_TOKENS=N`: products of quantized matrices of up to N tokens (past
     /// the GEMVs) run on quant.cu's tensor-core GEMM, which decodes the blocks in registers,
-    /// instead of dequantizing the matrix for cuBLASLt (0: off, the default until measured;
-    /// bench/NOTES.md, v25).
+    /// instead of dequantizing the matrix for cuBLASLt (0: off; bench/NOTES.md, v25).
     pub quant_gemm_max_tokens: usize,
     /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
     pub fuse_rope: bool,
@@ -61,7 +63,7 @@ impl GpuKnobs {
             overlap: !off("STRATA_OVERLAP"),
             gemv_max_tokens: number("STRATA_GEMV_MAX_TOKENS").unwrap_or(DEFAULT_GEMV_MAX_TOKENS),
             quant_gemv_max_tokens: number("STRATA_QUANT_GEMV_MAX_TOKENS").unwrap_or(0),
-            quant_gemm_max_tokens: number("STRATA_QUANT_GEMM_MAX_TOKENS").unwrap_or(0),
+            quant_gemm_max_tokens: number("STRATA_QUANT_GEMM_MAX_TOKENS").unwrap_or(DEFAULT_QUANT_GEMM_MAX_TOKENS),
             fuse_rope: !off("STRATA_FUSE_ROPE"),
             fuse_norm: !off("STRATA_FUSE_NORM"),
             simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
@@ -99,7 +101,7 @@ mod tests {
                 overlap: true,
                 gemv_max_tokens: 8,
                 quant_gemv_max_tokens: 0,
-                quant_gemm_max_tokens: 0,
+                quant_gemm_max_tokens: 64,
                 fuse_rope: true,
                 fuse_norm: true,
                 simt_attention: false,
