@@ -100,6 +100,20 @@ echo "Poisson rate: ${rate:-none} requests/s"
 [ -n "$lup" ] && [ -n "$rate" ] && bench 8051 llama_poisson "$rate"
 kill $pid $lpid 2>/dev/null; wait $pid $lpid 2>/dev/null
 pack
+# llama.cpp fails a request whose slot cannot grow in a full pool ("Context size has been
+# exceeded") rather than queueing it: also run it with the slots that fit the budget whole.
+fit=$(( ${kv:-30720} / (512 + 1024) ))
+if [ "$fit" -ge 1 ] && [ "$fit" -lt 20 ]; then
+    echo "== llama-server -np $fit -kvu -c ${kv:-30720} ${LLAMA_KV[*]} (the slots that fit)"
+    $LL/build/bin/llama-server -m $M32 -ngl 99 -np $fit -kvu -c "${kv:-30720}" "${LLAMA_KV[@]}" --port 8061 -fa on \
+        > "$OUT/llama_server_np$fit.log" 2>&1 &
+    lpid=$!
+    if wait_up 8061; then
+        bench 8061 llama_np${fit}_closed
+        [ -n "$rate" ] && bench 8061 llama_np${fit}_poisson "$rate"
+    fi
+    kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
+fi
 # RERUNS="VAR=VALUE ...": strata's closed run again under each setting, e.g.
 # STRATA_QUANT_GEMM_MAX_TOKENS=64 (the tensor-core GEMM over the blocks, NOTES v25) or
 # STRATA_QUANT_GEMV_MAX_TOKENS=32 (GEMV passes, NOTES v24).
