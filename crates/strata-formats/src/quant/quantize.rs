@@ -177,74 +177,140 @@ fn q8_0(x: &[f32; 32], block: &mut [u8; 34]) {
     }
 }
 
-/// ggml's `make_qkx2_quants`: quants `l` in `0..=nmax` with `x ≈ scale * l - min` for one
-/// sub-block, minimizing the `weights`-weighted squared error over `nstep + 1` trial scales
-/// around `nmax / (max - min)` (steps of `rdelta` from `rmin`), each refined by least squares.
-/// Returns `(scale, min)` with `min >= 0`; `quants` holds the chosen levels.
+/// ggml's `make_qkx2_quants` for the eight 32-value sub-blocks of a super-block at once, lane j
+/// being sub-block j (`x[i][j]`: value i of sub-block j): quants `l` in `0..=nmax` with
+/// `x ≈ scale * l - min`, minimizing the `weights`-weighted squared error over `nstep + 1` trial
+/// scales around `nmax / (max - min)` (steps of `rdelta` from `rmin`), each refined by least
+/// squares. Every lane does the reference's operations in the reference's order, so the bytes
+/// stay ggml's; the lanes only let the trials' loops run eight sub-blocks a vector. Returns each
+/// sub-block's `(scale, min)` with `min >= 0`; `quants[j]` holds its chosen levels.
 fn scale_and_min_search(
-    x: &[f32; 32],
-    weights: &[f32; 32],
+    x: &[[f32; 8]; 32],
+    weights: &[[f32; 8]; 32],
     nmax: i32,
     rmin: f32,
     rdelta: f32,
     nstep: i32,
-    quants: &mut [u8; 32],
-) -> (f32, f32) {
-    let (mut min, max) = min_max(x);
-    let sum_w: f32 = weights.iter().sum();
-    let sum_x: f32 = weights.iter().zip(x).map(|(w, v)| w * v).sum();
-    if min > 0.0 {
-        min = 0.0;
+    quants: &mut [[u8; 32]; 8],
+) -> ([f32; 8], [f32; 8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { scale_and_min_search_avx2(x, weights, nmax, rmin, rdelta, nstep, quants) };
     }
-    if max == min {
-        *quants = [0; 32];
-        return (0.0, -min);
-    }
-    let level = |iscale: f32, min: f32, v: f32| nearest(iscale * (v - min)).clamp(0, nmax) as u8;
-    let weighted_error = |quants: &[u8; 32], scale: f32, min: f32| -> f32 {
-        let mut err = 0.0;
-        for ((&q, &v), &w) in quants.iter().zip(x).zip(weights) {
-            let diff = scale * f32::from(q) + min - v;
-            err += w * diff * diff;
-        }
-        err
+    scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)
+}
+
+/// [`scale_and_min_search`] with the eight lanes in one AVX2 register (no FMA: the products and
+/// sums round as the reference's do).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_and_min_search_avx2(
+    x: &[[f32; 8]; 32],
+    weights: &[[f32; 8]; 32],
+    nmax: i32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    quants: &mut [[u8; 32]; 8],
+) -> ([f32; 8], [f32; 8]) {
+    scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)
+}
+
+#[inline(always)]
+fn scale_and_min_lanes(
+    x: &[[f32; 8]; 32],
+    weights: &[[f32; 8]; 32],
+    nmax: i32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    quants: &mut [[u8; 32]; 8],
+) -> ([f32; 8], [f32; 8]) {
+    // The reference's nearest(iscale * (v - min)).clamp(0, nmax), with the product first held
+    // to -1..=nmax + 1 (which clamps to the same level) so that [`nearest`]'s rounding trick
+    // always applies and the loops vectorize; a NaN (a flat sub-block's lane, never used)
+    // becomes -1. Levels are kept as f32 (exact) for the sums.
+    let top = nmax as f32 + 1.0;
+    let level = |iscale: f32, min: f32, v: f32| {
+        let held = (iscale * (v - min)).max(-1.0).min(top) + 12_582_912.0;
+        ((held.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000).clamp(0, nmax) as f32
     };
-    let iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    for (q, &v) in quants.iter_mut().zip(x) {
-        *q = level(iscale, min, v);
-    }
-    let mut best_error = weighted_error(quants, scale, min);
-    let mut trial = [0u8; 32];
-    for step in 0..=nstep {
-        let iscale = (rmin + rdelta * step as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for ((t, &v), &w) in trial.iter_mut().zip(x).zip(weights) {
-            *t = level(iscale, min, v);
-            let l = f32::from(*t);
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * v;
+    let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
+    let (mut sum_w, mut sum_x) = ([-0.0f32; 8], [-0.0f32; 8]);
+    for (xs, ws) in x.iter().zip(weights) {
+        for j in 0..8 {
+            lo[j] = lo[j].min(xs[j]);
+            hi[j] = hi[j].max(xs[j]);
+            sum_w[j] += ws[j];
+            sum_x[j] += ws[j] * xs[j];
         }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det <= 0.0 {
+    }
+    let mut min = lo.map(|m| if m > 0.0 { 0.0 } else { m });
+    let flat: [bool; 8] = std::array::from_fn(|j| hi[j] == min[j]);
+    let mut scale = [0.0f32; 8];
+    let mut best_error = [0.0f32; 8];
+    for j in 0..8 {
+        if flat[j] {
+            quants[j] = [0; 32];
             continue;
         }
-        let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-        let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-        if this_min > 0.0 {
-            this_min = 0.0;
-            this_scale = sum_xl / sum_l2;
+        let iscale = nmax as f32 / (hi[j] - min[j]);
+        scale[j] = 1.0 / iscale;
+        let mut err = 0.0;
+        for (i, q) in quants[j].iter_mut().enumerate() {
+            let l = level(iscale, min[j], x[i][j]);
+            *q = l as u8;
+            let diff = scale[j] * l + min[j] - x[i][j];
+            err += weights[i][j] * diff * diff;
         }
-        let err = weighted_error(&trial, this_scale, this_min);
-        if err < best_error {
-            *quants = trial;
-            best_error = err;
-            scale = this_scale;
-            min = this_min;
+        best_error[j] = err;
+    }
+    let mut trial = [[0.0f32; 8]; 32];
+    for step in 0..=nstep {
+        let iscale: [f32; 8] = std::array::from_fn(|j| (rmin + rdelta * step as f32 + nmax as f32) / (hi[j] - min[j]));
+        let (mut sum_l, mut sum_l2, mut sum_xl) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+        for ((t, xs), ws) in trial.iter_mut().zip(x).zip(weights) {
+            for j in 0..8 {
+                let l = level(iscale[j], min[j], xs[j]);
+                t[j] = l;
+                sum_l[j] += ws[j] * l;
+                sum_l2[j] += ws[j] * l * l;
+                sum_xl[j] += ws[j] * l * xs[j];
+            }
+        }
+        let mut this_scale = [0.0f32; 8];
+        let mut this_min = [0.0f32; 8];
+        let mut live = [false; 8];
+        for j in 0..8 {
+            let det = sum_w[j] * sum_l2[j] - sum_l[j] * sum_l[j];
+            live[j] = !flat[j] && det > 0.0;
+            this_scale[j] = (sum_w[j] * sum_xl[j] - sum_x[j] * sum_l[j]) / det;
+            this_min[j] = (sum_l2[j] * sum_x[j] - sum_l[j] * sum_xl[j]) / det;
+            if this_min[j] > 0.0 {
+                this_min[j] = 0.0;
+                this_scale[j] = sum_xl[j] / sum_l2[j];
+            }
+        }
+        let mut err = [0.0f32; 8];
+        for ((t, xs), ws) in trial.iter().zip(x).zip(weights) {
+            for j in 0..8 {
+                let diff = this_scale[j] * t[j] + this_min[j] - xs[j];
+                err[j] += ws[j] * diff * diff;
+            }
+        }
+        for j in 0..8 {
+            if live[j] && err[j] < best_error[j] {
+                for (i, q) in quants[j].iter_mut().enumerate() {
+                    *q = trial[i][j] as u8;
+                }
+                best_error[j] = err[j];
+                scale[j] = this_scale[j];
+                min[j] = this_min[j];
+            }
         }
     }
-    (scale, -min)
+    (scale, min.map(|m| -m))
 }
 
 /// Q4_K / Q5_K super-block: eight 32-value sub-blocks, each with its own scale and minimum
@@ -258,16 +324,21 @@ fn scaled_min_superblock(
     header: &mut [u8; 16],
     levels: &mut [u8; QK_K],
 ) {
-    let mut scales = [0.0f32; 8];
-    let mut mins = [0.0f32; 8];
-    for (sub, (xs, ls)) in x.chunks_exact(32).zip(levels.chunks_exact_mut(32)).enumerate() {
-        let (Ok(xs), Ok(ls)) = (<&[f32; 32]>::try_from(xs), <&mut [u8; 32]>::try_from(ls)) else {
-            continue;
-        };
-        // Weights favour large values, as ggml's reference does: rms of the sub-block plus |x|.
+    // Sub-block j's value i at [i][j]; weights favour large values, as ggml's reference does:
+    // the rms of the sub-block plus |x|.
+    let mut xt = [[0.0f32; 8]; 32];
+    let mut weights = [[0.0f32; 8]; 32];
+    for (j, xs) in x.chunks_exact(32).enumerate() {
         let rms = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-        let weights = xs.map(|v| rms + v.abs());
-        (scales[sub], mins[sub]) = scale_and_min_search(xs, &weights, nmax, rmin, 0.1, nstep, ls);
+        for (i, &v) in xs.iter().enumerate() {
+            xt[i][j] = v;
+            weights[i][j] = rms + v.abs();
+        }
+    }
+    let mut sub_levels = [[0u8; 32]; 8];
+    let (scales, mins) = scale_and_min_search(&xt, &weights, nmax, rmin, 0.1, nstep, &mut sub_levels);
+    for (ls, sub) in levels.chunks_exact_mut(32).zip(&sub_levels) {
+        ls.copy_from_slice(sub);
     }
     // Strictly greater than +0: an all-zero block's -0 minimum must not make dmin -0.
     let largest = |v: &[f32; 8]| v.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
@@ -420,6 +491,53 @@ fn q6_k(x: &[f32; QK_K], block: &mut [u8; 210]) {
             low_nibbles[64 * h + l] = (q[0] & 0x0F) | ((q[2] & 0x0F) << 4);
             low_nibbles[64 * h + l + 32] = (q[1] & 0x0F) | ((q[3] & 0x0F) << 4);
             high_bits[32 * h + l] = (q[0] >> 4) | ((q[1] >> 4) << 2) | ((q[2] >> 4) << 4) | ((q[3] >> 4) << 6);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 build of the search and the plain one give the same levels, scales and minimums
+    /// (the reference fixtures in tests/quant_quantize.rs run whichever this CPU dispatches to).
+    #[test]
+    fn the_search_is_the_same_with_and_without_avx2() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for round in 0..64 {
+            let mut x = [[0.0f32; 8]; 32];
+            let mut w = [[0.0f32; 8]; 32];
+            for (i, xs) in x.iter_mut().enumerate() {
+                for (j, v) in xs.iter_mut().enumerate() {
+                    // Lane 0 flat in even rounds, lane 1 all positive: the branches of the reference.
+                    *v = match j {
+                        0 if round % 2 == 0 => -0.25,
+                        1 => next().abs() + 0.1,
+                        _ => next() * (1.0 + j as f32) * if i % 7 == 0 { 8.0 } else { 1.0 },
+                    };
+                }
+            }
+            for (xs, ws) in x.iter().zip(&mut w) {
+                for j in 0..8 {
+                    ws[j] = 0.1 + xs[j].abs();
+                }
+            }
+            let (mut plain, mut dispatched) = ([[0u8; 32]; 8], [[0u8; 32]; 8]);
+            let a = scale_and_min_lanes(&x, &w, 15, -1.0, 0.1, 20, &mut plain);
+            let b = scale_and_min_search(&x, &w, 15, -1.0, 0.1, 20, &mut dispatched);
+            assert_eq!(a.0.map(f32::to_bits), b.0.map(f32::to_bits), "round {round}: scales");
+            assert_eq!(a.1.map(f32::to_bits), b.1.map(f32::to_bits), "round {round}: minimums");
+            assert_eq!(plain, dispatched, "round {round}: levels");
+            if round % 2 == 0 {
+                assert_eq!(plain[0], [0; 32], "round {round}: a flat sub-block's levels");
+                assert_eq!((a.0[0], a.1[0]), (0.0, 0.25), "round {round}: a flat sub-block");
+            }
         }
     }
 }
