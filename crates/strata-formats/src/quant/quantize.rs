@@ -196,25 +196,17 @@ fn scale_and_min_search(
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2.
-        return unsafe { scale_and_min_search_avx2(x, weights, nmax, rmin, rdelta, nstep, quants) };
+        return unsafe { with_avx2(|| scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)) };
     }
     scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)
 }
 
-/// [`scale_and_min_search`] with the eight lanes in one AVX2 register (no FMA: the products and
-/// sums round as the reference's do).
+/// Runs `f` (inlined) compiled for AVX2: the search's eight lanes in one register. No FMA, so
+/// the products and sums round as the reference's do.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scale_and_min_search_avx2(
-    x: &[[f32; 8]; 32],
-    weights: &[[f32; 8]; 32],
-    nmax: i32,
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    quants: &mut [[u8; 32]; 8],
-) -> ([f32; 8], [f32; 8]) {
-    scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)
+unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
 }
 
 #[inline(always)]
