@@ -58,17 +58,23 @@ fn for_each_value<const N: usize>(values: &[f32], out: &mut [u8], encode: impl F
     }
 }
 
-/// ggml's `nearest_int`: round half to even. Adding 1.5 * 2^23 leaves the rounded integer in the
-/// low mantissa bits, which inlines to two instructions (`round_ties_even` is a library call on
-/// baseline x86-64); beyond 2^22, where that trick fails, it saturates (callers clamp anyway).
+/// ggml's `nearest_int`: round half to even. Beyond 2^22, where [`nearest_small`]'s trick
+/// fails, it saturates (callers clamp anyway).
 #[inline(always)]
 fn nearest(x: f32) -> i32 {
     if x.abs() < 4_194_303.0 {
-        let shifted = x + 12_582_912.0;
-        (shifted.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
+        nearest_small(x)
     } else {
         x as i32
     }
+}
+
+/// [`nearest`] for |x| < 2^22: adding 1.5 * 2^23 leaves the rounded integer in the low mantissa
+/// bits, which inlines to two instructions (`round_ties_even` is a library call on baseline
+/// x86-64) and, without `nearest`'s branch, vectorizes.
+#[inline(always)]
+fn nearest_small(x: f32) -> i32 {
+    ((x + 12_582_912.0).to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
 }
 
 /// `x` as f16 bytes (round to nearest even, as ggml and numpy convert).
@@ -184,6 +190,7 @@ fn q8_0(x: &[f32; 32], block: &mut [u8; 34]) {
 /// squares. Every lane does the reference's operations in the reference's order, so the bytes
 /// stay ggml's; the lanes only let the trials' loops run eight sub-blocks a vector. Returns each
 /// sub-block's `(scale, min)` with `min >= 0`; `quants[j]` holds its chosen levels.
+#[inline(always)]
 fn scale_and_min_search(
     x: &[[f32; 8]; 32],
     weights: &[[f32; 8]; 32],
@@ -193,41 +200,13 @@ fn scale_and_min_search(
     nstep: i32,
     quants: &mut [[u8; 32]; 8],
 ) -> ([f32; 8], [f32; 8]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { with_avx2(|| scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)) };
-    }
-    scale_and_min_lanes(x, weights, nmax, rmin, rdelta, nstep, quants)
-}
-
-/// Runs `f` (inlined) compiled for AVX2: the search's eight lanes in one register. No FMA, so
-/// the products and sums round as the reference's do.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-#[inline(always)]
-fn scale_and_min_lanes(
-    x: &[[f32; 8]; 32],
-    weights: &[[f32; 8]; 32],
-    nmax: i32,
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    quants: &mut [[u8; 32]; 8],
-) -> ([f32; 8], [f32; 8]) {
     // The reference's nearest(iscale * (v - min)).clamp(0, nmax), with the product first held
-    // to -1..=nmax + 1 (which clamps to the same level) so that [`nearest`]'s rounding trick
-    // always applies and the loops vectorize; a NaN (a flat sub-block's lane, never used)
-    // becomes -1. Levels are kept as f32 (exact) for the sums.
+    // to -1..=nmax + 1 (which clamps to the same level) so that [`nearest_small`] serves and the
+    // loops vectorize; a NaN (a flat sub-block's lane, never used) becomes -1. Levels are kept
+    // as f32 (exact) for the sums.
     let top = nmax as f32 + 1.0;
-    let level = |iscale: f32, min: f32, v: f32| {
-        let held = (iscale * (v - min)).max(-1.0).min(top) + 12_582_912.0;
-        ((held.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000).clamp(0, nmax) as f32
-    };
+    let level =
+        |iscale: f32, min: f32, v: f32| nearest_small((iscale * (v - min)).max(-1.0).min(top)).clamp(0, nmax) as f32;
     let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
     let (mut sum_w, mut sum_x) = ([-0.0f32; 8], [-0.0f32; 8]);
     for (xs, ws) in x.iter().zip(weights) {
@@ -305,6 +284,17 @@ fn scale_and_min_lanes(
     (scale, min.map(|m| -m))
 }
 
+/// Runs `f` (inlined) compiled for AVX2: the scale search's eight lanes in one register. No FMA,
+/// so the products and sums round as the reference's do.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// Q4_K / Q5_K super-block: eight 32-value sub-blocks, each with its own scale and minimum
 /// from [`scale_and_min_search`], stored as 6-bit multiples of one f16 `d` and `dmin`.
 /// Writes d, dmin and the packed scales to `header` and each value's level (0..=nmax) to `levels`.
@@ -328,7 +318,15 @@ fn scaled_min_superblock(
         }
     }
     let mut sub_levels = [[0u8; 32]; 8];
-    let (scales, mins) = scale_and_min_search(&xt, &weights, nmax, rmin, 0.1, nstep, &mut sub_levels);
+    let mut search = || scale_and_min_search(&xt, &weights, nmax, rmin, 0.1, nstep, &mut sub_levels);
+    #[cfg(target_arch = "x86_64")]
+    let (scales, mins) = match std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        true => unsafe { with_avx2(search) },
+        false => search(),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (scales, mins) = search();
     for (ls, sub) in levels.chunks_exact_mut(32).zip(&sub_levels) {
         ls.copy_from_slice(sub);
     }
@@ -493,6 +491,7 @@ mod tests {
 
     /// The AVX2 build of the search and the plain one give the same levels, scales and minimums
     /// (the reference fixtures in tests/quant_quantize.rs run whichever this CPU dispatches to).
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_search_is_the_same_with_and_without_avx2() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -502,6 +501,10 @@ mod tests {
             state ^= state << 17;
             (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         };
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
         for round in 0..64 {
             let mut x = [[0.0f32; 8]; 32];
             let mut w = [[0.0f32; 8]; 32];
@@ -520,12 +523,13 @@ mod tests {
                     ws[j] = 0.1 + xs[j].abs();
                 }
             }
-            let (mut plain, mut dispatched) = ([[0u8; 32]; 8], [[0u8; 32]; 8]);
-            let a = scale_and_min_lanes(&x, &w, 15, -1.0, 0.1, 20, &mut plain);
-            let b = scale_and_min_search(&x, &w, 15, -1.0, 0.1, 20, &mut dispatched);
+            let (mut plain, mut avx2) = ([[0u8; 32]; 8], [[0u8; 32]; 8]);
+            let a = scale_and_min_search(&x, &w, 15, -1.0, 0.1, 20, &mut plain);
+            // SAFETY: checked above.
+            let b = unsafe { with_avx2(|| scale_and_min_search(&x, &w, 15, -1.0, 0.1, 20, &mut avx2)) };
             assert_eq!(a.0.map(f32::to_bits), b.0.map(f32::to_bits), "round {round}: scales");
             assert_eq!(a.1.map(f32::to_bits), b.1.map(f32::to_bits), "round {round}: minimums");
-            assert_eq!(plain, dispatched, "round {round}: levels");
+            assert_eq!(plain, avx2, "round {round}: levels");
             if round % 2 == 0 {
                 assert_eq!(plain[0], [0; 32], "round {round}: a flat sub-block's levels");
                 assert_eq!((a.0[0], a.1[0]), (0.0, 0.25), "round {round}: a flat sub-block");
