@@ -858,7 +858,7 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
                 }
             }
         }
-        // The next step's load overwrites this buffer's twin only after every warp is done.
+        // The next step loads step s + 2 into this buffer: only once every warp has read it.
         __syncthreads();
     }
     // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.

@@ -6,11 +6,10 @@ use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
     gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
     GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, QuantEmbeddingCall,
-    QuantGemmCall, QuantGemmReduceCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call,
-    RopeCall, RopeKernel, SiluMulCall, SumRanksCall, QGEMM_K,
+    QuantGemmCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel,
+    SiluMulCall, SumRanksCall, QGEMM_K,
 };
 
-use super::step_buffers::QGEMM_PARTS_VALUES;
 use crate::config::ModelConfig;
 use crate::kv_cache::KvCacheDtype;
 
@@ -729,8 +728,11 @@ impl GpuTransformer {
         out: GemmOut,
     ) -> Result<(), CudaError> {
         let y_elem = out.bytes();
-        let parts = self.bufs.qgemm_parts.as_ref().map_or(0, |b| b.ptr());
-        let capacity = if parts == 0 { 0 } else { QGEMM_PARTS_VALUES };
+        let (parts, capacity) = self
+            .bufs
+            .qgemm_parts
+            .as_ref()
+            .map_or((0, 0), |b| (b.ptr(), b.bytes() / 4));
         let sms = self.gpu.info.multiprocessors;
         for seg in w.segments() {
             let call = QuantGemmCall {
@@ -747,17 +749,8 @@ impl GpuTransformer {
                 steps_per_split: QuantGemmCall::steps_per_split_for(seg.rows, k, t, sms, capacity),
             };
             call.launch_with(self.launcher())?;
-            if call.grid_splits() > 1 {
-                QuantGemmReduceCall {
-                    parts,
-                    y: call.y,
-                    n: call.n,
-                    t: call.t,
-                    ld: call.ld,
-                    splits: call.grid_splits(),
-                    out_f32: call.out_f32,
-                }
-                .launch_with(self.launcher())?;
+            if let Some(reduce) = call.reduce() {
+                reduce.launch_with(self.launcher())?;
             }
         }
         Ok(())

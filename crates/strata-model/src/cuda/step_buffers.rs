@@ -11,8 +11,9 @@ use strata_runtime::cuda::sampling_call::ARGMAX_SLICES;
 use super::layers::{MAX_PARTS, SPLIT_MAX_TOKENS};
 use super::step_inputs::StepLimits;
 
-/// f32 values of quant.cu's GEMM's partial sums (16 MiB): k splits enough to fill the GPU
-/// twice need at most 2 x multiprocessors x its 128 x 64 tile, 4.3 M values on 132.
+/// f32 values of quant.cu's GEMM's partial sums (16 MiB): k splits that fill the GPU twice need
+/// up to 2 x multiprocessors x its 128 x 64 tile (4.3 M values on 132); where they would not
+/// fit, k splits fewer ways.
 pub const QGEMM_PARTS_VALUES: usize = 4 << 20;
 
 pub(super) struct StepBuffers {

@@ -431,6 +431,20 @@ impl QuantGemmCall {
         (steps as u32).div_ceil(self.steps_per_split.max(1) as u32) as i32
     }
 
+    /// The sum of the splits' partial sums into y, to launch after this call; `None` when k is
+    /// not split (the GEMM writes y itself).
+    pub fn reduce(&self) -> Option<QuantGemmReduceCall> {
+        (self.grid_splits() > 1).then_some(QuantGemmReduceCall {
+            parts: self.parts,
+            y: self.y,
+            n: self.n,
+            t: self.t,
+            ld: self.ld,
+            splits: self.grid_splits(),
+            out_f32: self.out_f32,
+        })
+    }
+
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
         (
             (
@@ -658,11 +672,14 @@ mod tests {
             at(&call.steps_per_split),
         ];
         assert_eq!(call.args(), want);
+        let reduce = call.reduce().unwrap();
+        assert_eq!((reduce.parts, reduce.y, reduce.splits, reduce.ld), (4, 3, 10, 4608));
         let whole = QuantGemmCall {
             steps_per_split: 148,
             ..call
         };
         assert_eq!(whole.grid_splits(), 1);
+        assert!(whole.reduce().is_none());
     }
 
     #[test]

@@ -5,9 +5,8 @@
 
 use strata_formats::quant::dequantize;
 use strata_runtime::cuda::{
-    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall,
-    QuantGemmReduceCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K,
-    QUANT_FORMATS,
+    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemvCall,
+    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
@@ -371,15 +370,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 assert_eq!(split.grid_splits(), 3);
                 // SAFETY: as above; parts 3 x t x n f32.
                 unsafe { split.launch(&gpu, &kernels) }.unwrap();
-                let reduce = QuantGemmReduceCall {
-                    parts: parts.ptr(),
-                    y: yb.ptr(),
-                    n: n as i32,
-                    t: t as i32,
-                    ld: n as i32,
-                    splits: 3,
-                    out_f32: 0,
-                };
+                let reduce = split.reduce().expect("k split three ways");
                 // SAFETY: parts 3 x t x n f32, yb t x n bf16.
                 unsafe { reduce.launch(&gpu, &kernels) }.unwrap();
                 let mut got = vec![0f32; t * ld];
