@@ -152,7 +152,8 @@ profile)
         grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
     done
     echo "== 16-256 users: dequantized for cuBLASLt, GEMV passes of 8 tokens, the tensor-core GEMM over the blocks"
-    for setting in STRATA_QUANT_GEMV_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512; do
+    # The GEMM takes steps of up to 64 tokens by default: the baseline turns it off.
+    for setting in STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512; do
         env "$setting" timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_${setting}.json" \
             > "$OUT/bench_q4_k_m_${setting}.log" 2>&1

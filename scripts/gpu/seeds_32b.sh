@@ -115,8 +115,8 @@ if [ "$fit" -ge 1 ] && [ "$fit" -lt 20 ]; then
     kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
 fi
 # RERUNS="VAR=VALUE ...": strata's closed run again under each setting, e.g.
-# STRATA_QUANT_GEMM_MAX_TOKENS=64 (the tensor-core GEMM over the blocks, NOTES v25) or
-# STRATA_QUANT_GEMV_MAX_TOKENS=32 (GEMV passes, NOTES v24).
+# STRATA_QUANT_GEMM_MAX_TOKENS=0 (dequantizing for cuBLASLt instead of the tensor-core GEMM,
+# NOTES v25) or STRATA_QUANT_GEMV_MAX_TOKENS=32 (GEMV passes, NOTES v24).
 port=8052
 for setting in ${RERUNS:-}; do
     echo "== strata serve, $setting"
