@@ -76,6 +76,16 @@ qwen_vocab_gguf() {
     timeout 300 python3 "$ll/convert_hf_to_gguf.py" $Q7 --vocab-only --outfile "$file" > "${file%.gguf}.convert.log" 2>&1 ||
         tail -5 "${file%.gguf}.convert.log"
 }
+# qwen7b_q4_k_m: $Q4KM, the 7B checkpoint's shapes as Q4_K_M with random weights, written by `strata
+# quantize --random-weights` on $Q7's vocabulary (llama-src.tar.xz carried) unless it is there.
+Q4KM=/root/gguf/qwen7b-random-q4_k_m.gguf
+qwen7b_q4_k_m() {
+    [ -f $Q4KM ] && return 0
+    mkdir -p /root/gguf
+    qwen_vocab_gguf /root/gguf/qwen7b-vocab.gguf /root/llama.cpp
+    timeout 300 $S quantize /root/gguf/qwen7b-vocab.gguf $Q4KM --type Q4_K_M --random-weights $Q7/config.json \
+        --threads ${THREADS:-16} 2>&1 | tail -1
+}
 SM=$CK/smollm2
 # The default model's reference with its real weights (smollm2_reference.py) in $SM, once the model
 # is staged (stage_model.sh) and the `gguf` wheel carried: gpu-bin/gguf-0.17.1-py3-none-any.whl,

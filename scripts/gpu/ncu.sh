@@ -5,8 +5,11 @@
 # 512..768) or inside eager steps of the engine serving 256 users on Llama-3-8B (NCU_RUN=step: every
 # kernel of a step, so a small kernel's own time shows apart from its launch). NCU_SKIP launches of
 # the kernels are passed over first (attention: 3, the sweep's warm-ups; step: past the prompts, into
-# decode steps of ~256 sequences), then NCU_COUNT (default 1) are profiled. ncu locks the clocks at
-# base, so its times are not a step's; its ratios (occupancy, stalls, bandwidth) are.
+# decode steps of ~256 sequences), then NCU_COUNT (default 1) are profiled. NCU_RUN=quant: the
+# tensor-core GEMM over Q4_K/Q6_K blocks in eager 256-user decode steps of the 7B-shaped Q4_K_M
+# (every step on it: STRATA_QUANT_GEMM_MAX_TOKENS=512); NCU_RUN=fp8: the FP8 decode GEMVs of one
+# stream on the 7B checkpoint under --quantization fp8. Clocks are left as they are
+# (--clock-control none), so durations are comparable with the benchmarks'.
 set -u
 OUT=${OUT:-/tmp/out}
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
@@ -18,11 +21,23 @@ if [ "$RUN" = step ]; then
     llama3_8b_checkpoint
     ARGS="bench-gpu --model $L8 --enforce-eager --levels 256 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 256"
     SKIP=${NCU_SKIP:-12000}
+elif [ "$RUN" = quant ]; then
+    qwen7b_checkpoint
+    qwen7b_q4_k_m
+    export STRATA_QUANT_GEMM_MAX_TOKENS=512
+    ARGS="bench-gpu --model $Q4KM --enforce-eager --levels 256 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 32"
+    KERNELS=${NCU_KERNELS:-qgemm_q}
+    SKIP=${NCU_SKIP:-2000}
+elif [ "$RUN" = fp8 ]; then
+    qwen7b_checkpoint
+    ARGS="bench-gpu --model $Q7 --quantization fp8 --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 32"
+    KERNELS=${NCU_KERNELS:-fp8_gemv}
+    SKIP=${NCU_SKIP:-400}
 else
     ARGS="bench-gpu --attention --levels 240 --prompt-tokens 512 --output-tokens 256"
     SKIP=${NCU_SKIP:-3}
 fi
-timeout 400 "$NCU" -k "regex:${NCU_KERNELS:-paged_attention_staged_bf16}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
+timeout ${NCU_TIMEOUT:-400} "$NCU" --clock-control none -k "regex:${KERNELS:-${NCU_KERNELS:-paged_attention_staged_bf16}}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section SchedulerStats $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
     > "$OUT/ncu_$NAME.log"

@@ -139,10 +139,9 @@ test)
     done
     ;;
 profile)
-    F=$GG/qwen7b-random-q4_k_m.gguf
-    qwen_vocab_gguf $GG/qwen7b-vocab.gguf $LL
-    [ -f $F ] || timeout 300 $S quantize $GG/qwen7b-vocab.gguf $F --type Q4_K_M --random-weights $Q7/config.json \
-        2>&1 | tail -1
+    F=$Q4KM
+    qwen7b_checkpoint
+    qwen7b_q4_k_m
     for m in $F $Q7; do
         name=$([ $m = $F ] && echo q4_k_m || echo bf16)
         echo "== where a 256-user decode step goes, $name"
