@@ -172,14 +172,21 @@ struct FmtQ4_0 {
             eat(unit * 32 + 8 * e, v);
         }
     }
-    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
-    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM: `slice` loads
+    // what they need, `eight` decodes it (split so the GEMM can load the next slices early).
+    struct Slice {
+        uint2 q;
+        unsigned short f;
+    };
+    __device__ static Slice slice(const u8* w, int n, int kb, int row, int col) {
         const size_t b = (size_t)row * kb + col / 32;
-        const int l = col & 31;
-        const uint2 q = __ldg((const uint2*)(w + b * BODY + (l & 15)));
-        const float d = half_to_f32(__ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS)));
-        four_values((q.x >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
-        four_values((q.y >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
+        return {__ldg((const uint2*)(w + b * BODY + (col & 15))),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
+        const float d = half_to_f32(s.f);
+        four_values((s.q.x >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
+        four_values((s.q.y >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
     }
 };
 
@@ -224,15 +231,20 @@ struct FmtQ4_1 {
             eat(unit * 32 + 8 * e, v);
         }
     }
-    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
-    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM: `slice` loads
+    // what they need, `eight` decodes it (split so the GEMM can load the next slices early).
+    struct Slice {
+        uint2 q;
+        u32 f;
+    };
+    __device__ static Slice slice(const u8* w, int n, int kb, int row, int col) {
         const size_t b = (size_t)row * kb + col / 32;
-        const int l = col & 31;
-        const uint2 q = __ldg((const uint2*)(w + b * BODY + (l & 15)));
-        const u32 f = __ldg((const u32*)(w + (size_t)n * kb * BODY + b * FIELDS));
-        const float d = half_to_f32(f), m = half_to_f32(f >> 16);
-        four_values((q.x >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
-        four_values((q.y >> (l & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
+        return {__ldg((const uint2*)(w + b * BODY + (col & 15))), __ldg((const u32*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
+        const float d = half_to_f32(s.f), m = half_to_f32(s.f >> 16);
+        four_values((s.q.x >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
+        four_values((s.q.y >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
     }
 };
 
@@ -273,13 +285,21 @@ struct FmtQ8_0 {
             eat(unit * 32 + 8 * e, v);
         }
     }
-    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
-    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM: `slice` loads
+    // what they need, `eight` decodes it (split so the GEMM can load the next slices early).
+    struct Slice {
+        uint2 q;
+        unsigned short f;
+    };
+    __device__ static Slice slice(const u8* w, int n, int kb, int row, int col) {
         const size_t b = (size_t)row * kb + col / 32;
-        const uint2 q = __ldg((const uint2*)(w + b * BODY + (col & 31)));
-        const float d = half_to_f32(__ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS)));
-        four_values(q.x ^ 0x80808080u, 128.0f, d, 0.0f, v);
-        four_values(q.y ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
+        return {__ldg((const uint2*)(w + b * BODY + (col & 31))),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    __device__ static void eight(const Slice& s, int, float (&v)[8]) {
+        const float d = half_to_f32(s.f);
+        four_values(s.q.x ^ 0x80808080u, 128.0f, d, 0.0f, v);
+        four_values(s.q.y ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
     }
 };
 
@@ -346,18 +366,25 @@ struct FmtQ4_K {
             }
         }
     }
-    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
-    __device__ static void eight(const u8* w, int, int kb, int row, int col, float (&v)[8]) {
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM: `slice` loads
+    // what they need, `eight` decodes it (split so the GEMM can load the next slices early).
+    struct Slice {
+        uint4 head;
+        uint2 q;
+    };
+    __device__ static Slice slice(const u8* w, int, int kb, int row, int col) {
         const u8* blk = w + ((size_t)row * kb + col / 256) * BYTES;
-        const int c = col & 255, sub = c >> 5;
-        const uint4 head = __ldg((const uint4*)blk);
-        const uint2 q = __ldg((const uint2*)(blk + 16 + 32 * (c >> 6) + (c & 31)));
+        const int c = col & 255;
+        return {__ldg((const uint4*)blk), __ldg((const uint2*)(blk + 16 + 32 * (c >> 6) + (c & 31)))};
+    }
+    __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
+        const int sub = (col & 255) >> 5;
         float sc, mn;
-        k4_scale_min(head.y, head.z, head.w, sub, sc, mn);
-        const float dl = half_to_f32(head.x) * sc, ml = -(half_to_f32(head.x >> 16) * mn);
+        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
+        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
         const int shift = 4 * (sub & 1);
-        four_values((q.x >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
-        four_values((q.y >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
+        four_values((s.q.x >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
+        four_values((s.q.y >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
     }
 };
 
@@ -423,19 +450,26 @@ struct FmtQ5_K {
             }
         }
     }
-    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
-    __device__ static void eight(const u8* w, int, int kb, int row, int col, float (&v)[8]) {
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM: `slice` loads
+    // what they need, `eight` decodes it (split so the GEMM can load the next slices early).
+    struct Slice {
+        uint4 head;
+        uint2 h, q;
+    };
+    __device__ static Slice slice(const u8* w, int, int kb, int row, int col) {
         const u8* blk = w + ((size_t)row * kb + col / 256) * BYTES;
-        const int c = col & 255, sub = c >> 5, l = c & 31;
-        const uint4 head = __ldg((const uint4*)blk);
-        const uint2 h = __ldg((const uint2*)(blk + 16 + l));
-        const uint2 q = __ldg((const uint2*)(blk + 48 + 32 * (c >> 6) + l));
+        const int c = col & 255, l = c & 31;
+        return {__ldg((const uint4*)blk), __ldg((const uint2*)(blk + 16 + l)),
+                __ldg((const uint2*)(blk + 48 + 32 * (c >> 6) + l))};
+    }
+    __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
+        const int sub = (col & 255) >> 5;
         float sc, mn;
-        k4_scale_min(head.y, head.z, head.w, sub, sc, mn);
-        const float dl = half_to_f32(head.x) * sc, ml = -(half_to_f32(head.x >> 16) * mn);
+        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
+        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
         const int shift = 4 * (sub & 1);
-        four_values(((q.x >> shift) & 0x0F0F0F0Fu) | (((h.x >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
-        four_values(((q.y >> shift) & 0x0F0F0F0Fu) | (((h.y >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
+        four_values(((s.q.x >> shift) & 0x0F0F0F0Fu) | (((s.h.x >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
+        four_values(((s.q.y >> shift) & 0x0F0F0F0Fu) | (((s.h.y >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
     }
 };
 
@@ -522,18 +556,26 @@ struct FmtQ6_K {
             }
         }
     }
-    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM.
-    __device__ static void eight(const u8* w, int n, int kb, int row, int col, float (&v)[8]) {
+    // Values col..col + 7 of row (col a multiple of 8), for the tensor-core GEMM: `slice` loads
+    // what they need, `eight` decodes it (split so the GEMM can load the next slices early).
+    struct Slice {
+        uint2 lo, hi;
+        unsigned short d;
+        signed char scale;
+    };
+    __device__ static Slice slice(const u8* w, int n, int kb, int row, int col) {
         const size_t blk = (size_t)row * kb + col / 256;
         const u8* body = w + blk * BODY;
         const int c = col & 255, h = c >> 7, j = (c >> 5) & 3, l = c & 31;
-        const uint2 lo = __ldg((const uint2*)(body + 64 * h + 32 * (j & 1) + l));
-        const uint2 hi = __ldg((const uint2*)(body + 128 + 32 * h + l));
-        const float d = half_to_f32(__ldg((const unsigned short*)(w + (size_t)n * kb * BODY + blk * FIELDS)));
-        const float dl = d * (float)(signed char)__ldg(body + 192 + 8 * h + 2 * j + l / 16);
-        const int shift = 4 * (j >> 1);
-        four_values(((lo.x >> shift) & 0x0F0F0F0Fu) | (((hi.x >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
-        four_values(((lo.y >> shift) & 0x0F0F0F0Fu) | (((hi.y >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
+        return {__ldg((const uint2*)(body + 64 * h + 32 * (j & 1) + l)), __ldg((const uint2*)(body + 128 + 32 * h + l)),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + blk * FIELDS)),
+                (signed char)__ldg(body + 192 + 8 * h + 2 * j + l / 16)};
+    }
+    __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
+        const int j = (col >> 5) & 3, shift = 4 * (j >> 1);
+        const float dl = half_to_f32(s.d) * (float)s.scale;
+        four_values(((s.lo.x >> shift) & 0x0F0F0F0Fu) | (((s.hi.x >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
+        four_values(((s.lo.y >> shift) & 0x0F0F0F0Fu) | (((s.hi.y >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
 };
 
@@ -784,6 +826,12 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
 #define QGEMM_K 128
 // 16 bytes of padding a row: the 8 tokens of a 16-byte load's quarter-warp hit distinct banks.
 #define QGEMM_XSTRIDE (QGEMM_K + 32)
+// 1: the next 32-column group's weight slices load while this one decodes and multiplies (across
+// steps too), so a weight load's latency hides behind a group's products; 0 loads each group's
+// slices when it starts (STRATA_KERNEL_DEFINES="QGEMM_PREFETCH=0" for the A/B).
+#ifndef QGEMM_PREFETCH
+#define QGEMM_PREFETCH 1
+#endif
 
 template <class F>
 __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
@@ -810,6 +858,14 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
+    // This lane's slices of the 4 rows for the group at column col (the weights are constant, so
+    // the first ones load before the wait for the previous kernel).
+    typename F::Slice cur[4];
+    auto load_slices = [&](int col, typename F::Slice(&to)[4]) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) to[r] = F::slice(w, n, kb, rows[r], col);
+    };
+    if (QGEMM_PREFETCH && first < last) load_slices(first * QGEMM_K + 8 * c, cur);
     wait_for_previous_kernel();
     // x tile of step s into buffer b: QGEMM_TOKENS x QGEMM_K bf16 in 16-byte pieces, zeros past t.
     auto load_x = [&](int s, int b) {
@@ -834,12 +890,19 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #pragma unroll
         for (int grp = 0; grp < QGEMM_K / 32; grp++) {
             const int col = s * QGEMM_K + 32 * grp + 8 * c;
+            typename F::Slice next[4];
+            if (QGEMM_PREFETCH) {
+                // The next group is col + 32, in this step or the next; the very last reloads col.
+                load_slices(s + 1 < last || grp + 1 < QGEMM_K / 32 ? col + 32 : col, next);
+            } else {
+                load_slices(col, cur);
+            }
             // A: per m16 tile, the two k16 steps' registers (a0..a3 each).
             u32 a[2][2][4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 float v[8];
-                F::eight(w, n, kb, rows[r], col, v);
+                F::eight(cur[r], col, v);
                 const int m = r >> 1, hi = r & 1;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -856,6 +919,10 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
                     mma_16x8x16<false>(acc[m][j], a[m][0][0], a[m][0][1], a[m][0][2], a[m][0][3], bx.x, bx.y);
                     mma_16x8x16<false>(acc[m][j], a[m][1][0], a[m][1][1], a[m][1][2], a[m][1][3], bx.z, bx.w);
                 }
+            }
+            if (QGEMM_PREFETCH) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) cur[r] = next[r];
             }
         }
         // The next step loads step s + 2 into this buffer: only once every warp has read it.
