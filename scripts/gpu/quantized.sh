@@ -154,10 +154,10 @@ profile)
     # The GEMM takes steps of up to 64 tokens by default: the baseline turns it off.
     for setting in STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512; do
         env "$setting" timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_${setting}.json" \
-            > "$OUT/bench_q4_k_m_${setting}.log" 2>&1
+            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_${setting//=/_}.json" \
+            > "$OUT/bench_q4_k_m_${setting//=/_}.log" 2>&1
         echo "-- $setting, exit $?"
-        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_${setting}.log" | cut -c1-200
+        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_${setting//=/_}.log" | cut -c1-200
     done
     ;;
 *) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;
