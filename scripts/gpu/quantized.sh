@@ -21,8 +21,9 @@
 #     product past the GEMVs on the tensor-core GEMM.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
 #     time of each kernel), beside bf16's, and 16-256 users with and without GEMV passes over the
-#     blocks (STRATA_QUANT_GEMV_MAX_TOKENS) and on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS,
-#     levels PROFILE_LEVELS); the file written by `strata quantize --random-weights`
+#     blocks (STRATA_QUANT_GEMV_MAX_TOKENS), on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS)
+#     and on its shared-memory tiles from 128 tokens (STRATA_QUANT_GEMM_TILE_MIN_TOKENS), levels
+#     PROFILE_LEVELS; the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -131,6 +132,10 @@ test)
     STRATA_QUANT_GEMM_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
+    echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9)"
+    STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 timeout 200 gpu-bin/cuda-test --nocapture \
+        --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile.log" 2>&1
+    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_tile.log"
     echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
     for cap in "" 8.0; do
         env ${cap:+STRATA_GPU_CAPABILITY=$cap} STRATA_FP8_GEMV=mma timeout 150 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 \
@@ -152,12 +157,15 @@ profile)
     done
     echo "== 16-256 users: dequantized for cuBLASLt, GEMV passes of 8 tokens, the tensor-core GEMM over the blocks"
     # The GEMM takes steps of up to 64 tokens by default: the baseline turns it off.
-    for setting in STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512; do
-        env "$setting" timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_${setting//=/_}.json" \
-            > "$OUT/bench_q4_k_m_${setting//=/_}.log" 2>&1
+    # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
+    for setting in STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512 \
+        STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128; do
+        name=$(echo "$setting" | tr '=,' '__')
+        env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
+            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \
+            > "$OUT/bench_q4_k_m_$name.log" 2>&1
         echo "-- $setting, exit $?"
-        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_${setting//=/_}.log" | cut -c1-200
+        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_$name.log" | cut -c1-200
     done
     ;;
 *) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;

@@ -833,6 +833,19 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
 #define QGEMM_PREFETCH 1
 #endif
 
+// One of a quantized GEMM's sums for (row, token tok0 + tok): into the k split's share of parts
+// when the grid splits k, else into y (bf16, or f32 when out_f32).
+__device__ __forceinline__ void qgemm_store(float v, void* __restrict__ y, float* __restrict__ parts, int n, int t,
+                                            int ld, int out_f32, int row, int tok) {
+    if (gridDim.z > 1) {
+        parts[((size_t)blockIdx.z * t + tok) * n + row] = v;
+    } else if (out_f32) {
+        ((float*)y)[(size_t)tok * ld + row] = v;
+    } else {
+        ((bf16*)y)[(size_t)tok * ld + row] = f2bf(v);
+    }
+}
+
 template <class F>
 __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                       float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
@@ -936,15 +949,130 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int row = row0 + 16 * m + g + 8 * (e >> 1), tok = 8 * j + 2 * c + (e & 1);
-                if (row >= n || tok >= live) continue;
-                const float v = acc[m][j][e];
-                if (gridDim.z > 1) {
-                    parts[((size_t)blockIdx.z * t + tok0 + tok) * n + row] = v;
-                } else if (out_f32) {
-                    ((float*)y)[(size_t)(tok0 + tok) * ld + row] = v;
-                } else {
-                    ((bf16*)y)[(size_t)(tok0 + tok) * ld + row] = f2bf(v);
+                if (row < n && tok < live) qgemm_store(acc[m][j][e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+            }
+#endif
+}
+
+// ---- The same product in tiles of 128 rows x 128 tokens, for steps of many tokens. ----
+// qgemm decodes a weight once per 64 tokens and spends ~13 instructions per mma (bench/NOTES.md
+// v26); here a block of 8 warps decodes each step's 128 x 64 weights once into shared memory (a
+// thread 4 slices of 8 values), and each warp multiplies 64 rows x 32 tokens of it (4 x 4 tiles,
+// A and B both from shared memory by 16-byte loads, the k order within a 32-column group as in
+// qgemm). Grid (ceil(n / 128), ceil(t / 128), splits), k split into parts as qgemm's.
+#define QTILE_ROWS 128
+#define QTILE_TOKENS 128
+#define QTILE_K 64
+#define QTILE_THREADS 256
+// A tile row of 64 bf16 in 16-byte chunks; odd rows swap their halves, so the two rows of a
+// quarter-warp's 16-byte loads (rows g and g + 1 of a group's chunks) hit different banks.
+__device__ __forceinline__ int qtile_at(int row, int col) {
+    return row * QTILE_K + ((((col >> 3) ^ ((row & 1) << 2))) << 3) + (col & 7);
+}
+
+template <class F>
+__device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
+                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) bf16 ws[QTILE_ROWS * QTILE_K];
+    __shared__ __align__(16) bf16 xs[2][QTILE_TOKENS * QTILE_K];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
+    const int wr = warp >> 2, wt = warp & 3;
+    const int row0 = blockIdx.x * QTILE_ROWS, tok0 = blockIdx.y * QTILE_TOKENS;
+    const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
+    const int last = min(steps, first + steps_per_split);
+    const int live = min(QTILE_TOKENS, t - tok0);
+    const int kb = k / F::BLOCK;
+    // The decode: thread i takes tile rows i / 8 + 32u (u < 4), columns 8 (i % 8)..+7 of each
+    // step; rows past n decode row 0 and are never stored.
+    const int dcol = 8 * (threadIdx.x & 7);
+    int drow[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int row = row0 + (threadIdx.x >> 3) + 32 * u;
+        drow[u] = row < n ? row : 0;
+    }
+    typename F::Slice cur[4];
+    if (first < last) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow[u], first * QTILE_K + dcol);
+    }
+    float acc[4][4][4];
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
+    wait_for_previous_kernel();
+    // x tile of step s into buffer b: QTILE_TOKENS x QTILE_K bf16 in 16-byte pieces, zeros past t.
+    auto load_x = [&](int s, int b) {
+#pragma unroll
+        for (int p = threadIdx.x; p < QTILE_TOKENS * QTILE_K / 8; p += QTILE_THREADS) {
+            const int tok = p >> 3, col = 8 * (p & 7);
+            const bool in = tok < live;
+            const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QTILE_K + col;
+            cp_async16(&xs[b][qtile_at(tok, col)], src, in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (first < last) load_x(first, 0);
+    for (int s = first; s < last; s++) {
+        const int b = (s - first) & 1;
+        // Every warp is done with the weights of step s - 1 and with its x buffer (b ^ 1).
+        __syncthreads();
+        if (s + 1 < last) load_x(s + 1, b ^ 1);
+        // Decode this step's slices into the tile while the next step's load (the last step
+        // reloads its own: no read past k).
+        const int next_col = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const typename F::Slice next = F::slice(w, n, kb, drow[u], next_col);
+            float v[8];
+            F::eight(cur[u], s * QTILE_K + dcol, v);
+            const uint4 packed = make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]),
+                                            pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
+            *(uint4*)&ws[qtile_at((threadIdx.x >> 3) + 32 * u, dcol)] = packed;
+            cur[u] = next;
+        }
+        if (s + 1 < last) {
+            cp_async_wait(1);
+        } else {
+            cp_async_wait(0);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int grp = 0; grp < QTILE_K / 32; grp++) {
+            const int col = 32 * grp + 8 * c;
+            uint4 bx[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) bx[j] = *(const uint4*)&xs[b][qtile_at(32 * wt + 8 * j + g, col)];
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                // Rows g and g + 8 of m16 tile m: the first k16's registers from columns
+                // col..col + 3, the second's from col + 4..col + 7 (qgemm's order).
+                const uint4 lo = *(const uint4*)&ws[qtile_at(64 * wr + 16 * m + g, col)];
+                const uint4 hi = *(const uint4*)&ws[qtile_at(64 * wr + 16 * m + g + 8, col)];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (32 * wt + 8 * j >= live) break;
+                    mma_16x8x16<false>(acc[m][j], lo.x, hi.x, lo.y, hi.y, bx[j].x, bx[j].y);
+                    mma_16x8x16<false>(acc[m][j], lo.z, hi.z, lo.w, hi.w, bx[j].z, bx[j].w);
                 }
+            }
+        }
+    }
+    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 64 * wr + 16 * m + g + 8 * (e >> 1);
+                const int tok = 32 * wt + 8 * j + 2 * c + (e & 1);
+                if (row < n && tok < live) qgemm_store(acc[m][j][e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
             }
 #endif
 }
@@ -998,6 +1126,10 @@ extern "C" __global__ void qgemm_reduce(const float* __restrict__ parts, void* _
     extern "C" __global__ void __launch_bounds__(QGEMM_WARPS * 32) qgemm_##NAME(                               \
         const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
         qgemm<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QTILE_THREADS, 2) qgemm_tile_##NAME(                           \
+        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
+        qgemm_tile<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                            \
     }
 
 QUANT_KERNELS(FmtQ4_0, q4_0)

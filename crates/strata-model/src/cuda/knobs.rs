@@ -26,6 +26,10 @@ pub struct GpuKnobs {
     /// the GEMVs) run on quant.cu's tensor-core GEMM, which decodes the blocks in registers,
     /// instead of dequantizing the matrix for cuBLASLt (0: off; bench/NOTES.md, v25).
     pub quant_gemm_max_tokens: usize,
+    /// `STRATA_QUANT_GEMM_TILE_MIN_TOKENS=N`: of those products, the ones of at least N tokens
+    /// take the GEMM in shared-memory tiles of 128 tokens instead of the 64-token one (0: never,
+    /// the default until measured; bench/NOTES.md, v27).
+    pub quant_gemm_tile_min_tokens: usize,
     /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
     pub fuse_rope: bool,
     /// `STRATA_FUSE_NORM=0`: the norms as kernels between the GEMVs, not carried by them.
@@ -64,6 +68,7 @@ impl GpuKnobs {
             gemv_max_tokens: number("STRATA_GEMV_MAX_TOKENS").unwrap_or(DEFAULT_GEMV_MAX_TOKENS),
             quant_gemv_max_tokens: number("STRATA_QUANT_GEMV_MAX_TOKENS").unwrap_or(0),
             quant_gemm_max_tokens: number("STRATA_QUANT_GEMM_MAX_TOKENS").unwrap_or(DEFAULT_QUANT_GEMM_MAX_TOKENS),
+            quant_gemm_tile_min_tokens: number("STRATA_QUANT_GEMM_TILE_MIN_TOKENS").unwrap_or(0),
             fuse_rope: !off("STRATA_FUSE_ROPE"),
             fuse_norm: !off("STRATA_FUSE_NORM"),
             simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
@@ -102,6 +107,7 @@ mod tests {
                 gemv_max_tokens: 8,
                 quant_gemv_max_tokens: 0,
                 quant_gemm_max_tokens: 64,
+                quant_gemm_tile_min_tokens: 0,
                 fuse_rope: true,
                 fuse_norm: true,
                 simt_attention: false,
@@ -118,6 +124,7 @@ mod tests {
             ("STRATA_GEMV_MAX_TOKENS", "0"),
             ("STRATA_QUANT_GEMV_MAX_TOKENS", "64"),
             ("STRATA_QUANT_GEMM_MAX_TOKENS", "512"),
+            ("STRATA_QUANT_GEMM_TILE_MIN_TOKENS", "128"),
             ("STRATA_FUSE_ROPE", "0"),
             ("STRATA_FUSE_NORM", "0"),
             ("STRATA_ATTENTION", "simt"),
@@ -135,6 +142,7 @@ mod tests {
                 gemv_max_tokens: 0,
                 quant_gemv_max_tokens: 64,
                 quant_gemm_max_tokens: 512,
+                quant_gemm_tile_min_tokens: 128,
                 fuse_rope: false,
                 fuse_norm: false,
                 simt_attention: true,

@@ -6,8 +6,8 @@ use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
     gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
     GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, QuantEmbeddingCall,
-    QuantGemmCall, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel,
-    SiluMulCall, SumRanksCall, QGEMM_K,
+    QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall,
+    RopeKernel, SiluMulCall, SumRanksCall, QGEMM_K,
 };
 
 use crate::config::ModelConfig;
@@ -717,7 +717,8 @@ impl GpuTransformer {
         self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in)
     }
 
-    /// [`Self::quantized_matmul`] on quant.cu's tensor-core GEMM, segment by segment, k split
+    /// [`Self::quantized_matmul`] on one of quant.cu's tensor-core GEMMs (the shared-memory tiles
+    /// from `quant_gemm_tile_min_tokens` on), segment by segment, k split
     /// (and the splits summed) where the segment's tiles would not fill the GPU twice.
     fn quantized_gemm(
         &mut self,
@@ -734,9 +735,16 @@ impl GpuTransformer {
             .as_ref()
             .map_or((0, 0), |b| (b.ptr(), b.bytes() / 4));
         let sms = self.gpu.info.multiprocessors;
+        let min_tile = self.knobs.quant_gemm_tile_min_tokens;
+        let tile = if min_tile > 0 && t >= min_tile {
+            QuantGemmTile::Shared
+        } else {
+            QuantGemmTile::Registers
+        };
         for seg in w.segments() {
             let call = QuantGemmCall {
                 format: seg.format,
+                tile,
                 w: seg.ptr,
                 x,
                 y: y + (seg.first_row * y_elem) as u64,
@@ -746,7 +754,7 @@ impl GpuTransformer {
                 t: t as i32,
                 ld: n as i32,
                 out_f32: (out == GemmOut::F32) as i32,
-                steps_per_split: QuantGemmCall::steps_per_split_for(seg.rows, k, t, sms, capacity),
+                steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
             };
             call.launch_with(self.launcher())?;
             if let Some(reduce) = call.reduce() {

@@ -14,7 +14,7 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// The kernels quant.cu defines for each block format: its GEMVs for 1, 2, 4 and 8 tokens
 /// (plain, gate/up with SiLU, residual), its dequantization, its embedding lookup and its
-/// tensor-core GEMM; then the activation quantizer the GEMVs read and the GEMM's split sum.
+/// tensor-core GEMMs (registers, shared-memory tiles); then the activation quantizer the GEMVs read and the GEMM's split sum.
 macro_rules! quant_kernel_names {
     ($($f:literal),*) => {
         [$(
@@ -25,6 +25,7 @@ macro_rules! quant_kernel_names {
             concat!("qgemv_residual_", $f, "_t1"), concat!("qgemv_residual_", $f, "_t2"),
             concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
             concat!("dequant_", $f), concat!("embedding_", $f), concat!("qgemm_", $f),
+            concat!("qgemm_tile_", $f),
         )* "quantize_q8", "qgemm_reduce"]
     };
 }

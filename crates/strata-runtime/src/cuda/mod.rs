@@ -73,7 +73,7 @@ pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
 pub use quant_call::{
-    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmReduceCall, QuantGemvCall,
+    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall,
     QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
 };
 pub use rope_call::{RopeCall, RopeKernel};
@@ -279,6 +279,7 @@ mod tests {
             };
             let m = QuantGemmCall {
                 format,
+                tile: QuantGemmTile::Registers,
                 w: 1,
                 x: 1,
                 y: 1,
@@ -290,7 +291,11 @@ mod tests {
                 out_f32: 0,
                 steps_per_split: 2,
             };
-            names.extend([d.name(), e.name(), m.name()].map(String::from));
+            let tiled = QuantGemmCall {
+                tile: QuantGemmTile::Shared,
+                ..m
+            };
+            names.extend([d.name(), e.name(), m.name(), tiled.name()].map(String::from));
         }
         let q = QuantizeQ8Call {
             x: 1,

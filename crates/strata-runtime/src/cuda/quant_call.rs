@@ -37,7 +37,7 @@ const QGEMV_ROWS: u32 = GEMV_THREADS / 32;
 
 /// Kernels quant.cu defines per format: GEMVs (plain, SiLU, residual) for each compiled token
 /// count, then dequantization, the embedding lookup and the GEMM.
-const KERNELS_PER_FORMAT: usize = 3 * 4 + 3;
+const KERNELS_PER_FORMAT: usize = 3 * 4 + 4;
 
 /// Which of a format's kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +48,7 @@ enum Kind {
     Dequant,
     Embedding,
     Gemm,
+    GemmTile,
 }
 
 impl QuantFormat {
@@ -164,6 +165,7 @@ impl QuantFormat {
             Kind::Dequant => 12,
             Kind::Embedding => 13,
             Kind::Gemm => 14,
+            Kind::GemmTile => 15,
         };
         let format = QUANT_FORMATS.iter().position(|&f| f == self).unwrap_or_default();
         quant_kernels()[format * KERNELS_PER_FORMAT + offset]
@@ -375,21 +377,75 @@ impl DequantCall {
     one_kernel_launch!("quant.cu");
 }
 
-/// Rows, tokens and columns of a `qgemm_*` block's tile, and its threads (quant.cu: QGEMM_ROWS,
-/// QGEMM_TOKENS, QGEMM_K, QGEMM_WARPS * 32).
+/// Rows of a quantized GEMM block's tile (quant.cu: QGEMM_ROWS, QTILE_ROWS), and the multiple
+/// of columns both GEMMs take (QGEMM_K; QTILE_K divides it).
 const QGEMM_ROWS: usize = 128;
-const QGEMM_TOKENS: usize = 64;
 pub const QGEMM_K: usize = 128;
-const QGEMM_THREADS: u32 = 128;
+
+/// Which of quant.cu's tensor-core GEMMs over quantized blocks a [`QuantGemmCall`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantGemmTile {
+    /// `qgemm_*`: 128 rows x 64 tokens a block of 4 warps, k in steps of 128 columns, each warp
+    /// decoding its rows in registers.
+    Registers,
+    /// `qgemm_tile_*`: 128 rows x 128 tokens a block of 8 warps, k in steps of 64 columns, the
+    /// weights decoded once a block into shared memory.
+    Shared,
+}
+
+impl QuantGemmTile {
+    fn tokens(self) -> usize {
+        match self {
+            QuantGemmTile::Registers => 64,
+            QuantGemmTile::Shared => 128,
+        }
+    }
+
+    /// Columns a block takes per step (quant.cu: QGEMM_K, QTILE_K).
+    pub fn k_step(self) -> usize {
+        match self {
+            QuantGemmTile::Registers => QGEMM_K,
+            QuantGemmTile::Shared => 64,
+        }
+    }
+
+    fn threads(self) -> u32 {
+        match self {
+            QuantGemmTile::Registers => 128,
+            QuantGemmTile::Shared => 256,
+        }
+    }
+
+    /// The steps per block that split k so that the tiles of an `n` x `t` product fill
+    /// `multiprocessors` twice over (at most 16 ways), with the `[splits, t, n]` f32 partial
+    /// sums within `parts_capacity` values.
+    pub fn steps_per_split_for(
+        self,
+        n: usize,
+        k: usize,
+        t: usize,
+        multiprocessors: usize,
+        parts_capacity: usize,
+    ) -> i32 {
+        let steps = (k / self.k_step()).max(1);
+        let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(self.tokens());
+        let wanted = (2 * multiprocessors).div_ceil(tiles.max(1));
+        let fits = parts_capacity / (t * n).max(1);
+        let splits = wanted.min(fits).min(steps).clamp(1, 16);
+        steps.div_ceil(splits) as i32
+    }
+}
 
 /// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows on tensor cores, the
-/// blocks decoded in registers (`qgemm_*`): for steps of more tokens than the GEMVs take. When
-/// `steps_per_split` is less than k's [`QGEMM_K`]-column steps, each of [`Self::grid_splits`]
+/// blocks decoded on the way (`qgemm_*` or `qgemm_tile_*`, [`QuantGemmTile`]): for steps of more
+/// tokens than the GEMVs take. When `steps_per_split` is less than k's column steps (the
+/// tile's [`QuantGemmTile::steps_per_split_for`]), each of [`Self::grid_splits`]
 /// blocks per tile sums its share of them into `parts` and [`QuantGemmReduceCall`] adds the
 /// shares into y.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantGemmCall {
     pub format: QuantFormat,
+    pub tile: QuantGemmTile,
     /// The segment's bytes (quant.cu's layout).
     pub w: u64,
     /// bf16 `[t, k]`.
@@ -404,30 +460,22 @@ pub struct QuantGemmCall {
     pub t: i32,
     pub ld: i32,
     pub out_f32: i32,
-    /// Column steps a block takes ([`Self::steps_per_split_for`]; k / QGEMM_K: no split).
+    /// Column steps a block takes ([`QuantGemmTile::steps_per_split_for`]; all of k's steps: no
+    /// split).
     pub steps_per_split: i32,
 }
 
 impl QuantGemmCall {
     pub fn name(&self) -> &'static str {
-        self.format.kernel(Kind::Gemm, 0)
-    }
-
-    /// The steps per block that split k so that the tiles of an `n` x `t` product fill
-    /// `multiprocessors` twice over (at most 16 ways), with the `[splits, t, n]` f32 partial
-    /// sums within `parts_capacity` values.
-    pub fn steps_per_split_for(n: usize, k: usize, t: usize, multiprocessors: usize, parts_capacity: usize) -> i32 {
-        let steps = (k / QGEMM_K).max(1);
-        let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(QGEMM_TOKENS);
-        let wanted = (2 * multiprocessors).div_ceil(tiles.max(1));
-        let fits = parts_capacity / (t * n).max(1);
-        let splits = wanted.min(fits).min(steps).clamp(1, 16);
-        steps.div_ceil(splits) as i32
+        match self.tile {
+            QuantGemmTile::Registers => self.format.kernel(Kind::Gemm, 0),
+            QuantGemmTile::Shared => self.format.kernel(Kind::GemmTile, 0),
+        }
     }
 
     /// Blocks per tile along k (1: no split, y written directly).
     pub fn grid_splits(&self) -> i32 {
-        let steps = (self.k / QGEMM_K as i32).max(1);
+        let steps = (self.k / self.tile.k_step() as i32).max(1);
         (steps as u32).div_ceil(self.steps_per_split.max(1) as u32) as i32
     }
 
@@ -449,10 +497,10 @@ impl QuantGemmCall {
         (
             (
                 (self.n as u32).div_ceil(QGEMM_ROWS as u32),
-                (self.t as u32).div_ceil(QGEMM_TOKENS as u32),
+                (self.t as u32).div_ceil(self.tile.tokens() as u32),
                 self.grid_splits() as u32,
             ),
-            QGEMM_THREADS,
+            self.tile.threads(),
             0,
         )
     }
@@ -614,6 +662,7 @@ mod tests {
             assert_eq!(f.kernel(Kind::Dequant, 0), format!("dequant_{}", f.name()));
             assert_eq!(f.kernel(Kind::Embedding, 0), format!("embedding_{}", f.name()));
             assert_eq!(f.kernel(Kind::Gemm, 0), format!("qgemm_{}", f.name()));
+            assert_eq!(f.kernel(Kind::GemmTile, 0), format!("qgemm_tile_{}", f.name()));
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
@@ -634,7 +683,7 @@ mod tests {
 
     #[test]
     fn the_quantized_gemm_splits_k_only_to_fill_the_gpu() {
-        let per = QuantGemmCall::steps_per_split_for;
+        let per = |n, k, t, sms, cap| QuantGemmTile::Registers.steps_per_split_for(n, k, t, sms, cap);
         // 7B-shaped down projection at 20 tokens on 132 SMs: 28 tiles, so 148 steps 10 ways.
         assert_eq!(per(3584, 18944, 20, 132, 4 << 20), 15);
         // Enough tiles already: no split. Little scratch: as many as fit; none: no split.
@@ -646,6 +695,7 @@ mod tests {
         assert_eq!(per(64, 1 << 16, 9, 132, 4 << 20), 32);
         let call = QuantGemmCall {
             format: QuantFormat::Q4K,
+            tile: QuantGemmTile::Registers,
             w: 1,
             x: 2,
             y: 3,
@@ -659,19 +709,21 @@ mod tests {
         };
         // 148 steps 15 a block: 10 blocks along k, the last taking 13.
         assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((28, 2, 10), 128, 0)));
-        let want = vec![
-            at(&call.w),
-            at(&call.x),
-            at(&call.y),
-            at(&call.parts),
-            at(&call.n),
-            at(&call.k),
-            at(&call.t),
-            at(&call.ld),
-            at(&call.out_f32),
-            at(&call.steps_per_split),
-        ];
-        assert_eq!(call.args(), want);
+        let fields = |c: &QuantGemmCall| {
+            vec![
+                at(&c.w),
+                at(&c.x),
+                at(&c.y),
+                at(&c.parts),
+                at(&c.n),
+                at(&c.k),
+                at(&c.t),
+                at(&c.ld),
+                at(&c.out_f32),
+                at(&c.steps_per_split),
+            ]
+        };
+        assert_eq!(call.args(), fields(&call));
         let reduce = call.reduce().unwrap();
         assert_eq!((reduce.parts, reduce.y, reduce.splits, reduce.ld), (4, 3, 10, 4608));
         let whole = QuantGemmCall {
@@ -680,6 +732,20 @@ mod tests {
         };
         assert_eq!(whole.grid_splits(), 1);
         assert!(whole.reduce().is_none());
+        // The shared-memory tiles: 128 tokens a block, k in 64-column steps, 8 warps.
+        let shared = QuantGemmTile::Shared;
+        // Gate/up at 256 tokens: 296 x 2 tiles fill 132 SMs twice; the down projection's 28 x 2
+        // do not, and its 296 steps would split 5 ways but the scratch holds 4 shares.
+        assert_eq!(shared.steps_per_split_for(37888, 3584, 256, 132, 4 << 20), 56);
+        assert_eq!(shared.steps_per_split_for(3584, 18944, 256, 132, 4 << 20), 74);
+        let tiled = QuantGemmCall {
+            tile: shared,
+            t: 256,
+            steps_per_split: 74,
+            ..call
+        };
+        assert_eq!((tiled.name(), tiled.shape()), ("qgemm_tile_q4_k", ((28, 2, 4), 256, 0)));
+        assert_eq!(tiled.args(), fields(&tiled));
     }
 
     #[test]

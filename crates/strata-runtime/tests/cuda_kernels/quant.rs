@@ -1,12 +1,13 @@
 //! quant.cu against strata's CPU dequantizer: the int8 activation blocks, and for each block
 //! format the decode GEMVs over them (plain, gate/up with SiLU, residual with the next norm's
 //! sums), dequantization of a matrix and of a slab of its rows, the embedding, and the
-//! tensor-core GEMM (whole and split k) against the bf16-rounded weights.
+//! tensor-core GEMMs (registers and shared-memory tiles, whole and split k) against the
+//! bf16-rounded weights.
 
 use strata_formats::quant::dequantize;
 use strata_runtime::cuda::{
-    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemvCall,
-    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
+    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
+    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
@@ -319,6 +320,9 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
     }
 }
 
+/// quant.cu's two tensor-core GEMMs over quantized blocks.
+const TILES: [QuantGemmTile; 2] = [QuantGemmTile::Registers, QuantGemmTile::Shared];
+
 #[test]
 fn quantized_gemm_matches_the_bf16_rounded_weights() {
     let Some(gpu) = first_gpu() else {
@@ -327,17 +331,19 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     for format in QUANT_FORMATS {
         // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
-        // and a partial third; k of 6 and 22 column steps.
+        // and a partial third (of 128-token tiles: within one and a partial second); k of 6 and
+        // 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole and with k split 3 ways.
         for (n, k) in [(37usize, 768usize), (258, 2816)] {
             let blocks = random_blocks(format, n, k, 3 * n as u64 + k as u64);
             let mut w = vec![0f32; n * k];
             dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
             let wb: Vec<f64> = w.iter().map(|&v| bf16_value(bf16_bits(v)) as f64).collect();
             let seg = upload_segment(&gpu, format, &blocks, n, k);
-            for t in [9usize, 70, 130] {
+            for (t, tile) in [9usize, 70, 130].into_iter().flat_map(|t| TILES.map(|tile| (t, tile))) {
                 let xb = random_bf16(t * k, 11 + t as u64);
                 let x: Vec<f64> = xb.iter().map(|&b| bf16_value(b) as f64).collect();
                 let xd = gpu.upload(&xb, "x").unwrap();
+                let steps = k / tile.k_step();
                 // f32 into a wider output (ld = n + 3); bf16 with k split three ways.
                 let ld = n + 3;
                 let y = gpu.alloc(t * ld * 4, "y").unwrap();
@@ -346,6 +352,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 let yb = gpu.alloc(t * n * 2, "y bf16").unwrap();
                 let whole = QuantGemmCall {
                     format,
+                    tile,
                     w: seg.ptr(),
                     x: xd.ptr(),
                     y: y.ptr(),
@@ -355,7 +362,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     t: t as i32,
                     ld: ld as i32,
                     out_f32: 1,
-                    steps_per_split: k as i32 / QGEMM_K as i32,
+                    steps_per_split: steps as i32,
                 };
                 // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
                 unsafe { whole.launch(&gpu, &kernels) }.unwrap();
@@ -364,7 +371,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     parts: parts.ptr(),
                     ld: n as i32,
                     out_f32: 0,
-                    steps_per_split: (k / QGEMM_K).div_ceil(3) as i32,
+                    steps_per_split: steps.div_ceil(3) as i32,
                     ..whole
                 };
                 assert_eq!(split.grid_splits(), 3);
@@ -376,7 +383,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 let mut got = vec![0f32; t * ld];
                 gpu.read(&y, 0, &mut got).unwrap();
                 let got_bf16 = read_bf16(&gpu, &yb, t * n);
-                let ctx = format!("{format:?} n {n} k {k} t {t}");
+                let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
                 for j in 0..t {
                     for r in 0..n {
                         let (wr, xr) = (&wb[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
