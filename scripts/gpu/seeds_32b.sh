@@ -71,35 +71,43 @@ bench() {
     pack
 }
 
-# Both servers stay loaded side by side (strata sized as a 24 GiB card, llama.cpp beside it on the
-# rest), each measured while the other idles: the closed runs first, then the Poisson runs.
-echo "== strata serve, --gpu-memory-limit $LIMIT"
-$S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048 --max-num-seqs 20 "${STRATA_KV[@]}" \
-    > "$OUT/strata_serve.log" 2>&1 &
-pid=$!
-up=
-# A 19 GiB file took strata ~3.5 minutes to load on one core (bench/NOTES.md): up to 8 here.
-wait_up 8050 480 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
-# A strata still loading would count llama.cpp's allocations as its own: stop it first.
-[ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; kill $pid; wait $pid; }
-# strata's KV tokens, for llama.cpp's context: the same KV budget, one pool all slots share (-kvu;
-# without it each of the 20 slots gets a twentieth, too little for one request).
-kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
-echo "== llama-server -np 20 -kvu -c ${kv:-30720} ${LLAMA_KV[*]}"
-$LL/build/bin/llama-server -m $M32 -ngl 99 -np 20 -kvu -c "${kv:-30720}" "${LLAMA_KV[@]}" --port 8051 -fa on \
-    > "$OUT/llama_server.log" 2>&1 &
-lpid=$!
-lup=
-wait_up 8051 && lup=1
-[ -n "$lup" ] || { echo "llama-server did not come up"; tail -20 "$OUT/llama_server.log"; }
-[ -n "$up" ] && bench 8050 strata_closed
-[ -n "$lup" ] && bench 8051 llama_closed
-rate=$(python3 -c "import json; r=json.load(open('$OUT/bench_strata_closed.json'))['runs'][0]; print(round(0.8*r['request_throughput'], 4))" 2>/dev/null)
-echo "Poisson rate: ${rate:-none} requests/s"
-[ -n "$up" ] && [ -n "$rate" ] && bench 8050 strata_poisson "$rate"
-[ -n "$lup" ] && [ -n "$rate" ] && bench 8051 llama_poisson "$rate"
-kill $pid $lpid 2>/dev/null; wait $pid $lpid 2>/dev/null
-pack
+# LLAMA_FIT_ONLY=1: only llama.cpp with the slots that fit (below), on KV_TOKENS (strata's KV
+# tokens from an earlier call, default 11760) and RATE (that call's Poisson rate): the whole
+# script takes more than one call's ten minutes.
+if [ -n "${LLAMA_FIT_ONLY:-}" ]; then
+    kv=${KV_TOKENS:-11760}
+    rate=${RATE:-}
+else
+    # Both servers stay loaded side by side (strata sized as a 24 GiB card, llama.cpp beside it on the
+    # rest), each measured while the other idles: the closed runs first, then the Poisson runs.
+    echo "== strata serve, --gpu-memory-limit $LIMIT"
+    $S serve --model $M32 --port 8050 --gpu-memory-limit $LIMIT --max-model-len 2048 --max-num-seqs 20 "${STRATA_KV[@]}" \
+        > "$OUT/strata_serve.log" 2>&1 &
+    pid=$!
+    up=
+    # A 19 GiB file took strata ~3.5 minutes to load on one core (bench/NOTES.md): up to 8 here.
+    wait_up 8050 480 && up=1 && grep -iE "weights|KV cache|sequences of" "$OUT/strata_serve.log" | cut -c1-300 | head -4
+    # A strata still loading would count llama.cpp's allocations as its own: stop it first.
+    [ -n "$up" ] || { echo "strata did not come up"; tail -20 "$OUT/strata_serve.log"; kill $pid; wait $pid; }
+    # strata's KV tokens, for llama.cpp's context: the same KV budget, one pool all slots share (-kvu;
+    # without it each of the 20 slots gets a twentieth, too little for one request).
+    kv=$(grep -oE "= [0-9]+ tokens" "$OUT/strata_serve.log" | head -1 | grep -oE "[0-9]+")
+    echo "== llama-server -np 20 -kvu -c ${kv:-30720} ${LLAMA_KV[*]}"
+    $LL/build/bin/llama-server -m $M32 -ngl 99 -np 20 -kvu -c "${kv:-30720}" "${LLAMA_KV[@]}" --port 8051 -fa on \
+        > "$OUT/llama_server.log" 2>&1 &
+    lpid=$!
+    lup=
+    wait_up 8051 && lup=1
+    [ -n "$lup" ] || { echo "llama-server did not come up"; tail -20 "$OUT/llama_server.log"; }
+    [ -n "$up" ] && bench 8050 strata_closed
+    [ -n "$lup" ] && bench 8051 llama_closed
+    rate=$(python3 -c "import json; r=json.load(open('$OUT/bench_strata_closed.json'))['runs'][0]; print(round(0.8*r['request_throughput'], 4))" 2>/dev/null)
+    echo "Poisson rate: ${rate:-none} requests/s"
+    [ -n "$up" ] && [ -n "$rate" ] && bench 8050 strata_poisson "$rate"
+    [ -n "$lup" ] && [ -n "$rate" ] && bench 8051 llama_poisson "$rate"
+    kill $pid $lpid 2>/dev/null; wait $pid $lpid 2>/dev/null
+    pack
+fi
 # llama.cpp fails a request whose slot cannot grow in a full pool ("Context size has been
 # exceeded") rather than queueing it: also run it with the slots that fit the budget whole.
 fit=$(( ${kv:-30720} / (512 + 1024) ))
