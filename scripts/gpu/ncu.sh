@@ -37,7 +37,9 @@ else
     ARGS="bench-gpu --attention --levels 240 --prompt-tokens 512 --output-tokens 256"
     SKIP=${NCU_SKIP:-3}
 fi
-timeout ${NCU_TIMEOUT:-400} "$NCU" --clock-control none -k "regex:${KERNELS:-${NCU_KERNELS:-paged_attention_staged_bf16}}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
+# NCU_REPLAY=application replays the whole program once per pass instead of saving and restoring
+# device memory around each kernel (ncu failed that way on the FP8 GEMVs of a 7B model).
+timeout ${NCU_TIMEOUT:-400} "$NCU" --clock-control none ${NCU_REPLAY:+--replay-mode $NCU_REPLAY} -k "regex:${KERNELS:-${NCU_KERNELS:-paged_attention_staged_bf16}}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section SchedulerStats $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
     > "$OUT/ncu_$NAME.log"
