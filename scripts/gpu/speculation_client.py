@@ -33,7 +33,7 @@ def metrics(port):
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith("strata_spec_decode_num_") and " " in line:
+        if line.startswith(("strata_spec_decode_num_", "strata_engine_d")) and " " in line:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
@@ -64,14 +64,23 @@ def request(port, task, speculative):
 
 
 def one_user(port, tasks, speculative):
-    """Each task once, in turn: tokens, seconds and the answers."""
+    """Each task once, in turn: tokens, seconds, the answers, and the engine's decode steps over
+    the run (from /metrics): how many, how long, and those that verified drafts."""
+    before = metrics(port)
     tokens, seconds, answers = 0, 0.0, []
     for task in tasks:
         s, n, text = request(port, task, speculative)
         tokens += n
         seconds += s
         answers.append(text)
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "answers": answers}
+    after = metrics(port)
+    d = lambda name: after.get(f"strata_engine_{name}", 0.0) - before.get(f"strata_engine_{name}", 0.0)
+    steps, drafted = d("decode_steps_total"), d("drafted_steps_total")
+    plain_s = d("decode_step_seconds_total") - d("drafted_step_seconds_total")
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "answers": answers,
+            "decode_steps": steps, "drafted_steps": drafted,
+            "plain_step_ms": 1e3 * plain_s / max(steps - drafted, 1),
+            "drafted_step_ms": 1e3 * d("drafted_step_seconds_total") / max(drafted, 1)}
 
 
 def many_users(port, tasks, speculative, users, per_user=2):
@@ -139,6 +148,11 @@ def main():
               f"{run['ratio']:.2f}x | {run['same_answers']} |")
     if proposed:
         print(f"drafts at one user: {proposed:.0f} proposed, {accepted:.0f} accepted ({accepted / proposed:.2f})")
+    for run in runs:
+        off, on = run["off"], run["on"]
+        print(f"round {run['round']} decode steps: off {off['decode_steps']:.0f} at {off['plain_step_ms']:.3f} ms; "
+              f"on {on['drafted_steps']:.0f} drafted at {on['drafted_step_ms']:.3f} ms and "
+              f"{on['decode_steps'] - on['drafted_steps']:.0f} plain at {on['plain_step_ms']:.3f} ms")
     for c in crowd:
         orders = ", ".join(f"{r:.2f}x" for r in c["ratio_by_order"])
         print(f"| {c['users']} users | off-on, on-off | {c['off_tok_s']:.1f} | {c['on_tok_s']:.1f} | "

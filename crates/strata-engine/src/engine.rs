@@ -207,6 +207,10 @@ pub struct EngineStats {
     pub decode_steps_total: u64,
     pub decode_step_seconds_total: f64,
     pub decode_step_seqs_total: u64,
+    /// Of those, the steps in which some sequence verified draft tokens (speculative decoding),
+    /// and their summed seconds: a drafted step's cost beside a plain one's.
+    pub drafted_steps_total: u64,
+    pub drafted_step_seconds_total: f64,
     /// Decode steps queued behind the one running, their tokens taken from its chosen ids on the
     /// device (overlapped steps, on executors that can).
     pub overlapped_steps_total: u64,
@@ -1186,6 +1190,7 @@ impl EngineLoop {
         };
         let mut finished = Vec::new();
         let mut all_decode = !chunks.is_empty();
+        let drafted = chunks.iter().any(|c| c.drafts > 0);
         for (bi, c) in chunks.iter().enumerate() {
             let Some(seq) = self.seqs.get_mut(&c.id) else {
                 continue;
@@ -1279,6 +1284,10 @@ impl EngineLoop {
             self.stats.decode_steps_total += 1;
             self.stats.decode_step_seconds_total += self.stats.last_step_seconds;
             self.stats.decode_step_seqs_total += chunks.len() as u64;
+            if drafted {
+                self.stats.drafted_steps_total += 1;
+                self.stats.drafted_step_seconds_total += self.stats.last_step_seconds;
+            }
         }
         Ok(())
     }

@@ -187,6 +187,11 @@ fn assert_opt_out_and_batch_size_rule(spec: &EngineHandle, busy: &EngineHandle) 
     reqs.iter_mut().for_each(|r| r.speculative = false);
     run_together(spec, reqs);
     assert_eq!(spec.stats().drafts.proposed_total(), 0, "opted out");
+    assert_eq!(
+        spec.stats().drafted_steps_total,
+        0,
+        "opted out: no step verified drafts"
+    );
     assert_eq!(spec.stats().draft_seconds_total, 0.0, "no draft model ran");
     let together = run_together(busy, greedy_requests(&ps[..4], true));
     let drafted_at_four = busy.stats().drafts.proposed_total();
@@ -215,7 +220,13 @@ fn greedy_output_is_the_same_with_and_without_speculation_batched_and_preempted(
         "drafts were proposed and some taken: {s:?}"
     );
     assert_eq!(s.kv_blocks_used, 0, "every block is back, rejected drafts' included");
+    assert!(
+        s.drafted_steps_total > 0 && s.drafted_steps_total <= s.decode_steps_total,
+        "drafted steps are decode steps: {s:?}"
+    );
+    assert!(s.drafted_step_seconds_total > 0.0 && s.drafted_step_seconds_total <= s.decode_step_seconds_total);
     assert_eq!(plain.stats().drafts.proposed_total(), 0);
+    assert_eq!(plain.stats().drafted_steps_total, 0);
 }
 
 #[test]

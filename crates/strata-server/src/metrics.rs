@@ -150,7 +150,7 @@ impl Metrics {
                 "Seconds from request arrival to its last token.",
             );
         });
-        let gauges: [(&str, &str, &str, f64); 15] = [
+        let gauges: [(&str, &str, &str, f64); 19] = [
             (
                 "strata_num_requests_running",
                 "gauge",
@@ -216,6 +216,30 @@ impl Metrics {
                 "counter",
                 "Engine steps run.",
                 stats.steps_total as f64,
+            ),
+            (
+                "strata_engine_decode_steps_total",
+                "counter",
+                "Engine steps in which every sequence decoded (no prompt chunk).",
+                stats.decode_steps_total as f64,
+            ),
+            (
+                "strata_engine_decode_step_seconds_total",
+                "counter",
+                "Seconds of those steps, from scheduling to results.",
+                stats.decode_step_seconds_total,
+            ),
+            (
+                "strata_engine_drafted_steps_total",
+                "counter",
+                "Of those, the steps that verified draft tokens (speculative decoding).",
+                stats.drafted_steps_total as f64,
+            ),
+            (
+                "strata_engine_drafted_step_seconds_total",
+                "counter",
+                "Seconds of the steps that verified draft tokens.",
+                stats.drafted_step_seconds_total,
             ),
             (
                 "strata_grammar_masks_total",
@@ -392,6 +416,10 @@ mod tests {
         let mut stats = EngineStats {
             kv_blocks_total: 10,
             kv_blocks_used: 3,
+            decode_steps_total: 4,
+            decode_step_seconds_total: 0.5,
+            drafted_steps_total: 1,
+            drafted_step_seconds_total: 0.25,
             ..Default::default()
         };
         stats.drafts.record(3, 1);
@@ -413,6 +441,10 @@ mod tests {
         assert!(text.contains("strata_e2e_request_latency_seconds_count 2"));
         assert!(text.contains("strata_kv_blocks_free 7"));
         assert!(text.contains("strata_kv_blocks_used 3"));
+        assert!(text.contains("strata_engine_decode_steps_total 4\n"));
+        assert!(text.contains("strata_engine_decode_step_seconds_total 0.5\n"));
+        assert!(text.contains("strata_engine_drafted_steps_total 1\n"));
+        assert!(text.contains("strata_engine_drafted_step_seconds_total 0.25\n"));
         assert!(text.contains("strata_spec_decode_num_draft_tokens_total 5\n"));
         assert!(text.contains("strata_spec_decode_num_accepted_tokens_total 3\n"));
         assert!(text.contains("strata_spec_decode_acceptance_rate 0.6\n"));
