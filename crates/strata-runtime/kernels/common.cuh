@@ -260,6 +260,18 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int byte
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
 }
+// Four 8x8 matrices of 16-bit values from shared memory (ldmatrix .x4): lane l gives the address
+// of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register i holds matrix i, lane l
+// its row l / 4, values 2 (l % 4) and 2 (l % 4) + 1: an mma.sync A or B fragment as it wants them.
+__device__ __forceinline__ uint4 ldmatrix_x4(const void* smem) {
+    uint4 r;
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(a));
+    return r;
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `pending` (0 to 3) of this thread's groups are still in flight.
 __device__ __forceinline__ void cp_async_wait(int pending) {

@@ -957,17 +957,17 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 // ---- The same product in tiles of 128 rows x 128 tokens, for steps of many tokens. ----
 // qgemm decodes a weight once per 64 tokens and spends ~13 instructions per mma (bench/NOTES.md
 // v26); here a block of 8 warps decodes each step's 128 x 64 weights once into shared memory (a
-// thread 4 slices of 8 values), and each warp multiplies 64 rows x 32 tokens of it (4 x 4 tiles,
-// A and B both from shared memory by 16-byte loads, the k order within a 32-column group as in
-// qgemm). Grid (ceil(n / 128), ceil(t / 128), splits), k split into parts as qgemm's.
+// thread 32 consecutive values of a row: one K-quant sub-block, its scale decoded once), and each
+// warp multiplies 64 rows x 32 tokens of it (4 x 4 m16n8 tiles) with A and B taken by ldmatrix.
+// Grid (ceil(n / 128), ceil(t / 128), splits), k split into parts as qgemm's.
 #define QTILE_ROWS 128
 #define QTILE_TOKENS 128
 #define QTILE_K 64
 #define QTILE_THREADS 256
-// A tile row of 64 bf16 in 16-byte chunks; odd rows swap their halves, so the two rows of a
-// quarter-warp's 16-byte loads (rows g and g + 1 of a group's chunks) hit different banks.
+// A tile row of 64 bf16 (128 bytes) in 16-byte chunks, chunk c of row r stored at c ^ (r % 8):
+// the 8 rows an ldmatrix phase reads, and a phase of decode or cp.async stores, hit every bank once.
 __device__ __forceinline__ int qtile_at(int row, int col) {
-    return row * QTILE_K + ((((col >> 3) ^ ((row & 1) << 2))) << 3) + (col & 7);
+    return row * QTILE_K + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
 template <class F>
@@ -984,19 +984,14 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     const int last = min(steps, first + steps_per_split);
     const int live = min(QTILE_TOKENS, t - tok0);
     const int kb = k / F::BLOCK;
-    // The decode: thread i takes tile rows i / 8 + 32u (u < 4), columns 8 (i % 8)..+7 of each
-    // step; rows past n decode row 0 and are never stored.
-    const int dcol = 8 * (threadIdx.x & 7);
-    int drow[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int row = row0 + (threadIdx.x >> 3) + 32 * u;
-        drow[u] = row < n ? row : 0;
-    }
+    // The decode: thread i takes tile row i / 2, columns 32 (i % 2)..+31 of each step; a row past
+    // n decodes row 0 and is never stored.
+    const int trow = threadIdx.x >> 1, dcol = 32 * (threadIdx.x & 1);
+    const int drow = row0 + trow < n ? row0 + trow : 0;
     typename F::Slice cur[4];
     if (first < last) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow[u], first * QTILE_K + dcol);
+        for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * u);
     }
     float acc[4][4][4];
 #pragma unroll
@@ -1018,6 +1013,10 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_commit();
     };
     if (first < last) load_x(first, 0);
+    // ldmatrix rows: A's lane l reads row l % 16 of an m16 tile at column + 8 (l / 16); B's reads
+    // token l % 8 + 8 (l / 16) of an n8 pair at column + 8 (l / 8 % 2).
+    const int a_row = 64 * wr + (lane & 15), a_col = 8 * (lane >> 4);
+    const int b_tok = 32 * wt + (lane & 7) + 8 * (lane >> 4), b_col = 8 * ((lane >> 3) & 1);
     for (int s = first; s < last; s++) {
         const int b = (s - first) & 1;
         // Every warp is done with the weights of step s - 1 and with its x buffer (b ^ 1).
@@ -1025,16 +1024,16 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         if (s + 1 < last) load_x(s + 1, b ^ 1);
         // Decode this step's slices into the tile while the next step's load (the last step
         // reloads its own: no read past k).
-        const int next_col = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
+        const int next = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const typename F::Slice next = F::slice(w, n, kb, drow[u], next_col);
+            const typename F::Slice ahead = F::slice(w, n, kb, drow, next + 8 * u);
             float v[8];
-            F::eight(cur[u], s * QTILE_K + dcol, v);
+            F::eight(cur[u], s * QTILE_K + dcol + 8 * u, v);
             const uint4 packed = make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]),
                                             pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
-            *(uint4*)&ws[qtile_at((threadIdx.x >> 3) + 32 * u, dcol)] = packed;
-            cur[u] = next;
+            *(uint4*)&ws[qtile_at(trow, dcol + 8 * u)] = packed;
+            cur[u] = ahead;
         }
         if (s + 1 < last) {
             cp_async_wait(1);
@@ -1043,22 +1042,19 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         }
         __syncthreads();
 #pragma unroll
-        for (int grp = 0; grp < QTILE_K / 32; grp++) {
-            const int col = 32 * grp + 8 * c;
-            uint4 bx[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) bx[j] = *(const uint4*)&xs[b][qtile_at(32 * wt + 8 * j + g, col)];
+        for (int kk = 0; kk < QTILE_K / 16; kk++) {
+            // B of n8 tiles (0, 1) and (2, 3): registers b0, b1 of the first, then of the second.
+            const uint4 bp[2] = {ldmatrix_x4(&xs[b][qtile_at(b_tok, 16 * kk + b_col)]),
+                                 ldmatrix_x4(&xs[b][qtile_at(b_tok + 16, 16 * kk + b_col)])};
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                // Rows g and g + 8 of m16 tile m: the first k16's registers from columns
-                // col..col + 3, the second's from col + 4..col + 7 (qgemm's order).
-                const uint4 lo = *(const uint4*)&ws[qtile_at(64 * wr + 16 * m + g, col)];
-                const uint4 hi = *(const uint4*)&ws[qtile_at(64 * wr + 16 * m + g + 8, col)];
+                const uint4 a = ldmatrix_x4(&ws[qtile_at(a_row + 16 * m, 16 * kk + a_col)]);
+                // Tokens past t multiply zeros (their x rows are zero-filled) and are never stored:
+                // no branch between the mma.
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    if (32 * wt + 8 * j >= live) break;
-                    mma_16x8x16<false>(acc[m][j], lo.x, hi.x, lo.y, hi.y, bx[j].x, bx[j].y);
-                    mma_16x8x16<false>(acc[m][j], lo.z, hi.z, lo.w, hi.w, bx[j].z, bx[j].w);
+                    const uint4& q = bp[j >> 1];
+                    mma_16x8x16<false>(acc[m][j], a.x, a.y, a.z, a.w, j & 1 ? q.z : q.x, j & 1 ? q.w : q.y);
                 }
             }
         }
