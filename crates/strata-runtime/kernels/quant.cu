@@ -864,13 +864,7 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
         const int row = row0 + 16 * (r >> 1) + g + 8 * (r & 1);
         rows[r] = row < n ? row : 0;
     }
-    float acc[2][8][4];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
+    float acc[2][8][4] = {};
     // This lane's slices of the 4 rows for the group at column col (the weights are constant, so
     // the first ones load before the wait for the previous kernel).
     typename F::Slice cur[4];
@@ -993,13 +987,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #pragma unroll
         for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * u);
     }
-    float acc[4][4][4];
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.0f;
+    float acc[4][4][4] = {};
     wait_for_previous_kernel();
     // x tile of step s into buffer b: QTILE_TOKENS x QTILE_K bf16 in 16-byte pieces, zeros past t.
     auto load_x = [&](int s, int b) {
