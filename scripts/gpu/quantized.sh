@@ -18,7 +18,8 @@
 #     the CPU backend; CUDA_TESTS names the tests, default all), the SmolLM2 and quantized-file tests
 #     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways; the quantized-file tests again with every
-#     product past the GEMVs on the tensor-core GEMM.
+#     product past the GEMVs on the tensor-core GEMM, then the GEMMs' kernel test (the tiles with
+#     both decodes; carries cuda-kernels-test.gz too) and the quantized-file tests on the tiles.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
 #     time of each kernel), beside bf16's, and 16-256 users with and without GEMV passes over the
 #     blocks (STRATA_QUANT_GEMV_MAX_TOKENS), on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS)
@@ -132,6 +133,12 @@ test)
     STRATA_QUANT_GEMM_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
+    echo "== the tensor-core GEMMs' kernel test, the tiles decoding by slice32 and by 8-value slices"
+    for defines in "" QTILE_UNIT32=0; do
+        env ${defines:+STRATA_KERNEL_DEFINES=$defines} timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 \
+            quantized_gemm > "$OUT/kernels_qgemm${defines:+_unit8}.log" 2>&1
+        grep -E "^test |panicked|result" "$OUT/kernels_qgemm${defines:+_unit8}.log"
+    done
     echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9)"
     STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 timeout 200 gpu-bin/cuda-test --nocapture \
         --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile.log" 2>&1

@@ -131,6 +131,14 @@ __device__ __forceinline__ void k4_scale_min(u32 q0, u32 q1, u32 q2, int j, floa
     }
 }
 
+// Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words: a 32-value unit's eight values
+// u of a byte a value (or of a nibble plane), for the `eight_of` decoders.
+__device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u, u32& w0, u32& w1) {
+    const uint4& h = u < 2 ? a : b;
+    w0 = u & 1 ? h.z : h.x;
+    w1 = u & 1 ? h.w : h.y;
+}
+
 // Q4_0: f16 d, 16 bytes of nibbles; value i = d * (nibble - 8), low nibbles first.
 struct FmtQ4_0 {
     static constexpr int BLOCK = 32, UNIT = 32, BODY = 16, FIELDS = 2;
@@ -187,6 +195,23 @@ struct FmtQ4_0 {
         const float d = half_to_f32(s.f);
         four_values((s.q.x >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
         four_values((s.q.y >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
+    }
+    // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
+    struct Slice32 {
+        uint4 q;
+        unsigned short f;
+    };
+    __device__ static Slice32 slice32(const u8* w, int n, int kb, int row, int col) {
+        const size_t b = (size_t)row * kb + col / 32;
+        return {__ldg((const uint4*)(w + b * BODY)), __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
+    __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
+        const u32 w0 = u & 1 ? s.q.z : s.q.x, w1 = u & 1 ? s.q.w : s.q.y;
+        const float d = half_to_f32(s.f);
+        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
+        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
     }
 };
 
@@ -246,6 +271,23 @@ struct FmtQ4_1 {
         four_values((s.q.x >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
         four_values((s.q.y >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
     }
+    // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
+    struct Slice32 {
+        uint4 q;
+        u32 f;
+    };
+    __device__ static Slice32 slice32(const u8* w, int n, int kb, int row, int col) {
+        const size_t b = (size_t)row * kb + col / 32;
+        return {__ldg((const uint4*)(w + b * BODY)), __ldg((const u32*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
+    __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
+        const u32 w0 = u & 1 ? s.q.z : s.q.x, w1 = u & 1 ? s.q.w : s.q.y;
+        const float d = half_to_f32(s.f), m = half_to_f32(s.f >> 16);
+        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
+        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
+    }
 };
 
 // Q8_0: f16 d, 32 signed bytes; value i = d * q_i.
@@ -300,6 +342,24 @@ struct FmtQ8_0 {
         const float d = half_to_f32(s.f);
         four_values(s.q.x ^ 0x80808080u, 128.0f, d, 0.0f, v);
         four_values(s.q.y ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
+    }
+    // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
+    struct Slice32 {
+        uint4 q0, q1;
+        unsigned short f;
+    };
+    __device__ static Slice32 slice32(const u8* w, int n, int kb, int row, int col) {
+        const size_t b = (size_t)row * kb + col / 32;
+        return {__ldg((const uint4*)(w + b * BODY)), __ldg((const uint4*)(w + b * BODY + 16)),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
+    }
+    __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
+        u32 w0, w1;
+        unit_words(s.q0, s.q1, u, w0, w1);
+        const float d = half_to_f32(s.f);
+        four_values(w0 ^ 0x80808080u, 128.0f, d, 0.0f, v);
+        four_values(w1 ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
     }
 };
 
@@ -386,6 +446,27 @@ struct FmtQ4_K {
         four_values((s.q.x >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
         four_values((s.q.y >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
     }
+    // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
+    struct Slice32 {
+        uint4 head, q0, q1;
+    };
+    __device__ static Slice32 slice32(const u8* w, int, int kb, int row, int col) {
+        const u8* blk = w + ((size_t)row * kb + col / 256) * BYTES;
+        const u8* q = blk + 16 + 32 * ((col & 255) >> 6);
+        return {__ldg((const uint4*)blk), __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
+    }
+    __device__ static void eight_of(const Slice32& s, int col, int u, float (&v)[8]) {
+        const int sub = (col & 255) >> 5;
+        float sc, mn;
+        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
+        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
+        const int shift = 4 * (sub & 1);
+        u32 w0, w1;
+        unit_words(s.q0, s.q1, u, w0, w1);
+        four_values((w0 >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
+        four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
+    }
 };
 
 // Q5_K (file layout, 176 bytes): as Q4_K with 32 bytes of fifth bits after the scales (bit s of
@@ -470,6 +551,29 @@ struct FmtQ5_K {
         const int shift = 4 * (sub & 1);
         four_values(((s.q.x >> shift) & 0x0F0F0F0Fu) | (((s.h.x >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
         four_values(((s.q.y >> shift) & 0x0F0F0F0Fu) | (((s.h.y >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
+    }
+    // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
+    struct Slice32 {
+        uint4 head, h0, h1, q0, q1;
+    };
+    __device__ static Slice32 slice32(const u8* w, int, int kb, int row, int col) {
+        const u8* blk = w + ((size_t)row * kb + col / 256) * BYTES;
+        const u8* q = blk + 48 + 32 * ((col & 255) >> 6);
+        return {__ldg((const uint4*)blk), __ldg((const uint4*)(blk + 16)), __ldg((const uint4*)(blk + 32)),
+                __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
+    }
+    __device__ static void eight_of(const Slice32& s, int col, int u, float (&v)[8]) {
+        const int sub = (col & 255) >> 5;
+        float sc, mn;
+        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
+        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
+        const int shift = 4 * (sub & 1);
+        u32 q0, q1, h0, h1;
+        unit_words(s.q0, s.q1, u, q0, q1);
+        unit_words(s.h0, s.h1, u, h0, h1);
+        four_values(((q0 >> shift) & 0x0F0F0F0Fu) | (((h0 >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
+        four_values(((q1 >> shift) & 0x0F0F0F0Fu) | (((h1 >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
     }
 };
 
@@ -576,6 +680,33 @@ struct FmtQ6_K {
         const float dl = half_to_f32(s.d) * (float)s.scale;
         four_values(((s.lo.x >> shift) & 0x0F0F0F0Fu) | (((s.hi.x >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
         four_values(((s.lo.y >> shift) & 0x0F0F0F0Fu) | (((s.hi.y >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
+    }
+    // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
+    // Two scales: values 0..15 of the 32 take the first, 16..31 the second.
+    struct Slice32 {
+        uint4 lo0, lo1, hi0, hi1;
+        unsigned short d, scales;
+    };
+    __device__ static Slice32 slice32(const u8* w, int n, int kb, int row, int col) {
+        const size_t blk = (size_t)row * kb + col / 256;
+        const u8* body = w + blk * BODY;
+        const int c = col & 255, h = c >> 7, j = (c >> 5) & 3;
+        const u8* lo = body + 64 * h + 32 * (j & 1);
+        const u8* hi = body + 128 + 32 * h;
+        return {__ldg((const uint4*)lo), __ldg((const uint4*)(lo + 16)), __ldg((const uint4*)hi),
+                __ldg((const uint4*)(hi + 16)),
+                __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + blk * FIELDS)),
+                __ldg((const unsigned short*)(body + 192 + 8 * h + 2 * j))};
+    }
+    __device__ static void eight_of(const Slice32& s, int col, int u, float (&v)[8]) {
+        const int j = (col >> 5) & 3, shift = 4 * (j >> 1);
+        const float dl = half_to_f32(s.d) * (float)(signed char)(u < 2 ? s.scales & 0xFF : s.scales >> 8);
+        u32 lo0, lo1, hi0, hi1;
+        unit_words(s.lo0, s.lo1, u, lo0, lo1);
+        unit_words(s.hi0, s.hi1, u, hi0, hi1);
+        four_values(((lo0 >> shift) & 0x0F0F0F0Fu) | (((hi0 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
+        four_values(((lo1 >> shift) & 0x0F0F0F0Fu) | (((hi1 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
 };
 
@@ -951,13 +1082,18 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 // ---- The same product in tiles of 128 rows x 128 tokens, for steps of many tokens. ----
 // qgemm decodes a weight once per 64 tokens and spends ~13 instructions per mma (bench/NOTES.md
 // v26); here a block of 8 warps decodes each step's 128 x 64 weights once into shared memory (a
-// thread 32 consecutive values of a row: one K-quant sub-block, its scale decoded once), and each
+// thread 32 consecutive values of a row: a block or K-quant sub-block, `slice32`), and each
 // warp multiplies 64 rows x 32 tokens of it (4 x 4 m16n8 tiles) with A and B taken by ldmatrix.
 // Grid (ceil(n / 128), ceil(t / 128), splits), k split into parts as qgemm's.
 #define QTILE_ROWS 128
 #define QTILE_TOKENS 128
 #define QTILE_K 64
 #define QTILE_THREADS 256
+// 1: a thread's 32 values decode from one `slice32` (the block's fields loaded and unpacked once);
+// 0: from 4 of qgemm's 8-value slices (STRATA_KERNEL_DEFINES="QTILE_UNIT32=0" for the A/B).
+#ifndef QTILE_UNIT32
+#define QTILE_UNIT32 1
+#endif
 // A tile row of 64 bf16 (128 bytes) in 16-byte chunks, chunk c of row r stored at c ^ (r % 8):
 // the 8 rows an ldmatrix phase reads, and a phase of decode or cp.async stores, hit every bank once.
 __device__ __forceinline__ int qtile_at(int row, int col) {
@@ -982,21 +1118,28 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     // n decodes row 0 and is never stored.
     const int trow = threadIdx.x >> 1, dcol = 32 * (threadIdx.x & 1);
     const int drow = row0 + trow < n ? row0 + trow : 0;
+#if QTILE_UNIT32
+    typename F::Slice32 cur;
+    if (first < last) cur = F::slice32(w, n, kb, drow, first * QTILE_K + dcol);
+#else
     typename F::Slice cur[4];
     if (first < last) {
 #pragma unroll
         for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * u);
     }
+#endif
     float acc[4][4][4] = {};
     wait_for_previous_kernel();
     // x tile of step s into buffer b: QTILE_TOKENS x QTILE_K bf16 in 16-byte pieces, zeros past t.
+    // Thread i copies column piece i % 8 of tokens i / 8 + 32 p (p < 4), every step.
+    const int x_col = 8 * (threadIdx.x & 7);
     auto load_x = [&](int s, int b) {
 #pragma unroll
-        for (int p = threadIdx.x; p < QTILE_TOKENS * QTILE_K / 8; p += QTILE_THREADS) {
-            const int tok = p >> 3, col = 8 * (p & 7);
+        for (int p = 0; p < QTILE_TOKENS * QTILE_K / 8 / QTILE_THREADS; p++) {
+            const int tok = (threadIdx.x >> 3) + (QTILE_THREADS / 8) * p;
             const bool in = tok < live;
-            const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QTILE_K + col;
-            cp_async16(&xs[b][qtile_at(tok, col)], src, in ? 16 : 0);
+            const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QTILE_K + x_col;
+            cp_async16(&xs[b][qtile_at(tok, x_col)], src, in ? 16 : 0);
         }
         cp_async_commit();
     };
@@ -1013,16 +1156,26 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         // Decode this step's slices into the tile while the next step's load (the last step
         // reloads its own: no read past k).
         const int next = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
+#if QTILE_UNIT32
+        const typename F::Slice32 ahead = F::slice32(w, n, kb, drow, next);
+#endif
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const typename F::Slice ahead = F::slice(w, n, kb, drow, next + 8 * u);
             float v[8];
+#if QTILE_UNIT32
+            F::eight_of(cur, s * QTILE_K + dcol, u, v);
+#else
+            const typename F::Slice ahead = F::slice(w, n, kb, drow, next + 8 * u);
             F::eight(cur[u], s * QTILE_K + dcol + 8 * u, v);
+            cur[u] = ahead;
+#endif
             const uint4 packed = make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]),
                                             pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
             *(uint4*)&ws[qtile_at(trow, dcol + 8 * u)] = packed;
-            cur[u] = ahead;
         }
+#if QTILE_UNIT32
+        cur = ahead;
+#endif
         if (s + 1 < last) {
             cp_async_wait(1);
         } else {
