@@ -1018,12 +1018,9 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
     if (first < last) load_x(first, 0);
     for (int s = first; s < last; s++) {
         const int b = (s - first) & 1;
-        if (s + 1 < last) {
-            load_x(s + 1, b ^ 1);
-            cp_async_wait(1);
-        } else {
-            cp_async_wait(0);
-        }
+        if (s + 1 < last) load_x(s + 1, b ^ 1);
+        // x of step s is in once only the next step's copies are pending.
+        cp_async_wait(s + 1 < last ? 1 : 0);
         __syncthreads();
 #pragma unroll
         for (int grp = 0; grp < QGEMM_K / 32; grp++) {
@@ -1176,11 +1173,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #if QTILE_UNIT32
         cur = ahead;
 #endif
-        if (s + 1 < last) {
-            cp_async_wait(1);
-        } else {
-            cp_async_wait(0);
-        }
+        cp_async_wait(s + 1 < last ? 1 : 0);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) {
