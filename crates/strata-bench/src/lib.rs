@@ -30,12 +30,13 @@ pub async fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
     let client = client::http_client(cfg, pool)?;
     let model = workload::resolve_model(cfg, &client).await?;
     let workload = Arc::new(workload::prepare_workload(cfg, &client, model).await?);
-    let drafts_before = server_metrics::scrape(cfg, &client).await;
+    let counters_before = server_metrics::scrape(cfg, &client).await;
     let sender = client::RequestSender::new(client.clone(), cfg)?;
     let records = runner::drive(cfg, &workload, &sender).await;
     let mut report = report::build_report(cfg, &workload, records).await;
-    if let (Some(before), Some(after)) = (drafts_before, server_metrics::scrape(cfg, &client).await) {
+    if let (Some(before), Some(after)) = (counters_before, server_metrics::scrape(cfg, &client).await) {
         report.speculative_decoding = server_metrics::summarize(&before, &after);
+        report.server_preemptions = server_metrics::preemptions_between(&before, &after);
     }
     Ok(report)
 }

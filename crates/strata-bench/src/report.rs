@@ -210,6 +210,10 @@ pub struct BenchReport {
     /// `/metrics` exposes them.
     #[serde(default)]
     pub speculative_decoding: Option<SpeculationSummary>,
+    /// Sequences the server preempted for KV space during the run (warm-up included), where its
+    /// `/metrics` counts them: a stream paused and recomputed.
+    #[serde(default)]
+    pub server_preemptions: Option<f64>,
     pub notes: Vec<String>,
     pub config: BenchConfig,
     pub client: ClientInfo,
@@ -290,6 +294,7 @@ pub async fn build_report(cfg: &BenchConfig, workload: &Workload, records: RunRe
         output_tokens,
         prompt_lengths_counted_by: workload.prompt_counting,
         speculative_decoding: None,
+        server_preemptions: None,
         notes: workload.notes.clone(),
         config: cfg.clone(),
         client: ClientInfo {

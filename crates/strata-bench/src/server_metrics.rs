@@ -1,5 +1,7 @@
 //! Figures a server exposes on its Prometheus `/metrics`, read before and after a run: speculative
-//! decoding's draft tokens proposed and accepted (strata's `strata_spec_decode_*`, vLLM's `vllm:spec_decode_*`).
+//! decoding's draft tokens proposed and accepted (strata's `strata_spec_decode_*`, vLLM's
+//! `vllm:spec_decode_*`) and sequences preempted for KV space (`strata_preemptions_total`,
+//! `vllm:num_preemptions_total`).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,17 +18,19 @@ pub struct SpeculationSummary {
     pub acceptance_by_position: Vec<f64>,
 }
 
-/// The counters of one scrape: totals and, by position, proposed and accepted.
+/// The counters of one scrape: draft tokens in all and, by position, proposed and accepted; and
+/// preemptions, where the server counts them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct DraftCounters {
+pub struct ServerCounters {
     pub draft_tokens: f64,
     pub accepted_tokens: f64,
     pub draft_by_position: Vec<f64>,
     pub accepted_by_position: Vec<f64>,
+    pub preemptions: Option<f64>,
 }
 
-/// Reads `/metrics`; `None` when the server has none or exposes no draft counters.
-pub async fn scrape(cfg: &BenchConfig, client: &reqwest::Client) -> Option<DraftCounters> {
+/// Reads `/metrics`; `None` when the server has none or exposes none of these counters.
+pub async fn scrape(cfg: &BenchConfig, client: &reqwest::Client) -> Option<ServerCounters> {
     let response = client.get(cfg.url("/metrics")).send().await.ok()?;
     if !response.status().is_success() {
         return None;
@@ -34,9 +38,9 @@ pub async fn scrape(cfg: &BenchConfig, client: &reqwest::Client) -> Option<Draft
     parse(&response.text().await.ok()?)
 }
 
-/// The draft counters in a Prometheus text exposition, if it has them.
-pub fn parse(text: &str) -> Option<DraftCounters> {
-    let mut c = DraftCounters::default();
+/// The draft and preemption counters in a Prometheus text exposition, if it has any.
+pub fn parse(text: &str) -> Option<ServerCounters> {
+    let mut c = ServerCounters::default();
     let mut found = false;
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((key, value)) = line.rsplit_once(' ') else {
@@ -78,6 +82,7 @@ pub fn parse(text: &str) -> Option<DraftCounters> {
                     slot(&mut c.accepted_by_position, at)
                 }
             }
+            "preemptions_total" | "num_preemptions_total" => *c.preemptions.get_or_insert(0.0) += value,
             _ => continue,
         }
         found = true;
@@ -85,8 +90,13 @@ pub fn parse(text: &str) -> Option<DraftCounters> {
     found.then_some(c)
 }
 
+/// Sequences preempted between two scrapes, where the server counts them.
+pub fn preemptions_between(before: &ServerCounters, after: &ServerCounters) -> Option<f64> {
+    Some(after.preemptions? - before.preemptions?)
+}
+
 /// What happened between two scrapes; `None` when no draft was proposed in between.
-pub fn summarize(before: &DraftCounters, after: &DraftCounters) -> Option<SpeculationSummary> {
+pub fn summarize(before: &ServerCounters, after: &ServerCounters) -> Option<SpeculationSummary> {
     let draft_tokens = after.draft_tokens - before.draft_tokens;
     if draft_tokens <= 0.0 {
         return None;
@@ -150,5 +160,16 @@ mod tests {
         .expect("vLLM's names");
         assert_eq!((vllm.draft_tokens, vllm.accepted_tokens), (8.0, 6.0));
         assert!(parse("strata_kv_blocks_used 3\n").is_none());
+        assert_eq!(preemptions_between(&before, &after), None, "no preemption counter");
+    }
+
+    #[test]
+    fn counts_preemptions_between_scrapes() {
+        let before = parse("strata_preemptions_total 2\nstrata_kv_blocks_used 3\n").expect("a preemption counter");
+        let after = parse("strata_preemptions_total 9\n").expect("a preemption counter");
+        assert_eq!(preemptions_between(&before, &after), Some(7.0));
+        assert!(summarize(&before, &after).is_none(), "no drafts, no speculation figure");
+        let vllm = parse("vllm:num_preemptions_total{model_name=\"m\"} 4\n").expect("vLLM's name");
+        assert_eq!(vllm.preemptions, Some(4.0));
     }
 }

@@ -203,6 +203,11 @@ pub fn run_details(run: &BenchReport) -> String {
             if by_position.is_empty() { "-".to_string() } else { by_position.join(" ") }
         ));
     }
+    if let Some(n) = run.server_preemptions {
+        out.push_str(&format!(
+            "preemptions (server /metrics, warm-up included): {n} sequence(s) paused for KV space and recomputed\n"
+        ));
+    }
     for note in &run.notes {
         out.push_str(&format!("note: {note}\n"));
     }

@@ -33,6 +33,7 @@ const REPORT_FIELDS: &[&str] = &[
     "output_tokens",
     "prompt_lengths_counted_by",
     "speculative_decoding",
+    "server_preemptions",
     "notes",
     "config",
     "client",
