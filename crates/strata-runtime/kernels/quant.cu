@@ -131,8 +131,8 @@ __device__ __forceinline__ void k4_scale_min(u32 q0, u32 q1, u32 q2, int j, floa
     }
 }
 
-// Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words: a 32-value unit's eight values
-// u of a byte a value (or of a nibble plane), for the `eight_of` decoders.
+// Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words, for the `eight_of` decoders:
+// the bytes of a unit's eight values u (u & 1 of a 16-byte nibble plane: pass it as a and b).
 __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u, u32& w0, u32& w1) {
     const uint4& h = u < 2 ? a : b;
     w0 = u & 1 ? h.z : h.x;
@@ -208,7 +208,8 @@ struct FmtQ4_0 {
     }
     // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
     __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
-        const u32 w0 = u & 1 ? s.q.z : s.q.x, w1 = u & 1 ? s.q.w : s.q.y;
+        u32 w0, w1;
+        unit_words(s.q, s.q, u & 1, w0, w1);
         const float d = half_to_f32(s.f);
         four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
         four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
@@ -283,7 +284,8 @@ struct FmtQ4_1 {
     }
     // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
     __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
-        const u32 w0 = u & 1 ? s.q.z : s.q.x, w1 = u & 1 ? s.q.w : s.q.y;
+        u32 w0, w1;
+        unit_words(s.q, s.q, u & 1, w0, w1);
         const float d = half_to_f32(s.f), m = half_to_f32(s.f >> 16);
         four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
         four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
@@ -1150,8 +1152,8 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         // Every warp is done with the weights of step s - 1 and with its x buffer (b ^ 1).
         __syncthreads();
         if (s + 1 < last) load_x(s + 1, b ^ 1);
-        // Decode this step's slices into the tile while the next step's load (the last step
-        // reloads its own: no read past k).
+        // Decode this step's slices into the tile while the next step's slices load (the last
+        // step reloads its own: no read past k).
         const int next = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
 #if QTILE_UNIT32
         const typename F::Slice32 ahead = F::slice32(w, n, kb, drow, next);

@@ -36,7 +36,7 @@ pub const QUANT_FORMATS: [QuantFormat; 6] = [
 const QGEMV_ROWS: u32 = GEMV_THREADS / 32;
 
 /// Kernels quant.cu defines per format: GEMVs (plain, SiLU, residual) for each compiled token
-/// count, then dequantization, the embedding lookup and the GEMM.
+/// count, then dequantization, the embedding lookup and the two GEMMs (registers, tiles).
 const KERNELS_PER_FORMAT: usize = 3 * 4 + 4;
 
 /// Which of a format's kernels.
