@@ -6,7 +6,8 @@
 # lookup (--speculative-ngram 3:1:4, then one user with each of NGRAM_VARIANTS, default "3:1:8
 # 2:1:8") on the Q4_1 file, and a draft model: the Q4_1 file drafting
 # for a bf16 copy of the same weights (--quantization none), the only real-weight pair here.
-# With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Last, prompt lookup at 2-64
+# PROFILE=1 adds a one-user prompt-lookup server under STRATA_GPU_PROFILE (its step phases and
+# kernels in its log); SKIP_DRAFT=1 leaves the draft model out. With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Last, prompt lookup at 2-64
 # users with the batch-size rule off, to measure the rule's threshold on the GPU. Carries gpu-bin/strata.gz,
 # speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks (stage_model.sh: a
 # first call carries strata.gz, tokenizers-qwen2.5.tgz and model.gz.partaa, this one the rest). Outputs in
@@ -52,8 +53,15 @@ for ngram in ${NGRAM_VARIANTS-3:1:8 2:1:8}; do
     serve_and_measure "ngram_${ngram//:/_}" $port 3 0 --speculative-ngram "$ngram"
     port=$((port + 1))
 done
-echo "== draft model: the Q4_1 file drafting for its bf16 copy"
-serve_and_measure draft 8062 3 64 --quantization none --speculative-model "$MODEL" --num-speculative-tokens 4
+if [ -n "${PROFILE:-}" ]; then
+    echo "== prompt lookup 3:1:4, one user, one round on and off: host and GPU time of each step (STRATA_GPU_PROFILE)"
+    STRATA_GPU_PROFILE=1 serve_and_measure ngram_profile 8066 1 0 --speculative-ngram 3:1:4
+    grep -A40 "GPU profile" "$OUT/serve_ngram_profile.log" | cut -c1-120 | head -40
+fi
+if [ -z "${SKIP_DRAFT:-}" ]; then
+    echo "== draft model: the Q4_1 file drafting for its bf16 copy"
+    serve_and_measure draft 8062 3 64 --quantization none --speculative-model "$MODEL" --num-speculative-tokens 4
+fi
 if [ -n "${TESTS:-}" ]; then
     mkdir -p "$OUT/quantized"
     OUT=$OUT/quantized bash scripts/gpu/quantized.sh test

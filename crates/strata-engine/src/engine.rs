@@ -1002,6 +1002,9 @@ impl EngineLoop {
         if self.masks.is_none() && current.chunks.iter().any(constrained) {
             return None;
         }
+        if current.chunks.iter().any(|c| self.may_draft(c.id)) {
+            return None;
+        }
         let mut alive = 0;
         let mut next = Vec::new();
         for (row, c) in current.chunks.iter().enumerate() {
@@ -1050,6 +1053,16 @@ impl EngineLoop {
             queued.tokens_from.push(row);
         }
         Some(queued)
+    }
+
+    /// Whether the sequence may draft in its next step: speculation is on at this many sequences
+    /// and the sequence speculates. Its next step then waits for the step in flight, whose token
+    /// the draft needs on the host (a plain step queued behind it would verify no draft).
+    fn may_draft(&self, id: SequenceId) -> bool {
+        let (Some(proposer), Some(seq)) = (self.speculation.as_ref(), self.seqs.get(&id)) else {
+            return false;
+        };
+        proposer.on_at(self.scheduler.num_running() + self.scheduler.num_waiting()) && seq.speculates()
     }
 
     /// Plans the next batch from the sequences not in flight, at most an even share of them when

@@ -795,6 +795,45 @@ fn greedy_drafts_verified_by_device_argmaxes_give_the_plain_output() {
     );
 }
 
+/// On a device that overlaps decode steps, no plain step is queued behind a sequence that may
+/// draft (it would verify no draft): it drafts in the same steps as without overlap, while a
+/// request that opts out keeps its steps overlapped (queued plain steps took most drafts on a GPU).
+#[test]
+fn prompt_lookup_drafts_in_the_same_steps_when_steps_overlap() {
+    let text = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog. The quick brown fox";
+    let config = EngineConfig {
+        speculative_ngram: Some(NgramSpeculation::parse("3:1:4").expect("parses")),
+        ..small_config()
+    };
+    let mut runs = Vec::new();
+    for overlap in [false, true] {
+        let (e, log) = device_engine(config.clone(), overlap, true);
+        let req = |speculative: bool| GenerationRequest {
+            ignore_eos: true,
+            speculative,
+            ..GenerationRequest::greedy(prompt(&e, text), 96)
+        };
+        let drafting = run_alone(&e, req(true)).tokens;
+        assert!(e.wait_idle(Duration::from_secs(10)));
+        let drafted = e.stats().drafted_steps_total;
+        let queued_while_drafting = log.lock().unwrap().overlapped;
+        let opted_out = run_alone(&e, req(false)).tokens;
+        let log = log.lock().unwrap();
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert_eq!(drafting, opted_out, "the same tokens with and without drafts");
+        assert_eq!(queued_while_drafting, 0, "no step queued behind one that may draft");
+        assert_eq!(
+            log.overlapped > 0,
+            overlap,
+            "an opted-out request's steps overlap where the device can"
+        );
+        runs.push((drafting, drafted));
+    }
+    assert_eq!(runs[0].0, runs[1].0, "the same tokens with and without overlap");
+    assert!(runs[0].1 >= 10, "{} drafted steps without overlap", runs[0].1);
+    assert_eq!(runs[0].1, runs[1].1, "drafted steps without and with overlap");
+}
+
 #[test]
 fn sampled_on_the_device_repeats_alone_together_and_overlapped() {
     let mut got = Vec::new();
