@@ -24,7 +24,8 @@
 #     time of each kernel), beside bf16's, and 16-256 users with and without GEMV passes over the
 #     blocks (STRATA_QUANT_GEMV_MAX_TOKENS), on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS)
 #     and on its shared-memory tiles from 128 tokens (STRATA_QUANT_GEMM_TILE_MIN_TOKENS), levels
-#     PROFILE_LEVELS; the file written by `strata quantize --random-weights`
+#     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list; PROFILE_EAGER names the files to profile
+#     eagerly, default both, empty for none); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -154,7 +155,7 @@ profile)
     F=$Q4KM
     qwen7b_checkpoint
     qwen7b_q4_k_m
-    for m in $F $Q7; do
+    for m in ${PROFILE_EAGER-$F $Q7}; do
         name=$([ $m = $F ] && echo q4_k_m || echo bf16)
         echo "== where a 256-user decode step goes, $name"
         STRATA_GPU_PROFILE=1 timeout 200 $S bench-gpu --model $m --enforce-eager --levels 256 --kv-cache-dtypes auto \
@@ -162,11 +163,16 @@ profile)
             > "$OUT/profile_${name}_256.log" 2>&1
         grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
     done
-    echo "== 16-256 users: dequantized for cuBLASLt, GEMV passes of 8 tokens, the tensor-core GEMM over the blocks"
+    echo "== 16-256 users: bf16, then the Q4_K_M file dequantized for cuBLASLt, as GEMV passes of 8 tokens, on the"
+    echo "   tensor-core GEMM over the blocks and on its shared-memory tiles"
+    timeout 200 $S bench-gpu --model $Q7 --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
+        --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_bf16.json" > "$OUT/bench_bf16.log" 2>&1
+    echo "-- bf16, exit $?"
+    grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_bf16.log" | cut -c1-200
     # The GEMM takes steps of up to 64 tokens by default: the baseline turns it off.
     # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
-    for setting in STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 STRATA_QUANT_GEMM_MAX_TOKENS=512 \
-        STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128; do
+    for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 \
+        STRATA_QUANT_GEMM_MAX_TOKENS=512 STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128}; do
         name=$(echo "$setting" | tr '=,' '__')
         env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \

@@ -28,7 +28,7 @@ pub struct GpuKnobs {
     pub quant_gemm_max_tokens: usize,
     /// `STRATA_QUANT_GEMM_TILE_MIN_TOKENS=N`: of those products, the ones of at least N tokens
     /// take the GEMM in shared-memory tiles of 128 tokens instead of the 64-token one (0: never,
-    /// the default until measured; bench/NOTES.md, v27).
+    /// the default until the quantized files' GPU test runs on them; bench/NOTES.md, v27).
     pub quant_gemm_tile_min_tokens: usize,
     /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
     pub fuse_rope: bool,
