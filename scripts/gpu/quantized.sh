@@ -19,11 +19,13 @@
 #     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways; the quantized-file tests again with every
 #     product past the GEMVs on the tensor-core GEMM, then the GEMMs' kernel test (the tiles with
-#     both decodes; carries cuda-kernels-test.gz too) and the quantized-file tests on the tiles.
+#     both decodes and on wgmma; carries cuda-kernels-test.gz too) and the quantized-file tests on
+#     the tiles, with mma.sync and with wgmma.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
 #     time of each kernel), beside bf16's, and 16-256 users with and without GEMV passes over the
 #     blocks (STRATA_QUANT_GEMV_MAX_TOKENS), on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS)
-#     and on its shared-memory tiles from 128 tokens (STRATA_QUANT_GEMM_TILE_MIN_TOKENS), levels
+#     and on its shared-memory tiles from 128 tokens (STRATA_QUANT_GEMM_TILE_MIN_TOKENS), those
+#     multiplied by wgmma (STRATA_KERNEL_ARCH=compute_90a), levels
 #     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list; PROFILE_EAGER names the files to profile
 #     eagerly, default both, empty for none); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
@@ -134,16 +136,23 @@ test)
     STRATA_QUANT_GEMM_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
-    echo "== the tensor-core GEMMs' kernel test, the tiles decoding by slice32 and by 8-value slices"
+    echo "== the tensor-core GEMMs' kernel test, the tiles decoding by slice32 and by 8-value slices, then on wgmma (sm_90a)"
     for defines in "" QTILE_UNIT32=0; do
         env ${defines:+STRATA_KERNEL_DEFINES=$defines} timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 \
             quantized_gemm > "$OUT/kernels_qgemm${defines:+_unit8}.log" 2>&1
         grep -E "^test |panicked|result" "$OUT/kernels_qgemm${defines:+_unit8}.log"
     done
+    STRATA_KERNEL_ARCH=compute_90a timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quantized_gemm \
+        > "$OUT/kernels_qgemm_wgmma.log" 2>&1
+    grep -E "^test |panicked|result" "$OUT/kernels_qgemm_wgmma.log"
     echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9)"
     STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 timeout 200 gpu-bin/cuda-test --nocapture \
         --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_tile.log"
+    echo "== the same with the tiles multiplied by wgmma (STRATA_KERNEL_ARCH=compute_90a)"
+    STRATA_KERNEL_ARCH=compute_90a STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 timeout 200 \
+        gpu-bin/cuda-test --nocapture --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_wgmma.log" 2>&1
+    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_wgmma.log"
     echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
     for cap in "" 8.0; do
         env ${cap:+STRATA_GPU_CAPABILITY=$cap} STRATA_FP8_GEMV=mma timeout 150 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 \
@@ -172,7 +181,8 @@ profile)
     # The GEMM takes steps of up to 64 tokens by default: the baseline turns it off.
     # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
     for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 \
-        STRATA_QUANT_GEMM_MAX_TOKENS=512 STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128}; do
+        STRATA_QUANT_GEMM_MAX_TOKENS=512 STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128
+        STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128,STRATA_KERNEL_ARCH=compute_90a}; do
         name=$(echo "$setting" | tr '=,' '__')
         env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \

@@ -272,6 +272,51 @@ __device__ __forceinline__ uint4 ldmatrix_x4(const void* smem) {
     return r;
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// wgmma (sm_90a only: kernels compile for it under STRATA_KERNEL_ARCH=compute_90a).
+// A shared-memory operand of 8-row groups of 128-byte rows, 16-byte chunk c of row r stored at
+// c ^ (r % 8) (the 128-byte swizzle), K-major, the groups 1,024 bytes apart, from a 1,024-byte
+// aligned base; k16 steps advance the start by 32 bytes.
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128(const void* smem) {
+    const unsigned long long a = (unsigned)__cvta_generic_to_shared(smem);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+// Orders the accumulators' register writes before the warpgroup's next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of the accumulators across the wgmma in flight
+// (no instruction: the registers are only marked read and written here).
+__device__ __forceinline__ void wgmma_hold(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Makes this thread's shared-memory stores (plain and cp.async) visible to wgmma's reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// d += A (64 x 16, bf16) B (16 x 128, bf16), both K-major in shared memory: thread i of the
+// warpgroup holds rows 16 (i / 32) + (i % 32) / 4 (+ 8) and columns 8 j + 2 (i % 4) (+ 1) of
+// each n8 chunk j in d[4 j .. 4 j + 3], as an m16n8 accumulator.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], unsigned long long a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 :
+                   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(1));
+}
+#endif
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most `pending` (0 to 3) of this thread's groups are still in flight.
 __device__ __forceinline__ void cp_async_wait(int pending) {

@@ -1093,8 +1093,20 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #ifndef QTILE_UNIT32
 #define QTILE_UNIT32 1
 #endif
+// 1 (the default) where kernels compile for sm_90a (STRATA_KERNEL_ARCH=compute_90a): each of the
+// two warpgroups multiplies its 64 rows by the 128 tokens with wgmma, reading the tiles where they
+// are; 0 keeps ldmatrix and mma.sync there too (STRATA_KERNEL_DEFINES="QTILE_WGMMA=0", the A/B).
+#ifndef QTILE_WGMMA
+#define QTILE_WGMMA 1
+#endif
+#if QTILE_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QTILE_ON_WGMMA 1
+#else
+#define QTILE_ON_WGMMA 0
+#endif
 // A tile row of 64 bf16 (128 bytes) in 16-byte chunks, chunk c of row r stored at c ^ (r % 8):
-// the 8 rows an ldmatrix phase reads, and a phase of decode or cp.async stores, hit every bank once.
+// the 8 rows an ldmatrix phase reads, and a phase of decode or cp.async stores, hit every bank
+// once; from a 1,024-byte aligned base it is also wgmma's 128-byte swizzle.
 __device__ __forceinline__ int qtile_at(int row, int col) {
     return row * QTILE_K + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
@@ -1103,8 +1115,8 @@ template <class F>
 __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                            float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) bf16 ws[QTILE_ROWS * QTILE_K];
-    __shared__ __align__(16) bf16 xs[2][QTILE_TOKENS * QTILE_K];
+    __shared__ __align__(1024) bf16 ws[QTILE_ROWS * QTILE_K];
+    __shared__ __align__(1024) bf16 xs[2][QTILE_TOKENS * QTILE_K];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
     const int wr = warp >> 2, wt = warp & 3;
@@ -1127,7 +1139,11 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * u);
     }
 #endif
+#if QTILE_ON_WGMMA
+    float acc[64] = {};
+#else
     float acc[4][4][4] = {};
+#endif
     wait_for_previous_kernel();
     // x tile of step s into buffer b: QTILE_TOKENS x QTILE_K bf16 in 16-byte pieces, zeros past t.
     // Thread i copies column piece i % 8 of tokens i / 8 + 32 p (p < 4), every step.
@@ -1143,10 +1159,12 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_commit();
     };
     if (first < last) load_x(first, 0);
+#if !QTILE_ON_WGMMA
     // ldmatrix rows: A's lane l reads row l % 16 of an m16 tile at column + 8 (l / 16); B's reads
     // token l % 8 + 8 (l / 16) of an n8 pair at column + 8 (l / 8 % 2).
     const int a_row = 64 * wr + (lane & 15), a_col = 8 * (lane >> 4);
     const int b_tok = 32 * wt + (lane & 7) + 8 * (lane >> 4), b_col = 8 * ((lane >> 3) & 1);
+#endif
     for (int s = first; s < last; s++) {
         const int b = (s - first) & 1;
         // Every warp is done with the weights of step s - 1 and with its x buffer (b ^ 1).
@@ -1176,7 +1194,23 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         cur = ahead;
 #endif
         cp_async_wait(s + 1 < last ? 1 : 0);
+#if QTILE_ON_WGMMA
+        fence_proxy_async();
+#endif
         __syncthreads();
+#if QTILE_ON_WGMMA
+        // Warpgroup warp / 4 takes tile rows 64 (warp / 4).., all 128 tokens; k16 steps are 32 bytes
+        // into each 128-byte row (2 in the descriptors' address field).
+        const unsigned long long a = wgmma_desc_sw128(&ws[64 * (warp >> 2) * QTILE_K]);
+        const unsigned long long bx = wgmma_desc_sw128(&xs[b][0]);
+        wgmma_hold(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_hold(acc);
+#else
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) {
             // B of n8 tiles (0, 1) and (2, 3): registers b0, b1 of the first, then of the second.
@@ -1194,7 +1228,19 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
                 }
             }
         }
+#endif
     }
+#if QTILE_ON_WGMMA
+    // Warp w holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c, + 1 of n8 chunk j.
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + 16 * warp + g + 8 * (e >> 1);
+            const int tok = 8 * j + 2 * c + (e & 1);
+            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+        }
+#else
     // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
 #pragma unroll
     for (int m = 0; m < 4; m++)
@@ -1206,6 +1252,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
                 const int tok = 32 * wt + 8 * j + 2 * c + (e & 1);
                 if (row < n && tok < live) qgemm_store(acc[m][j][e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
             }
+#endif
 #endif
 }
 

@@ -285,6 +285,24 @@ pub fn compile_all(spec: KernelSpec, arch: &'static str) -> Result<Vec<(&'static
         .collect()
 }
 
+/// The architecture the kernels compile for on a GPU of capability `cc`, given the value of
+/// `STRATA_KERNEL_ARCH`: unset, [`arch_for`]; `compute_90a` on a 9.0 GPU, the arch-specific
+/// target, whose wgmma the tile GEMM uses (opt-in until measured); anything else is refused.
+pub fn arch_to_compile(cc: (i32, i32), requested: Option<&str>) -> Result<&'static str, CudaError> {
+    match requested {
+        None => Ok(arch_for(cc)),
+        Some("compute_90a") if cc == (9, 0) => Ok("compute_90a"),
+        Some(v) => Err(CudaError::Compile {
+            family: "every".into(),
+            log: format!(
+                "STRATA_KERNEL_ARCH={v:?} is not supported on this GPU (compute capability {}.{}): only \
+                 compute_90a, on a 9.0 GPU; unset it",
+                cc.0, cc.1
+            ),
+        }),
+    }
+}
+
 /// NVRTC's virtual architecture for a compute capability.
 pub fn arch_for(cc: (i32, i32)) -> &'static str {
     match cc {
@@ -347,7 +365,8 @@ impl Kernels {
             family: "attention".into(),
             log,
         })?;
-        let arch = arch_for(gpu.info.compute_capability);
+        let requested = std::env::var("STRATA_KERNEL_ARCH").ok();
+        let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref())?;
         let mut functions = HashMap::new();
         for (family, src, names) in FAMILIES {
             let ptx = compile(family, src, spec, arch)?;

@@ -1,11 +1,11 @@
-//! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 and, where ptxas is given,
-//! assembles (no GPU needed); the model shapes the kernels are not written for are refused
-//! before compiling.
+//! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (and the arch-specific
+//! sm_90a, wgmma in the tile GEMM) and, where ptxas is given, assembles (no GPU needed); the model
+//! shapes the kernels are not written for are refused before compiling.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use strata_runtime::cuda::kernels::{compile_all, nvrtc_available, KernelSpec, FAMILIES};
+use strata_runtime::cuda::kernels::{arch_to_compile, compile_all, nvrtc_available, KernelSpec, FAMILIES};
 
 /// ptxas from `STRATA_PTXAS` (`make test` passes the fetched one), if it is there.
 fn ptxas() -> Option<PathBuf> {
@@ -41,6 +41,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     // Ampere (A30/A100 sm_80, RTX 3090 sm_86) for one shape: the shape only changes attention.
     let shapes = [(64, 3), (128, 4), (128, 7), (128, 1), (256, 8)].map(|(h, g)| (h, g, "compute_90"));
     let ampere = [(128, 4, "compute_86"), (128, 4, "compute_80")];
+    let arch_specific = [(128, 7, "compute_90a")];
     let ptxas = ptxas();
     match &ptxas {
         Some(p) => eprintln!("assembling every PTX with {}", p.display()),
@@ -53,7 +54,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     let dir = std::env::temp_dir().join(format!("strata-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut running = Vec::new();
-    for (head_dim, group, arch) in shapes.into_iter().chain(ampere) {
+    for (head_dim, group, arch) in shapes.into_iter().chain(ampere).chain(arch_specific) {
         let spec = KernelSpec { head_dim, group };
         let ptx = compile_all(spec, arch).unwrap_or_else(|e| panic!("{spec:?} {arch}: {e}"));
         if let Some(p) = &ptxas {
@@ -65,6 +66,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             }
         }
         for ((family, text), (_, _, names)) in ptx.iter().zip(FAMILIES) {
+            // Only the sm_90a build multiplies the quantized tiles with wgmma.
+            let wgmma = text.contains("wgmma.mma_async");
+            assert_eq!(
+                wgmma,
+                *family == "quant" && arch == "compute_90a",
+                "{family}.cu for {arch}: wgmma {wgmma}"
+            );
             for name in names {
                 assert!(
                     text.contains(&format!(".entry {name}(")),
@@ -91,6 +99,21 @@ fn finish(running: &mut Vec<(String, Child)>) {
             "ptxas refused {what}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+#[test]
+fn the_arch_specific_target_is_taken_only_where_it_runs() {
+    assert_eq!(arch_to_compile((9, 0), None).unwrap(), "compute_90");
+    assert_eq!(arch_to_compile((8, 6), None).unwrap(), "compute_86");
+    assert_eq!(arch_to_compile((9, 0), Some("compute_90a")).unwrap(), "compute_90a");
+    for (cc, v) in [
+        ((8, 0), "compute_90a"),
+        ((9, 0), "compute_90"),
+        ((12, 0), "compute_90a"),
+    ] {
+        let e = arch_to_compile(cc, Some(v)).unwrap_err().to_string();
+        assert!(e.contains("STRATA_KERNEL_ARCH") && e.contains("unset it"), "{e}");
     }
 }
 
