@@ -1002,7 +1002,10 @@ impl EngineLoop {
         if self.masks.is_none() && current.chunks.iter().any(constrained) {
             return None;
         }
-        if current.chunks.iter().any(|c| self.may_draft(c.id)) {
+        // A sequence that may draft waits for the step in flight: its draft needs that step's
+        // token on the host, and a plain step queued behind would verify no draft.
+        let speculates = |c: &ScheduledChunk| self.seqs.get(&c.id).is_some_and(|s| s.speculates());
+        if self.drafting_on() && current.chunks.iter().any(speculates) {
             return None;
         }
         let mut alive = 0;
@@ -1055,14 +1058,10 @@ impl EngineLoop {
         Some(queued)
     }
 
-    /// Whether the sequence may draft in its next step: speculation is on at this many sequences
-    /// and the sequence speculates. Its next step then waits for the step in flight, whose token
-    /// the draft needs on the host (a plain step queued behind it would verify no draft).
-    fn may_draft(&self, id: SequenceId) -> bool {
-        let (Some(proposer), Some(seq)) = (self.speculation.as_ref(), self.seqs.get(&id)) else {
-            return false;
-        };
-        proposer.on_at(self.scheduler.num_running() + self.scheduler.num_waiting()) && seq.speculates()
+    /// Whether sequences draft at the number that run or wait now (the batch-size rule).
+    fn drafting_on(&self) -> bool {
+        let active = self.scheduler.num_running() + self.scheduler.num_waiting();
+        self.speculation.as_ref().is_some_and(|p| p.on_at(active))
     }
 
     /// Plans the next batch from the sequences not in flight, at most an even share of them when
@@ -1123,11 +1122,10 @@ impl EngineLoop {
     /// prompt lookup or the draft model while speculation is on at this many sequences, empty
     /// otherwise. A draft model that fails is logged and no sequence drafts in this step.
     fn propose_drafts(&mut self, busy: &HashSet<SequenceId>) {
+        let on = self.drafting_on();
         let Some(proposer) = self.speculation.as_mut() else {
             return;
         };
-        let active = self.scheduler.num_running() + self.scheduler.num_waiting();
-        let on = proposer.on_at(active);
         let mut wanting = Vec::new();
         for seq in self.seqs.values_mut() {
             if busy.contains(&seq.id) {
