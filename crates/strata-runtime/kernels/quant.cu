@@ -1118,8 +1118,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     __shared__ __align__(1024) bf16 ws[QTILE_ROWS * QTILE_K];
     __shared__ __align__(1024) bf16 xs[2][QTILE_TOKENS * QTILE_K];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
-    const int wr = warp >> 2, wt = warp & 3;
     const int row0 = blockIdx.x * QTILE_ROWS, tok0 = blockIdx.y * QTILE_TOKENS;
     const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
     const int last = min(steps, first + steps_per_split);
@@ -1160,6 +1158,8 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     };
     if (first < last) load_x(first, 0);
 #if !QTILE_ON_WGMMA
+    // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
+    const int wr = warp >> 2, wt = warp & 3;
     // ldmatrix rows: A's lane l reads row l % 16 of an m16 tile at column + 8 (l / 16); B's reads
     // token l % 8 + 8 (l / 16) of an n8 pair at column + 8 (l / 8 % 2).
     const int a_row = 64 * wr + (lane & 15), a_col = 8 * (lane >> 4);
