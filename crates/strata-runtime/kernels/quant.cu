@@ -1111,12 +1111,36 @@ __device__ __forceinline__ int qtile_at(int row, int col) {
     return row * QTILE_K + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
+// The wgmma path's tiles in dynamic shared memory (kernels.rs: QTILE_WGMMA_SHARED_BYTES, which
+// every launch of the compiled kernel gets): two weight tiles and two x tiles, so that each step's
+// decode of the next weights runs while the tensor cores multiply this step's; 1,024 bytes of
+// slack align the base. A launch with less traps.
+#define QTILE_WGMMA_SHARED (4 * QTILE_ROWS * QTILE_K * 2 + 1024)
+// 1: the decode of step s + 1 overlaps step s's wgmma (one barrier a step); 0: it waits for the
+// wgmma first (STRATA_KERNEL_DEFINES="QTILE_OVERLAP=0", v28's order, the A/B).
+#ifndef QTILE_OVERLAP
+#define QTILE_OVERLAP 1
+#endif
+
 template <class F>
 __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                            float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
 #if __CUDA_ARCH__ >= 800
+#if QTILE_ON_WGMMA
+    extern __shared__ unsigned char qtile_dynamic[];
+    const unsigned dyn = (unsigned)__cvta_generic_to_shared(qtile_dynamic);
+    unsigned dyn_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
+    if (dyn_bytes < QTILE_WGMMA_SHARED) __trap();
+    bf16* const tiles = (bf16*)(qtile_dynamic + ((1024 - (dyn & 1023)) & 1023));
+    // Weight tile b at tiles + b T, x tile b at tiles + (2 + b) T (T = 128 x 64 values).
+    auto ws_buf = [&](int b) { return tiles + b * (QTILE_ROWS * QTILE_K); };
+    auto xs_buf = [&](int b) { return tiles + (2 + b) * (QTILE_ROWS * QTILE_K); };
+#else
     __shared__ __align__(1024) bf16 ws[QTILE_ROWS * QTILE_K];
     __shared__ __align__(1024) bf16 xs[2][QTILE_TOKENS * QTILE_K];
+    auto xs_buf = [&](int b) { return &xs[b][0]; };
+#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int row0 = blockIdx.x * QTILE_ROWS, tok0 = blockIdx.y * QTILE_TOKENS;
     const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
@@ -1137,41 +1161,9 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * u);
     }
 #endif
-#if QTILE_ON_WGMMA
-    float acc[64] = {};
-#else
-    float acc[4][4][4] = {};
-#endif
-    wait_for_previous_kernel();
-    // x tile of step s into buffer b: QTILE_TOKENS x QTILE_K bf16 in 16-byte pieces, zeros past t.
-    // Thread i copies column piece i % 8 of tokens i / 8 + 32 p (p < 4), every step.
-    const int x_col = 8 * (threadIdx.x & 7);
-    auto load_x = [&](int s, int b) {
-#pragma unroll
-        for (int p = 0; p < QTILE_TOKENS * QTILE_K / 8 / QTILE_THREADS; p++) {
-            const int tok = (threadIdx.x >> 3) + (QTILE_THREADS / 8) * p;
-            const bool in = tok < live;
-            const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QTILE_K + x_col;
-            cp_async16(&xs[b][qtile_at(tok, x_col)], src, in ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    if (first < last) load_x(first, 0);
-#if !QTILE_ON_WGMMA
-    // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
-    const int wr = warp >> 2, wt = warp & 3;
-    // ldmatrix rows: A's lane l reads row l % 16 of an m16 tile at column + 8 (l / 16); B's reads
-    // token l % 8 + 8 (l / 16) of an n8 pair at column + 8 (l / 8 % 2).
-    const int a_row = 64 * wr + (lane & 15), a_col = 8 * (lane >> 4);
-    const int b_tok = 32 * wt + (lane & 7) + 8 * (lane >> 4), b_col = 8 * ((lane >> 3) & 1);
-#endif
-    for (int s = first; s < last; s++) {
-        const int b = (s - first) & 1;
-        // Every warp is done with the weights of step s - 1 and with its x buffer (b ^ 1).
-        __syncthreads();
-        if (s + 1 < last) load_x(s + 1, b ^ 1);
-        // Decode this step's slices into the tile while the next step's slices load (the last
-        // step reloads its own: no read past k).
+    // Decodes step s's slices (in `cur`) into `tile` while the next step's slices load (the last
+    // step reloads its own: no read past k).
+    auto decode = [&](bf16* tile, int s) {
         const int next = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
 #if QTILE_UNIT32
         const typename F::Slice32 ahead = F::slice32(w, n, kb, drow, next);
@@ -1188,29 +1180,75 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #endif
             const uint4 packed = make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]),
                                             pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
-            *(uint4*)&ws[qtile_at(trow, dcol + 8 * u)] = packed;
+            *(uint4*)&tile[qtile_at(trow, dcol + 8 * u)] = packed;
         }
 #if QTILE_UNIT32
         cur = ahead;
 #endif
-        cp_async_wait(s + 1 < last ? 1 : 0);
+    };
+    // x tile of step s into buffer b: QTILE_TOKENS x QTILE_K bf16 in 16-byte pieces, zeros past t.
+    // Thread i copies column piece i % 8 of tokens i / 8 + 32 p (p < 4), every step.
+    const int x_col = 8 * (threadIdx.x & 7);
+    auto load_x = [&](int s, int b) {
+#pragma unroll
+        for (int p = 0; p < QTILE_TOKENS * QTILE_K / 8 / QTILE_THREADS; p++) {
+            const int tok = (threadIdx.x >> 3) + (QTILE_THREADS / 8) * p;
+            const bool in = tok < live;
+            const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QTILE_K + x_col;
+            cp_async16(&xs_buf(b)[qtile_at(tok, x_col)], src, in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
 #if QTILE_ON_WGMMA
+    float acc[64] = {};
+    // The first weights decode before the previous kernel is waited for: they are not its output.
+    if (first < last) decode(ws_buf(0), first);
+    wait_for_previous_kernel();
+    if (first < last) load_x(first, 0);
+    // Warpgroup warp / 4 takes tile rows 64 (warp / 4).., all 128 tokens; k16 steps are 32 bytes
+    // into each 128-byte row (2 in the descriptors' address field).
+    for (int s = first; s < last; s++) {
+        const int b = (s - first) & 1;
+        cp_async_wait(0);
         fence_proxy_async();
-#endif
+        // Step s's tiles are whole, and every warpgroup's wgmma of step s - 1 is done with the
+        // other buffers.
         __syncthreads();
-#if QTILE_ON_WGMMA
-        // Warpgroup warp / 4 takes tile rows 64 (warp / 4).., all 128 tokens; k16 steps are 32 bytes
-        // into each 128-byte row (2 in the descriptors' address field).
-        const unsigned long long a = wgmma_desc_sw128(&ws[64 * (warp >> 2) * QTILE_K]);
-        const unsigned long long bx = wgmma_desc_sw128(&xs[b][0]);
+        if (s + 1 < last) load_x(s + 1, b ^ 1);
+        const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[64 * (warp >> 2) * QTILE_K]);
+        const unsigned long long bx = wgmma_desc_sw128(xs_buf(b));
+#if !QTILE_OVERLAP
+        if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
+#endif
         wgmma_hold(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
         wgmma_commit();
+#if QTILE_OVERLAP
+        if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
+#endif
         wgmma_wait_all();
         wgmma_hold(acc);
+    }
 #else
+    float acc[4][4][4] = {};
+    wait_for_previous_kernel();
+    if (first < last) load_x(first, 0);
+    // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
+    const int wr = warp >> 2, wt = warp & 3;
+    // ldmatrix rows: A's lane l reads row l % 16 of an m16 tile at column + 8 (l / 16); B's reads
+    // token l % 8 + 8 (l / 16) of an n8 pair at column + 8 (l / 8 % 2).
+    const int a_row = 64 * wr + (lane & 15), a_col = 8 * (lane >> 4);
+    const int b_tok = 32 * wt + (lane & 7) + 8 * (lane >> 4), b_col = 8 * ((lane >> 3) & 1);
+    for (int s = first; s < last; s++) {
+        const int b = (s - first) & 1;
+        // Every warp is done with the weights of step s - 1 and with its x buffer (b ^ 1).
+        __syncthreads();
+        if (s + 1 < last) load_x(s + 1, b ^ 1);
+        decode(ws, s);
+        cp_async_wait(s + 1 < last ? 1 : 0);
+        __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) {
             // B of n8 tiles (0, 1) and (2, 3): registers b0, b1 of the first, then of the second.
@@ -1228,8 +1266,8 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
                 }
             }
         }
-#endif
     }
+#endif
 #if QTILE_ON_WGMMA
     // Warp w holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c, + 1 of n8 chunk j.
 #pragma unroll

@@ -39,7 +39,7 @@ impl GpuTransformer {
         // SAFETY: every launch comes from a typed call, which passes the arguments of the kernel's
         // signature in its .cu file, with device pointers into buffers sized for the step limits
         // that `StepLimits::check` enforces.
-        unsafe { self.gpu.launch(self.kernels.get(name), grid, block, shared, args) }?;
+        unsafe { self.kernels.launch(&self.gpu, name, grid, block, shared, args) }?;
         self.profile_end(t, || name.to_string())
     }
 

@@ -124,7 +124,7 @@ impl AttentionCall {
     pub unsafe fn launch(&self, gpu: &Gpu, kernels: &Kernels, kernel: &str) -> Result<(), CudaError> {
         self.launch_with(kernel, |name, grid, threads, shared, args| {
             // SAFETY: the caller's promise; the arguments are the kernel's, in attention.cu's order.
-            unsafe { gpu.launch(kernels.get(name), grid, threads, shared, args) }
+            unsafe { kernels.launch(gpu, name, grid, threads, shared, args) }
         })
     }
 }

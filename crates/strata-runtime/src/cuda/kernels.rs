@@ -286,18 +286,25 @@ pub fn compile_all(spec: KernelSpec, arch: &'static str) -> Result<Vec<(&'static
 }
 
 /// The architecture the kernels compile for on a GPU of capability `cc`, given the value of
-/// `STRATA_KERNEL_ARCH`: unset, [`arch_for`]; `compute_90a` on a 9.0 GPU, the arch-specific
-/// target, whose wgmma the tile GEMM uses (opt-in until measured); anything else is refused.
-pub fn arch_to_compile(cc: (i32, i32), requested: Option<&str>) -> Result<&'static str, CudaError> {
+/// The target `family` compiles for. `STRATA_KERNEL_ARCH` unset: [`arch_for`], except quant.cu
+/// on a 9.0 GPU, which takes the arch-specific `compute_90a` for its wgmma tile GEMM;
+/// `compute_90a` on a 9.0 GPU: every family on it; [`arch_for`]'s own target (e.g. `compute_90`):
+/// every family on that, the portable fallbacks (mma.sync tiles); anything else is refused.
+pub fn arch_to_compile(cc: (i32, i32), requested: Option<&str>, family: &str) -> Result<&'static str, CudaError> {
+    let portable = arch_for(cc);
     match requested {
-        None => Ok(arch_for(cc)),
+        None if cc == (9, 0) && family == "quant" => Ok("compute_90a"),
+        None => Ok(portable),
         Some("compute_90a") if cc == (9, 0) => Ok("compute_90a"),
+        Some(v) if v == portable => Ok(portable),
         Some(v) => Err(CudaError::Compile {
             family: "every".into(),
             log: format!(
                 "STRATA_KERNEL_ARCH={v:?} is not supported on this GPU (compute capability {}.{}): only \
-                 compute_90a, on a 9.0 GPU; unset it",
-                cc.0, cc.1
+                 {portable}{}; unset it",
+                cc.0,
+                cc.1,
+                if cc == (9, 0) { " or compute_90a" } else { "" }
             ),
         }),
     }
@@ -356,7 +363,13 @@ fn write_cache(key: &str, ptx: &str) {
 /// Every kernel, loaded on one GPU.
 pub struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
+    /// Dynamic shared bytes a kernel needs as compiled, whatever its call asks (the wgmma tiles').
+    shared: HashMap<&'static str, u32>,
 }
+
+/// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
+/// 1,024 bytes of alignment slack, in dynamic shared memory where it multiplies by wgmma.
+pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 
 impl Kernels {
     /// Compiles (or takes from the cache) and loads every family for `gpu`.
@@ -366,9 +379,10 @@ impl Kernels {
             log,
         })?;
         let requested = std::env::var("STRATA_KERNEL_ARCH").ok();
-        let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref())?;
         let mut functions = HashMap::new();
+        let mut shared = HashMap::new();
         for (family, src, names) in FAMILIES {
+            let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
             let module = gpu
                 .ctx
@@ -385,10 +399,38 @@ impl Kernels {
                     )
                     .map_err(driver("cuFuncSetAttribute"))?;
                 }
+                if arch == "compute_90a" && name.starts_with("qgemm_tile_") {
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        QTILE_WGMMA_SHARED_BYTES as i32,
+                    )
+                    .map_err(driver("cuFuncSetAttribute"))?;
+                    shared.insert(*name, QTILE_WGMMA_SHARED_BYTES);
+                }
                 functions.insert(*name, f);
             }
         }
-        Ok(Kernels { functions })
+        Ok(Kernels { functions, shared })
+    }
+
+    /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more
+    /// that the kernel needs as compiled.
+    ///
+    /// # Safety
+    /// `args` are the kernel's arguments in its .cu file's order, pointing into device buffers
+    /// sized for the launch.
+    pub unsafe fn launch(
+        &self,
+        gpu: &Gpu,
+        name: &str,
+        grid: (u32, u32, u32),
+        threads: u32,
+        shared: u32,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), CudaError> {
+        let shared = shared.max(self.shared.get(name).copied().unwrap_or(0));
+        // SAFETY: the caller's promise.
+        unsafe { gpu.launch(self.get(name), grid, threads, shared, args) }
     }
 
     /// The kernel called `name` (one of [`FAMILIES`]' lists).

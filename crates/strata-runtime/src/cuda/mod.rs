@@ -13,7 +13,7 @@ macro_rules! stream_launch {
         ) -> Result<(), $crate::cuda::CudaError> {
             self.launch_with(|name, grid, threads, shared, args| {
                 // SAFETY: the caller's promise; the arguments are the kernel's, in its .cu file's order.
-                unsafe { gpu.launch(kernels.get(name), grid, threads, shared, args) }
+                unsafe { kernels.launch(gpu, name, grid, threads, shared, args) }
             })
         }
     };

@@ -104,15 +104,30 @@ fn finish(running: &mut Vec<(String, Child)>) {
 
 #[test]
 fn the_arch_specific_target_is_taken_only_where_it_runs() {
-    assert_eq!(arch_to_compile((9, 0), None).unwrap(), "compute_90");
-    assert_eq!(arch_to_compile((8, 6), None).unwrap(), "compute_86");
-    assert_eq!(arch_to_compile((9, 0), Some("compute_90a")).unwrap(), "compute_90a");
+    // By default only quant.cu takes compute_90a on a 9.0 GPU (its wgmma tiles).
+    assert_eq!(arch_to_compile((9, 0), None, "quant").unwrap(), "compute_90a");
+    assert_eq!(arch_to_compile((9, 0), None, "attention").unwrap(), "compute_90");
+    assert_eq!(arch_to_compile((8, 6), None, "quant").unwrap(), "compute_86");
+    assert_eq!(arch_to_compile((8, 9), None, "quant").unwrap(), "compute_89");
+    // compute_90a for every family; the GPU's portable target forces the fallbacks.
+    assert_eq!(
+        arch_to_compile((9, 0), Some("compute_90a"), "norm").unwrap(),
+        "compute_90a"
+    );
+    assert_eq!(
+        arch_to_compile((9, 0), Some("compute_90"), "quant").unwrap(),
+        "compute_90"
+    );
+    assert_eq!(
+        arch_to_compile((8, 0), Some("compute_80"), "quant").unwrap(),
+        "compute_80"
+    );
     for (cc, v) in [
         ((8, 0), "compute_90a"),
-        ((9, 0), "compute_90"),
+        ((9, 0), "compute_86"),
         ((12, 0), "compute_90a"),
     ] {
-        let e = arch_to_compile(cc, Some(v)).unwrap_err().to_string();
+        let e = arch_to_compile(cc, Some(v), "quant").unwrap_err().to_string();
         assert!(e.contains("STRATA_KERNEL_ARCH") && e.contains("unset it"), "{e}");
     }
 }
