@@ -7,9 +7,12 @@ use strata_runtime::cuda::Fp8Gemv;
 const DEFAULT_ATTENTION_STAGES: usize = 3;
 /// Steps of at most this many tokens use the GEMVs instead of cuBLASLt by default.
 const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
-/// Quantized products of up to this many tokens use quant.cu's tensor-core GEMM by default: on an
-/// H200 it beat dequantizing for cuBLASLt 1.4x at 64 users, tied at 128, lost at 256 (NOTES v25).
-const DEFAULT_QUANT_GEMM_MAX_TOKENS: usize = 64;
+/// Quantized products of up to this many tokens use quant.cu's tensor-core GEMMs by default: at
+/// 256 users of a 7B Q4_K_M on an H100 the tiles beat dequantizing for cuBLASLt 1.08x (mma.sync)
+/// and 1.15x (wgmma) in output tok/s; 512-token prompts stay faster dequantized (NOTES v27-v29).
+const DEFAULT_QUANT_GEMM_MAX_TOKENS: usize = 256;
+/// Of those, products of at least this many tokens take the shared-memory tiles of 128 tokens.
+const DEFAULT_QUANT_GEMM_TILE_MIN_TOKENS: usize = 128;
 
 /// What the environment turns on or off; the defaults are what strata runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +30,8 @@ pub struct GpuKnobs {
     /// instead of dequantizing the matrix for cuBLASLt (0: off; bench/NOTES.md, v25).
     pub quant_gemm_max_tokens: usize,
     /// `STRATA_QUANT_GEMM_TILE_MIN_TOKENS=N`: of those products, the ones of at least N tokens
-    /// take the GEMM in shared-memory tiles of 128 tokens instead of the 64-token one (0: never,
-    /// the default until the quantized files' GPU test runs on them; bench/NOTES.md, v27).
+    /// take the GEMM in shared-memory tiles of 128 tokens instead of the 64-token one (0: never;
+    /// bench/NOTES.md, v27-v29).
     pub quant_gemm_tile_min_tokens: usize,
     /// `STRATA_FUSE_ROPE=0`: RoPE and the cache write in rope.cu's kernel, not the QKV GEMV.
     pub fuse_rope: bool,
@@ -68,7 +71,8 @@ impl GpuKnobs {
             gemv_max_tokens: number("STRATA_GEMV_MAX_TOKENS").unwrap_or(DEFAULT_GEMV_MAX_TOKENS),
             quant_gemv_max_tokens: number("STRATA_QUANT_GEMV_MAX_TOKENS").unwrap_or(0),
             quant_gemm_max_tokens: number("STRATA_QUANT_GEMM_MAX_TOKENS").unwrap_or(DEFAULT_QUANT_GEMM_MAX_TOKENS),
-            quant_gemm_tile_min_tokens: number("STRATA_QUANT_GEMM_TILE_MIN_TOKENS").unwrap_or(0),
+            quant_gemm_tile_min_tokens: number("STRATA_QUANT_GEMM_TILE_MIN_TOKENS")
+                .unwrap_or(DEFAULT_QUANT_GEMM_TILE_MIN_TOKENS),
             fuse_rope: !off("STRATA_FUSE_ROPE"),
             fuse_norm: !off("STRATA_FUSE_NORM"),
             simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
@@ -106,8 +110,8 @@ mod tests {
                 overlap: true,
                 gemv_max_tokens: 8,
                 quant_gemv_max_tokens: 0,
-                quant_gemm_max_tokens: 64,
-                quant_gemm_tile_min_tokens: 0,
+                quant_gemm_max_tokens: 256,
+                quant_gemm_tile_min_tokens: 128,
                 fuse_rope: true,
                 fuse_norm: true,
                 simt_attention: false,
@@ -124,7 +128,7 @@ mod tests {
             ("STRATA_GEMV_MAX_TOKENS", "0"),
             ("STRATA_QUANT_GEMV_MAX_TOKENS", "64"),
             ("STRATA_QUANT_GEMM_MAX_TOKENS", "512"),
-            ("STRATA_QUANT_GEMM_TILE_MIN_TOKENS", "128"),
+            ("STRATA_QUANT_GEMM_TILE_MIN_TOKENS", "0"),
             ("STRATA_FUSE_ROPE", "0"),
             ("STRATA_FUSE_NORM", "0"),
             ("STRATA_ATTENTION", "simt"),
@@ -142,7 +146,7 @@ mod tests {
                 gemv_max_tokens: 0,
                 quant_gemv_max_tokens: 64,
                 quant_gemm_max_tokens: 512,
-                quant_gemm_tile_min_tokens: 128,
+                quant_gemm_tile_min_tokens: 0,
                 fuse_rope: false,
                 fuse_norm: false,
                 simt_attention: true,
