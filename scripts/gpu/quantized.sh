@@ -18,14 +18,15 @@
 #     the CPU backend; CUDA_TESTS names the tests, default all), the SmolLM2 and quantized-file tests
 #     again as an Ampere card (STRATA_GPU_CAPABILITY=8.0), and SmolLM2's FP8 test on the
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways; the quantized-file tests again with every
-#     product past the GEMVs on the tensor-core GEMM, then the GEMMs' kernel test (the tiles with
-#     both decodes and on wgmma; carries cuda-kernels-test.gz too) and the quantized-file tests on
-#     the tiles, with mma.sync and with wgmma.
+#     product past the GEMVs on the tensor-core GEMM, then the GEMMs' kernel test (the tiles as
+#     compiled by default, wgmma on a 9.0 GPU, with both decodes, without the overlapped decode,
+#     and on the portable target's mma.sync; carries cuda-kernels-test.gz too) and the
+#     quantized-file tests on the tiles, on wgmma and on mma.sync.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
-#     time of each kernel), beside bf16's, and 16-256 users with and without GEMV passes over the
-#     blocks (STRATA_QUANT_GEMV_MAX_TOKENS), on the tensor-core GEMM (STRATA_QUANT_GEMM_MAX_TOKENS)
-#     and on its shared-memory tiles from 128 tokens (STRATA_QUANT_GEMM_TILE_MIN_TOKENS), those
-#     multiplied by wgmma (STRATA_KERNEL_ARCH=compute_90a), levels
+#     time of each kernel), beside bf16's, and 16-256
+#     users: dequantized for cuBLASLt (STRATA_QUANT_GEMM_MAX_TOKENS=0), the defaults (the GEMM to
+#     256 tokens, its wgmma tiles from 128 on a 9.0 GPU), the portable target's mma.sync tiles
+#     (STRATA_KERNEL_ARCH=compute_90) and wgmma without the overlapped decode (QTILE_OVERLAP=0), levels
 #     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list; PROFILE_EAGER names the files to profile
 #     eagerly, default both, empty for none); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
@@ -136,23 +137,22 @@ test)
     STRATA_QUANT_GEMM_MAX_TOKENS=1024 timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized \
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
-    echo "== the tensor-core GEMMs' kernel test, the tiles decoding by slice32 and by 8-value slices, then on wgmma (sm_90a)"
-    for defines in "" QTILE_UNIT32=0; do
-        env ${defines:+STRATA_KERNEL_DEFINES=$defines} timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 \
-            quantized_gemm > "$OUT/kernels_qgemm${defines:+_unit8}.log" 2>&1
-        grep -E "^test |panicked|result" "$OUT/kernels_qgemm${defines:+_unit8}.log"
+    echo "== the tensor-core GEMMs' kernel test: as compiled by default (wgmma tiles on a 9.0 GPU), the tiles"
+    echo "   decoding by 8-value slices, wgmma without the overlapped decode, and the portable target (mma.sync)"
+    for setting in STRATA_KERNEL_DEFINES=QTILE_UNIT32=1 STRATA_KERNEL_DEFINES=QTILE_UNIT32=0 \
+        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_ARCH=compute_90; do
+        name=$(echo "${setting#*=}" | tr '=' '_')
+        env "$setting" timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quantized_gemm \
+            > "$OUT/kernels_qgemm_$name.log" 2>&1
+        echo "-- $setting"; grep -E "^test |panicked|result" "$OUT/kernels_qgemm_$name.log"
     done
-    STRATA_KERNEL_ARCH=compute_90a timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quantized_gemm \
-        > "$OUT/kernels_qgemm_wgmma.log" 2>&1
-    grep -E "^test |panicked|result" "$OUT/kernels_qgemm_wgmma.log"
-    echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9)"
-    STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 timeout 200 gpu-bin/cuda-test --nocapture \
-        --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile.log" 2>&1
-    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_tile.log"
-    echo "== the same with the tiles multiplied by wgmma (STRATA_KERNEL_ARCH=compute_90a)"
-    STRATA_KERNEL_ARCH=compute_90a STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 timeout 200 \
-        gpu-bin/cuda-test --nocapture --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_wgmma.log" 2>&1
-    grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_wgmma.log"
+    echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9), as compiled by"
+    echo "   default (wgmma on a 9.0 GPU), then on the portable target (mma.sync)"
+    for arch in "" compute_90; do
+        env ${arch:+STRATA_KERNEL_ARCH=$arch} STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 \
+            timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile${arch:+_$arch}.log" 2>&1
+        grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_tile${arch:+_$arch}.log"
+    done
     echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
     for cap in "" 8.0; do
         env ${cap:+STRATA_GPU_CAPABILITY=$cap} STRATA_FP8_GEMV=mma timeout 150 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 \
@@ -172,17 +172,15 @@ profile)
             > "$OUT/profile_${name}_256.log" 2>&1
         grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
     done
-    echo "== 16-256 users: bf16, then the Q4_K_M file dequantized for cuBLASLt, as GEMV passes of 8 tokens, on the"
-    echo "   tensor-core GEMM over the blocks and on its shared-memory tiles"
+    echo "== 16-256 users: bf16, then the Q4_K_M file dequantized for cuBLASLt, as strata runs it by default, on"
+    echo "   the portable target's mma.sync tiles and on wgmma tiles without the overlapped decode"
     timeout 200 $S bench-gpu --model $Q7 --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
         --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_bf16.json" > "$OUT/bench_bf16.log" 2>&1
     echo "-- bf16, exit $?"
     grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_bf16.log" | cut -c1-200
-    # The GEMM takes steps of up to 64 tokens by default: the baseline turns it off.
     # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
-    for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMV_MAX_TOKENS=64 \
-        STRATA_QUANT_GEMM_MAX_TOKENS=512 STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128
-        STRATA_QUANT_GEMM_MAX_TOKENS=512,STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128,STRATA_KERNEL_ARCH=compute_90a}; do
+    for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128 \
+        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0}; do
         name=$(echo "$setting" | tr '=,' '__')
         env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \

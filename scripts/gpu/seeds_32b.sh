@@ -73,7 +73,7 @@ bench() {
 
 # LLAMA_FIT_ONLY=1: only llama.cpp with the slots that fit (below), on KV_TOKENS (strata's KV
 # tokens from an earlier call, default 11760) and RATE (that call's Poisson rate): the whole
-# script takes more than one call's ten minutes.
+# script takes more than one call's ten minutes; LLAMA_POISSON_ONLY=1 then skips its closed run.
 if [ -n "${LLAMA_FIT_ONLY:-}" ]; then
     kv=${KV_TOKENS:-11760}
     rate=${RATE:-}
@@ -117,7 +117,8 @@ if [ "$fit" -ge 1 ] && [ "$fit" -lt 20 ]; then
         > "$OUT/llama_server_np$fit.log" 2>&1 &
     lpid=$!
     if wait_up 8061; then
-        bench 8061 llama_np${fit}_closed
+        # LLAMA_POISSON_ONLY=1: the closed run is already on record (NOTES: the third try).
+        [ -z "${LLAMA_POISSON_ONLY:-}" ] && bench 8061 llama_np${fit}_closed
         [ -n "$rate" ] && bench 8061 llama_np${fit}_poisson "$rate"
     fi
     kill $lpid 2>/dev/null; wait $lpid 2>/dev/null

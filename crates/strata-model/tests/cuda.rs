@@ -135,6 +135,20 @@ fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64, usize) {
     (max_rel, sum / n as f64, top1)
 }
 
+/// Rows whose top-1 differs between `a` (the reference) and `b`: the row and how far below
+/// a's best logit a puts b's pick, as a share of the row's largest logit (near 0: a near-tie).
+fn top1_gaps(a: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<(usize, f64)> {
+    let mut gaps = Vec::new();
+    for (row, (ra, rb)) in a.iter().zip(b).enumerate() {
+        let (ia, ib) = (argmax(ra), argmax(rb));
+        if ia != ib {
+            let scale = ra.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+            gaps.push((row, (ra[ia as usize] - ra[ib as usize]) as f64 / scale.max(1e-6)));
+        }
+    }
+    gaps
+}
+
 /// What sampling.cu chose for each row: its id, and the limit `sampling_limits` set (the row's
 /// best logit and the largest key kept; none for argmax rows).
 struct Chosen {
@@ -619,9 +633,15 @@ fn quantized_files_on_the_gpu_match_the_cpu_backend() {
         let (rel, mean, top1) = compare(&rows[0], &rows[1]);
         let n = rows[0].len();
         let name = path.file_name().unwrap().to_string_lossy();
+        let gaps: Vec<String> = top1_gaps(&rows[0], &rows[1])
+            .iter()
+            .map(|(row, gap)| format!("row {row} by {:.2} %", 100.0 * gap))
+            .collect();
         eprintln!(
-            "{name}: GPU weights {:.1} MiB; GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}",
-            gpu.weight_bytes() as f64 / (1 << 20) as f64
+            "{name}: GPU weights {:.1} MiB; GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}; \
+             the CPU's best beats the GPU's pick: [{}]",
+            gpu.weight_bytes() as f64 / (1 << 20) as f64,
+            gaps.join(", ")
         );
         assert!(
             rel < 0.05,
