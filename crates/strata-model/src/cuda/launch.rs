@@ -15,7 +15,17 @@ impl GpuTransformer {
     pub(super) fn launcher(
         &self,
     ) -> impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> + '_ {
-        |name, grid, threads, shared, args| self.launch(name, grid, threads, shared, args)
+        |name, grid, threads, shared, args| self.launch(name, None, grid, threads, shared, args)
+    }
+
+    /// [`Self::launcher`] whose profile entries also name the product's shape, `n`x`k` (the
+    /// quantized GEMMs, whose kernel names do not).
+    #[allow(clippy::type_complexity)] // the signature of every call's `launch_with`
+    pub(super) fn shaped_launcher(
+        &self,
+        shape: (usize, usize),
+    ) -> impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut std::ffi::c_void]) -> Result<(), CudaError> + '_ {
+        move |name, grid, threads, shared, args| self.launch(name, Some(shape), grid, threads, shared, args)
     }
 
     /// Whether activations are f32 (`--dtype float32`): the calls take the kernels' f32 twins.
@@ -23,10 +33,12 @@ impl GpuTransformer {
         self.weights.dtype == ComputeDtype::F32
     }
 
-    /// Launches kernel `name` on this GPU's stream, unless ablated, timed when profiled.
+    /// Launches kernel `name` on this GPU's stream, unless ablated, timed when profiled (under
+    /// its name and `shape`, if given).
     fn launch(
         &self,
         name: &str,
+        shape: Option<(usize, usize)>,
         grid: (u32, u32, u32),
         block: u32,
         shared: u32,
@@ -40,7 +52,10 @@ impl GpuTransformer {
         // signature in its .cu file, with device pointers into buffers sized for the step limits
         // that `StepLimits::check` enforces.
         unsafe { self.kernels.launch(&self.gpu, name, grid, block, shared, args) }?;
-        self.profile_end(t, || name.to_string())
+        self.profile_end(t, || match shape {
+            Some((n, k)) => format!("{name} {n}x{k}"),
+            None => name.to_string(),
+        })
     }
 
     /// Whether `bench-gpu --ablate` leaves the kernel or product `name` out.

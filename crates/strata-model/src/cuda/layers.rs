@@ -756,9 +756,9 @@ impl GpuTransformer {
                 out_f32: (out == GemmOut::F32) as i32,
                 steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
             };
-            call.launch_with(self.launcher())?;
+            call.launch_with(self.shaped_launcher((seg.rows, k)))?;
             if let Some(reduce) = call.reduce() {
-                reduce.launch_with(self.launcher())?;
+                reduce.launch_with(self.shaped_launcher((seg.rows, k)))?;
             }
         }
         Ok(())
