@@ -273,7 +273,8 @@ __device__ __forceinline__ uint4 ldmatrix_x4(const void* smem) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// wgmma (sm_90a only: kernels compile for it under STRATA_KERNEL_ARCH=compute_90a).
+// wgmma (sm_90a only: quant.cu compiles for it on a 9.0 GPU, every family under
+// STRATA_KERNEL_ARCH=compute_90a).
 // A shared-memory operand of 8-row groups of 128-byte rows, 16-byte chunk c of row r stored at
 // c ^ (r % 8) (the 128-byte swizzle), K-major, the groups 1,024 bytes apart, from a 1,024-byte
 // aligned base; k16 steps advance the start by 32 bytes.

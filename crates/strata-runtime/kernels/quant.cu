@@ -1093,7 +1093,7 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #ifndef QTILE_UNIT32
 #define QTILE_UNIT32 1
 #endif
-// 1 (the default) where kernels compile for sm_90a (STRATA_KERNEL_ARCH=compute_90a): each of the
+// 1 (the default) where quant.cu compiles for sm_90a (by default on a 9.0 GPU): each of the
 // two warpgroups multiplies its 64 rows by the 128 tokens with wgmma, reading the tiles where they
 // are; 0 keeps ldmatrix and mma.sync there too (STRATA_KERNEL_DEFINES="QTILE_WGMMA=0", the A/B).
 #ifndef QTILE_WGMMA
@@ -1116,8 +1116,8 @@ __device__ __forceinline__ int qtile_at(int row, int col) {
 // decode of the next weights runs while the tensor cores multiply this step's; 1,024 bytes of
 // slack align the base. A launch with less traps.
 #define QTILE_WGMMA_SHARED (4 * QTILE_ROWS * QTILE_K * 2 + 1024)
-// 1: the decode of step s + 1 overlaps step s's wgmma (one barrier a step); 0: it waits for the
-// wgmma first (STRATA_KERNEL_DEFINES="QTILE_OVERLAP=0", v28's order, the A/B).
+// 1: the decode of step s + 1 overlaps step s's wgmma (one barrier a step); 0: it runs before
+// that wgmma is issued, as in v28 (STRATA_KERNEL_DEFINES="QTILE_OVERLAP=0", the A/B).
 #ifndef QTILE_OVERLAP
 #define QTILE_OVERLAP 1
 #endif
@@ -1231,6 +1231,15 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_wait_all();
         wgmma_hold(acc);
     }
+    // Warp w holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c, + 1 of n8 chunk j.
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + 16 * warp + g + 8 * (e >> 1);
+            const int tok = 8 * j + 2 * c + (e & 1);
+            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+        }
 #else
     float acc[4][4][4] = {};
     wait_for_previous_kernel();
@@ -1267,18 +1276,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
             }
         }
     }
-#endif
-#if QTILE_ON_WGMMA
-    // Warp w holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c, + 1 of n8 chunk j.
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + 16 * warp + g + 8 * (e >> 1);
-            const int tok = 8 * j + 2 * c + (e & 1);
-            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
-        }
-#else
     // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
 #pragma unroll
     for (int m = 0; m < 4; m++)

@@ -285,11 +285,11 @@ pub fn compile_all(spec: KernelSpec, arch: &'static str) -> Result<Vec<(&'static
         .collect()
 }
 
-/// The architecture the kernels compile for on a GPU of capability `cc`, given the value of
-/// The target `family` compiles for. `STRATA_KERNEL_ARCH` unset: [`arch_for`], except quant.cu
-/// on a 9.0 GPU, which takes the arch-specific `compute_90a` for its wgmma tile GEMM;
-/// `compute_90a` on a 9.0 GPU: every family on it; [`arch_for`]'s own target (e.g. `compute_90`):
-/// every family on that, the portable fallbacks (mma.sync tiles); anything else is refused.
+/// The target `family` compiles for on a GPU of capability `cc`. `STRATA_KERNEL_ARCH` unset:
+/// [`arch_for`], except quant.cu on a 9.0 GPU, which takes the arch-specific `compute_90a` for
+/// its wgmma tile GEMM; `compute_90a` on a 9.0 GPU: every family on it; [`arch_for`]'s own
+/// target (e.g. `compute_90`): every family on that, the portable fallbacks (mma.sync tiles);
+/// anything else is refused.
 pub fn arch_to_compile(cc: (i32, i32), requested: Option<&str>, family: &str) -> Result<&'static str, CudaError> {
     let portable = arch_for(cc);
     match requested {
