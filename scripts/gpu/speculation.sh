@@ -7,8 +7,9 @@
 # 2:1:8") on the Q4_1 file, and a draft model: the Q4_1 file drafting
 # for a bf16 copy of the same weights (--quantization none), the only real-weight pair here.
 # PROFILE=1 adds a one-user prompt-lookup server under STRATA_GPU_PROFILE (its step phases and
-# kernels in its log); SKIP_DRAFT=1 leaves the draft model out. With TESTS=1, then the CUDA tests of issue 30 (quantized.sh test). Last, prompt lookup at 2-64
-# users with the batch-size rule off, to measure the rule's threshold on the GPU. Carries gpu-bin/strata.gz,
+# kernels in its log); SKIP_DRAFT=1 leaves the draft model out. With TESTS=1, then the CUDA
+# tests of issue 30 (quantized.sh test). Last, prompt lookup at 2-64 users with the batch-size
+# rule off, to measure the rule's threshold on the GPU. Carries gpu-bin/strata.gz,
 # speculation-gpu-test.gz, cuda-test.gz and the model parts the machine lacks (stage_model.sh: a
 # first call carries strata.gz, tokenizers-qwen2.5.tgz and model.gz.partaa, this one the rest). Outputs in
 # $OUT/results_spec.tgz, packed again after every step.
