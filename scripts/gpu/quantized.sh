@@ -26,8 +26,7 @@
 #     time of each kernel), beside bf16's, and 16-256
 #     users: dequantized for cuBLASLt (STRATA_QUANT_GEMM_MAX_TOKENS=0), the defaults (the GEMM to
 #     256 tokens, its wgmma tiles from 128 on a 9.0 GPU), the portable target's mma.sync tiles
-#     (STRATA_KERNEL_ARCH=compute_90), wgmma without the overlapped decode (QTILE_OVERLAP=0) and
-#     with loads two steps ahead (QTILE_AHEAD=2), levels
+#     (STRATA_KERNEL_ARCH=compute_90) and wgmma without the overlapped decode (QTILE_OVERLAP=0), levels
 #     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list; PROFILE_EAGER names the files to profile
 #     eagerly, default both, empty for none); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
@@ -139,10 +138,9 @@ test)
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
     echo "== the tensor-core GEMMs' kernel test: as compiled by default (wgmma tiles on a 9.0 GPU), the tiles"
-    echo "   decoding by 8-value slices, wgmma without the overlapped decode, with loads two steps ahead, and"
-    echo "   the portable target (mma.sync)"
+    echo "   decoding by 8-value slices, wgmma without the overlapped decode, and the portable target (mma.sync)"
     for setting in STRATA_KERNEL_DEFINES=QTILE_UNIT32=1 STRATA_KERNEL_DEFINES=QTILE_UNIT32=0 \
-        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_DEFINES=QTILE_AHEAD=2 STRATA_KERNEL_ARCH=compute_90; do
+        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_ARCH=compute_90; do
         name=$(echo "${setting#*=}" | tr '=' '_')
         env "$setting" timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quantized_gemm \
             > "$OUT/kernels_qgemm_$name.log" 2>&1
@@ -182,7 +180,7 @@ profile)
     grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_bf16.log" | cut -c1-200
     # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
     for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128 \
-        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_DEFINES=QTILE_AHEAD=2}; do
+        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0}; do
         name=$(echo "$setting" | tr '=,' '__')
         env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \

@@ -225,19 +225,16 @@ __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restr
 // ---- Decode GEMVs on tensor cores (STRATA_FP8_GEMV=mma; the lanes' GEMVs above by default) ----
 // The GEMVs above spend 1.5 conversions a weight (E4M3 pair to f16 pair, then each f16 to f32), and
 // the conversion unit, not memory, sets their speed (bench/NOTES.md, FP8 v2). These take the
-// products on tensor cores instead, the tokens as the 8 columns of B (zero past t). On sm_89+
-// both operands are E4M3 (mma.sync m16n8k32): the weight bytes go into A as loaded and each
-// token's 64 columns of a chunk are quantized with their own scale (FP8M_E4M3). Elsewhere A and
-// B are f16 (m16n8k16): an E4M3 pair to an f16 pair, exact, and x clamped to f16's range.
+// products on tensor cores instead: mma.sync m16n8k16 with f16 operands and f32 sums, the weights
+// as A (an E4M3 pair to an f16 pair, exact, and nothing more a weight), the tokens as the 8
+// columns of B (x in f16, zero past t), so one conversion serves two weights.
 // A block of FP8M_WARPS warps computes FP8M_TILES tiles of 16 rows; warp w takes the 64-column
 // chunks w, w + FP8M_WARPS, ... (split k, so a 3,584-row matrix still gives 112 blocks of 8
-// warps), FP8M_LOADS chunks of weights and activations in flight, and the warps' sums meet in
-// shared memory in a fixed order. Lane (g, c) = (lane / 4, lane % 4) loads 16 bytes of rows g
-// and g + 8 of each tile at column 64 chunk + 16 c, and x[g] at the same columns. A dot product
-// may take its columns in any order as long as A and B agree: f16 mma step s (0..3) takes bytes
-// 4s..4s + 3 of the lane's pieces as its k = 2c, 2c + 1 (bytes 4s, 4s + 1) and 2c + 8, 2c + 9
-// (bytes 4s + 2, 4s + 3); E4M3 mma step s (0, 1) takes bytes 8s..8s + 3 as its k = 4c..4c + 3
-// and bytes 8s + 4..8s + 7 as its k = 16 + 4c..16 + 4c + 3.
+// warps), FP8M_LOADS chunks in flight, and the warps' sums meet in shared memory in a fixed
+// order. Lane (g, c) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 of each tile at
+// column 64 chunk + 16 c, and x[g] at the same columns. A dot product may take its columns in any
+// order as long as A and B agree: mma step s (0..3) takes bytes 4s..4s + 3 of the lane's pieces
+// as its k = 2c, 2c + 1 (bytes 4s, 4s + 1) and 2c + 8, 2c + 9 (bytes 4s + 2, 4s + 3).
 
 #define FP8M_WARPS 8
 #define FP8M_TILES 2
@@ -247,21 +244,8 @@ __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restr
 #define FP8M_LOADS 2
 #endif
 
-// 1 (the default) on sm_89+: the products take E4M3 operands on both sides (mma.sync m16n8k32),
-// the weight bytes as loaded and the activations quantized per token and 64-column chunk, so
-// no weight is converted at all; 0 keeps the f16 products below there too
-// (STRATA_KERNEL_DEFINES="FP8M_E4M3=0", the A/B). Below sm_89 the f16 products always.
-#ifndef FP8M_E4M3
-#define FP8M_E4M3 1
-#endif
-#if FP8M_E4M3 && __CUDA_ARCH__ >= 890
-#define FP8M_E4M3_ON 1
-#else
-#define FP8M_E4M3_ON 0
-#endif
-
 // Where there is no E4M3 cvt, the integer decode below gives each value times 2^-8.
-#if FP8M_E4M3_ON || (FP8_CVT && __CUDA_ARCH__ >= 890)
+#if FP8_CVT && __CUDA_ARCH__ >= 890
 #define FP8M_DECODED 1.0f
 #else
 #define FP8M_DECODED 256.0f
@@ -293,64 +277,6 @@ __device__ __forceinline__ u32 bf16x2_to_f16x2(u32 v) {
     return 0u;
 #endif
 }
-
-#if FP8M_E4M3_ON
-// d += a b for one m16n8k32 tile of E4M3 operands (A row-major, B column-major), f32 sums.
-__device__ __forceinline__ void mma_16x8x32_e4m3(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Four f32 as E4M3 bytes, the first in the lowest (round to nearest even, saturating).
-__device__ __forceinline__ u32 e4m3x4(float v0, float v1, float v2, float v3) {
-    unsigned short lo, hi;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v1), "f"(v0));
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v3), "f"(v2));
-    return (u32)lo | ((u32)hi << 16);
-}
-
-// One 64-column chunk into acc: q holds this lane's 16 weight bytes of rows g and g + 8 of each
-// tile, xw its 16 bf16 activations of token g at the same columns. The four lanes of a token
-// share the chunk's largest |x|; x / (that / 448) rounds to E4M3, and each tile's two products
-// (bytes 0-7 of each piece, then 8-15: the same column order on both sides) are multiplied by
-// their tokens' chunk scales into acc. A token past t has zeros and scale 0.
-__device__ __forceinline__ void fp8_e4m3_chunk(const uint4 (&q)[FP8M_TILES][2], const u32 (&xw)[8],
-                                               float (&acc)[FP8M_TILES][4]) {
-    const int c = threadIdx.x & 3;
-    float xf[16];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        xf[2 * i] = __uint_as_float(xw[i] << 16);
-        xf[2 * i + 1] = __uint_as_float(xw[i] & 0xffff0000u);
-    }
-    float amax = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 16; e++) amax = fmaxf(amax, fabsf(xf[e]));
-    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
-    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f, scale = amax / 448.0f;
-    u32 xq[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        xq[i] = e4m3x4(xf[4 * i] * inv, xf[4 * i + 1] * inv, xf[4 * i + 2] * inv, xf[4 * i + 3] * inv);
-    // Tokens 2c and 2c + 1 (this lane's accumulator columns) are lanes 8c and 8c + 4's.
-    const float s0 = __shfl_sync(FULL_MASK, scale, 8 * c), s1 = __shfl_sync(FULL_MASK, scale, 8 * c + 4);
-#pragma unroll
-    for (int tile = 0; tile < FP8M_TILES; tile++) {
-        const uint4 &lo = q[tile][0], &hi = q[tile][1];
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_16x8x32_e4m3(d, lo.x, hi.x, lo.y, hi.y, xq[0], xq[1]);
-        mma_16x8x32_e4m3(d, lo.z, hi.z, lo.w, hi.w, xq[2], xq[3]);
-        acc[tile][0] = fmaf(d[0], s0, acc[tile][0]);
-        acc[tile][1] = fmaf(d[1], s1, acc[tile][1]);
-        acc[tile][2] = fmaf(d[2], s0, acc[tile][2]);
-        acc[tile][3] = fmaf(d[3], s1, acc[tile][3]);
-    }
-}
-#endif
 
 // The block's products: rows first[tile] .. first[tile] + 15 of w (rows at or past end[tile]
 // read as zero) times x's t tokens. Returns true in warp 0, whose lane (g, c) then holds in
@@ -393,23 +319,17 @@ __device__ __forceinline__ bool fp8_mma_sums(const u8* __restrict__ w, int k, co
                     q[u][tile][h] = in && live[tile][h] ? load_streaming(rows[tile][h] + col) : zero;
         }
         wait_once(waited, after_wait);
-        // The same chunks' activations, in flight beside the weights.
-        uint4 xv[FP8M_LOADS][2];
 #pragma unroll
         for (int u = 0; u < FP8M_LOADS; u++) {
-            const int col = (base + FP8M_WARPS * u) * 64;
-            const bool in = has_x && base + FP8M_WARPS * u < chunks && col + 16 * c < k;
-            xv[u][0] = in ? __ldg((const uint4*)(xr + col)) : zero;
-            xv[u][1] = in ? __ldg((const uint4*)(xr + col) + 1) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < FP8M_LOADS; u++) {
-            if (base + FP8M_WARPS * u >= chunks) break;
-            const uint4 x0 = xv[u][0], x1 = xv[u][1];
+            const int chunk = base + FP8M_WARPS * u;
+            if (chunk >= chunks) break;
+            const int col = chunk * 64;
+            uint4 x0 = zero, x1 = zero;
+            if (has_x && col + 16 * c < k) {
+                x0 = __ldg((const uint4*)(xr + col));
+                x1 = __ldg((const uint4*)(xr + col) + 1);
+            }
             const u32 xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#if FP8M_E4M3_ON
-            fp8_e4m3_chunk(q[u], xw, acc);
-#else
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 const u32 b0 = bf16x2_to_f16x2(xw[2 * s]), b1 = bf16x2_to_f16x2(xw[2 * s + 1]);
@@ -421,7 +341,6 @@ __device__ __forceinline__ bool fp8_mma_sums(const u8* __restrict__ w, int k, co
                                       fp8x2_to_f16x2(lo[s], 1), fp8x2_to_f16x2(hi[s], 1), b0, b1);
                 }
             }
-#endif
         }
     }
     wait_once(waited, after_wait);

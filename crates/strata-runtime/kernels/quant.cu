@@ -1115,21 +1115,12 @@ __device__ __forceinline__ int qtile_at(int row, int col) {
 // every launch of the compiled kernel gets): two weight tiles and two x tiles, so that each step's
 // decode of the next weights runs while the tensor cores multiply this step's; 1,024 bytes of
 // slack align the base. A launch with less traps.
+#define QTILE_WGMMA_SHARED (4 * QTILE_ROWS * QTILE_K * 2 + 1024)
 // 1: the decode of step s + 1 overlaps step s's wgmma (one barrier a step); 0: it runs before
 // that wgmma is issued, as in v28 (STRATA_KERNEL_DEFINES="QTILE_OVERLAP=0", the A/B).
 #ifndef QTILE_OVERLAP
 #define QTILE_OVERLAP 1
 #endif
-// Steps between a load and its use on the wgmma path: step s issues the x tile of step s +
-// QTILE_AHEAD (QTILE_AHEAD + 1 x tiles) and the weight bytes of step s + 1 + QTILE_AHEAD (held
-// in registers until their decode). 1 as in v29; 2 keeps twice the bytes in flight a block
-// (STRATA_KERNEL_DEFINES="QTILE_AHEAD=2").
-#ifndef QTILE_AHEAD
-#define QTILE_AHEAD 1
-#endif
-#define QTILE_X_TILES (QTILE_AHEAD + 1)
-// Sized for QTILE_AHEAD up to 2 (kernels.rs passes that many bytes to every launch).
-#define QTILE_WGMMA_SHARED ((2 + QTILE_X_TILES) * QTILE_ROWS * QTILE_K * 2 + 1024)
 
 template <class F>
 __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
@@ -1143,7 +1134,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     if (dyn_bytes < QTILE_WGMMA_SHARED) __trap();
     bf16* const tiles = (bf16*)(qtile_dynamic + ((1024 - (dyn & 1023)) & 1023));
     // Weight tile b at tiles + b T, x tile b at tiles + (2 + b) T (T = 128 x 64 values).
-    static_assert(QTILE_AHEAD == 1 || QTILE_AHEAD == 2, "QTILE_AHEAD is 1 or 2");
     auto ws_buf = [&](int b) { return tiles + b * (QTILE_ROWS * QTILE_K); };
     auto xs_buf = [&](int b) { return tiles + (2 + b) * (QTILE_ROWS * QTILE_K); };
 #else
@@ -1164,11 +1154,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #if QTILE_UNIT32
     typename F::Slice32 cur;
     if (first < last) cur = F::slice32(w, n, kb, drow, first * QTILE_K + dcol);
-#if QTILE_ON_WGMMA && QTILE_AHEAD == 2
-    // The slices of step s + 1 while step s decodes (loaded one step earlier than `cur`).
-    typename F::Slice32 mid;
-    if (first < last) mid = F::slice32(w, n, kb, drow, min(first + 1, last - 1) * QTILE_K + dcol);
-#endif
 #else
     typename F::Slice cur[4];
     if (first < last) {
@@ -1179,11 +1164,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     // Decodes step s's slices (in `cur`) into `tile` while the next step's slices load (the last
     // step reloads its own: no read past k).
     auto decode = [&](bf16* tile, int s) {
-#if QTILE_ON_WGMMA && QTILE_AHEAD == 2 && QTILE_UNIT32
-        const int next = min(s + 2, last - 1) * QTILE_K + dcol;
-#else
         const int next = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
-#endif
 #if QTILE_UNIT32
         const typename F::Slice32 ahead = F::slice32(w, n, kb, drow, next);
 #endif
@@ -1201,10 +1182,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
                                             pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
             *(uint4*)&tile[qtile_at(trow, dcol + 8 * u)] = packed;
         }
-#if QTILE_UNIT32 && QTILE_ON_WGMMA && QTILE_AHEAD == 2
-        cur = mid;
-        mid = ahead;
-#elif QTILE_UNIT32
+#if QTILE_UNIT32
         cur = ahead;
 #endif
     };
@@ -1226,28 +1204,19 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     // The first weights decode before the previous kernel is waited for: they are not its output.
     if (first < last) decode(ws_buf(0), first);
     wait_for_previous_kernel();
-    // x tiles of the first QTILE_AHEAD steps; every step commits one group, empty past the last.
-#pragma unroll
-    for (int a = 0; a < QTILE_AHEAD; a++) {
-        if (first + a < last) load_x(first + a, a);
-        else cp_async_commit();
-    }
+    if (first < last) load_x(first, 0);
     // Warpgroup warp / 4 takes tile rows 64 (warp / 4).., all 128 tokens; k16 steps are 32 bytes
     // into each 128-byte row (2 in the descriptors' address field).
-    int xb = 0;
     for (int s = first; s < last; s++) {
         const int b = (s - first) & 1;
-        cp_async_wait(QTILE_AHEAD - 1);
+        cp_async_wait(0);
         fence_proxy_async();
         // Step s's tiles are whole, and every warpgroup's wgmma of step s - 1 is done with the
         // other buffers.
         __syncthreads();
-        const int xb_ahead = xb + QTILE_AHEAD < QTILE_X_TILES ? xb + QTILE_AHEAD : xb + QTILE_AHEAD - QTILE_X_TILES;
-        if (s + QTILE_AHEAD < last) load_x(s + QTILE_AHEAD, xb_ahead);
-        else cp_async_commit();
+        if (s + 1 < last) load_x(s + 1, b ^ 1);
         const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[64 * (warp >> 2) * QTILE_K]);
-        const unsigned long long bx = wgmma_desc_sw128(xs_buf(xb));
-        xb = xb + 1 < QTILE_X_TILES ? xb + 1 : 0;
+        const unsigned long long bx = wgmma_desc_sw128(xs_buf(b));
 #if !QTILE_OVERLAP
         if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
 #endif

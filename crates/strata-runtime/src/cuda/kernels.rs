@@ -367,10 +367,9 @@ pub struct Kernels {
     shared: HashMap<&'static str, u32>,
 }
 
-/// quant.cu's QTILE_WGMMA_SHARED at its largest (QTILE_AHEAD 2): the tile GEMM's two weight and
-/// three x tiles of 128 x 64 bf16 and 1,024 bytes of alignment slack, in dynamic shared memory
-/// where it multiplies by wgmma (two blocks still fit an SM).
-pub const QTILE_WGMMA_SHARED_BYTES: u32 = 5 * 128 * 64 * 2 + 1024;
+/// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
+/// 1,024 bytes of alignment slack, in dynamic shared memory where it multiplies by wgmma.
+pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 
 impl Kernels {
     /// Compiles (or takes from the cache) and loads every family for `gpu`.
