@@ -320,26 +320,30 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
     }
 }
 
-/// quant.cu's two tensor-core GEMMs over quantized blocks.
-const TILES: [QuantGemmTile; 2] = [QuantGemmTile::Registers, QuantGemmTile::Shared];
-
 #[test]
 fn quantized_gemm_matches_the_bf16_rounded_weights() {
     let Some(gpu) = first_gpu() else {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // quant.cu's two tensor-core GEMMs over quantized blocks, the tiles as compiled here.
+    let tiles = [QuantGemmTile::Registers, kernels.shared_tile()];
     for format in QUANT_FORMATS {
         // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
-        // and a partial third (of 128-token tiles: within one and a partial second); k of 6 and
-        // 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole and with k split 3 ways.
+        // a partial third and past four (of 128-token tiles: within one, a partial second and
+        // past two; of 256-token tiles: one warpgroup's tokens, both's, and a partial second
+        // tile); k of 6 and 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole and
+        // with k split 3 ways.
         for (n, k) in [(37usize, 768usize), (258, 2816)] {
             let blocks = random_blocks(format, n, k, 3 * n as u64 + k as u64);
             let mut w = vec![0f32; n * k];
             dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
             let wb: Vec<f64> = w.iter().map(|&v| bf16_value(bf16_bits(v)) as f64).collect();
             let seg = upload_segment(&gpu, format, &blocks, n, k);
-            for (t, tile) in [9usize, 70, 130].into_iter().flat_map(|t| TILES.map(|tile| (t, tile))) {
+            for (t, tile) in [9usize, 70, 130, 300]
+                .into_iter()
+                .flat_map(|t| tiles.map(|tile| (t, tile)))
+            {
                 let xb = random_bf16(t * k, 11 + t as u64);
                 let x: Vec<f64> = xb.iter().map(|&b| bf16_value(b) as f64).collect();
                 let xd = gpu.upload(&xb, "x").unwrap();
