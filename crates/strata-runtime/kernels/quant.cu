@@ -1078,23 +1078,24 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #endif
 }
 
-// ---- The same product in tiles of 128 rows x 128 or 256 tokens, for steps of many tokens. ----
+// ---- The same product in tiles of 128 rows x 128 tokens, for steps of many tokens. ----
 // qgemm decodes a weight once per 64 tokens and spends ~13 instructions per mma (bench/NOTES.md
 // v26); here a block of 8 warps decodes each step's 128 x 64 weights once into shared memory (a
 // thread 32 consecutive values of a row: a block or K-quant sub-block, `slice32`), and each
-// warp multiplies 64 rows x 32 tokens of it (4 x 4 m16n8 tiles) with A and B taken by ldmatrix;
-// on wgmma, 16 warps and 256 tokens (below). Grid (ceil(n / 128), ceil(t / QTILE_TOKENS),
-// splits), k split into parts as qgemm's.
+// warp multiplies 64 rows x 32 tokens of it (4 x 4 m16n8 tiles) with A and B taken by ldmatrix.
+// Grid (ceil(n / 128), ceil(t / 128), splits), k split into parts as qgemm's.
 #define QTILE_ROWS 128
+#define QTILE_TOKENS 128
 #define QTILE_K 64
+#define QTILE_THREADS 256
 // 1: a thread's 32 values decode from one `slice32` (the block's fields loaded and unpacked once);
 // 0: from 4 of qgemm's 8-value slices (STRATA_KERNEL_DEFINES="QTILE_UNIT32=0" for the A/B).
 #ifndef QTILE_UNIT32
 #define QTILE_UNIT32 1
 #endif
 // 1 (the default) where quant.cu compiles for sm_90a (by default on a 9.0 GPU): each of the
-// four warpgroups multiplies its 64 rows by its 128 tokens with wgmma, reading the tiles where
-// they are; 0 keeps ldmatrix and mma.sync there too (STRATA_KERNEL_DEFINES="QTILE_WGMMA=0").
+// two warpgroups multiplies its 64 rows by the 128 tokens with wgmma, reading the tiles where they
+// are; 0 keeps ldmatrix and mma.sync there too (STRATA_KERNEL_DEFINES="QTILE_WGMMA=0", the A/B).
 #ifndef QTILE_WGMMA
 #define QTILE_WGMMA 1
 #endif
@@ -1103,22 +1104,6 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #else
 #define QTILE_ON_WGMMA 0
 #endif
-// On wgmma a block is 4 warpgroups over 256 tokens (one block an SM, 128 registers a thread):
-// each step's weights are decoded once for twice the tokens, the decode's instructions being
-// what bounds the tiles (bench/NOTES.md v30). Elsewhere 8 warps over 128 tokens, two blocks an
-// SM. quant_call.rs (QuantGemmTile::Wide, Shared) launches each accordingly.
-#if QTILE_ON_WGMMA
-#define QTILE_TOKENS 256
-#define QTILE_THREADS 512
-#define QTILE_MIN_BLOCKS 1
-#else
-#define QTILE_TOKENS 128
-#define QTILE_THREADS 256
-#define QTILE_MIN_BLOCKS 2
-#endif
-// Threads that decode the same 32 weights of a row, each QTILE_DECODE_UNITS of their 8-value units.
-#define QTILE_DECODE_SHARERS (QTILE_THREADS / (2 * QTILE_ROWS))
-#define QTILE_DECODE_UNITS (4 / QTILE_DECODE_SHARERS)
 // A tile row of 64 bf16 (128 bytes) in 16-byte chunks, chunk c of row r stored at c ^ (r % 8):
 // the 8 rows an ldmatrix phase reads, and a phase of decode or cp.async stores, hit every bank
 // once; from a 1,024-byte aligned base it is also wgmma's 128-byte swizzle.
@@ -1130,7 +1115,7 @@ __device__ __forceinline__ int qtile_at(int row, int col) {
 // every launch of the compiled kernel gets): two weight tiles and two x tiles, so that each step's
 // decode of the next weights runs while the tensor cores multiply this step's; 1,024 bytes of
 // slack align the base. A launch with less traps.
-#define QTILE_WGMMA_SHARED ((2 * QTILE_ROWS + 2 * QTILE_TOKENS) * QTILE_K * 2 + 1024)
+#define QTILE_WGMMA_SHARED (4 * QTILE_ROWS * QTILE_K * 2 + 1024)
 // 1: the decode of step s + 1 overlaps step s's wgmma (one barrier a step); 0: it runs before
 // that wgmma is issued, as in v28 (STRATA_KERNEL_DEFINES="QTILE_OVERLAP=0", the A/B).
 #ifndef QTILE_OVERLAP
@@ -1146,11 +1131,11 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     const unsigned dyn = (unsigned)__cvta_generic_to_shared(qtile_dynamic);
     unsigned dyn_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
-    if (dyn_bytes < QTILE_WGMMA_SHARED || blockDim.x != QTILE_THREADS) __trap();
+    if (dyn_bytes < QTILE_WGMMA_SHARED) __trap();
     bf16* const tiles = (bf16*)(qtile_dynamic + ((1024 - (dyn & 1023)) & 1023));
-    // Weight tiles (128 rows x 64) b = 0, 1, then x tiles (256 tokens x 64) b = 0, 1.
+    // Weight tile b at tiles + b T, x tile b at tiles + (2 + b) T (T = 128 x 64 values).
     auto ws_buf = [&](int b) { return tiles + b * (QTILE_ROWS * QTILE_K); };
-    auto xs_buf = [&](int b) { return tiles + 2 * QTILE_ROWS * QTILE_K + b * (QTILE_TOKENS * QTILE_K); };
+    auto xs_buf = [&](int b) { return tiles + (2 + b) * (QTILE_ROWS * QTILE_K); };
 #else
     __shared__ __align__(1024) bf16 ws[QTILE_ROWS * QTILE_K];
     __shared__ __align__(1024) bf16 xs[2][QTILE_TOKENS * QTILE_K];
@@ -1162,21 +1147,18 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     const int last = min(steps, first + steps_per_split);
     const int live = min(QTILE_TOKENS, t - tok0);
     const int kb = k / F::BLOCK;
-    // The decode: thread i takes tile row i / 2 % 128, columns 32 (i % 2)..+31 of each step
-    // (their units 8-value units QTILE_DECODE_UNITS i / 256.. on four warpgroups); a row past n
-    // decodes row 0 and is never stored.
-    const int trow = (threadIdx.x >> 1) % QTILE_ROWS, dcol = 32 * (threadIdx.x & 1);
-    const int unit0 = QTILE_DECODE_SHARERS == 1 ? 0 : QTILE_DECODE_UNITS * (threadIdx.x / (2 * QTILE_ROWS));
+    // The decode: thread i takes tile row i / 2, columns 32 (i % 2)..+31 of each step; a row past
+    // n decodes row 0 and is never stored.
+    const int trow = threadIdx.x >> 1, dcol = 32 * (threadIdx.x & 1);
     const int drow = row0 + trow < n ? row0 + trow : 0;
 #if QTILE_UNIT32
     typename F::Slice32 cur;
     if (first < last) cur = F::slice32(w, n, kb, drow, first * QTILE_K + dcol);
 #else
-    typename F::Slice cur[QTILE_DECODE_UNITS];
+    typename F::Slice cur[4];
     if (first < last) {
 #pragma unroll
-        for (int i = 0; i < QTILE_DECODE_UNITS; i++)
-            cur[i] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * (unit0 + i));
+        for (int u = 0; u < 4; u++) cur[u] = F::slice(w, n, kb, drow, first * QTILE_K + dcol + 8 * u);
     }
 #endif
     // Decodes step s's slices (in `cur`) into `tile` while the next step's slices load (the last
@@ -1187,15 +1169,14 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         const typename F::Slice32 ahead = F::slice32(w, n, kb, drow, next);
 #endif
 #pragma unroll
-        for (int i = 0; i < QTILE_DECODE_UNITS; i++) {
-            const int u = unit0 + i;
+        for (int u = 0; u < 4; u++) {
             float v[8];
 #if QTILE_UNIT32
             F::eight_of(cur, s * QTILE_K + dcol, u, v);
 #else
             const typename F::Slice ahead = F::slice(w, n, kb, drow, next + 8 * u);
-            F::eight(cur[i], s * QTILE_K + dcol + 8 * u, v);
-            cur[i] = ahead;
+            F::eight(cur[u], s * QTILE_K + dcol + 8 * u, v);
+            cur[u] = ahead;
 #endif
             const uint4 packed = make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]),
                                             pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
@@ -1224,11 +1205,8 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     if (first < last) decode(ws_buf(0), first);
     wait_for_previous_kernel();
     if (first < last) load_x(first, 0);
-    // Warpgroup wg = warp / 4 takes tile rows 64 (wg % 2).. and tokens 128 (wg / 2)..; k16 steps
-    // are 32 bytes into each 128-byte row (2 in the descriptors' address field). A warpgroup
-    // whose 128 tokens are all past t multiplies nothing.
-    const int wg = warp >> 2, wg_rows = 64 * (wg & 1), wg_tokens = 128 * (wg >> 1);
-    const bool wg_live = wg_tokens < live;
+    // Warpgroup warp / 4 takes tile rows 64 (warp / 4).., all 128 tokens; k16 steps are 32 bytes
+    // into each 128-byte row (2 in the descriptors' address field).
     for (int s = first; s < last; s++) {
         const int b = (s - first) & 1;
         cp_async_wait(0);
@@ -1237,32 +1215,29 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         // other buffers.
         __syncthreads();
         if (s + 1 < last) load_x(s + 1, b ^ 1);
-        const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[wg_rows * QTILE_K]);
-        const unsigned long long bx = wgmma_desc_sw128(&xs_buf(b)[wg_tokens * QTILE_K]);
+        const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[64 * (warp >> 2) * QTILE_K]);
+        const unsigned long long bx = wgmma_desc_sw128(xs_buf(b));
 #if !QTILE_OVERLAP
         if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
 #endif
-        if (wg_live) {
-            wgmma_hold(acc);
-            wgmma_fence();
+        wgmma_hold(acc);
+        wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
-            wgmma_commit();
-        }
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
+        wgmma_commit();
 #if QTILE_OVERLAP
         if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
 #endif
         wgmma_wait_all();
         wgmma_hold(acc);
     }
-    // Warp w of its warpgroup holds the warpgroup's rows 16 (w % 4) + g (e 0, 1) and + 8 (e 2, 3),
-    // tokens 8 j + 2c, + 1 of its n8 chunk j.
+    // Warp w holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c, + 1 of n8 chunk j.
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int row = row0 + wg_rows + 16 * (warp & 3) + g + 8 * (e >> 1);
-            const int tok = wg_tokens + 8 * j + 2 * c + (e & 1);
+            const int row = row0 + 16 * warp + g + 8 * (e >> 1);
+            const int tok = 8 * j + 2 * c + (e & 1);
             if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
         }
 #else
@@ -1366,7 +1341,7 @@ extern "C" __global__ void qgemm_reduce(const float* __restrict__ parts, void* _
         const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
         qgemm<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                                 \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(QTILE_THREADS, QTILE_MIN_BLOCKS) qgemm_tile_##NAME(            \
+    extern "C" __global__ void __launch_bounds__(QTILE_THREADS, 2) qgemm_tile_##NAME(                           \
         const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
         qgemm_tile<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                            \
     }

@@ -8,7 +8,7 @@ use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
 use super::device::Gpu;
-use super::{driver, CudaError, QuantGemmTile};
+use super::{driver, CudaError};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
@@ -365,13 +365,11 @@ pub struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
     /// Dynamic shared bytes a kernel needs as compiled, whatever its call asks (the wgmma tiles').
     shared: HashMap<&'static str, u32>,
-    /// Whether quant.cu's tile GEMM was compiled for wgmma (256 tokens a block of 512 threads).
-    wgmma_tiles: bool,
 }
 
-/// quant.cu's QTILE_WGMMA_SHARED: the wgmma tile GEMM's two weight tiles of 128 x 64 bf16, two x
-/// tiles of 256 x 64 and 1,024 bytes of alignment slack, in dynamic shared memory.
-pub const QTILE_WGMMA_SHARED_BYTES: u32 = (2 * 128 + 2 * 256) * 64 * 2 + 1024;
+/// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
+/// 1,024 bytes of alignment slack, in dynamic shared memory where it multiplies by wgmma.
+pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 
 impl Kernels {
     /// Compiles (or takes from the cache) and loads every family for `gpu`.
@@ -383,12 +381,9 @@ impl Kernels {
         let requested = std::env::var("STRATA_KERNEL_ARCH").ok();
         let mut functions = HashMap::new();
         let mut shared = HashMap::new();
-        let mut wgmma_tiles = false;
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
-            let wgmma = family == "quant" && ptx.contains("wgmma.mma_async");
-            wgmma_tiles |= wgmma;
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -404,7 +399,7 @@ impl Kernels {
                     )
                     .map_err(driver("cuFuncSetAttribute"))?;
                 }
-                if wgmma && name.starts_with("qgemm_tile_") {
+                if arch == "compute_90a" && name.starts_with("qgemm_tile_") {
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         QTILE_WGMMA_SHARED_BYTES as i32,
@@ -415,21 +410,7 @@ impl Kernels {
                 functions.insert(*name, f);
             }
         }
-        Ok(Kernels {
-            functions,
-            shared,
-            wgmma_tiles,
-        })
-    }
-
-    /// The shared-memory tile GEMM quant.cu was compiled with: [`QuantGemmTile::Wide`] where its
-    /// tiles multiply by wgmma, [`QuantGemmTile::Shared`] elsewhere.
-    pub fn shared_tile(&self) -> QuantGemmTile {
-        if self.wgmma_tiles {
-            QuantGemmTile::Wide
-        } else {
-            QuantGemmTile::Shared
-        }
+        Ok(Kernels { functions, shared })
     }
 
     /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more

@@ -391,9 +391,6 @@ pub enum QuantGemmTile {
     /// `qgemm_tile_*`: 128 rows x 128 tokens a block of 8 warps, k in steps of 64 columns, the
     /// weights decoded once a block into shared memory.
     Shared,
-    /// `qgemm_tile_*` as compiled for wgmma (sm_90a, [`super::Kernels::shared_tile`]): 128 rows
-    /// x 256 tokens a block of 16 warps, one block an SM.
-    Wide,
 }
 
 impl QuantGemmTile {
@@ -401,7 +398,6 @@ impl QuantGemmTile {
         match self {
             QuantGemmTile::Registers => 64,
             QuantGemmTile::Shared => 128,
-            QuantGemmTile::Wide => 256,
         }
     }
 
@@ -409,7 +405,7 @@ impl QuantGemmTile {
     pub fn k_step(self) -> usize {
         match self {
             QuantGemmTile::Registers => QGEMM_K,
-            QuantGemmTile::Shared | QuantGemmTile::Wide => 64,
+            QuantGemmTile::Shared => 64,
         }
     }
 
@@ -417,21 +413,12 @@ impl QuantGemmTile {
         match self {
             QuantGemmTile::Registers => 128,
             QuantGemmTile::Shared => 256,
-            QuantGemmTile::Wide => 512,
-        }
-    }
-
-    /// Blocks an SM holds at once (quant.cu's launch bounds).
-    fn blocks_per_sm(self) -> usize {
-        match self {
-            QuantGemmTile::Registers | QuantGemmTile::Shared => 2,
-            QuantGemmTile::Wide => 1,
         }
     }
 
     /// The steps per block that split k so that the tiles of an `n` x `t` product fill
-    /// `multiprocessors` (as many times as an SM holds blocks; at most 16 ways), with the
-    /// `[splits, t, n]` f32 partial sums within `parts_capacity` values.
+    /// `multiprocessors` twice over (at most 16 ways), with the `[splits, t, n]` f32 partial
+    /// sums within `parts_capacity` values.
     pub fn steps_per_split_for(
         self,
         n: usize,
@@ -442,7 +429,7 @@ impl QuantGemmTile {
     ) -> i32 {
         let steps = (k / self.k_step()).max(1);
         let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(self.tokens());
-        let wanted = (self.blocks_per_sm() * multiprocessors).div_ceil(tiles.max(1));
+        let wanted = (2 * multiprocessors).div_ceil(tiles.max(1));
         let fits = parts_capacity / (t * n).max(1);
         let splits = wanted.min(fits).min(steps).clamp(1, 16);
         steps.div_ceil(splits) as i32
@@ -482,7 +469,7 @@ impl QuantGemmCall {
     pub fn name(&self) -> &'static str {
         match self.tile {
             QuantGemmTile::Registers => self.format.kernel(Kind::Gemm, 0),
-            QuantGemmTile::Shared | QuantGemmTile::Wide => self.format.kernel(Kind::GemmTile, 0),
+            QuantGemmTile::Shared => self.format.kernel(Kind::GemmTile, 0),
         }
     }
 
@@ -759,20 +746,6 @@ mod tests {
         };
         assert_eq!((tiled.name(), tiled.shape()), ("qgemm_tile_q4_k", ((28, 2, 4), 256, 0)));
         assert_eq!(tiled.args(), fields(&tiled));
-        // The wgmma tiles: 256 tokens a block of 16 warps, one block an SM. The down projection's
-        // 28 tiles split 5 ways fill 132 SMs once (60 steps a block).
-        let wide = QuantGemmTile::Wide;
-        assert_eq!(wide.steps_per_split_for(37888, 3584, 256, 132, 4 << 20), 56);
-        assert_eq!(wide.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 60);
-        let wide_call = QuantGemmCall {
-            tile: wide,
-            steps_per_split: 60,
-            ..tiled
-        };
-        assert_eq!(
-            (wide_call.name(), wide_call.shape()),
-            ("qgemm_tile_q4_k", ((28, 1, 5), 512, 0))
-        );
     }
 
     #[test]

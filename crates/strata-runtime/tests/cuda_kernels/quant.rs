@@ -326,14 +326,13 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    // quant.cu's two tensor-core GEMMs over quantized blocks, the tiles as compiled here.
-    let tiles = [QuantGemmTile::Registers, kernels.shared_tile()];
+    // quant.cu's two tensor-core GEMMs over quantized blocks.
+    let tiles = [QuantGemmTile::Registers, QuantGemmTile::Shared];
     for format in QUANT_FORMATS {
         // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
         // a partial third and past four (of 128-token tiles: within one, a partial second and
-        // past two; of 256-token tiles: one warpgroup's tokens, both's, and a partial second
-        // tile); k of 6 and 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole and
-        // with k split 3 ways.
+        // past two); k of 6 and 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole
+        // and with k split 3 ways.
         for (n, k) in [(37usize, 768usize), (258, 2816)] {
             let blocks = random_blocks(format, n, k, 3 * n as u64 + k as u64);
             let mut w = vec![0f32; n * k];
