@@ -39,9 +39,13 @@ else
 fi
 # NCU_REPLAY=application replays the whole program once per pass instead of saving and restoring
 # device memory around each kernel (ncu failed that way on the FP8 GEMVs of a 7B model).
+# NCU_STALLS=1 adds each stall reason's warps per issued instruction (the WarpStateStats section
+# prints only their total): what a warp waits on, e.g. a barrier, a wgmma group or a load.
+STALLS=()
+[ -n "${NCU_STALLS:-}" ] && STALLS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
 timeout ${NCU_TIMEOUT:-400} "$NCU" --clock-control none ${NCU_REPLAY:+--replay-mode $NCU_REPLAY} -k "regex:${KERNELS:-${NCU_KERNELS:-paged_attention_staged_bf16}}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-    --section LaunchStats --section SchedulerStats $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
+    --section LaunchStats --section SchedulerStats "${STALLS[@]}" $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
     > "$OUT/ncu_$NAME.log"
-grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Grid Size|Block Size" \
+grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Grid Size|Block Size|issue_stalled" \
     "$OUT/ncu_$NAME.log" | head -${NCU_SUMMARY_LINES:-80}
