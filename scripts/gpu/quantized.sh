@@ -20,13 +20,13 @@
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways; the quantized-file tests again with every
 #     product past the GEMVs on the tensor-core GEMM, then the GEMMs' kernel test (the tiles as
 #     compiled by default, wgmma on a 9.0 GPU, with both decodes, without the overlapped decode,
-#     and on the portable target's mma.sync; carries cuda-kernels-test.gz too) and the
-#     quantized-file tests on the tiles, on wgmma and on mma.sync.
+#     warp-specialized, and on the portable target's mma.sync; carries cuda-kernels-test.gz too)
+#     and the quantized-file tests on the tiles, on wgmma, warp-specialized and on mma.sync.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
 #     time of each kernel), beside bf16's, and 16-256
 #     users: dequantized for cuBLASLt (STRATA_QUANT_GEMM_MAX_TOKENS=0), the defaults (the GEMM to
 #     256 tokens, its wgmma tiles from 128 on a 9.0 GPU), the portable target's mma.sync tiles
-#     (STRATA_KERNEL_ARCH=compute_90) and wgmma without the overlapped decode (QTILE_OVERLAP=0), levels
+#     (STRATA_KERNEL_ARCH=compute_90) and the warp-specialized wgmma tiles (QTILE_SPECIALIZED=1), levels
 #     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list; PROFILE_EAGER names the files to profile
 #     eagerly, default both, empty for none); the file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
@@ -138,20 +138,23 @@ test)
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
     echo "== the tensor-core GEMMs' kernel test: as compiled by default (wgmma tiles on a 9.0 GPU), the tiles"
-    echo "   decoding by 8-value slices, wgmma without the overlapped decode, and the portable target (mma.sync)"
+    echo "   decoding by 8-value slices, wgmma without the overlapped decode, warp-specialized, and the"
+    echo "   portable target (mma.sync)"
     for setting in STRATA_KERNEL_DEFINES=QTILE_UNIT32=1 STRATA_KERNEL_DEFINES=QTILE_UNIT32=0 \
-        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_ARCH=compute_90; do
+        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1 STRATA_KERNEL_ARCH=compute_90; do
         name=$(echo "${setting#*=}" | tr '=' '_')
         env "$setting" timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quantized_gemm \
             > "$OUT/kernels_qgemm_$name.log" 2>&1
         echo "-- $setting"; grep -E "^test |panicked|result" "$OUT/kernels_qgemm_$name.log"
     done
     echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9), as compiled by"
-    echo "   default (wgmma on a 9.0 GPU), then on the portable target (mma.sync)"
-    for arch in "" compute_90; do
-        env ${arch:+STRATA_KERNEL_ARCH=$arch} STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 \
-            timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile${arch:+_$arch}.log" 2>&1
-        grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_tile${arch:+_$arch}.log"
+    echo "   default (wgmma on a 9.0 GPU), warp-specialized, then on the portable target (mma.sync)"
+    for setting in STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=0 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1 \
+        STRATA_KERNEL_ARCH=compute_90; do
+        name=$(echo "${setting#*=}" | tr '=' '_')
+        env "$setting" STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 \
+            timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile_$name.log" 2>&1
+        echo "-- $setting"; grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm_tile_$name.log"
     done
     echo "== SmolLM2's FP8 test on the tensor-core GEMVs (STRATA_FP8_GEMV=mma), as is and as an sm_80 card"
     for cap in "" 8.0; do
@@ -173,14 +176,14 @@ profile)
         grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
     done
     echo "== 16-256 users: bf16, then the Q4_K_M file dequantized for cuBLASLt, as strata runs it by default, on"
-    echo "   the portable target's mma.sync tiles and on wgmma tiles without the overlapped decode"
+    echo "   the portable target's mma.sync tiles and on warp-specialized wgmma tiles"
     timeout 200 $S bench-gpu --model $Q7 --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
         --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_bf16.json" > "$OUT/bench_bf16.log" 2>&1
     echo "-- bf16, exit $?"
     grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_bf16.log" | cut -c1-200
     # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
     for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128 \
-        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0}; do
+        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1}; do
         name=$(echo "$setting" | tr '=,' '__')
         env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
             --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \

@@ -1087,7 +1087,8 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #define QTILE_ROWS 128
 #define QTILE_TOKENS 128
 #define QTILE_K 64
-#define QTILE_THREADS 256
+// Threads that decode the weights and copy x (all of a block but on the specialized path).
+#define QTILE_DECODERS 256
 // 1: a thread's 32 values decode from one `slice32` (the block's fields loaded and unpacked once);
 // 0: from 4 of qgemm's 8-value slices (STRATA_KERNEL_DEFINES="QTILE_UNIT32=0" for the A/B).
 #ifndef QTILE_UNIT32
@@ -1104,6 +1105,24 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 #else
 #define QTILE_ON_WGMMA 0
 #endif
+// 1 on wgmma (STRATA_KERNEL_DEFINES="QTILE_SPECIALIZED=1", opt-in until timed): warp-specialized
+// tiles. Two warpgroups decode weights and copy x into a ring of QTILE_STAGES stages; two more
+// only multiply, each stage handed over by mbarriers instead of a block barrier per step, so
+// the tensor cores need not wait for the slowest decode (bench/NOTES.md v31). 512 threads, one
+// block an SM; quant_call.rs (QuantGemmTile::Specialized) launches it so.
+#ifndef QTILE_SPECIALIZED
+#define QTILE_SPECIALIZED 0
+#endif
+#if QTILE_ON_WGMMA && QTILE_SPECIALIZED
+#define QTILE_ON_SPECIALIZED 1
+#define QTILE_THREADS 512
+#define QTILE_MIN_BLOCKS 1
+#else
+#define QTILE_ON_SPECIALIZED 0
+#define QTILE_THREADS 256
+#define QTILE_MIN_BLOCKS 2
+#endif
+#define QTILE_STAGES 3
 // A tile row of 64 bf16 (128 bytes) in 16-byte chunks, chunk c of row r stored at c ^ (r % 8):
 // the 8 rows an ldmatrix phase reads, and a phase of decode or cp.async stores, hit every bank
 // once; from a 1,024-byte aligned base it is also wgmma's 128-byte swizzle.
@@ -1115,7 +1134,13 @@ __device__ __forceinline__ int qtile_at(int row, int col) {
 // every launch of the compiled kernel gets): two weight tiles and two x tiles, so that each step's
 // decode of the next weights runs while the tensor cores multiply this step's; 1,024 bytes of
 // slack align the base. A launch with less traps.
+#if QTILE_ON_SPECIALIZED
+// The specialized path's ring: QTILE_STAGES stages of a weight and an x tile, then a full and an
+// empty mbarrier a stage (kernels.rs: QTILE_SPECIALIZED_SHARED_BYTES).
+#define QTILE_WGMMA_SHARED (QTILE_STAGES * 4 * QTILE_ROWS * QTILE_K + 1024 + 16 * QTILE_STAGES)
+#else
 #define QTILE_WGMMA_SHARED (4 * QTILE_ROWS * QTILE_K * 2 + 1024)
+#endif
 // 1: the decode of step s + 1 overlaps step s's wgmma (one barrier a step); 0: it runs before
 // that wgmma is issued, as in v28 (STRATA_KERNEL_DEFINES="QTILE_OVERLAP=0", the A/B).
 #ifndef QTILE_OVERLAP
@@ -1131,11 +1156,20 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     const unsigned dyn = (unsigned)__cvta_generic_to_shared(qtile_dynamic);
     unsigned dyn_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
-    if (dyn_bytes < QTILE_WGMMA_SHARED) __trap();
+    if (dyn_bytes < QTILE_WGMMA_SHARED || blockDim.x != QTILE_THREADS) __trap();
     bf16* const tiles = (bf16*)(qtile_dynamic + ((1024 - (dyn & 1023)) & 1023));
+#if QTILE_ON_SPECIALIZED
+    // Stage b: its weight tile at tiles + 2b T, its x tile at tiles + (2b + 1) T (T = 128 x 64
+    // values); after the stages, the full mbarriers of each stage, then the empty ones.
+    auto ws_buf = [&](int b) { return tiles + 2 * b * (QTILE_ROWS * QTILE_K); };
+    auto xs_buf = [&](int b) { return tiles + (2 * b + 1) * (QTILE_ROWS * QTILE_K); };
+    const unsigned full_bar = (unsigned)__cvta_generic_to_shared(tiles + 2 * QTILE_STAGES * QTILE_ROWS * QTILE_K);
+    const unsigned empty_bar = full_bar + 8 * QTILE_STAGES;
+#else
     // Weight tile b at tiles + b T, x tile b at tiles + (2 + b) T (T = 128 x 64 values).
     auto ws_buf = [&](int b) { return tiles + b * (QTILE_ROWS * QTILE_K); };
     auto xs_buf = [&](int b) { return tiles + (2 + b) * (QTILE_ROWS * QTILE_K); };
+#endif
 #else
     __shared__ __align__(1024) bf16 ws[QTILE_ROWS * QTILE_K];
     __shared__ __align__(1024) bf16 xs[2][QTILE_TOKENS * QTILE_K];
@@ -1147,13 +1181,13 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     const int last = min(steps, first + steps_per_split);
     const int live = min(QTILE_TOKENS, t - tok0);
     const int kb = k / F::BLOCK;
-    // The decode: thread i takes tile row i / 2, columns 32 (i % 2)..+31 of each step; a row past
-    // n decodes row 0 and is never stored.
+    // The decode: thread i (of the first QTILE_DECODERS) takes tile row i / 2, columns
+    // 32 (i % 2)..+31 of each step; a row past n decodes row 0 and is never stored.
     const int trow = threadIdx.x >> 1, dcol = 32 * (threadIdx.x & 1);
     const int drow = row0 + trow < n ? row0 + trow : 0;
 #if QTILE_UNIT32
     typename F::Slice32 cur;
-    if (first < last) cur = F::slice32(w, n, kb, drow, first * QTILE_K + dcol);
+    if (first < last && threadIdx.x < QTILE_DECODERS) cur = F::slice32(w, n, kb, drow, first * QTILE_K + dcol);
 #else
     typename F::Slice cur[4];
     if (first < last) {
@@ -1191,8 +1225,8 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     const int x_col = 8 * (threadIdx.x & 7);
     auto load_x = [&](int s, int b) {
 #pragma unroll
-        for (int p = 0; p < QTILE_TOKENS * QTILE_K / 8 / QTILE_THREADS; p++) {
-            const int tok = (threadIdx.x >> 3) + (QTILE_THREADS / 8) * p;
+        for (int p = 0; p < QTILE_TOKENS * QTILE_K / 8 / QTILE_DECODERS; p++) {
+            const int tok = (threadIdx.x >> 3) + (QTILE_DECODERS / 8) * p;
             const bool in = tok < live;
             const bf16* src = x + (size_t)(in ? tok0 + tok : 0) * k + s * QTILE_K + x_col;
             cp_async16(&xs_buf(b)[qtile_at(tok, x_col)], src, in ? 16 : 0);
@@ -1200,6 +1234,66 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_commit();
     };
 #if QTILE_ON_WGMMA
+    // The sums of multiplying warp w (0..7): tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens
+    // 8 j + 2c, + 1 of n8 chunk j.
+    auto store_wgmma_sums = [&](const float (&acc)[64], int w) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 16 * w + g + 8 * (e >> 1);
+                const int tok = 8 * j + 2 * c + (e & 1);
+                if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+            }
+    };
+#endif
+#if QTILE_ON_SPECIALIZED
+    // Stage (s - first) % QTILE_STAGES holds step s. Its full barrier completes a phase when the
+    // 256 decoders have stored its weights (one arrival each) and their x copies have landed (one
+    // each); its empty barrier when the 256 multiplying threads are done reading it.
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < QTILE_STAGES; b++) {
+            mbarrier_init(full_bar + 8 * b, 2 * QTILE_DECODERS);
+            mbarrier_init(empty_bar + 8 * b, QTILE_THREADS - QTILE_DECODERS);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < QTILE_DECODERS) {
+        for (int s = first; s < last; s++) {
+            const int i = s - first, b = i % QTILE_STAGES, round = i / QTILE_STAGES;
+            if (round > 0) mbarrier_wait(empty_bar + 8 * b, (round - 1) & 1);
+            // The first weights decode before the previous kernel is waited for.
+            decode(ws_buf(b), s);
+            if (i == 0) wait_for_previous_kernel();
+            load_x(s, b);
+            mbarrier_arrive_after_copies(full_bar + 8 * b);
+            fence_proxy_async();
+            mbarrier_arrive(full_bar + 8 * b);
+        }
+        return;
+    }
+    wait_for_previous_kernel();
+    // Multiplying warpgroup m = warp / 4 - 2 takes tile rows 64 m.., all 128 tokens.
+    const int mwarp = warp - QTILE_DECODERS / 32;
+    float acc[64] = {};
+    for (int s = first; s < last; s++) {
+        const int i = s - first, b = i % QTILE_STAGES;
+        mbarrier_wait(full_bar + 8 * b, (i / QTILE_STAGES) & 1);
+        // The x copies are the decoders' cp.async stores: ordered before wgmma's reads here.
+        fence_proxy_async();
+        const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[64 * (mwarp >> 2) * QTILE_K]);
+        const unsigned long long bx = wgmma_desc_sw128(xs_buf(b));
+        wgmma_hold(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_hold(acc);
+        mbarrier_arrive(empty_bar + 8 * b);
+    }
+    store_wgmma_sums(acc, mwarp);
+#elif QTILE_ON_WGMMA
     float acc[64] = {};
     // The first weights decode before the previous kernel is waited for: they are not its output.
     if (first < last) decode(ws_buf(0), first);
@@ -1231,15 +1325,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_wait_all();
         wgmma_hold(acc);
     }
-    // Warp w holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c, + 1 of n8 chunk j.
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + 16 * warp + g + 8 * (e >> 1);
-            const int tok = 8 * j + 2 * c + (e & 1);
-            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
-        }
+    store_wgmma_sums(acc, warp);
 #else
     float acc[4][4][4] = {};
     wait_for_previous_kernel();
@@ -1341,7 +1427,7 @@ extern "C" __global__ void qgemm_reduce(const float* __restrict__ parts, void* _
         const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
         qgemm<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                                 \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(QTILE_THREADS, 2) qgemm_tile_##NAME(                           \
+    extern "C" __global__ void __launch_bounds__(QTILE_THREADS, QTILE_MIN_BLOCKS) qgemm_tile_##NAME(            \
         const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
         qgemm_tile<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                            \
     }

@@ -737,7 +737,7 @@ impl GpuTransformer {
         let sms = self.gpu.info.multiprocessors;
         let min_tile = self.knobs.quant_gemm_tile_min_tokens;
         let tile = if min_tile > 0 && t >= min_tile {
-            QuantGemmTile::Shared
+            self.kernels.shared_tile()
         } else {
             QuantGemmTile::Registers
         };

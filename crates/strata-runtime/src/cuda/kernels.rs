@@ -8,7 +8,7 @@ use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
 use super::device::Gpu;
-use super::{driver, CudaError};
+use super::{driver, CudaError, QuantGemmTile};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
@@ -365,11 +365,16 @@ pub struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
     /// Dynamic shared bytes a kernel needs as compiled, whatever its call asks (the wgmma tiles').
     shared: HashMap<&'static str, u32>,
+    /// Whether quant.cu's tile GEMM was compiled warp-specialized (QTILE_SPECIALIZED: 512 threads).
+    specialized_tiles: bool,
 }
 
 /// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
 /// 1,024 bytes of alignment slack, in dynamic shared memory where it multiplies by wgmma.
 pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
+/// The same where those tiles are warp-specialized: three stages of a weight and an x tile, the
+/// slack, and two mbarriers a stage.
+pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
 
 impl Kernels {
     /// Compiles (or takes from the cache) and loads every family for `gpu`.
@@ -381,9 +386,17 @@ impl Kernels {
         let requested = std::env::var("STRATA_KERNEL_ARCH").ok();
         let mut functions = HashMap::new();
         let mut shared = HashMap::new();
+        let mut specialized_tiles = false;
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
+            let specialized = family == "quant" && ptx.contains("mbarrier.try_wait");
+            specialized_tiles |= specialized;
+            let tile_bytes = if specialized {
+                QTILE_SPECIALIZED_SHARED_BYTES
+            } else {
+                QTILE_WGMMA_SHARED_BYTES
+            };
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -402,15 +415,29 @@ impl Kernels {
                 if arch == "compute_90a" && name.starts_with("qgemm_tile_") {
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        QTILE_WGMMA_SHARED_BYTES as i32,
+                        tile_bytes as i32,
                     )
                     .map_err(driver("cuFuncSetAttribute"))?;
-                    shared.insert(*name, QTILE_WGMMA_SHARED_BYTES);
+                    shared.insert(*name, tile_bytes);
                 }
                 functions.insert(*name, f);
             }
         }
-        Ok(Kernels { functions, shared })
+        Ok(Kernels {
+            functions,
+            shared,
+            specialized_tiles,
+        })
+    }
+
+    /// The shared-memory tile GEMM as quant.cu was compiled: [`QuantGemmTile::Specialized`]
+    /// under QTILE_SPECIALIZED on wgmma, [`QuantGemmTile::Shared`] otherwise.
+    pub fn shared_tile(&self) -> QuantGemmTile {
+        if self.specialized_tiles {
+            QuantGemmTile::Specialized
+        } else {
+            QuantGemmTile::Shared
+        }
     }
 
     /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more

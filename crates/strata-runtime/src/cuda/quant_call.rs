@@ -391,13 +391,17 @@ pub enum QuantGemmTile {
     /// `qgemm_tile_*`: 128 rows x 128 tokens a block of 8 warps, k in steps of 64 columns, the
     /// weights decoded once a block into shared memory.
     Shared,
+    /// `qgemm_tile_*` compiled warp-specialized (QTILE_SPECIALIZED on wgmma,
+    /// [`super::Kernels::shared_tile`]): the same tiles, a block of 16 warps (8 decode, 8
+    /// multiply), one block an SM.
+    Specialized,
 }
 
 impl QuantGemmTile {
     fn tokens(self) -> usize {
         match self {
             QuantGemmTile::Registers => 64,
-            QuantGemmTile::Shared => 128,
+            QuantGemmTile::Shared | QuantGemmTile::Specialized => 128,
         }
     }
 
@@ -405,7 +409,7 @@ impl QuantGemmTile {
     pub fn k_step(self) -> usize {
         match self {
             QuantGemmTile::Registers => QGEMM_K,
-            QuantGemmTile::Shared => 64,
+            QuantGemmTile::Shared | QuantGemmTile::Specialized => 64,
         }
     }
 
@@ -413,12 +417,21 @@ impl QuantGemmTile {
         match self {
             QuantGemmTile::Registers => 128,
             QuantGemmTile::Shared => 256,
+            QuantGemmTile::Specialized => 512,
+        }
+    }
+
+    /// Blocks an SM holds at once (quant.cu's launch bounds).
+    fn blocks_per_sm(self) -> usize {
+        match self {
+            QuantGemmTile::Registers | QuantGemmTile::Shared => 2,
+            QuantGemmTile::Specialized => 1,
         }
     }
 
     /// The steps per block that split k so that the tiles of an `n` x `t` product fill
-    /// `multiprocessors` twice over (at most 16 ways), with the `[splits, t, n]` f32 partial
-    /// sums within `parts_capacity` values.
+    /// `multiprocessors` (as many times over as an SM holds blocks; at most 16 ways), with the
+    /// `[splits, t, n]` f32 partial sums within `parts_capacity` values.
     pub fn steps_per_split_for(
         self,
         n: usize,
@@ -429,7 +442,7 @@ impl QuantGemmTile {
     ) -> i32 {
         let steps = (k / self.k_step()).max(1);
         let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(self.tokens());
-        let wanted = (2 * multiprocessors).div_ceil(tiles.max(1));
+        let wanted = (self.blocks_per_sm() * multiprocessors).div_ceil(tiles.max(1));
         let fits = parts_capacity / (t * n).max(1);
         let splits = wanted.min(fits).min(steps).clamp(1, 16);
         steps.div_ceil(splits) as i32
@@ -469,7 +482,7 @@ impl QuantGemmCall {
     pub fn name(&self) -> &'static str {
         match self.tile {
             QuantGemmTile::Registers => self.format.kernel(Kind::Gemm, 0),
-            QuantGemmTile::Shared => self.format.kernel(Kind::GemmTile, 0),
+            QuantGemmTile::Shared | QuantGemmTile::Specialized => self.format.kernel(Kind::GemmTile, 0),
         }
     }
 
@@ -746,6 +759,19 @@ mod tests {
         };
         assert_eq!((tiled.name(), tiled.shape()), ("qgemm_tile_q4_k", ((28, 2, 4), 256, 0)));
         assert_eq!(tiled.args(), fields(&tiled));
+        // Warp-specialized: the same kernel, 16 warps, one block an SM, so k splits to fill
+        // the SMs once (the down projection's 56 tiles 3 ways: 99 steps a block).
+        let specialized = QuantGemmTile::Specialized;
+        assert_eq!(specialized.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 99);
+        let spec_call = QuantGemmCall {
+            tile: specialized,
+            steps_per_split: 99,
+            ..tiled
+        };
+        assert_eq!(
+            (spec_call.name(), spec_call.shape()),
+            ("qgemm_tile_q4_k", ((28, 2, 3), 512, 0))
+        );
     }
 
     #[test]

@@ -326,8 +326,8 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    // quant.cu's two tensor-core GEMMs over quantized blocks.
-    let tiles = [QuantGemmTile::Registers, QuantGemmTile::Shared];
+    // quant.cu's two tensor-core GEMMs over quantized blocks, the tiles as compiled here.
+    let tiles = [QuantGemmTile::Registers, kernels.shared_tile()];
     for format in QUANT_FORMATS {
         // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
         // a partial third and past four (of 128-token tiles: within one, a partial second and
