@@ -233,6 +233,18 @@ const SHAPED_FAMILIES: [&str; 1] = ["attention"];
 
 /// Compiles one family to PTX for `arch` (e.g. `compute_90`).
 pub fn compile(family: &str, source: &str, spec: KernelSpec, arch: &'static str) -> Result<String, CudaError> {
+    compile_variant(family, source, spec, arch, &[])
+}
+
+/// [`compile`] with `defines` ("NAME=VALUE") set as well: an opt-in variant of a family (e.g.
+/// quant.cu's `QTILE_SPECIALIZED=1`), as `STRATA_KERNEL_DEFINES` would set them.
+pub fn compile_variant(
+    family: &str,
+    source: &str,
+    spec: KernelSpec,
+    arch: &'static str,
+    defines: &[&str],
+) -> Result<String, CudaError> {
     let src = format!("{COMMON}\n{source}");
     let mut options = if SHAPED_FAMILIES.contains(&family) {
         spec.defines()
@@ -248,6 +260,7 @@ pub fn compile(family: &str, source: &str, spec: KernelSpec, arch: &'static str)
     if let Ok(defines) = std::env::var("STRATA_KERNEL_DEFINES") {
         options.extend(defines.split_whitespace().map(|d| format!("-D{d}")));
     }
+    options.extend(defines.iter().map(|d| format!("-D{d}")));
     let opts = CompileOptions {
         arch: Some(arch),
         use_fast_math: Some(false),

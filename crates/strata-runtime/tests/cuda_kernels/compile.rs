@@ -1,11 +1,13 @@
 //! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (and the arch-specific
-//! sm_90a, wgmma in the tile GEMM) and, where ptxas is given, assembles (no GPU needed); the model
-//! shapes the kernels are not written for are refused before compiling.
+//! sm_90a, wgmma in the tile GEMM, also warp-specialized) and, where ptxas is given, assembles
+//! (no GPU needed); the model shapes the kernels are not written for are refused before compiling.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use strata_runtime::cuda::kernels::{arch_to_compile, compile_all, nvrtc_available, KernelSpec, FAMILIES};
+use strata_runtime::cuda::kernels::{
+    arch_to_compile, compile_all, compile_variant, nvrtc_available, KernelSpec, FAMILIES,
+};
 
 /// ptxas from `STRATA_PTXAS` (`make test` passes the fetched one), if it is there.
 fn ptxas() -> Option<PathBuf> {
@@ -85,6 +87,21 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                 assert!(names.contains(&name), "{family}.cu: kernel {name} is not in FAMILIES");
             }
         }
+    }
+    // The opt-in variants the GPU scripts time: quant.cu's warp-specialized wgmma tiles (512
+    // threads a block, stages handed over by mbarriers).
+    let (_, quant, _) = FAMILIES.iter().find(|(family, _, _)| *family == "quant").unwrap();
+    let spec = KernelSpec {
+        head_dim: 128,
+        group: 7,
+    };
+    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QTILE_SPECIALIZED=1"]).unwrap();
+    assert!(
+        ptx.contains("mbarrier.try_wait") && ptx.contains(".maxntid 512"),
+        "quant.cu with QTILE_SPECIALIZED=1: no warp-specialized tiles in the PTX"
+    );
+    if let Some(p) = &ptxas {
+        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_specialized.ptx")));
     }
     finish(&mut running);
     let _ = std::fs::remove_dir_all(&dir);
