@@ -1246,6 +1246,18 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
                 if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
             }
     };
+    // Issues one step's products of multiplying warp w's warpgroup (w / 4: tile rows 64 (w / 4)..,
+    // all 128 tokens) from weight tile wt and x tile xt; k16 steps are 32 bytes into each
+    // 128-byte row (2 in the descriptors' address field). The caller waits for them.
+    auto issue_products = [&](float(&acc)[64], const bf16* wt, const bf16* xt, int w) {
+        const unsigned long long a = wgmma_desc_sw128(&wt[64 * (w >> 2) * QTILE_K]);
+        const unsigned long long bx = wgmma_desc_sw128(xt);
+        wgmma_hold(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
+        wgmma_commit();
+    };
 #endif
 #if QTILE_ON_SPECIALIZED
     // Stage (s - first) % QTILE_STAGES holds step s. Its full barrier completes a phase when the
@@ -1273,7 +1285,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         return;
     }
     wait_for_previous_kernel();
-    // Multiplying warpgroup m = warp / 4 - 2 takes tile rows 64 m.., all 128 tokens.
+    // Multiplying warp mwarp (0..7): warpgroup mwarp / 4 takes tile rows 64 (mwarp / 4)..
     const int mwarp = warp - QTILE_DECODERS / 32;
     float acc[64] = {};
     for (int s = first; s < last; s++) {
@@ -1281,13 +1293,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         mbarrier_wait(full_bar + 8 * b, (i / QTILE_STAGES) & 1);
         // The x copies are the decoders' cp.async stores: ordered before wgmma's reads here.
         fence_proxy_async();
-        const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[64 * (mwarp >> 2) * QTILE_K]);
-        const unsigned long long bx = wgmma_desc_sw128(xs_buf(b));
-        wgmma_hold(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
-        wgmma_commit();
+        issue_products(acc, ws_buf(b), xs_buf(b), mwarp);
         wgmma_wait_all();
         wgmma_hold(acc);
         mbarrier_arrive(empty_bar + 8 * b);
@@ -1299,8 +1305,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     if (first < last) decode(ws_buf(0), first);
     wait_for_previous_kernel();
     if (first < last) load_x(first, 0);
-    // Warpgroup warp / 4 takes tile rows 64 (warp / 4).., all 128 tokens; k16 steps are 32 bytes
-    // into each 128-byte row (2 in the descriptors' address field).
     for (int s = first; s < last; s++) {
         const int b = (s - first) & 1;
         cp_async_wait(0);
@@ -1309,16 +1313,10 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         // other buffers.
         __syncthreads();
         if (s + 1 < last) load_x(s + 1, b ^ 1);
-        const unsigned long long a = wgmma_desc_sw128(&ws_buf(b)[64 * (warp >> 2) * QTILE_K]);
-        const unsigned long long bx = wgmma_desc_sw128(xs_buf(b));
 #if !QTILE_OVERLAP
         if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
 #endif
-        wgmma_hold(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n128k16_bf16(acc, a + 2 * kk, bx + 2 * kk);
-        wgmma_commit();
+        issue_products(acc, ws_buf(b), xs_buf(b), warp);
 #if QTILE_OVERLAP
         if (s + 1 < last) decode(ws_buf(b ^ 1), s + 1);
 #endif

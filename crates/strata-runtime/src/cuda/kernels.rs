@@ -389,6 +389,12 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
 
+/// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
+/// kernels, alone in the family, are bounded to 512 threads a block.
+pub fn has_specialized_tiles(ptx: &str) -> bool {
+    ptx.contains(".maxntid 512,")
+}
+
 impl Kernels {
     /// Compiles (or takes from the cache) and loads every family for `gpu`.
     pub fn load(gpu: &Gpu, spec: KernelSpec) -> Result<Kernels, CudaError> {
@@ -403,13 +409,8 @@ impl Kernels {
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
-            let specialized = family == "quant" && ptx.contains("mbarrier.try_wait");
+            let specialized = family == "quant" && has_specialized_tiles(&ptx);
             specialized_tiles |= specialized;
-            let tile_bytes = if specialized {
-                QTILE_SPECIALIZED_SHARED_BYTES
-            } else {
-                QTILE_WGMMA_SHARED_BYTES
-            };
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -426,6 +427,11 @@ impl Kernels {
                     .map_err(driver("cuFuncSetAttribute"))?;
                 }
                 if arch == "compute_90a" && name.starts_with("qgemm_tile_") {
+                    let tile_bytes = if specialized {
+                        QTILE_SPECIALIZED_SHARED_BYTES
+                    } else {
+                        QTILE_WGMMA_SHARED_BYTES
+                    };
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         tile_bytes as i32,

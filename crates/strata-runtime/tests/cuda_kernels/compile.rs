@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use strata_runtime::cuda::kernels::{
-    arch_to_compile, compile_all, compile_variant, nvrtc_available, KernelSpec, FAMILIES,
+    arch_to_compile, compile_all, compile_variant, has_specialized_tiles, nvrtc_available, KernelSpec, FAMILIES,
 };
 
 /// ptxas from `STRATA_PTXAS` (`make test` passes the fetched one), if it is there.
@@ -75,6 +75,11 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                 *family == "quant" && arch == "compute_90a",
                 "{family}.cu for {arch}: wgmma {wgmma}"
             );
+            // Kernels::load takes the tiles as warp-specialized only where they are opted into.
+            assert!(
+                *family != "quant" || !has_specialized_tiles(text),
+                "quant.cu for {arch}: taken for the warp-specialized tiles"
+            );
             for name in names {
                 assert!(
                     text.contains(&format!(".entry {name}(")),
@@ -97,7 +102,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     };
     let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QTILE_SPECIALIZED=1"]).unwrap();
     assert!(
-        ptx.contains("mbarrier.try_wait") && ptx.contains(".maxntid 512"),
+        ptx.contains("mbarrier.try_wait") && has_specialized_tiles(&ptx),
         "quant.cu with QTILE_SPECIALIZED=1: no warp-specialized tiles in the PTX"
     );
     if let Some(p) = &ptxas {
