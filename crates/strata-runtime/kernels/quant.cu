@@ -1027,11 +1027,14 @@ __device__ __forceinline__ void qgemm_finish(const GemmWork& wk, float* __restri
     }
     const int splits = (steps + steps_per_split - 1) / steps_per_split;
     int* const counters = (int*)parts;
-    float* const tile_slots = parts + QGEMM_COUNTERS + (size_t)wk.split_tile * splits * (64 * THREADS);
-    float* const mine = tile_slots + (size_t)wk.split * (64 * THREADS);
+    // A slot: the product threads' sums as 16 float4 each, piece q of thread p at q THREADS + p.
+    float4* const tile_slots = (float4*)(parts + QGEMM_COUNTERS) + (size_t)wk.split_tile * splits * (16 * THREADS);
+    float4* const mine = tile_slots + (size_t)wk.split * (16 * THREADS);
 #pragma unroll
-    for (int e = 0; e < 64; e++)
-        asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(mine + e * THREADS + p), "f"(value(e)) : "memory");
+    for (int q = 0; q < 16; q++)
+        asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mine + q * THREADS + p), "f"(value(4 * q)),
+                     "f"(value(4 * q + 1)), "f"(value(4 * q + 2)), "f"(value(4 * q + 3))
+                     : "memory");
     __threadfence();
     asm volatile("bar.sync 1, %0;" ::"r"(THREADS) : "memory");
     // Thread 0 counts this block in; a barrier's OR tells all whether it was the tile's last (no
@@ -1045,15 +1048,33 @@ __device__ __forceinline__ void qgemm_finish(const GemmWork& wk, float* __restri
                  : "memory");
     if (!last) return;
     __threadfence();
+    // Each half of the sums over the slots in split order, its 8 pieces of a slot in flight at
+    // once (a load's latency per half slot, not per value).
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float sum[32];
+#pragma unroll
+        for (int e = 0; e < 32; e++) sum[e] = 0.0f;
 #pragma unroll 1
-    for (int e = 0; e < 64; e++) {
-        float sum = 0.0f;
         for (int z = 0; z < splits; z++) {
-            float v;
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(tile_slots + ((size_t)z * 64 + e) * THREADS + p));
-            sum += v;
+            const float4* slot = tile_slots + (size_t)z * (16 * THREADS) + p;
+            float4 v[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                             : "=f"(v[q].x), "=f"(v[q].y), "=f"(v[q].z), "=f"(v[q].w)
+                             : "l"(slot + (8 * h + q) * THREADS)
+                             : "memory");
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                sum[4 * q] += v[q].x;
+                sum[4 * q + 1] += v[q].y;
+                sum[4 * q + 2] += v[q].z;
+                sum[4 * q + 3] += v[q].w;
+            }
         }
-        store(e, sum);
+#pragma unroll
+        for (int e = 0; e < 32; e++) store(32 * h + e, sum[e]);
     }
     if (p == 0) counters[wk.split_tile] = 0;
 }

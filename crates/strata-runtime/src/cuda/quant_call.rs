@@ -437,8 +437,8 @@ impl QuantGemmTile {
 
     /// How an `n` x `t` product's tiles go to blocks: whole, except the tiles of a last wave
     /// that would leave SMs idle (all of them when there are fewer tiles than `multiprocessors`
-    /// hold blocks), which split k as many ways as fill that wave (at most 16, and as many as
-    /// the `parts_capacity` f32 values hold).
+    /// hold blocks), which split k as many ways as fill that wave (at most 8: the last block of
+    /// a tile reads every split's sums, and as many as the `parts_capacity` f32 values hold).
     pub fn work_for(
         self,
         n: usize,
@@ -455,7 +455,7 @@ impl QuantGemmTile {
         let splits = match rest {
             0 => 1,
             _ if rest > QGEMM_COUNTERS => 1,
-            _ => (slots / rest).min(room / rest).min(steps).min(16),
+            _ => (slots / rest).min(room / rest).min(steps).min(8),
         };
         if splits <= 1 {
             return QuantGemmWork {
@@ -699,16 +699,16 @@ mod tests {
         };
         let regs = |n, k, t, cap| QuantGemmTile::Registers.work_for(n, k, t, 132, cap);
         // 7B-shaped down projection at 20 tokens on 132 SMs (264 blocks at once): 28 tiles, so
-        // each splits 9 ways (148 steps, 17 a block).
-        assert_eq!(regs(3584, 18944, 20, cap), work(0, 17));
+        // each splits 8 ways, the most (148 steps, 19 a block).
+        assert_eq!(regs(3584, 18944, 20, cap), work(0, 19));
         // Gate/up at 256 tokens: 1,184 tiles, four waves whole and the last 128 split in two.
         assert_eq!(regs(37888, 3584, 256, cap), work(1056, 14));
         // Little room for sums: as many splits as slots fit; none: whole tiles.
         assert_eq!(regs(3584, 18944, 20, QGEMM_COUNTERS + 3 * 28 * 8192), work(0, 50));
         assert_eq!(regs(3584, 18944, 20, 0), work(28, 148));
-        // Never more splits than column steps, nor more than 16.
+        // Never more splits than column steps, nor more than 8.
         assert_eq!(regs(64, 256, 9, cap), work(0, 1));
-        assert_eq!(regs(64, 1 << 16, 9, cap), work(0, 32));
+        assert_eq!(regs(64, 1 << 16, 9, cap), work(0, 64));
         // Tiles that fill whole waves do not split.
         assert_eq!(regs(128 * 264, 256, 64, cap), work(264, 2));
         let call = QuantGemmCall {
