@@ -950,8 +950,9 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
 // takes columns 8c..8c+7: its k slots (2c, 2c+1, 2c+8, 2c+9) of the group's first k16 are
 // columns 8c..8c+3 and of the second 8c+4..8c+7, for A and B alike (a dot product takes its
 // columns in any order), so a row's eight values come from one decode (`F::eight`) and a
-// token's from one 16-byte shared load. Tiles of QGEMM_ROWS x QGEMM_TOKENS, shared out to blocks
-// (whole or split along k) by gemm_work.
+// token's from one 16-byte shared load. Grid (ceil(n / QGEMM_ROWS), ceil(t / QGEMM_TOKENS),
+// splits): with splits > 1 block z sums its share of the steps into parts[z][t][n] (f32) and
+// qgemm_reduce adds the shares, so a matrix of few rows still fills the GPU.
 #define QGEMM_WARPS 4
 #define QGEMM_ROWS (32 * QGEMM_WARPS)
 #define QGEMM_TOKENS 64
@@ -965,130 +966,28 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
 #define QGEMM_PREFETCH 1
 #endif
 
-// ---- Which tile and which k steps each block of a quantized GEMM takes (bench/NOTES.md v32). ----
-// Tile i is row tile i / token_tiles, token tile i % token_tiles. The first `whole` tiles take a
-// block each over all of k; every later tile takes `splits` blocks (1-D grid: whole + (tiles -
-// whole) splits), block z of them steps [z steps_per_split, ..). So the tiles that would make a
-// last, partly empty wave are split to fill it. A split block stores its 64 sums a thread in its
-// slot of `parts`, and the tile's last block to finish (counted in parts' first QGEMM_COUNTERS
-// ints, which start at zero and are reset) adds the slots in split order: deterministic, and no
-// second kernel.
-#define QGEMM_COUNTERS 4096
-struct GemmWork {
-    int row0, tok0, first, last;
-    // The tile's index among the split ones and this block's split; -1: a whole tile.
-    int split_tile, split;
-};
-
-__device__ __forceinline__ GemmWork gemm_work(int t, int steps, int tile_rows, int tile_tokens, int whole,
-                                              int steps_per_split) {
-    const int token_tiles = (t + tile_tokens - 1) / tile_tokens;
-    const int splits = (steps + steps_per_split - 1) / steps_per_split;
-    GemmWork wk;
-    int tile;
-    if ((int)blockIdx.x < whole) {
-        tile = blockIdx.x;
-        wk.split_tile = -1;
-        wk.split = 0;
-        wk.first = 0;
-        wk.last = steps;
-    } else {
-        const int b = blockIdx.x - whole;
-        wk.split_tile = b / splits;
-        wk.split = b % splits;
-        tile = whole + wk.split_tile;
-        wk.first = wk.split * steps_per_split;
-        wk.last = min(steps, wk.first + steps_per_split);
-    }
-    wk.row0 = (tile / token_tiles) * tile_rows;
-    wk.tok0 = (tile % token_tiles) * tile_tokens;
-    return wk;
-}
-
-// y[tok * ld + row] = v: bf16, or f32 when out_f32.
-__device__ __forceinline__ void qgemm_store(float v, void* __restrict__ y, int ld, int out_f32, int row, int tok) {
-    if (out_f32) {
+// One of a quantized GEMM's sums for (row, token tok0 + tok): into the k split's share of parts
+// when the grid splits k, else into y (bf16, or f32 when out_f32).
+__device__ __forceinline__ void qgemm_store(float v, void* __restrict__ y, float* __restrict__ parts, int n, int t,
+                                            int ld, int out_f32, int row, int tok) {
+    if (gridDim.z > 1) {
+        parts[((size_t)blockIdx.z * t + tok) * n + row] = v;
+    } else if (out_f32) {
         ((float*)y)[(size_t)tok * ld + row] = v;
     } else {
         ((bf16*)y)[(size_t)tok * ld + row] = f2bf(v);
     }
 }
 
-// Ends block work `wk` for its THREADS product threads (p: this one's index among them, all
-// reaching here): `value(e)` is sum e (< 64) of thread p, `store(e, v)` puts a sum of that place
-// into y (it skips places past n and t). A split block's sums go through parts, as above.
-template <int THREADS, class Value, class Store>
-__device__ __forceinline__ void qgemm_finish(const GemmWork& wk, float* __restrict__ parts, int steps,
-                                             int steps_per_split, int p, Value value, Store store) {
-    if (wk.split_tile < 0) {
-#pragma unroll
-        for (int e = 0; e < 64; e++) store(e, value(e));
-        return;
-    }
-    const int splits = (steps + steps_per_split - 1) / steps_per_split;
-    int* const counters = (int*)parts;
-    // A slot: the product threads' sums as 16 float4 each, piece q of thread p at q THREADS + p.
-    float4* const tile_slots = (float4*)(parts + QGEMM_COUNTERS) + (size_t)wk.split_tile * splits * (16 * THREADS);
-    float4* const mine = tile_slots + (size_t)wk.split * (16 * THREADS);
-#pragma unroll
-    for (int q = 0; q < 16; q++)
-        asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mine + q * THREADS + p), "f"(value(4 * q)),
-                     "f"(value(4 * q + 1)), "f"(value(4 * q + 2)), "f"(value(4 * q + 3))
-                     : "memory");
-    __threadfence();
-    asm volatile("bar.sync 1, %0;" ::"r"(THREADS) : "memory");
-    // Thread 0 counts this block in; a barrier's OR tells all whether it was the tile's last (no
-    // shared memory: the mma.sync tiles use all 48 KB of the static kind).
-    const int counted_last = p == 0 && atomicAdd(&counters[wk.split_tile], 1) == splits - 1;
-    int last;
-    asm volatile("{\n.reg .pred in, out;\nsetp.ne.s32 in, %1, 0;\nbar.red.or.pred out, 1, %2, in;\n"
-                 "selp.s32 %0, 1, 0, out;\n}"
-                 : "=r"(last)
-                 : "r"(counted_last), "r"(THREADS)
-                 : "memory");
-    if (!last) return;
-    __threadfence();
-    // Each half of the sums over the slots in split order, its 8 pieces of a slot in flight at
-    // once (a load's latency per half slot, not per value).
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float sum[32];
-#pragma unroll
-        for (int e = 0; e < 32; e++) sum[e] = 0.0f;
-#pragma unroll 1
-        for (int z = 0; z < splits; z++) {
-            const float4* slot = tile_slots + (size_t)z * (16 * THREADS) + p;
-            float4 v[8];
-#pragma unroll
-            for (int q = 0; q < 8; q++)
-                asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                             : "=f"(v[q].x), "=f"(v[q].y), "=f"(v[q].z), "=f"(v[q].w)
-                             : "l"(slot + (8 * h + q) * THREADS)
-                             : "memory");
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                sum[4 * q] += v[q].x;
-                sum[4 * q + 1] += v[q].y;
-                sum[4 * q + 2] += v[q].z;
-                sum[4 * q + 3] += v[q].w;
-            }
-        }
-#pragma unroll
-        for (int e = 0; e < 32; e++) store(32 * h + e, sum[e]);
-    }
-    if (p == 0) counters[wk.split_tile] = 0;
-}
-
 template <class F>
 __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
-                      float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int whole,
-                      int steps_per_split) {
+                      float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) bf16 xs[2][QGEMM_TOKENS * QGEMM_XSTRIDE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int steps = k / QGEMM_K;
-    const GemmWork wk = gemm_work(t, steps, QGEMM_ROWS, QGEMM_TOKENS, whole, steps_per_split);
-    const int row0 = wk.row0 + 32 * warp, tok0 = wk.tok0, first = wk.first, last = wk.last;
+    const int row0 = blockIdx.x * QGEMM_ROWS + 32 * warp, tok0 = blockIdx.y * QGEMM_TOKENS;
+    const int steps = k / QGEMM_K, first = blockIdx.z * steps_per_split;
+    const int last = min(steps, first + steps_per_split);
     const int live = min(QGEMM_TOKENS, t - tok0), live_nt = (live + 7) >> 3;
     const int kb = k / F::BLOCK;
     // Rows g, g + 8 of the warp's two m16 tiles; rows past n decode row 0 and are never stored.
@@ -1166,14 +1065,16 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
         // The next step loads step s + 2 into this buffer: only once every warp has read it.
         __syncthreads();
     }
-    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1;
-    // sum i is acc[m][j][e] for i = 32 m + 4 j + e.
-    qgemm_finish<QGEMM_WARPS * 32>(
-        wk, parts, steps, steps_per_split, threadIdx.x, [&](int i) { return acc[i >> 5][(i >> 2) & 7][i & 3]; },
-        [&](int i, float v) {
-            const int row = row0 + 16 * (i >> 5) + g + 8 * ((i >> 1) & 1), tok = 8 * ((i >> 2) & 7) + 2 * c + (i & 1);
-            if (row < n && tok < live) qgemm_store(v, y, ld, out_f32, row, tok0 + tok);
-        });
+    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 16 * m + g + 8 * (e >> 1), tok = 8 * j + 2 * c + (e & 1);
+                if (row < n && tok < live) qgemm_store(acc[m][j][e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+            }
 #endif
 }
 
@@ -1182,7 +1083,7 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
 // v26); here a block of 8 warps decodes each step's 128 x 64 weights once into shared memory (a
 // thread 32 consecutive values of a row: a block or K-quant sub-block, `slice32`), and each
 // warp multiplies 64 rows x 32 tokens of it (4 x 4 m16n8 tiles) with A and B taken by ldmatrix.
-// Tiles shared out to blocks by gemm_work, as qgemm's.
+// Grid (ceil(n / 128), ceil(t / 128), splits), k split into parts as qgemm's.
 #define QTILE_ROWS 128
 #define QTILE_TOKENS 128
 #define QTILE_K 64
@@ -1248,8 +1149,7 @@ __device__ __forceinline__ int qtile_at(int row, int col) {
 
 template <class F>
 __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
-                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int whole,
-                           int steps_per_split) {
+                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
 #if __CUDA_ARCH__ >= 800
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qtile_dynamic[];
@@ -1276,9 +1176,9 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     auto xs_buf = [&](int b) { return &xs[b][0]; };
 #endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int steps = k / QTILE_K;
-    const GemmWork wk = gemm_work(t, steps, QTILE_ROWS, QTILE_TOKENS, whole, steps_per_split);
-    const int row0 = wk.row0, tok0 = wk.tok0, first = wk.first, last = wk.last;
+    const int row0 = blockIdx.x * QTILE_ROWS, tok0 = blockIdx.y * QTILE_TOKENS;
+    const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
+    const int last = min(steps, first + steps_per_split);
     const int live = min(QTILE_TOKENS, t - tok0);
     const int kb = k / F::BLOCK;
     // The decode: thread i (of the first QTILE_DECODERS) takes tile row i / 2, columns
@@ -1334,15 +1234,17 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_commit();
     };
 #if QTILE_ON_WGMMA
-    // Ends the block's work with the sums of multiplying warp w (0..7, product thread p): sum
-    // 4 j + e is tile row 16 w + g (e 0, 1) or + 8 (e 2, 3), token 8 j + 2c (+ 1 for odd e).
-    auto finish_wgmma = [&](const float (&acc)[64], int w, int p) {
-        qgemm_finish<256>(
-            wk, parts, steps, steps_per_split, p, [&](int i) { return acc[i]; },
-            [&](int i, float v) {
-                const int row = row0 + 16 * w + g + 8 * ((i >> 1) & 1), tok = 8 * (i >> 2) + 2 * c + (i & 1);
-                if (row < n && tok < live) qgemm_store(v, y, ld, out_f32, row, tok0 + tok);
-            });
+    // The sums of multiplying warp w (0..7): tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens
+    // 8 j + 2c, + 1 of n8 chunk j.
+    auto store_wgmma_sums = [&](const float (&acc)[64], int w) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 16 * w + g + 8 * (e >> 1);
+                const int tok = 8 * j + 2 * c + (e & 1);
+                if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+            }
     };
     // Issues one step's products of multiplying warp w's warpgroup (w / 4: tile rows 64 (w / 4)..,
     // all 128 tokens) from weight tile wt and x tile xt; k16 steps are 32 bytes into each
@@ -1396,7 +1298,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_hold(acc);
         mbarrier_arrive(empty_bar + 8 * b);
     }
-    finish_wgmma(acc, mwarp, threadIdx.x - QTILE_DECODERS);
+    store_wgmma_sums(acc, mwarp);
 #elif QTILE_ON_WGMMA
     float acc[64] = {};
     // The first weights decode before the previous kernel is waited for: they are not its output.
@@ -1421,7 +1323,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_wait_all();
         wgmma_hold(acc);
     }
-    finish_wgmma(acc, warp, threadIdx.x);
+    store_wgmma_sums(acc, warp);
 #else
     float acc[4][4][4] = {};
     wait_for_previous_kernel();
@@ -1458,17 +1360,35 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
             }
         }
     }
-    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1;
-    // sum i is acc[m][j][e] for i = 16 m + 4 j + e.
-    qgemm_finish<256>(
-        wk, parts, steps, steps_per_split, threadIdx.x, [&](int i) { return acc[i >> 4][(i >> 2) & 3][i & 3]; },
-        [&](int i, float v) {
-            const int row = row0 + 64 * wr + 16 * (i >> 4) + g + 8 * ((i >> 1) & 1);
-            const int tok = 32 * wt + 8 * ((i >> 2) & 3) + 2 * c + (i & 1);
-            if (row < n && tok < live) qgemm_store(v, y, ld, out_f32, row, tok0 + tok);
-        });
+    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + 64 * wr + 16 * m + g + 8 * (e >> 1);
+                const int tok = 32 * wt + 8 * j + 2 * c + (e & 1);
+                if (row < n && tok < live) qgemm_store(acc[m][j][e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+            }
 #endif
 #endif
+}
+
+// y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.
+extern "C" __global__ void qgemm_reduce(const float* __restrict__ parts, void* __restrict__ y, int n, int t, int ld,
+                                        int splits, int out_f32) {
+    wait_for_previous_kernel();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, count = (long long)t * n;
+    if (i >= count) return;
+    float sum = 0.0f;
+    for (int z = 0; z < splits; z++) sum += parts[z * count + i];
+    const long long at = (i / n) * ld + i % n;
+    if (out_f32) {
+        ((float*)y)[at] = sum;
+    } else {
+        ((bf16*)y)[at] = f2bf(sum);
+    }
 }
 
 #define QUANT_GEMVS(F, NAME, T)                                                                                 \
@@ -1502,14 +1422,12 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         embedding_quant<F>(table, tokens, out, hidden, vocab_start, vocab_rows);                               \
     } \
     extern "C" __global__ void __launch_bounds__(QGEMM_WARPS * 32) qgemm_##NAME(                               \
-        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int whole,  \
-        int steps) {                                                                                           \
-        qgemm<F>(w, x, y, parts, n, k, t, ld, out_f32, whole, steps);                                          \
+        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
+        qgemm<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                                 \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(QTILE_THREADS, QTILE_MIN_BLOCKS) qgemm_tile_##NAME(            \
-        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int whole,  \
-        int steps) {                                                                                           \
-        qgemm_tile<F>(w, x, y, parts, n, k, t, ld, out_f32, whole, steps);                                     \
+        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
+        qgemm_tile<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                            \
     }
 
 QUANT_KERNELS(FmtQ4_0, q4_0)

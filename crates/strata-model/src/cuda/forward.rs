@@ -173,10 +173,7 @@ impl GpuTransformer {
             bufs.x_q8 = Some(gpu.alloc(QuantizeQ8Call::value_bytes(k, GEMV_KERNEL_TOKENS), what)?);
             bufs.x_q8_scales = Some(gpu.alloc(QuantizeQ8Call::scale_bytes(k, GEMV_KERNEL_TOKENS), what)?);
             if knobs.quant_gemm_max_tokens > 0 {
-                let parts = gpu.alloc(QGEMM_PARTS_VALUES * 4, "quantized GEMM sums")?;
-                // Its split tiles' counters start at zero (each GEMM leaves them so).
-                gpu.zero(&parts, 0, parts.bytes())?;
-                bufs.qgemm_parts = Some(parts);
+                bufs.qgemm_parts = Some(gpu.alloc(QGEMM_PARTS_VALUES * 4, "quantized GEMM sums")?);
             }
         }
         let fp8_gemm = match weights.has_fp8() && gpu.info.compute_capability >= (8, 9) {

@@ -718,8 +718,8 @@ impl GpuTransformer {
     }
 
     /// [`Self::quantized_matmul`] on one of quant.cu's tensor-core GEMMs (the shared-memory tiles
-    /// from `quant_gemm_tile_min_tokens` on), segment by segment, k split for the tiles of a
-    /// last wave that would leave SMs idle ([`QuantGemmTile::work_for`]).
+    /// from `quant_gemm_tile_min_tokens` on), segment by segment, k split
+    /// (and the splits summed) where the segment's tiles would not fill the GPU twice.
     fn quantized_gemm(
         &mut self,
         w: MatrixView,
@@ -754,9 +754,12 @@ impl GpuTransformer {
                 t: t as i32,
                 ld: n as i32,
                 out_f32: (out == GemmOut::F32) as i32,
-                work: tile.work_for(seg.rows, k, t, sms, capacity),
+                steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
             };
             call.launch_with(self.shaped_launcher((seg.rows, k)))?;
+            if let Some(reduce) = call.reduce() {
+                reduce.launch_with(self.shaped_launcher((seg.rows, k)))?;
+            }
         }
         Ok(())
     }

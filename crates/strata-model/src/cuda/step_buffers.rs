@@ -11,10 +11,10 @@ use strata_runtime::cuda::sampling_call::ARGMAX_SLICES;
 use super::layers::{MAX_PARTS, SPLIT_MAX_TOKENS};
 use super::step_inputs::StepLimits;
 
-/// f32 values of quant.cu's GEMM's counters and partial sums (20 MiB): the split tiles of one
-/// wave need up to 2 x multiprocessors 128 x 128 tiles (4.3 M values on 132 SMs); where they
-/// would not fit, k splits fewer ways.
-pub const QGEMM_PARTS_VALUES: usize = 5 << 20;
+/// f32 values of quant.cu's GEMM's partial sums (16 MiB): k splits that fill the GPU twice need
+/// up to 2 x multiprocessors x its 128 x 64 tile (4.3 M values on 132); where they would not
+/// fit, k splits fewer ways.
+pub const QGEMM_PARTS_VALUES: usize = 4 << 20;
 
 pub(super) struct StepBuffers {
     /// The staged inputs ([`super::step_inputs::InputLayout`]).
@@ -53,7 +53,7 @@ pub(super) struct StepBuffers {
     /// `None` without quantized matrices.
     pub x_q8: Option<DeviceBuffer>,
     pub x_q8_scales: Option<DeviceBuffer>,
-    /// Counters and f32 partial sums of quant.cu's GEMM when it splits k ([`QGEMM_PARTS_VALUES`]); `None`
+    /// f32 partial sums of quant.cu's GEMM when it splits k ([`QGEMM_PARTS_VALUES`]); `None`
     /// without quantized matrices or with the GEMM off.
     pub qgemm_parts: Option<DeviceBuffer>,
     /// E4M3 activations of the FP8 GEMM (`max_tokens` rows of the widest product input), then

@@ -26,7 +26,7 @@ macro_rules! quant_kernel_names {
             concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
             concat!("dequant_", $f), concat!("embedding_", $f), concat!("qgemm_", $f),
             concat!("qgemm_tile_", $f),
-        )* "quantize_q8"]
+        )* "quantize_q8", "qgemm_reduce"]
     };
 }
 

@@ -73,8 +73,8 @@ pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
 pub use quant_call::{
-    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile, QuantGemmWork, QuantGemvCall,
-    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_COUNTERS, QGEMM_K, QUANT_FORMATS,
+    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall,
+    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
 };
 pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};
@@ -289,10 +289,7 @@ mod tests {
                 t: 9,
                 ld: 1,
                 out_f32: 0,
-                work: QuantGemmWork {
-                    whole_tiles: 1,
-                    steps_per_split: 2,
-                },
+                steps_per_split: 2,
             };
             let tiled = QuantGemmCall {
                 tile: QuantGemmTile::Shared,
@@ -309,6 +306,16 @@ mod tests {
             two_pass: 0,
         };
         names.push(q.name().to_string());
+        let r = QuantGemmReduceCall {
+            parts: 1,
+            y: 1,
+            n: 1,
+            t: 1,
+            ld: 1,
+            splits: 2,
+            out_f32: 0,
+        };
+        names.push(r.name().to_string());
         names.extend(fp8_call::called_kernels().into_iter().map(String::from));
         names
     }

@@ -398,8 +398,7 @@ pub enum QuantGemmTile {
 }
 
 impl QuantGemmTile {
-    /// Tokens a tile takes.
-    pub fn tokens(self) -> usize {
+    fn tokens(self) -> usize {
         match self {
             QuantGemmTile::Registers => 64,
             QuantGemmTile::Shared | QuantGemmTile::Specialized => 128,
@@ -430,63 +429,32 @@ impl QuantGemmTile {
         }
     }
 
-    /// f32 sums a split block keeps in its slot of the parts (64 a product thread: the tile).
-    pub fn slot_values(self) -> usize {
-        QGEMM_ROWS * self.tokens()
-    }
-
-    /// How an `n` x `t` product's tiles go to blocks: whole, except the tiles of a last wave
-    /// that would leave SMs idle (all of them when there are fewer tiles than `multiprocessors`
-    /// hold blocks), which split k as many ways as fill that wave (at most 8: the last block of
-    /// a tile reads every split's sums, and as many as the `parts_capacity` f32 values hold).
-    pub fn work_for(
+    /// The steps per block that split k so that the tiles of an `n` x `t` product fill
+    /// `multiprocessors` (as many times over as an SM holds blocks; at most 16 ways), with the
+    /// `[splits, t, n]` f32 partial sums within `parts_capacity` values.
+    pub fn steps_per_split_for(
         self,
         n: usize,
         k: usize,
         t: usize,
         multiprocessors: usize,
         parts_capacity: usize,
-    ) -> QuantGemmWork {
+    ) -> i32 {
         let steps = (k / self.k_step()).max(1);
         let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(self.tokens());
-        let slots = self.blocks_per_sm() * multiprocessors;
-        let rest = if tiles >= slots { tiles % slots } else { tiles };
-        let room = parts_capacity.saturating_sub(QGEMM_COUNTERS) / self.slot_values();
-        let splits = match rest {
-            0 => 1,
-            _ if rest > QGEMM_COUNTERS => 1,
-            _ => (slots / rest).min(room / rest).min(steps).min(8),
-        };
-        if splits <= 1 {
-            return QuantGemmWork {
-                whole_tiles: tiles as i32,
-                steps_per_split: steps as i32,
-            };
-        }
-        QuantGemmWork {
-            whole_tiles: (tiles - rest) as i32,
-            steps_per_split: steps.div_ceil(splits) as i32,
-        }
+        let wanted = (self.blocks_per_sm() * multiprocessors).div_ceil(tiles.max(1));
+        let fits = parts_capacity / (t * n).max(1);
+        let splits = wanted.min(fits).min(steps).clamp(1, 16);
+        steps.div_ceil(splits) as i32
     }
-}
-
-/// Counters at the start of a [`QuantGemmCall`]'s parts, one per split tile (quant.cu:
-/// QGEMM_COUNTERS); they must be zero before the first call, and each call leaves them so.
-pub const QGEMM_COUNTERS: usize = 4096;
-
-/// How a [`QuantGemmCall`]'s tiles go to blocks (quant.cu's `gemm_work`): the first
-/// `whole_tiles` (row tile major, then token tile) a block each over all of k; each later tile
-/// to one block per `steps_per_split` column steps, the last of them adding their sums.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuantGemmWork {
-    pub whole_tiles: i32,
-    pub steps_per_split: i32,
 }
 
 /// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows on tensor cores, the
 /// blocks decoded on the way (`qgemm_*` or `qgemm_tile_*`, [`QuantGemmTile`]): for steps of more
-/// tokens than the GEMVs take. Tiles past `work.whole_tiles` split k, their sums meeting in
-/// `parts` ([`QuantGemmTile::work_for`]).
+/// tokens than the GEMVs take. When `steps_per_split` is less than k's column steps (the
+/// tile's [`QuantGemmTile::steps_per_split_for`]), each of [`Self::grid_splits`]
+/// blocks per tile sums its share of them into `parts` and [`QuantGemmReduceCall`] adds the
+/// shares into y.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantGemmCall {
     pub format: QuantFormat,
@@ -497,8 +465,7 @@ pub struct QuantGemmCall {
     pub x: u64,
     /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
     pub y: u64,
-    /// f32: [`QGEMM_COUNTERS`] counters (zero between calls), then a slot of
-    /// [`QuantGemmTile::slot_values`] per split block; unused when no tile splits.
+    /// f32 `[splits, t, n]` when k is split.
     pub parts: u64,
     pub n: i32,
     /// A multiple of [`QGEMM_K`] and of the format's block.
@@ -506,7 +473,9 @@ pub struct QuantGemmCall {
     pub t: i32,
     pub ld: i32,
     pub out_f32: i32,
-    pub work: QuantGemmWork,
+    /// Column steps a block takes ([`QuantGemmTile::steps_per_split_for`]; all of k's steps: no
+    /// split).
+    pub steps_per_split: i32,
 }
 
 impl QuantGemmCall {
@@ -517,29 +486,36 @@ impl QuantGemmCall {
         }
     }
 
-    /// Blocks each split tile takes (1: no tile splits).
-    pub fn splits(&self) -> i32 {
+    /// Blocks per tile along k (1: no split, y written directly).
+    pub fn grid_splits(&self) -> i32 {
         let steps = (self.k / self.tile.k_step() as i32).max(1);
-        (steps as u32).div_ceil(self.work.steps_per_split.max(1) as u32) as i32
+        (steps as u32).div_ceil(self.steps_per_split.max(1) as u32) as i32
     }
 
-    fn tiles(&self) -> u32 {
-        (self.n as u32).div_ceil(QGEMM_ROWS as u32) * (self.t as u32).div_ceil(self.tile.tokens() as u32)
-    }
-
-    /// The parts' f32 values this call uses (0 when no tile splits).
-    pub fn parts_values(&self) -> usize {
-        let split_tiles = self.tiles().saturating_sub(self.work.whole_tiles as u32) as usize;
-        match split_tiles {
-            0 => 0,
-            _ => QGEMM_COUNTERS + split_tiles * self.splits() as usize * self.tile.slot_values(),
-        }
+    /// The sum of the splits' partial sums into y, to launch after this call; `None` when k is
+    /// not split (the GEMM writes y itself).
+    pub fn reduce(&self) -> Option<QuantGemmReduceCall> {
+        (self.grid_splits() > 1).then_some(QuantGemmReduceCall {
+            parts: self.parts,
+            y: self.y,
+            n: self.n,
+            t: self.t,
+            ld: self.ld,
+            splits: self.grid_splits(),
+            out_f32: self.out_f32,
+        })
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let whole = (self.work.whole_tiles as u32).min(self.tiles());
-        let blocks = whole + (self.tiles() - whole) * self.splits() as u32;
-        ((blocks, 1, 1), self.tile.threads(), 0)
+        (
+            (
+                (self.n as u32).div_ceil(QGEMM_ROWS as u32),
+                (self.t as u32).div_ceil(self.tile.tokens() as u32),
+                self.grid_splits() as u32,
+            ),
+            self.tile.threads(),
+            0,
+        )
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -553,10 +529,38 @@ impl QuantGemmCall {
             self.t,
             self.ld,
             self.out_f32,
-            self.work.whole_tiles,
-            self.work.steps_per_split
+            self.steps_per_split
         )
         .to_vec()
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
+/// `y[j * ld + row]` = the sum of a [`QuantGemmCall`]'s `splits` partial sums (`qgemm_reduce`).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemmReduceCall {
+    pub parts: u64,
+    pub y: u64,
+    pub n: i32,
+    pub t: i32,
+    pub ld: i32,
+    pub splits: i32,
+    pub out_f32: i32,
+}
+
+impl QuantGemmReduceCall {
+    pub fn name(&self) -> &'static str {
+        quant_kernels()[QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 1]
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let count = self.t as u64 * self.n as u64;
+        ((count.div_ceil(256) as u32, 1, 1), 256, 0)
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        kernel_args!(self.parts, self.y, self.n, self.t, self.ld, self.splits, self.out_f32).to_vec()
     }
 
     one_kernel_launch!("quant.cu");
@@ -675,7 +679,7 @@ mod tests {
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
-        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 1);
+        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2);
         let q = QuantizeQ8Call {
             x: 1,
             xq: 2,
@@ -691,26 +695,17 @@ mod tests {
     }
 
     #[test]
-    fn the_quantized_gemm_splits_only_the_tiles_of_a_partly_empty_last_wave() {
-        let cap = 5 << 20;
-        let work = |whole_tiles, steps_per_split| QuantGemmWork {
-            whole_tiles,
-            steps_per_split,
-        };
-        let regs = |n, k, t, cap| QuantGemmTile::Registers.work_for(n, k, t, 132, cap);
-        // 7B-shaped down projection at 20 tokens on 132 SMs (264 blocks at once): 28 tiles, so
-        // each splits 8 ways, the most (148 steps, 19 a block).
-        assert_eq!(regs(3584, 18944, 20, cap), work(0, 19));
-        // Gate/up at 256 tokens: 1,184 tiles, four waves whole and the last 128 split in two.
-        assert_eq!(regs(37888, 3584, 256, cap), work(1056, 14));
-        // Little room for sums: as many splits as slots fit; none: whole tiles.
-        assert_eq!(regs(3584, 18944, 20, QGEMM_COUNTERS + 3 * 28 * 8192), work(0, 50));
-        assert_eq!(regs(3584, 18944, 20, 0), work(28, 148));
-        // Never more splits than column steps, nor more than 8.
-        assert_eq!(regs(64, 256, 9, cap), work(0, 1));
-        assert_eq!(regs(64, 1 << 16, 9, cap), work(0, 64));
-        // Tiles that fill whole waves do not split.
-        assert_eq!(regs(128 * 264, 256, 64, cap), work(264, 2));
+    fn the_quantized_gemm_splits_k_only_to_fill_the_gpu() {
+        let per = |n, k, t, sms, cap| QuantGemmTile::Registers.steps_per_split_for(n, k, t, sms, cap);
+        // 7B-shaped down projection at 20 tokens on 132 SMs: 28 tiles, so 148 steps 10 ways.
+        assert_eq!(per(3584, 18944, 20, 132, 4 << 20), 15);
+        // Enough tiles already: no split. Little scratch: as many as fit; none: no split.
+        assert_eq!(per(37888, 3584, 256, 132, 4 << 20), 28);
+        assert_eq!(per(3584, 18944, 20, 132, 3 * 20 * 3584), 50);
+        assert_eq!(per(3584, 18944, 20, 132, 0), 148);
+        // Never more splits than column steps, nor more than 16.
+        assert_eq!(per(64, 256, 9, 132, 4 << 20), 1);
+        assert_eq!(per(64, 1 << 16, 9, 132, 4 << 20), 32);
         let call = QuantGemmCall {
             format: QuantFormat::Q4K,
             tile: QuantGemmTile::Registers,
@@ -723,12 +718,10 @@ mod tests {
             t: 70,
             ld: 4608,
             out_f32: 0,
-            work: work(20, 15),
+            steps_per_split: 15,
         };
-        // 28 x 2 tiles, 20 whole and 36 in 10 blocks (148 steps, 15 a block): 380 blocks.
-        assert_eq!(call.splits(), 10);
-        assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((380, 1, 1), 128, 0)));
-        assert_eq!(call.parts_values(), QGEMM_COUNTERS + 360 * 8192);
+        // 148 steps 15 a block: 10 blocks along k, the last taking 13.
+        assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((28, 2, 10), 128, 0)));
         let fields = |c: &QuantGemmCall| {
             vec![
                 at(&c.w),
@@ -740,49 +733,44 @@ mod tests {
                 at(&c.t),
                 at(&c.ld),
                 at(&c.out_f32),
-                at(&c.work.whole_tiles),
-                at(&c.work.steps_per_split),
+                at(&c.steps_per_split),
             ]
         };
         assert_eq!(call.args(), fields(&call));
+        let reduce = call.reduce().unwrap();
+        assert_eq!((reduce.parts, reduce.y, reduce.splits, reduce.ld), (4, 3, 10, 4608));
         let whole = QuantGemmCall {
-            work: work(56, 148),
+            steps_per_split: 148,
             ..call
         };
-        assert_eq!(
-            (whole.splits(), whole.shape().0, whole.parts_values()),
-            (1, (56, 1, 1), 0)
-        );
-        // The shared-memory tiles: 128 tokens a block, k in 64-column steps, 8 warps. Gate/up at
-        // 256 tokens: 592 tiles, two waves whole and the last 64 in four; the down projection's
-        // 56 tiles split four ways.
+        assert_eq!(whole.grid_splits(), 1);
+        assert!(whole.reduce().is_none());
+        // The shared-memory tiles: 128 tokens a block, k in 64-column steps, 8 warps.
         let shared = QuantGemmTile::Shared;
-        assert_eq!(shared.work_for(37888, 3584, 256, 132, cap), work(528, 14));
-        assert_eq!(shared.work_for(3584, 18944, 256, 132, cap), work(0, 74));
+        // Gate/up at 256 tokens: 296 x 2 tiles fill 132 SMs twice; the down projection's 28 x 2
+        // do not, and its 296 steps would split 5 ways but the scratch holds 4 shares.
+        assert_eq!(shared.steps_per_split_for(37888, 3584, 256, 132, 4 << 20), 56);
+        assert_eq!(shared.steps_per_split_for(3584, 18944, 256, 132, 4 << 20), 74);
         let tiled = QuantGemmCall {
             tile: shared,
             t: 256,
-            work: work(0, 74),
+            steps_per_split: 74,
             ..call
         };
-        assert_eq!(
-            (tiled.name(), tiled.shape()),
-            ("qgemm_tile_q4_k", ((224, 1, 1), 256, 0))
-        );
+        assert_eq!((tiled.name(), tiled.shape()), ("qgemm_tile_q4_k", ((28, 2, 4), 256, 0)));
         assert_eq!(tiled.args(), fields(&tiled));
-        // Warp-specialized: the same kernel, 16 warps, one block an SM: gate/up's last 64 tiles
-        // split in two, the down projection's 56 too.
+        // Warp-specialized: the same kernel, 16 warps, one block an SM, so k splits to fill
+        // the SMs once (the down projection's 56 tiles 3 ways: 99 steps a block).
         let specialized = QuantGemmTile::Specialized;
-        assert_eq!(specialized.work_for(37888, 3584, 256, 132, cap), work(528, 28));
-        assert_eq!(specialized.work_for(3584, 18944, 256, 132, cap), work(0, 148));
+        assert_eq!(specialized.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 99);
         let spec_call = QuantGemmCall {
             tile: specialized,
-            work: work(0, 148),
+            steps_per_split: 99,
             ..tiled
         };
         assert_eq!(
             (spec_call.name(), spec_call.shape()),
-            ("qgemm_tile_q4_k", ((112, 1, 1), 512, 0))
+            ("qgemm_tile_q4_k", ((28, 2, 3), 512, 0))
         );
     }
 

@@ -1,14 +1,13 @@
 //! quant.cu against strata's CPU dequantizer: the int8 activation blocks, and for each block
 //! format the decode GEMVs over them (plain, gate/up with SiLU, residual with the next norm's
 //! sums), dequantization of a matrix and of a slab of its rows, the embedding, and the
-//! tensor-core GEMMs (registers and shared-memory tiles, whole and with some tiles split along
-//! k) against the bf16-rounded weights.
+//! tensor-core GEMMs (registers and shared-memory tiles, whole and split k) against the
+//! bf16-rounded weights.
 
 use strata_formats::quant::dequantize;
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
-    QuantGemmWork, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_COUNTERS,
-    QUANT_FORMATS,
+    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
@@ -329,15 +328,11 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     // quant.cu's two tensor-core GEMMs over quantized blocks, the tiles as compiled here.
     let tiles = [QuantGemmTile::Registers, kernels.shared_tile()];
-    // Counters (zero, and each call must leave them so) and room for 16 tiles split 3 ways.
-    let parts_values = QGEMM_COUNTERS + 16 * 3 * 128 * 128;
-    let parts = gpu.alloc(parts_values * 4, "parts").unwrap();
-    gpu.zero(&parts, 0, parts_values * 4).unwrap();
     for format in QUANT_FORMATS {
         // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
         // a partial third and past four (of 128-token tiles: within one, a partial second and
-        // past two); k of 6 and 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, every
-        // tile whole, and the first half of the tiles whole with the rest split 3 ways along k.
+        // past two); k of 6 and 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole
+        // and with k split 3 ways.
         for (n, k) in [(37usize, 768usize), (258, 2816)] {
             let blocks = random_blocks(format, n, k, 3 * n as u64 + k as u64);
             let mut w = vec![0f32; n * k];
@@ -352,10 +347,11 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 let x: Vec<f64> = xb.iter().map(|&b| bf16_value(b) as f64).collect();
                 let xd = gpu.upload(&xb, "x").unwrap();
                 let steps = k / tile.k_step();
-                // f32 into a wider output (ld = n + 3); bf16 with tiles split.
+                // f32 into a wider output (ld = n + 3); bf16 with k split three ways.
                 let ld = n + 3;
                 let y = gpu.alloc(t * ld * 4, "y").unwrap();
                 gpu.zero(&y, 0, t * ld * 4).unwrap();
+                let parts = gpu.alloc(3 * t * n * 4, "parts").unwrap();
                 let yb = gpu.alloc(t * n * 2, "y bf16").unwrap();
                 let whole = QuantGemmCall {
                     format,
@@ -369,47 +365,28 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     t: t as i32,
                     ld: ld as i32,
                     out_f32: 1,
-                    work: QuantGemmWork {
-                        whole_tiles: i32::MAX,
-                        steps_per_split: steps as i32,
-                    },
+                    steps_per_split: steps as i32,
                 };
                 // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
                 unsafe { whole.launch(&gpu, &kernels) }.unwrap();
-                let tile_count = (n.div_ceil(128) * t.div_ceil(tile.tokens())) as i32;
                 let split = QuantGemmCall {
                     y: yb.ptr(),
                     parts: parts.ptr(),
                     ld: n as i32,
                     out_f32: 0,
-                    work: QuantGemmWork {
-                        whole_tiles: tile_count / 2,
-                        steps_per_split: steps.div_ceil(3) as i32,
-                    },
+                    steps_per_split: steps.div_ceil(3) as i32,
                     ..whole
                 };
-                assert_eq!(split.splits(), 3);
-                assert!(split.parts_values() <= parts_values);
-                // Twice: the second finds the counters the first left at zero, and adds the
-                // same sums in the same order.
-                let mut split_runs = Vec::new();
-                for _ in 0..2 {
-                    gpu.zero(&yb, 0, t * n * 2).unwrap();
-                    // SAFETY: as above; parts holds split.parts_values(), yb t x n bf16.
-                    unsafe { split.launch(&gpu, &kernels) }.unwrap();
-                    split_runs.push(read_bf16(&gpu, &yb, t * n));
-                }
-                let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
-                assert!(
-                    split_runs[0]
-                        .iter()
-                        .zip(&split_runs[1])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{ctx}: a second split run differs"
-                );
+                assert_eq!(split.grid_splits(), 3);
+                // SAFETY: as above; parts 3 x t x n f32.
+                unsafe { split.launch(&gpu, &kernels) }.unwrap();
+                let reduce = split.reduce().expect("k split three ways");
+                // SAFETY: parts 3 x t x n f32, yb t x n bf16.
+                unsafe { reduce.launch(&gpu, &kernels) }.unwrap();
                 let mut got = vec![0f32; t * ld];
                 gpu.read(&y, 0, &mut got).unwrap();
-                let got_bf16 = &split_runs[0];
+                let got_bf16 = read_bf16(&gpu, &yb, t * n);
+                let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
                 for j in 0..t {
                     for r in 0..n {
                         let (wr, xr) = (&wb[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
