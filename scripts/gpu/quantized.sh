@@ -27,8 +27,9 @@
 #     users: dequantized for cuBLASLt (STRATA_QUANT_GEMM_MAX_TOKENS=0), the defaults (the GEMM to
 #     256 tokens, its wgmma tiles from 128 on a 9.0 GPU), the portable target's mma.sync tiles
 #     (STRATA_KERNEL_ARCH=compute_90) and the warp-specialized wgmma tiles (QTILE_SPECIALIZED=1), levels
-#     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list; PROFILE_EAGER names the files to profile
-#     eagerly, default both, empty for none); the file written by `strata quantize --random-weights`
+#     PROFILE_LEVELS (PROFILE_SETTINGS replaces the list, PROFILE_BINS runs it with other builds
+#     too; PROFILE_EAGER names the files to profile eagerly, default both, empty for none); the
+#     file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -167,13 +168,21 @@ profile)
     F=$Q4KM
     qwen7b_checkpoint
     qwen7b_q4_k_m
-    for m in ${PROFILE_EAGER-$F $Q7}; do
-        name=$([ $m = $F ] && echo q4_k_m || echo bf16)
-        echo "== where a 256-user decode step goes, $name"
-        STRATA_GPU_PROFILE=1 timeout 200 $S bench-gpu --model $m --enforce-eager --levels 256 --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 32 --decode-tokens 32 --out "$OUT/profile_${name}_256.json" \
-            > "$OUT/profile_${name}_256.log" 2>&1
-        grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
+    # PROFILE_BINS: strata binaries to profile and run each setting with (default gpu-bin/strata;
+    # another build carried as DIR/strata.gz is unpacked, its files prefixed with DIR's name).
+    for bin in ${PROFILE_BINS:-$S}; do
+        [ -f "$bin.gz" ] && [ "$bin.gz" -nt "$bin" ] && gunzip -kf "$bin.gz" && chmod +x "$bin"
+    done
+    tag_of() { [ "$1" = "$S" ] || echo "$(basename "$(dirname "$1")")_"; }
+    for bin in ${PROFILE_BINS:-$S}; do
+        for m in ${PROFILE_EAGER-$F $Q7}; do
+            name=$(tag_of $bin)$([ $m = $F ] && echo q4_k_m || echo bf16)
+            echo "== where a 256-user decode step goes, $name"
+            STRATA_GPU_PROFILE=1 timeout 200 $bin bench-gpu --model $m --enforce-eager --levels 256 --kv-cache-dtypes auto \
+                --prompt-tokens 512 --output-tokens 32 --decode-tokens 32 --out "$OUT/profile_${name}_256.json" \
+                > "$OUT/profile_${name}_256.log" 2>&1
+            grep -A30 "GPU profile" "$OUT/profile_${name}_256.log" | head -32
+        done
     done
     echo "== 16-256 users: bf16, then the Q4_K_M file dequantized for cuBLASLt, as strata runs it by default, on"
     echo "   the portable target's mma.sync tiles and on warp-specialized wgmma tiles"
@@ -182,14 +191,16 @@ profile)
     echo "-- bf16, exit $?"
     grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_bf16.log" | cut -c1-200
     # Each setting is one or more VAR=VALUE separated by commas; its files are named after it.
-    for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128 \
-        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1}; do
-        name=$(echo "$setting" | tr '=,' '__')
-        env ${setting//,/ } timeout 200 $S bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} --kv-cache-dtypes auto \
-            --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 --out "$OUT/bench_q4_k_m_$name.json" \
-            > "$OUT/bench_q4_k_m_$name.log" 2>&1
-        echo "-- $setting, exit $?"
-        grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_$name.log" | cut -c1-200
+    for bin in ${PROFILE_BINS:-$S}; do
+        for setting in ${PROFILE_SETTINGS:-STRATA_QUANT_GEMM_MAX_TOKENS=0 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=128 \
+            STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1}; do
+            name=$(tag_of $bin)$(echo "$setting" | tr '=,' '__')
+            env ${setting//,/ } timeout 200 $bin bench-gpu --model $F --levels ${PROFILE_LEVELS:-16,64,256} \
+                --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 128 --decode-tokens 64 \
+                --out "$OUT/bench_q4_k_m_$name.json" > "$OUT/bench_q4_k_m_$name.log" 2>&1
+            echo "-- $bin $setting, exit $?"
+            grep -E "^single stream|^\| (bf16|fp8) " "$OUT/bench_q4_k_m_$name.log" | cut -c1-200
+        done
     done
     ;;
 *) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;
