@@ -131,6 +131,12 @@ __device__ __forceinline__ void k4_scale_min(u32 q0, u32 q1, u32 q2, int j, floa
     }
 }
 
+// The scales of a format's `Slice32` (its `scales32`), worked out once for the slice's four
+// `eight_of` units: a scale and an offset, or (Q6_K) the two halves' scales.
+struct Scales32 {
+    float a, b;
+};
+
 // Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words, for the `eight_of` decoders:
 // the bytes of a unit's eight values u (u & 1 of a 16-byte nibble plane: pass it as a and b).
 __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u, u32& w0, u32& w1) {
@@ -206,13 +212,13 @@ struct FmtQ4_0 {
         const size_t b = (size_t)row * kb + col / 32;
         return {__ldg((const uint4*)(w + b * BODY)), __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
     }
+    __device__ static Scales32 scales32(const Slice32& s, int) { return {half_to_f32(s.f), 0.0f}; }
     // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
-    __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int, int u, float (&v)[8]) {
         u32 w0, w1;
         unit_words(s.q, s.q, u & 1, w0, w1);
-        const float d = half_to_f32(s.f);
-        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v);
-        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
+        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, k.a, 0.0f, v);
+        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, k.a, 0.0f, v + 4);
     }
 };
 
@@ -282,13 +288,15 @@ struct FmtQ4_1 {
         const size_t b = (size_t)row * kb + col / 32;
         return {__ldg((const uint4*)(w + b * BODY)), __ldg((const u32*)(w + (size_t)n * kb * BODY + b * FIELDS))};
     }
+    __device__ static Scales32 scales32(const Slice32& s, int) {
+        return {half_to_f32(s.f), half_to_f32(s.f >> 16)};
+    }
     // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
-    __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int, int u, float (&v)[8]) {
         u32 w0, w1;
         unit_words(s.q, s.q, u & 1, w0, w1);
-        const float d = half_to_f32(s.f), m = half_to_f32(s.f >> 16);
-        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v);
-        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
+        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v);
+        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
 };
 
@@ -356,12 +364,12 @@ struct FmtQ8_0 {
         return {__ldg((const uint4*)(w + b * BODY)), __ldg((const uint4*)(w + b * BODY + 16)),
                 __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
     }
-    __device__ static void eight_of(const Slice32& s, int, int u, float (&v)[8]) {
+    __device__ static Scales32 scales32(const Slice32& s, int) { return {half_to_f32(s.f), 0.0f}; }
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int, int u, float (&v)[8]) {
         u32 w0, w1;
         unit_words(s.q0, s.q1, u, w0, w1);
-        const float d = half_to_f32(s.f);
-        four_values(w0 ^ 0x80808080u, 128.0f, d, 0.0f, v);
-        four_values(w1 ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
+        four_values(w0 ^ 0x80808080u, 128.0f, k.a, 0.0f, v);
+        four_values(w1 ^ 0x80808080u, 128.0f, k.a, 0.0f, v + 4);
     }
 };
 
@@ -458,16 +466,17 @@ struct FmtQ4_K {
         const u8* q = blk + 16 + 32 * ((col & 255) >> 6);
         return {__ldg((const uint4*)blk), __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
     }
-    __device__ static void eight_of(const Slice32& s, int col, int u, float (&v)[8]) {
-        const int sub = (col & 255) >> 5;
+    __device__ static Scales32 scales32(const Slice32& s, int col) {
         float sc, mn;
-        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
-        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
-        const int shift = 4 * (sub & 1);
+        k4_scale_min(s.head.y, s.head.z, s.head.w, (col & 255) >> 5, sc, mn);
+        return {half_to_f32(s.head.x) * sc, -(half_to_f32(s.head.x >> 16) * mn)};
+    }
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
+        const int shift = 4 * (((col & 255) >> 5) & 1);
         u32 w0, w1;
         unit_words(s.q0, s.q1, u, w0, w1);
-        four_values((w0 >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
-        four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
+        four_values((w0 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v);
+        four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
 };
 
@@ -565,11 +574,14 @@ struct FmtQ5_K {
         return {__ldg((const uint4*)blk), __ldg((const uint4*)(blk + 16)), __ldg((const uint4*)(blk + 32)),
                 __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
     }
-    __device__ static void eight_of(const Slice32& s, int col, int u, float (&v)[8]) {
-        const int sub = (col & 255) >> 5;
+    __device__ static Scales32 scales32(const Slice32& s, int col) {
         float sc, mn;
-        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
-        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
+        k4_scale_min(s.head.y, s.head.z, s.head.w, (col & 255) >> 5, sc, mn);
+        return {half_to_f32(s.head.x) * sc, -(half_to_f32(s.head.x >> 16) * mn)};
+    }
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
+        const int sub = (col & 255) >> 5;
+        const float dl = k.a, ml = k.b;
         const int shift = 4 * (sub & 1);
         u32 q0, q1, h0, h1;
         unit_words(s.q0, s.q1, u, q0, q1);
@@ -701,9 +713,14 @@ struct FmtQ6_K {
                 __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + blk * FIELDS)),
                 __ldg((const unsigned short*)(body + 192 + 8 * h + 2 * j))};
     }
-    __device__ static void eight_of(const Slice32& s, int col, int u, float (&v)[8]) {
+    // a: values 0..15's scale, b: 16..31's.
+    __device__ static Scales32 scales32(const Slice32& s, int) {
+        const float d = half_to_f32(s.d);
+        return {d * (float)(signed char)(s.scales & 0xFF), d * (float)(signed char)(s.scales >> 8)};
+    }
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
         const int j = (col >> 5) & 3, shift = 4 * (j >> 1);
-        const float dl = half_to_f32(s.d) * (float)(signed char)(u < 2 ? s.scales & 0xFF : s.scales >> 8);
+        const float dl = u < 2 ? k.a : k.b;
         u32 lo0, lo1, hi0, hi1;
         unit_words(s.lo0, s.lo1, u, lo0, lo1);
         unit_words(s.hi0, s.hi1, u, hi0, hi1);
@@ -1201,12 +1218,14 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         const int next = (s + 1 < last ? s + 1 : s) * QTILE_K + dcol;
 #if QTILE_UNIT32
         const typename F::Slice32 ahead = F::slice32(w, n, kb, drow, next);
+        // The slice's scales once for its four units (bench/NOTES.md v33).
+        const Scales32 scales = F::scales32(cur, s * QTILE_K + dcol);
 #endif
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             float v[8];
 #if QTILE_UNIT32
-            F::eight_of(cur, s * QTILE_K + dcol, u, v);
+            F::eight_of(cur, scales, s * QTILE_K + dcol, u, v);
 #else
             const typename F::Slice ahead = F::slice(w, n, kb, drow, next + 8 * u);
             F::eight(cur[u], s * QTILE_K + dcol + 8 * u, v);
