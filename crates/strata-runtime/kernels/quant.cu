@@ -137,6 +137,14 @@ struct Scales32 {
     float a, b;
 };
 
+// Sub-block `sub`'s scale d * sc and offset -(dmin * mn) from a Q4_K/Q5_K block's first 16
+// bytes `head` (f16 d, f16 dmin, the packed 6-bit scales and mins).
+__device__ __forceinline__ Scales32 k4_sub_scales(const uint4& head, int sub) {
+    float sc, mn;
+    k4_scale_min(head.y, head.z, head.w, sub, sc, mn);
+    return {half_to_f32(head.x) * sc, -(half_to_f32(head.x >> 16) * mn)};
+}
+
 // Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words, for the `eight_of` decoders:
 // the bytes of a unit's eight values u (u & 1 of a 16-byte nibble plane: pass it as a and b).
 __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u, u32& w0, u32& w1) {
@@ -449,9 +457,8 @@ struct FmtQ4_K {
     }
     __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
         const int sub = (col & 255) >> 5;
-        float sc, mn;
-        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
-        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
+        const Scales32 k = k4_sub_scales(s.head, sub);
+        const float dl = k.a, ml = k.b;
         const int shift = 4 * (sub & 1);
         four_values((s.q.x >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v);
         four_values((s.q.y >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
@@ -466,11 +473,7 @@ struct FmtQ4_K {
         const u8* q = blk + 16 + 32 * ((col & 255) >> 6);
         return {__ldg((const uint4*)blk), __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
     }
-    __device__ static Scales32 scales32(const Slice32& s, int col) {
-        float sc, mn;
-        k4_scale_min(s.head.y, s.head.z, s.head.w, (col & 255) >> 5, sc, mn);
-        return {half_to_f32(s.head.x) * sc, -(half_to_f32(s.head.x >> 16) * mn)};
-    }
+    __device__ static Scales32 scales32(const Slice32& s, int col) { return k4_sub_scales(s.head, (col & 255) >> 5); }
     __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
         const int shift = 4 * (((col & 255) >> 5) & 1);
         u32 w0, w1;
@@ -556,9 +559,8 @@ struct FmtQ5_K {
     }
     __device__ static void eight(const Slice& s, int col, float (&v)[8]) {
         const int sub = (col & 255) >> 5;
-        float sc, mn;
-        k4_scale_min(s.head.y, s.head.z, s.head.w, sub, sc, mn);
-        const float dl = half_to_f32(s.head.x) * sc, ml = -(half_to_f32(s.head.x >> 16) * mn);
+        const Scales32 k = k4_sub_scales(s.head, sub);
+        const float dl = k.a, ml = k.b;
         const int shift = 4 * (sub & 1);
         four_values(((s.q.x >> shift) & 0x0F0F0F0Fu) | (((s.h.x >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
         four_values(((s.q.y >> shift) & 0x0F0F0F0Fu) | (((s.h.y >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
@@ -574,11 +576,7 @@ struct FmtQ5_K {
         return {__ldg((const uint4*)blk), __ldg((const uint4*)(blk + 16)), __ldg((const uint4*)(blk + 32)),
                 __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
     }
-    __device__ static Scales32 scales32(const Slice32& s, int col) {
-        float sc, mn;
-        k4_scale_min(s.head.y, s.head.z, s.head.w, (col & 255) >> 5, sc, mn);
-        return {half_to_f32(s.head.x) * sc, -(half_to_f32(s.head.x >> 16) * mn)};
-    }
+    __device__ static Scales32 scales32(const Slice32& s, int col) { return k4_sub_scales(s.head, (col & 255) >> 5); }
     __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
         const int sub = (col & 255) >> 5;
         const float dl = k.a, ml = k.b;
