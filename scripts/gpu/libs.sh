@@ -31,7 +31,8 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "${OUT:=/tmp/out}"
 # Unpacks a .gz only when it is newer than its binary (gunzip gives the binary its mtime): a
 # script started beside another (seeds_32b.sh PREP=1) never rewrites a binary the other runs.
-for f in gpu-bin/*.gz; do [ "$f" -nt "${f%.gz}" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
+# Other builds carried for side-by-side runs sit one folder down (gpu-bin/v29/strata.gz).
+for f in gpu-bin/*.gz gpu-bin/*/*.gz; do [ -e "$f" ] && [ "$f" -nt "${f%.gz}" ] && gunzip -kf "$f" && chmod +x "${f%.gz}"; done
 # The real tokenizers, one archive a family (gpu-bin/tokenizers-qwen2.5.tgz, tokenizers-llama3.tgz).
 for f in gpu-bin/tokenizers-*.tgz; do
     [ -e "$f" ] || continue

@@ -169,10 +169,8 @@ profile)
     qwen7b_checkpoint
     qwen7b_q4_k_m
     # PROFILE_BINS: strata binaries to profile and run each setting with (default gpu-bin/strata;
-    # another build carried as DIR/strata.gz is unpacked, its files prefixed with DIR's name).
-    for bin in ${PROFILE_BINS:-$S}; do
-        [ -f "$bin.gz" ] && [ "$bin.gz" -nt "$bin" ] && gunzip -kf "$bin.gz" && chmod +x "$bin"
-    done
+    # another build carried as gpu-bin/DIR/strata.gz, unpacked by libs.sh, prefixes its files
+    # with DIR's name).
     tag_of() { [ "$1" = "$S" ] || echo "$(basename "$(dirname "$1")")_"; }
     for bin in ${PROFILE_BINS:-$S}; do
         for m in ${PROFILE_EAGER-$F $Q7}; do
