@@ -68,14 +68,20 @@ qwen7b_checkpoint() {
 # qwen_vocab_gguf FILE LLAMA_DIR: $Q7's vocabulary alone as a GGUF (llama.cpp's convert_hf_to_gguf.py
 # --vocab-only, unpacked from gpu-bin/llama-src.tar.xz into LLAMA_DIR), the template `strata
 # quantize --random-weights` takes for Qwen2.5 shapes; the converter's log beside it.
+# Scripts started side by side (seeds_32b.sh PREP=1 beside quantized.sh) both want the file: the
+# first makes it under a lock, and it appears whole (renamed), so the other never reads a part.
 qwen_vocab_gguf() {
     local file=$1 ll=$2
     [ -f "$file" ] && return 0
     qwen7b_checkpoint
-    mkdir -p "$ll"
-    [ -f "$ll/convert_hf_to_gguf.py" ] || tar xJf gpu-bin/llama-src.tar.xz -C "$ll"
-    timeout 300 python3 "$ll/convert_hf_to_gguf.py" $Q7 --vocab-only --outfile "$file" > "${file%.gguf}.convert.log" 2>&1 ||
-        tail -5 "${file%.gguf}.convert.log"
+    mkdir -p "$ll" "$(dirname "$file")"
+    (
+        flock 9
+        [ -f "$file" ] && exit 0
+        [ -f "$ll/convert_hf_to_gguf.py" ] || tar xJf gpu-bin/llama-src.tar.xz -C "$ll"
+        timeout 300 python3 "$ll/convert_hf_to_gguf.py" $Q7 --vocab-only --outfile "$file.partial" \
+            > "${file%.gguf}.convert.log" 2>&1 && mv "$file.partial" "$file" || tail -5 "${file%.gguf}.convert.log"
+    ) 9> "$file.lock"
 }
 # qwen7b_q4_k_m: $Q4KM, the 7B checkpoint's shapes as Q4_K_M with random weights, written by `strata
 # quantize --random-weights` on $Q7's vocabulary (llama-src.tar.xz carried) unless it is there.
