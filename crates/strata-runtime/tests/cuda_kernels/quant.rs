@@ -4,7 +4,7 @@
 //! tensor-core GEMMs (registers and shared-memory tiles, whole and split k) against the
 //! bf16-rounded weights (or, for the opt-in decode in bf16 pairs, a model of its roundings).
 
-use strata_formats::quant::dequantize;
+use strata_formats::quant::{dequantize, scales_and_mins};
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
     QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
@@ -337,17 +337,6 @@ fn tile_value_parts(format: QuantFormat, blocks: &[u8]) -> Option<Vec<(i32, f32,
     let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     let mut out = Vec::new();
     let mut push = |q: i32, scale: f32, bias: f32| out.push((q, scale, bias));
-    // Q4_K/Q5_K's 6-bit scale and min of sub-block j from the 12 packed bytes.
-    let scale_min = |p: &[u8], j: usize| -> (f32, f32) {
-        if j < 4 {
-            ((p[j] & 63) as f32, (p[j + 4] & 63) as f32)
-        } else {
-            (
-                ((p[j + 4] & 0xF) | ((p[j - 4] >> 6) << 4)) as f32,
-                ((p[j + 4] >> 4) | ((p[j] >> 6) << 4)) as f32,
-            )
-        }
-    };
     for b in blocks.chunks_exact(format.block_bytes()) {
         match format {
             QuantFormat::Q8_0 => return None,
@@ -366,8 +355,9 @@ fn tile_value_parts(format: QuantFormat, blocks: &[u8]) -> Option<Vec<(i32, f32,
                 let (d, dmin) = (f16(b, 0), f16(b, 2));
                 let five = format == QuantFormat::Q5K;
                 let qs = &b[if five { 48 } else { 16 }..];
+                let (scales, mins) = scales_and_mins(b[4..16].try_into().unwrap());
                 for j in 0..8 {
-                    let (sc, mn) = scale_min(&b[4..16], j);
+                    let (sc, mn) = (scales[j] as f32, mins[j] as f32);
                     for l in 0..32 {
                         let mut q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) as i32 & 0xF;
                         if five {
@@ -505,12 +495,12 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 gpu.read(&y, 0, &mut got).unwrap();
                 let got_bf16 = read_bf16(&gpu, &yb, t * n);
                 let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
+                let weights = match (&wt, tile) {
+                    (Some(wt), QuantGemmTile::Shared | QuantGemmTile::Specialized) => wt,
+                    _ => &wb,
+                };
                 for j in 0..t {
                     for r in 0..n {
-                        let weights = match (&wt, tile) {
-                            (Some(wt), QuantGemmTile::Shared | QuantGemmTile::Specialized) => wt,
-                            _ => &wb,
-                        };
                         let (wr, xr) = (&weights[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
                         let want: f64 = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
                         let size: f64 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
