@@ -20,9 +20,8 @@
 #     tensor-core GEMVs (STRATA_FP8_GEMV=mma) both ways; the quantized-file tests again with every
 #     product past the GEMVs on the tensor-core GEMM, then the GEMMs' kernel test (the tiles as
 #     compiled by default, wgmma on a 9.0 GPU, with both decodes, without the overlapped decode,
-#     warp-specialized, on the portable target's mma.sync, and decoding in bf16 pairs; carries
-#     cuda-kernels-test.gz too) and the quantized-file tests on the tiles, on wgmma,
-#     warp-specialized, on mma.sync and in bf16 pairs.
+#     warp-specialized, and on the portable target's mma.sync; carries cuda-kernels-test.gz too)
+#     and the quantized-file tests on the tiles, on wgmma, warp-specialized and on mma.sync.
 #   profile: where a 256-user decode step of a Qwen2.5-7B-shaped Q4_K_M goes (eager steps, the GPU
 #     time of each kernel), beside bf16's, and 16-256
 #     users: dequantized for cuBLASLt (STRATA_QUANT_GEMM_MAX_TOKENS=0), the defaults (the GEMM to
@@ -140,20 +139,19 @@ test)
         > "$OUT/cuda_tests_qgemm.log" 2>&1
     grep -E "^test |vs CPU|panicked|result|skipped" "$OUT/cuda_tests_qgemm.log"
     echo "== the tensor-core GEMMs' kernel test: as compiled by default (wgmma tiles on a 9.0 GPU), the tiles"
-    echo "   decoding by 8-value slices, wgmma without the overlapped decode, warp-specialized, the"
-    echo "   portable target (mma.sync), and the tiles decoding in bf16 pairs"
+    echo "   decoding by 8-value slices, wgmma without the overlapped decode, warp-specialized, and the"
+    echo "   portable target (mma.sync)"
     for setting in STRATA_KERNEL_DEFINES=QTILE_UNIT32=1 STRATA_KERNEL_DEFINES=QTILE_UNIT32=0 \
-        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1 STRATA_KERNEL_ARCH=compute_90 \
-        STRATA_KERNEL_DEFINES=QTILE_BF16X2=1; do
+        STRATA_KERNEL_DEFINES=QTILE_OVERLAP=0 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1 STRATA_KERNEL_ARCH=compute_90; do
         name=$(echo "${setting#*=}" | tr '=' '_')
         env "$setting" timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 quantized_gemm \
             > "$OUT/kernels_qgemm_$name.log" 2>&1
         echo "-- $setting"; grep -E "^test |panicked|result" "$OUT/kernels_qgemm_$name.log"
     done
     echo "== the same on the GEMM's shared-memory tiles (STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9), as compiled by"
-    echo "   default (wgmma on a 9.0 GPU), warp-specialized, on the portable target (mma.sync), in bf16 pairs"
+    echo "   default (wgmma on a 9.0 GPU), warp-specialized, then on the portable target (mma.sync)"
     for setting in STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=0 STRATA_KERNEL_DEFINES=QTILE_SPECIALIZED=1 \
-        STRATA_KERNEL_ARCH=compute_90 STRATA_KERNEL_DEFINES=QTILE_BF16X2=1; do
+        STRATA_KERNEL_ARCH=compute_90; do
         name=$(echo "${setting#*=}" | tr '=' '_')
         env "$setting" STRATA_QUANT_GEMM_MAX_TOKENS=1024 STRATA_QUANT_GEMM_TILE_MIN_TOKENS=9 \
             timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 quantized > "$OUT/cuda_tests_qgemm_tile_$name.log" 2>&1

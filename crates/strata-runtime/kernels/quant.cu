@@ -118,45 +118,6 @@ __device__ __forceinline__ void four_values(u32 m, float offset, float scale, fl
     }
 }
 
-// Eight values of a tile slice as their bytes (values 0..3 in m0, 4..7 in m1): value = (byte -
-// offset) * scale + bias. Each format's `unit_of` gives them; `unit_values` turns them into bf16.
-struct Unit8 {
-    u32 m0, m1;
-    float offset, scale, bias;
-};
-
-// 1: where every byte of a format's units is below 128, the tile decode makes its bf16 values in
-// pairs (a permute builds two 128 + q, two fma.rn.bf16x2 subtract 128 + offset exactly, then
-// scale and add): 1.5 instructions a value instead of 3.5, but the scale and the bias round to
-// bf16 first (bench/NOTES.md v34). 0, the default: f32 arithmetic, one rounding at the end.
-#ifndef QTILE_BF16X2
-#define QTILE_BF16X2 0
-#endif
-
-__device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
-    u32 r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-}
-
-// The unit's eight values in bf16, v0 in the low half of the first word.
-template <bool BYTES_BELOW_128>
-__device__ __forceinline__ uint4 unit_values(const Unit8& e) {
-    if constexpr (QTILE_BF16X2 && BYTES_BELOW_128) {
-        // 0x43 over a byte q < 128 is the bf16 128 + q.
-        const u32 one = 0x3F803F80u, minus = pack_pair<false>(-(128.0f + e.offset), -(128.0f + e.offset));
-        const u32 scale = pack_pair<false>(e.scale, e.scale), bias = pack_pair<false>(e.bias, e.bias);
-        auto two = [&](u32 m, u32 sel) { return bf16x2_fma(bf16x2_fma(__byte_perm(m, 0x43u, sel), one, minus), scale, bias); };
-        return make_uint4(two(e.m0, 0x4140), two(e.m0, 0x4342), two(e.m1, 0x4140), two(e.m1, 0x4342));
-    } else {
-        float v[8];
-        four_values(e.m0, e.offset, e.scale, e.bias, v);
-        four_values(e.m1, e.offset, e.scale, e.bias, v + 4);
-        return make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]), pack_pair<false>(v[4], v[5]),
-                          pack_pair<false>(v[6], v[7]));
-    }
-}
-
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block from its packed bytes
 // q0 (bytes 0..3), q1 (4..7) and q2 (8..11): ggml's get_scale_min_k4.
 __device__ __forceinline__ void k4_scale_min(u32 q0, u32 q1, u32 q2, int j, float& sc, float& mn) {
@@ -171,7 +132,7 @@ __device__ __forceinline__ void k4_scale_min(u32 q0, u32 q1, u32 q2, int j, floa
 }
 
 // The scales of a format's `Slice32` (its `scales32`), worked out once for the slice's four
-// `unit_of` units: a scale and an offset, or (Q6_K) the two halves' scales.
+// `eight_of` units: a scale and an offset, or (Q6_K) the two halves' scales.
 struct Scales32 {
     float a, b;
 };
@@ -184,7 +145,7 @@ __device__ __forceinline__ Scales32 k4_sub_scales(const uint4& head, int sub) {
     return {half_to_f32(head.x) * sc, -(half_to_f32(head.x >> 16) * mn)};
 }
 
-// Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words, for the `unit_of` decoders:
+// Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words, for the `eight_of` decoders:
 // the bytes of a unit's eight values u (u & 1 of a 16-byte nibble plane: pass it as a and b).
 __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u, u32& w0, u32& w1) {
     const uint4& h = u < 2 ? a : b;
@@ -250,7 +211,7 @@ struct FmtQ4_0 {
         four_values((s.q.y >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, d, 0.0f, v + 4);
     }
     // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
-    // loads their bytes and the block's fields once, `unit_of` gives values 8u..8u + 7.
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
     struct Slice32 {
         uint4 q;
         unsigned short f;
@@ -261,11 +222,11 @@ struct FmtQ4_0 {
     }
     __device__ static Scales32 scales32(const Slice32& s, int) { return {half_to_f32(s.f), 0.0f}; }
     // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
-    static constexpr bool BYTES_BELOW_128 = true;
-    __device__ static Unit8 unit_of(const Slice32& s, const Scales32& k, int, int u) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int, int u, float (&v)[8]) {
         u32 w0, w1;
         unit_words(s.q, s.q, u & 1, w0, w1);
-        return {(w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, (w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, k.a, 0.0f};
+        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, k.a, 0.0f, v);
+        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 8.0f, k.a, 0.0f, v + 4);
     }
 };
 
@@ -326,7 +287,7 @@ struct FmtQ4_1 {
         four_values((s.q.y >> (col & 16 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, d, m, v + 4);
     }
     // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
-    // loads their bytes and the block's fields once, `unit_of` gives values 8u..8u + 7.
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
     struct Slice32 {
         uint4 q;
         u32 f;
@@ -339,11 +300,11 @@ struct FmtQ4_1 {
         return {half_to_f32(s.f), half_to_f32(s.f >> 16)};
     }
     // Values 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones.
-    static constexpr bool BYTES_BELOW_128 = true;
-    __device__ static Unit8 unit_of(const Slice32& s, const Scales32& k, int, int u) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int, int u, float (&v)[8]) {
         u32 w0, w1;
         unit_words(s.q, s.q, u & 1, w0, w1);
-        return {(w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, (w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, k.a, k.b};
+        four_values((w0 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v);
+        four_values((w1 >> (u & 2 ? 4 : 0)) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
 };
 
@@ -401,7 +362,7 @@ struct FmtQ8_0 {
         four_values(s.q.y ^ 0x80808080u, 128.0f, d, 0.0f, v + 4);
     }
     // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
-    // loads their bytes and the block's fields once, `unit_of` gives values 8u..8u + 7.
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
     struct Slice32 {
         uint4 q0, q1;
         unsigned short f;
@@ -412,12 +373,11 @@ struct FmtQ8_0 {
                 __ldg((const unsigned short*)(w + (size_t)n * kb * BODY + b * FIELDS))};
     }
     __device__ static Scales32 scales32(const Slice32& s, int) { return {half_to_f32(s.f), 0.0f}; }
-    // Signed bytes, 0..255 once offset: always the f32 decode.
-    static constexpr bool BYTES_BELOW_128 = false;
-    __device__ static Unit8 unit_of(const Slice32& s, const Scales32& k, int, int u) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int, int u, float (&v)[8]) {
         u32 w0, w1;
         unit_words(s.q0, s.q1, u, w0, w1);
-        return {w0 ^ 0x80808080u, w1 ^ 0x80808080u, 128.0f, k.a, 0.0f};
+        four_values(w0 ^ 0x80808080u, 128.0f, k.a, 0.0f, v);
+        four_values(w1 ^ 0x80808080u, 128.0f, k.a, 0.0f, v + 4);
     }
 };
 
@@ -504,7 +464,7 @@ struct FmtQ4_K {
         four_values((s.q.y >> shift) & 0x0F0F0F0Fu, 0.0f, dl, ml, v + 4);
     }
     // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
-    // loads their bytes and the block's fields once, `unit_of` gives values 8u..8u + 7.
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
     struct Slice32 {
         uint4 head, q0, q1;
     };
@@ -514,12 +474,12 @@ struct FmtQ4_K {
         return {__ldg((const uint4*)blk), __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
     }
     __device__ static Scales32 scales32(const Slice32& s, int col) { return k4_sub_scales(s.head, (col & 255) >> 5); }
-    static constexpr bool BYTES_BELOW_128 = true;
-    __device__ static Unit8 unit_of(const Slice32& s, const Scales32& k, int col, int u) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
         const int shift = 4 * (((col & 255) >> 5) & 1);
         u32 w0, w1;
         unit_words(s.q0, s.q1, u, w0, w1);
-        return {(w0 >> shift) & 0x0F0F0F0Fu, (w1 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b};
+        four_values((w0 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v);
+        four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
 };
 
@@ -606,7 +566,7 @@ struct FmtQ5_K {
         four_values(((s.q.y >> shift) & 0x0F0F0F0Fu) | (((s.h.y >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
     }
     // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
-    // loads their bytes and the block's fields once, `unit_of` gives values 8u..8u + 7.
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
     struct Slice32 {
         uint4 head, h0, h1, q0, q1;
     };
@@ -617,15 +577,15 @@ struct FmtQ5_K {
                 __ldg((const uint4*)q), __ldg((const uint4*)(q + 16))};
     }
     __device__ static Scales32 scales32(const Slice32& s, int col) { return k4_sub_scales(s.head, (col & 255) >> 5); }
-    static constexpr bool BYTES_BELOW_128 = true;
-    __device__ static Unit8 unit_of(const Slice32& s, const Scales32& k, int col, int u) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
         const int sub = (col & 255) >> 5;
+        const float dl = k.a, ml = k.b;
         const int shift = 4 * (sub & 1);
         u32 q0, q1, h0, h1;
         unit_words(s.q0, s.q1, u, q0, q1);
         unit_words(s.h0, s.h1, u, h0, h1);
-        return {((q0 >> shift) & 0x0F0F0F0Fu) | (((h0 >> sub) & 0x01010101u) << 4),
-                ((q1 >> shift) & 0x0F0F0F0Fu) | (((h1 >> sub) & 0x01010101u) << 4), 0.0f, k.a, k.b};
+        four_values(((q0 >> shift) & 0x0F0F0F0Fu) | (((h0 >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v);
+        four_values(((q1 >> shift) & 0x0F0F0F0Fu) | (((h1 >> sub) & 0x01010101u) << 4), 0.0f, dl, ml, v + 4);
     }
 };
 
@@ -734,7 +694,7 @@ struct FmtQ6_K {
         four_values(((s.lo.y >> shift) & 0x0F0F0F0Fu) | (((s.hi.y >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
     // The 32 values col..col + 31 of row (col a multiple of 32), for the tiled GEMM: `slice32`
-    // loads their bytes and the block's fields once, `unit_of` gives values 8u..8u + 7.
+    // loads their bytes and the block's fields once, `eight_of` decodes values 8u..8u + 7.
     // Two scales: values 0..15 of the 32 take the first, 16..31 the second.
     struct Slice32 {
         uint4 lo0, lo1, hi0, hi1;
@@ -756,15 +716,14 @@ struct FmtQ6_K {
         const float d = half_to_f32(s.d);
         return {d * (float)(signed char)(s.scales & 0xFF), d * (float)(signed char)(s.scales >> 8)};
     }
-    static constexpr bool BYTES_BELOW_128 = true;
-    __device__ static Unit8 unit_of(const Slice32& s, const Scales32& k, int col, int u) {
+    __device__ static void eight_of(const Slice32& s, const Scales32& k, int col, int u, float (&v)[8]) {
         const int j = (col >> 5) & 3, shift = 4 * (j >> 1);
+        const float dl = u < 2 ? k.a : k.b;
         u32 lo0, lo1, hi0, hi1;
         unit_words(s.lo0, s.lo1, u, lo0, lo1);
         unit_words(s.hi0, s.hi1, u, hi0, hi1);
-        return {((lo0 >> shift) & 0x0F0F0F0Fu) | (((hi0 >> (2 * j)) & 0x03030303u) << 4),
-                ((lo1 >> shift) & 0x0F0F0F0Fu) | (((hi1 >> (2 * j)) & 0x03030303u) << 4), 32.0f, u < 2 ? k.a : k.b,
-                0.0f};
+        four_values(((lo0 >> shift) & 0x0F0F0F0Fu) | (((hi0 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
+        four_values(((lo1 >> shift) & 0x0F0F0F0Fu) | (((hi1 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
 };
 
@@ -1262,16 +1221,16 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #endif
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-#if QTILE_UNIT32
-            const uint4 packed = unit_values<F::BYTES_BELOW_128>(F::unit_of(cur, scales, s * QTILE_K + dcol, u));
-#else
             float v[8];
+#if QTILE_UNIT32
+            F::eight_of(cur, scales, s * QTILE_K + dcol, u, v);
+#else
             const typename F::Slice ahead = F::slice(w, n, kb, drow, next + 8 * u);
             F::eight(cur[u], s * QTILE_K + dcol + 8 * u, v);
             cur[u] = ahead;
+#endif
             const uint4 packed = make_uint4(pack_pair<false>(v[0], v[1]), pack_pair<false>(v[2], v[3]),
                                             pack_pair<false>(v[4], v[5]), pack_pair<false>(v[6], v[7]));
-#endif
             *(uint4*)&tile[qtile_at(trow, dcol + 8 * u)] = packed;
         }
 #if QTILE_UNIT32

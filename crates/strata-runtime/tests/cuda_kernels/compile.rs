@@ -1,7 +1,6 @@
 //! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (and the arch-specific
-//! sm_90a, wgmma in the tile GEMM, also warp-specialized; the tile decode in bf16 pairs on sm_90a
-//! and sm_80) and, where ptxas is given, assembles (no GPU needed); the model shapes the kernels
-//! are not written for are refused before compiling.
+//! sm_90a, wgmma in the tile GEMM, also warp-specialized) and, where ptxas is given, assembles
+//! (no GPU needed); the model shapes the kernels are not written for are refused before compiling.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -108,17 +107,6 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     );
     if let Some(p) = &ptxas {
         running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_specialized.ptx")));
-    }
-    // And the tile decode in bf16 pairs, on the wgmma tiles and on Ampere's mma.sync tiles.
-    for arch in ["compute_90a", "compute_80"] {
-        let ptx = compile_variant("quant", quant, spec, arch, &["QTILE_BF16X2=1"]).unwrap();
-        assert!(
-            ptx.contains("fma.rn.bf16x2"),
-            "quant.cu with QTILE_BF16X2=1 for {arch}: no bf16 pair arithmetic in the PTX"
-        );
-        if let Some(p) = &ptxas {
-            running.push(assemble(p, &ptx, arch, dir.join(format!("quant_bf16x2_{arch}.ptx"))));
-        }
     }
     finish(&mut running);
     let _ = std::fs::remove_dir_all(&dir);

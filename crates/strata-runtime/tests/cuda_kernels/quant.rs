@@ -2,9 +2,9 @@
 //! format the decode GEMVs over them (plain, gate/up with SiLU, residual with the next norm's
 //! sums), dequantization of a matrix and of a slab of its rows, the embedding, and the
 //! tensor-core GEMMs (registers and shared-memory tiles, whole and split k) against the
-//! bf16-rounded weights (or, for the opt-in decode in bf16 pairs, a model of its roundings).
+//! bf16-rounded weights.
 
-use strata_formats::quant::{dequantize, scales_and_mins};
+use strata_formats::quant::dequantize;
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
     QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
@@ -320,111 +320,6 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
     }
 }
 
-/// x rounded to bf16 (nearest, ties to even) from f64, as one bf16 fma rounds its exact result.
-fn round_to_bf16(x: f64) -> f64 {
-    if x == 0.0 {
-        return 0.0;
-    }
-    let exp = ((x.to_bits() >> 52) & 0x7ff) as i32 - 1023;
-    let ulp = 2f64.powi(exp - 7);
-    (x / ulp).round_ties_even() * ulp
-}
-
-/// Every value of the file's blocks as quant.cu's tile decode sees it: (q - offset, scale, bias),
-/// value = (q - offset) * scale + bias, the scale and bias in f32 as `scales32` works them out.
-/// None for Q8_0, whose bytes the bf16 pair decode cannot take.
-fn tile_value_parts(format: QuantFormat, blocks: &[u8]) -> Option<Vec<(i32, f32, f32)>> {
-    let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    let mut out = Vec::new();
-    let mut push = |q: i32, scale: f32, bias: f32| out.push((q, scale, bias));
-    for b in blocks.chunks_exact(format.block_bytes()) {
-        match format {
-            QuantFormat::Q8_0 => return None,
-            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                let (d, qs) = (f16(b, 0), &b[if format == QuantFormat::Q4_0 { 2 } else { 4 }..]);
-                let (offset, m) = if format == QuantFormat::Q4_0 {
-                    (8, 0.0)
-                } else {
-                    (0, f16(b, 2))
-                };
-                for i in 0..32 {
-                    push(((qs[i % 16] >> (4 * (i / 16))) as i32 & 0xF) - offset, d, m);
-                }
-            }
-            QuantFormat::Q4K | QuantFormat::Q5K => {
-                let (d, dmin) = (f16(b, 0), f16(b, 2));
-                let five = format == QuantFormat::Q5K;
-                let qs = &b[if five { 48 } else { 16 }..];
-                let (scales, mins) = scales_and_mins(b[4..16].try_into().unwrap());
-                for j in 0..8 {
-                    let (sc, mn) = (scales[j] as f32, mins[j] as f32);
-                    for l in 0..32 {
-                        let mut q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) as i32 & 0xF;
-                        if five {
-                            q |= ((b[16 + l] >> j) as i32 & 1) << 4;
-                        }
-                        push(q, d * sc, -(dmin * mn));
-                    }
-                }
-            }
-            QuantFormat::Q6K => {
-                let d = f16(b, 208);
-                for i in 0..256 {
-                    let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
-                    let low = (b[64 * h + 32 * (j % 2) + l] >> (4 * (j / 2))) as i32 & 0xF;
-                    let high = (b[128 + 32 * h + l] >> (2 * j)) as i32 & 3;
-                    push(
-                        (low | high << 4) - 32,
-                        d * b[192 + 8 * h + 2 * j + l / 16] as i8 as f32,
-                        0.0,
-                    );
-                }
-            }
-        }
-    }
-    Some(out)
-}
-
-/// What the shared-memory tiles hold for each weight under `QTILE_BF16X2=1` (quant.cu's
-/// `unit_values`): (q - offset) times the scale in bf16 plus the bias in bf16, rounded once.
-fn bf16_pair_weights(format: QuantFormat, blocks: &[u8]) -> Option<Vec<f64>> {
-    let in_bf16 = |v: f32| bf16_value(bf16_bits(v)) as f64;
-    let parts = tile_value_parts(format, blocks)?;
-    Some(
-        parts
-            .into_iter()
-            .map(|(q, s, b)| round_to_bf16(q as f64 * in_bf16(s) + in_bf16(b)))
-            .collect(),
-    )
-}
-
-#[test]
-fn the_tile_decode_model_follows_the_cpu_dequantizer() {
-    // No GPU needed: the parts bf16_pair_weights rounds must give the CPU's weights unrounded.
-    for format in QUANT_FORMATS {
-        let (n, k) = (3, 512);
-        let blocks = random_blocks(format, n, k, 7);
-        let mut w = vec![0f32; n * k];
-        dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
-        let Some(parts) = tile_value_parts(format, &blocks) else {
-            assert_eq!(format, QuantFormat::Q8_0);
-            continue;
-        };
-        assert_eq!(parts.len(), w.len());
-        for (i, ((q, s, b), &want)) in parts.into_iter().zip(&w).enumerate() {
-            let got = q as f64 * s as f64 + b as f64;
-            let size = (q as f64 * s as f64).abs() + (b as f64).abs();
-            assert!(
-                (got - want as f64).abs() <= 1e-6 * size,
-                "{format:?} value {i}: {got} vs {want}"
-            );
-        }
-    }
-    assert_eq!(round_to_bf16(1.0 + 1.0 / 256.0), 1.0, "a tie rounds to even");
-    assert_eq!(round_to_bf16(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
-    assert_eq!(round_to_bf16(-3.0), -3.0);
-}
-
 #[test]
 fn quantized_gemm_matches_the_bf16_rounded_weights() {
     let Some(gpu) = first_gpu() else {
@@ -443,9 +338,6 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
             let mut w = vec![0f32; n * k];
             dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
             let wb: Vec<f64> = w.iter().map(|&v| bf16_value(bf16_bits(v)) as f64).collect();
-            // The tiles' weights where they decode in bf16 pairs (an opt-in build), else wb.
-            let bf16_pairs = std::env::var("STRATA_KERNEL_DEFINES").is_ok_and(|d| d.contains("QTILE_BF16X2=1"));
-            let wt = bf16_pairs.then(|| bf16_pair_weights(format, &blocks)).flatten();
             let seg = upload_segment(&gpu, format, &blocks, n, k);
             for (t, tile) in [9usize, 70, 130, 300]
                 .into_iter()
@@ -495,13 +387,9 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 gpu.read(&y, 0, &mut got).unwrap();
                 let got_bf16 = read_bf16(&gpu, &yb, t * n);
                 let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
-                let weights = match (&wt, tile) {
-                    (Some(wt), QuantGemmTile::Shared | QuantGemmTile::Specialized) => wt,
-                    _ => &wb,
-                };
                 for j in 0..t {
                     for r in 0..n {
-                        let (wr, xr) = (&weights[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
+                        let (wr, xr) = (&wb[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
                         let want: f64 = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
                         let size: f64 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
                         let a = got[j * ld + r] as f64;
