@@ -7,13 +7,18 @@
 
 #define NORM_VECS 4
 
-// Stores v * scale * w at out[4c..4c + 4): bf16 rounded (8 bytes), or f32 (16 bytes).
-__device__ __forceinline__ void norm_store4(bf16* __restrict__ out, int c, const float4& v, float scale,
-                                            const float4& w) {
+// v * scale * w as four bf16s.
+__device__ __forceinline__ uint2 norm_bf16x4(const float4& v, float scale, const float4& w) {
     uint2 packed;
     packed.x = (u32)f2bf(v.x * scale * w.x) | ((u32)f2bf(v.y * scale * w.y) << 16);
     packed.y = (u32)f2bf(v.z * scale * w.z) | ((u32)f2bf(v.w * scale * w.w) << 16);
-    ((uint2*)out)[c] = packed;
+    return packed;
+}
+
+// Stores v * scale * w at out[4c..4c + 4): bf16 rounded (8 bytes), or f32 (16 bytes).
+__device__ __forceinline__ void norm_store4(bf16* __restrict__ out, int c, const float4& v, float scale,
+                                            const float4& w) {
+    ((uint2*)out)[c] = norm_bf16x4(v, scale, w);
 }
 __device__ __forceinline__ void norm_store4(float* __restrict__ out, int c, const float4& v, float scale,
                                             const float4& w) {
@@ -74,6 +79,48 @@ __device__ __forceinline__ void norm_row(float* __restrict__ row, const float* _
     norm_store(v, ss, weight, out, n, eps);
 }
 
+// norm_row into bf16 `out`, and that row (as written) for the FP8 GEMM after it: E4M3 with the
+// scale max |x| / 448 (1 for a zero row) into q[n] and *q_scale, as fp8_quantize_rows would
+// write from `out`, bit for bit, without its launch and its two reads of the row.
+__device__ __forceinline__ void norm_row_fp8(float* __restrict__ row, const float* __restrict__ delta,
+                                             const float* __restrict__ weight, bf16* __restrict__ out,
+                                             fp8* __restrict__ q, float* __restrict__ q_scale, int n, float eps) {
+    float4 v[NORM_VECS];
+    const float ss = norm_load(row, delta, n, v);
+    const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
+    const int n4 = n >> 2;
+    uint2 packed[NORM_VECS];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_VECS; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        packed[i] = make_uint2(0u, 0u);
+        if (c < n4) {
+            const float4 w = weight ? ((const float4*)weight)[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            packed[i] = norm_bf16x4(v[i], scale, w);
+            ((uint2*)out)[c] = packed[i];
+            const u32 h[4] = {packed[i].x & 0xffffu, packed[i].x >> 16, packed[i].y & 0xffffu, packed[i].y >> 16};
+#pragma unroll
+            for (int e = 0; e < 4; e++) amax = fmaxf(amax, fabsf(bf2f((bf16)h[e])));
+        }
+    }
+    amax = block_max(amax);
+    const float qs = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+    const float inv = 1.0f / qs;
+    if (threadIdx.x == 0) *q_scale = qs;
+#pragma unroll
+    for (int i = 0; i < NORM_VECS; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < n4) {
+            const u32 h[4] = {packed[i].x & 0xffffu, packed[i].x >> 16, packed[i].y & 0xffffu, packed[i].y >> 16};
+            u32 bytes = 0u;
+#pragma unroll
+            for (int e = 0; e < 4; e++) bytes |= (u32)f2e4m3(bf2f((bf16)h[e]) * inv) << (8 * e);
+            ((u32*)q)[c] = bytes;
+        }
+    }
+}
+
 extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restrict__ weight, bf16* __restrict__ out,
                                     int n, float eps) {
     wait_for_previous_kernel();
@@ -99,6 +146,23 @@ extern "C" __global__ void add_rms_norm_f32(float* __restrict__ x, const float* 
     wait_for_previous_kernel();
     const size_t r = (size_t)blockIdx.x * n;
     norm_row(x + r, delta + r, weight, out + r, n, eps);
+}
+
+// rms_norm and add_rms_norm that also write their rows as E4M3 for an FP8 GEMM (norm_row_fp8):
+// q [rows, n], q_scales [rows].
+extern "C" __global__ void rms_norm_fp8(float* __restrict__ x, const float* __restrict__ weight,
+                                        bf16* __restrict__ out, int n, float eps, fp8* __restrict__ q,
+                                        float* __restrict__ q_scales) {
+    wait_for_previous_kernel();
+    const size_t r = (size_t)blockIdx.x * n;
+    norm_row_fp8(x + r, nullptr, weight, out + r, q + r, q_scales + blockIdx.x, n, eps);
+}
+extern "C" __global__ void add_rms_norm_fp8(float* __restrict__ x, const float* __restrict__ delta,
+                                            const float* __restrict__ weight, bf16* __restrict__ out, int n,
+                                            float eps, fp8* __restrict__ q, float* __restrict__ q_scales) {
+    wait_for_previous_kernel();
+    const size_t r = (size_t)blockIdx.x * n;
+    norm_row_fp8(x + r, delta + r, weight, out + r, q + r, q_scales + blockIdx.x, n, eps);
 }
 
 // x += delta (the last layer's MLP output, before the final norm of only the rows with logits).

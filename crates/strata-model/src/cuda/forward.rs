@@ -101,6 +101,10 @@ pub struct GpuTransformer {
     /// `STRATA_FP8_OUTER_SCALES=1`, off again once cuBLASLt refuses them); otherwise fp8.cu's
     /// kernel does.
     pub(super) fp8_outer_scales: bool,
+    /// `(x, k, t)`: the FP8 activation buffer already holds x's t rows of k as E4M3, written by
+    /// the kernel before the FP8 product that reads them (a norm, `silu_mul_fp8`); taken by
+    /// that product, which then quantizes nothing.
+    pub(super) fp8_rows_ready: Option<(u64, usize, usize)>,
 }
 
 impl Drop for GpuTransformer {
@@ -222,6 +226,7 @@ impl GpuTransformer {
             two_pass_activations: false,
             fp8_gemm,
             fp8_outer_scales: knobs.fp8_outer_scales,
+            fp8_rows_ready: None,
         })
     }
 

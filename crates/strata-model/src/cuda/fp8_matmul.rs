@@ -4,7 +4,7 @@
 use strata_runtime::cuda::gemm_call::GEMV_KERNEL_TOKENS;
 use strata_runtime::cuda::{
     CudaError, Fp8DequantCall, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall,
-    Fp8ScaleOutputCall, GemmOut,
+    Fp8ScaleOutputCall, GemmOut, SiluMulFp8Call, SILU_FP8_MAX_INTER,
 };
 
 use super::forward::GpuTransformer;
@@ -33,6 +33,7 @@ impl GpuTransformer {
         norm_in: u64,
     ) -> Result<(), CudaError> {
         let out_f32 = (out == GemmOut::F32) as i32;
+        let ready = self.fp8_rows_ready.take();
         if !self.deterministic && path.gemv_for(k) {
             let y_elem = out.bytes();
             for first in (0..t).step_by(GEMV_KERNEL_TOKENS) {
@@ -54,29 +55,24 @@ impl GpuTransformer {
             }
             return Ok(());
         }
-        // cuBLASLt's FP8 GEMM wants 16-byte aligned output rows (k is a multiple of 16: weights.rs).
-        let tensor_cores = !self.deterministic && self.fp8_gemm.is_some() && n.is_multiple_of(16);
-        let Some(act) = self.bufs.fp8_act.as_ref().filter(|_| tensor_cores).map(|b| b.ptr()) else {
+        let Some((act, scales)) = self.fp8_tensor_core_input(n, k, path) else {
             let scratch = self.fp8_dense_weights(w, (n, k))?;
             return self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in);
         };
-        let width = self.local.widest_product_input();
-        let scales = act + fp8_act_scales_offset(self.limits.max_tokens, width) as u64;
-        Fp8QuantizeRowsCall {
-            x,
-            out: act,
-            scales,
-            k: k as i32,
-            rows: t,
+        if ready != Some((x, k, t)) {
+            Fp8QuantizeRowsCall {
+                x,
+                out: act,
+                scales,
+                k: k as i32,
+                rows: t,
+            }
+            .launch_with(self.launcher())?;
         }
-        .launch_with(self.launcher())?;
-        if !self.ablate.is_empty() && self.ablated(&format!("gemm {n}x{k}")) {
-            return Ok(());
-        }
-        let timer = self.profile_start()?;
         if self.fp8_outer_scales {
+            let timer = self.profile_start()?;
             if let Some(gemm) = self.fp8_gemm.as_mut() {
-                // SAFETY: as below, and w's n row scales, the t token scales.
+                // SAFETY: as in fp8_gemm_unscaled, and w's n row scales, the t token scales.
                 let scaled = unsafe { gemm.matmul_scaled(&self.gpu, w.w, act, y, (n, k, t), out, (w.scales, scales)) };
                 match scaled {
                     Ok(()) => return self.profile_end(timer, || format!("gemm fp8 scaled {n}x{k}")),
@@ -88,12 +84,7 @@ impl GpuTransformer {
                 }
             }
         }
-        if let Some(gemm) = self.fp8_gemm.as_mut() {
-            // SAFETY: w holds n x k E4M3 bytes (weights.rs), act the t x k quantized activations
-            // (the FP8 activation buffer holds max_tokens rows of the widest k), y t x n outputs.
-            unsafe { gemm.matmul(&self.gpu, w.w, act, y, (n, k, t), out) }?;
-        }
-        self.profile_end(timer, || format!("gemm fp8 {n}x{k}"))?;
+        self.fp8_gemm_unscaled(w, act, y, (n, k, t), out)?;
         Fp8ScaleOutputCall {
             y,
             out_f32,
@@ -103,6 +94,81 @@ impl GpuTransformer {
             t: t as i32,
         }
         .launch_with(self.launcher())
+    }
+
+    /// The FP8 activation buffer and where its token scales start, when an FP8 matrix's `[n, k]`
+    /// product over the step runs on FP8 tensor cores; `None` for the GEMVs (few tokens) and for
+    /// bf16 weight-only products (no FP8 tensor cores, `--deterministic`).
+    pub(super) fn fp8_tensor_core_input(&self, n: usize, k: usize, path: &StepPath) -> Option<(u64, u64)> {
+        // cuBLASLt's FP8 GEMM wants 16-byte aligned output rows (k is a multiple of 16: weights.rs).
+        let tensor_cores = !self.deterministic && !path.gemv_for(k) && self.fp8_gemm.is_some() && n.is_multiple_of(16);
+        let act = self.bufs.fp8_act.as_ref().filter(|_| tensor_cores)?.ptr();
+        let width = self.local.widest_product_input();
+        Some((act, act + fp8_act_scales_offset(self.limits.max_tokens, width) as u64))
+    }
+
+    /// cuBLASLt's E4M3 product of `w` and the quantized activations `act` into `y`, unscaled.
+    fn fp8_gemm_unscaled(
+        &mut self,
+        w: Fp8View,
+        act: u64,
+        y: u64,
+        (n, k, t): (usize, usize, usize),
+        out: GemmOut,
+    ) -> Result<(), CudaError> {
+        if !self.ablate.is_empty() && self.ablated(&format!("gemm {n}x{k}")) {
+            return Ok(());
+        }
+        let timer = self.profile_start()?;
+        if let Some(gemm) = self.fp8_gemm.as_mut() {
+            // SAFETY: w holds n x k E4M3 bytes (weights.rs), act the t x k quantized activations
+            // (the FP8 activation buffer holds max_tokens rows of the widest k), y t x n outputs.
+            unsafe { gemm.matmul(&self.gpu, w.w, act, y, (n, k, t), out) }?;
+        }
+        self.profile_end(timer, || format!("gemm fp8 {n}x{k}"))
+    }
+
+    /// The MLP's gate/up product of an FP8 `[gate; up]` matrix on FP8 tensor cores, then
+    /// `silu_mul_fp8`: its scales, SiLU-and-multiply into `act`, and `act` as E4M3 in the FP8
+    /// activation buffer for the down product (which then quantizes nothing). Returns false,
+    /// launching nothing, where that does not apply (GEMV steps, no FP8 tensor cores, cuBLASLt
+    /// scaling, an intermediate width past one block's).
+    pub(super) fn fp8_gate_up_silu(
+        &mut self,
+        w: Fp8View,
+        (xn, gate_up, act): (u64, u64, u64),
+        (inter, k, t): (usize, usize, usize),
+        path: &StepPath,
+    ) -> Result<bool, CudaError> {
+        let input = self.fp8_tensor_core_input(2 * inter, k, path);
+        let fits = inter.is_multiple_of(8) && inter <= SILU_FP8_MAX_INTER && !self.float32();
+        let Some((q, scales)) = input.filter(|_| fits && !self.fp8_outer_scales) else {
+            return Ok(false);
+        };
+        if self.fp8_rows_ready.take() != Some((xn, k, t)) {
+            Fp8QuantizeRowsCall {
+                x: xn,
+                out: q,
+                scales,
+                k: k as i32,
+                rows: t,
+            }
+            .launch_with(self.launcher())?;
+        }
+        self.fp8_gemm_unscaled(w, q, gate_up, (2 * inter, k, t), GemmOut::Bf16)?;
+        SiluMulFp8Call {
+            gate_up,
+            tok_scales: scales,
+            col_scales: w.scales,
+            out: act,
+            q,
+            q_scales: scales,
+            inter: inter as i32,
+            tokens: t,
+        }
+        .launch_with(self.launcher())?;
+        self.fp8_rows_ready = Some((act, inter, t));
+        Ok(true)
     }
 
     /// The gate/up product with SiLU of an FP8 `[gate; up]` matrix, as one fp8.cu GEMV per

@@ -260,15 +260,22 @@ impl GpuTransformer {
         } else if let (MatrixView::Fp8(f), true) = (wgu, path.gemv_for(hidden) && !self.deterministic) {
             self.fp8_gemv_silu(f, (xn, act), (inter, hidden, t), norm_in)?;
         } else {
-            self.matmul(wgu, xn, gate_up, (2 * inter, hidden, t), GemmOut::Bf16, path, 0)?;
-            SiluMulCall {
-                gate_up,
-                out: act,
-                inter: inter as i32,
-                tokens: t,
-                float32: self.float32(),
+            // FP8 on tensor cores: the product, its scales, SiLU and the down product's input in two launches.
+            let fused = match wgu {
+                MatrixView::Fp8(f) => self.fp8_gate_up_silu(f, (xn, gate_up, act), (inter, hidden, t), path)?,
+                _ => false,
+            };
+            if !fused {
+                self.matmul(wgu, xn, gate_up, (2 * inter, hidden, t), GemmOut::Bf16, path, 0)?;
+                SiluMulCall {
+                    gate_up,
+                    out: act,
+                    inter: inter as i32,
+                    tokens: t,
+                    float32: self.float32(),
+                }
+                .launch_with(self.launcher())?;
             }
-            .launch_with(self.launcher())?;
         }
         self.block_output(2 * li + 1, wdown, act, (hidden, inter, t), path)
     }
@@ -277,21 +284,44 @@ impl GpuTransformer {
     /// first norms the embeddings; the others first add the previous block's output into the
     /// residual. With carried norms, the GEMVs that read `xn` scale by the norm's sums, which
     /// this returns (0: none).
-    fn block_norm(&self, i: usize, t: usize, path: &StepPath) -> Result<u64, CudaError> {
-        if i == 0 {
-            self.norm_call(NormOp::Norm, t, self.norm_weight(0))
-                .launch_with(self.launcher())?;
-            return Ok(0);
-        }
-        if path.carried_norms {
+    /// Where the FP8 matrix after it runs on FP8 tensor cores, the norm also writes its rows as
+    /// E4M3 for that product.
+    fn block_norm(&mut self, i: usize, t: usize, path: &StepPath) -> Result<u64, CudaError> {
+        self.fp8_rows_ready = None;
+        if path.carried_norms && i > 0 {
             return Ok(self.norm_sums(i));
         }
-        let op = NormOp::AddNorm {
-            delta: self.bufs.proj.ptr(),
+        let op = match i {
+            0 => NormOp::Norm,
+            _ => NormOp::AddNorm {
+                delta: self.bufs.proj.ptr(),
+            },
         };
-        self.norm_call(op, t, self.norm_weight(i))
-            .launch_with(self.launcher())?;
+        let fp8 = self.fp8_norm_output(i, path);
+        let call = NormCall {
+            fp8,
+            ..self.norm_call(op, t, self.norm_weight(i))
+        };
+        call.launch_with(self.launcher())?;
+        if fp8.is_some() {
+            self.fp8_rows_ready = Some((call.out, self.local.hidden, t));
+        }
         Ok(0)
+    }
+
+    /// The FP8 tensor-core input of block `i`'s first matrix (QKV, or gate/up) when it is FP8
+    /// and runs there, for its norm to write.
+    fn fp8_norm_output(&self, i: usize, path: &StepPath) -> Option<(u64, u64)> {
+        let layer = self.weights.layers.get(i / 2).filter(|_| !self.float32())?;
+        let c = &self.local;
+        let (w, n) = match i % 2 {
+            0 => (layer.wqkv.view(), c.q_dim() + 2 * c.kv_dim()),
+            _ => (layer.w_gate_up.view(), 2 * c.intermediate),
+        };
+        match w {
+            MatrixView::Fp8(_) => self.fp8_tensor_core_input(n, c.hidden, path),
+            _ => None,
+        }
     }
 
     /// The weights of block norm `i` where x takes them (the matrix after it is quantized), or 0:
@@ -319,6 +349,7 @@ impl GpuTransformer {
             eps: self.local.rms_eps,
             rows: t,
             float32: self.float32(),
+            fp8: None,
         }
     }
 

@@ -32,6 +32,7 @@ impl GpuTransformer {
             eps: c.rms_eps,
             rows: n,
             float32: self.float32(),
+            fp8: None,
         }
         .launch_with(self.launcher())?;
         let lm = match self.weights.lm_head() {

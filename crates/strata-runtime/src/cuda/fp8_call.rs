@@ -283,6 +283,7 @@ pub struct Fp8ScaleOutputCall {
     pub row_scales: u64,
     /// f32 `[n]`: the weights' scales.
     pub col_scales: u64,
+    /// A multiple of 8.
     pub n: i32,
     pub t: i32,
 }
@@ -292,10 +293,11 @@ impl Fp8ScaleOutputCall {
         "fp8_scale_output"
     }
 
+    /// Grid (ceil(n / 8 / ELEMENT_THREADS), t): 8 values a thread.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let count = self.n.max(0) as u64 * self.t.max(0) as u64;
+        let chunks = (self.n.max(0) as u32).div_ceil(8);
         (
-            (count.div_ceil(ELEMENT_THREADS as u64) as u32, 1, 1),
+            (chunks.div_ceil(ELEMENT_THREADS), self.t.max(0) as u32, 1),
             ELEMENT_THREADS,
             0,
         )
@@ -453,9 +455,12 @@ mod tests {
             out_f32: 0,
             row_scales: 2,
             col_scales: 3,
-            n: 0,
+            n: 4104,
             t: 4,
         };
+        // 513 chunks of 8 values, 256 a block, a row of blocks a token.
+        assert_eq!(o.shape(), ((3, 4, 1), 256, 0));
+        let o = Fp8ScaleOutputCall { n: 0, ..o };
         let mut launched = false;
         o.launch_with(|_, _, _, _, _| {
             launched = true;

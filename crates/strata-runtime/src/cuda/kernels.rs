@@ -48,6 +48,8 @@ pub const FAMILIES: [(&str, &str, &[&str]); 9] = [
             "rms_norm_f32",
             "add_rms_norm_f32",
             "rms_norm_rows_f32",
+            "rms_norm_fp8",
+            "add_rms_norm_fp8",
         ],
     ),
     (
@@ -62,7 +64,7 @@ pub const FAMILIES: [(&str, &str, &[&str]); 9] = [
     (
         "activation",
         include_str!("../../kernels/activation.cu"),
-        &["silu_mul", "silu_mul_f32"],
+        &["silu_mul", "silu_mul_f32", "silu_mul_fp8"],
     ),
     (
         "attention",

@@ -57,7 +57,7 @@ pub mod rope_call;
 pub mod row_adjust_call;
 pub mod sampling_call;
 
-pub use activation_call::SiluMulCall;
+pub use activation_call::{SiluMulCall, SiluMulFp8Call, SILU_FP8_MAX_INTER};
 pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
 pub use embedding_call::EmbeddingCall;
@@ -147,8 +147,10 @@ mod tests {
                     eps: 0.0,
                     rows: 1,
                     float32,
+                    fp8: None,
                 };
                 c.launch_with(&mut record).unwrap();
+                NormCall { fp8: Some((1, 1)), ..c }.launch_with(&mut record).unwrap();
             }
             let e = EmbeddingCall {
                 table: 1,
@@ -170,6 +172,17 @@ mod tests {
             };
             s.launch_with(&mut record).unwrap();
         }
+        let s = SiluMulFp8Call {
+            gate_up: 1,
+            tok_scales: 1,
+            col_scales: 1,
+            out: 1,
+            q: 1,
+            q_scales: 1,
+            inter: 8,
+            tokens: 1,
+        };
+        s.launch_with(&mut record).unwrap();
         let choose = ChooseTokensCall {
             logits: 1,
             vocab: 1,

@@ -40,12 +40,17 @@ pub struct NormCall {
     pub rows: usize,
     /// The `*_f32` twin (`--dtype float32`: f32 output).
     pub float32: bool,
+    /// Norm and AddNorm in bf16 (`*_fp8`): the rows also as E4M3 `[rows, n]` and their f32
+    /// scales `[rows]`, the FP8 GEMM's input (`fp8_quantize_rows` fused); other ops ignore it.
+    pub fp8: Option<(u64, u64)>,
 }
 
 impl NormCall {
     /// The kernel that computes `op` for the call's output type.
     pub fn name(&self) -> &'static str {
         match (self.op, self.float32) {
+            (NormOp::Norm, false) if self.fp8.is_some() => "rms_norm_fp8",
+            (NormOp::AddNorm { .. }, false) if self.fp8.is_some() => "add_rms_norm_fp8",
             (NormOp::Norm, false) => "rms_norm",
             (NormOp::Norm, true) => "rms_norm_f32",
             (NormOp::AddNorm { .. }, false) => "add_rms_norm",
@@ -63,11 +68,20 @@ impl NormCall {
 
     /// The kernel's arguments, pointing into `self`.
     fn args(&self) -> Vec<*mut c_void> {
-        match &self.op {
-            NormOp::Norm => kernel_args!(self.x, self.weight, self.out, self.n, self.eps).to_vec(),
-            NormOp::AddNorm { delta } => kernel_args!(self.x, *delta, self.weight, self.out, self.n, self.eps).to_vec(),
-            NormOp::Add { delta } => kernel_args!(self.x, *delta, self.n).to_vec(),
-            NormOp::Gather { row_ids } => {
+        let fp8 = self.fp8.as_ref().filter(|_| !self.float32);
+        match (&self.op, fp8) {
+            (NormOp::Norm, Some((q, q_scales))) => {
+                kernel_args!(self.x, self.weight, self.out, self.n, self.eps, *q, *q_scales).to_vec()
+            }
+            (NormOp::AddNorm { delta }, Some((q, q_scales))) => {
+                kernel_args!(self.x, *delta, self.weight, self.out, self.n, self.eps, *q, *q_scales).to_vec()
+            }
+            (NormOp::Norm, None) => kernel_args!(self.x, self.weight, self.out, self.n, self.eps).to_vec(),
+            (NormOp::AddNorm { delta }, None) => {
+                kernel_args!(self.x, *delta, self.weight, self.out, self.n, self.eps).to_vec()
+            }
+            (NormOp::Add { delta }, _) => kernel_args!(self.x, *delta, self.n).to_vec(),
+            (NormOp::Gather { row_ids }, _) => {
                 kernel_args!(self.x, *row_ids, self.weight, self.out, self.n, self.eps).to_vec()
             }
         }
@@ -91,6 +105,7 @@ mod tests {
             eps: 5.0,
             rows: 6,
             float32,
+            fp8: None,
         }
     }
 
@@ -127,6 +142,54 @@ mod tests {
             vec![at(&c.x), at(row_ids), at(&c.weight), at(&c.out), at(&c.n), at(&c.eps)]
         );
         assert_eq!((c.name(), c.shape()), ("rms_norm_rows", ((6, 1, 1), 1024, 0)));
+    }
+
+    #[test]
+    fn the_fp8_norms_append_their_outputs() {
+        let c = NormCall {
+            fp8: Some((9, 10)),
+            ..call(NormOp::Norm, false)
+        };
+        let (q, q_scales) = c.fp8.as_ref().unwrap();
+        let want = vec![
+            at(&c.x),
+            at(&c.weight),
+            at(&c.out),
+            at(&c.n),
+            at(&c.eps),
+            at(q),
+            at(q_scales),
+        ];
+        assert_eq!((c.name(), c.args()), ("rms_norm_fp8", want));
+        let c = NormCall {
+            fp8: Some((9, 10)),
+            ..call(NormOp::AddNorm { delta: 7 }, false)
+        };
+        let (NormOp::AddNorm { delta }, Some((q, q_scales))) = (&c.op, c.fp8.as_ref()) else {
+            unreachable!()
+        };
+        let want = vec![
+            at(&c.x),
+            at(delta),
+            at(&c.weight),
+            at(&c.out),
+            at(&c.n),
+            at(&c.eps),
+            at(q),
+            at(q_scales),
+        ];
+        assert_eq!((c.name(), c.args()), ("add_rms_norm_fp8", want));
+        // The f32 twins and the other ops have no FP8 outputs.
+        for (op, float32, name) in [
+            (NormOp::AddNorm { delta: 7 }, true, "add_rms_norm_f32"),
+            (NormOp::Gather { row_ids: 8 }, false, "rms_norm_rows"),
+        ] {
+            let c = NormCall {
+                fp8: Some((9, 10)),
+                ..call(op, float32)
+            };
+            assert_eq!((c.name(), c.args().len()), (name, 6));
+        }
     }
 
     #[test]

@@ -119,6 +119,7 @@ pub fn rms_norm_rows_of(
         eps: 1e-5,
         rows: t,
         float32: false,
+        fp8: None,
     };
     // SAFETY: x holds t x k f32, g k f32, xn t x k bf16.
     unsafe { call.launch(gpu, kernels) }.unwrap();

@@ -1,13 +1,16 @@
 //! fp8.cu against a CPU reference: the decode GEMVs (plain, gate/up with SiLU, residual with the
 //! next norm's sums), dequantization to bf16, and the FP8 tensor-core product (activation
-//! quantization, cuBLASLt on E4M3, output scaling) where the GPU has FP8 tensor cores.
+//! quantization, cuBLASLt on E4M3, output scaling) where the GPU has FP8 tensor cores; and the
+//! kernels that fuse the activation quantization and scaling (norm.cu's and activation.cu's
+//! `*_fp8`) against the kernels they replace.
 
 use strata_runtime::cuda::{
     DeviceBuffer, Fp8DequantCall, Fp8Gemv, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall,
-    Fp8ScaleOutputCall, Gemm, GemmOperands, GemmOut, Gpu, KernelSpec, Kernels,
+    Fp8ScaleOutputCall, Gemm, GemmOperands, GemmOut, Gpu, KernelSpec, Kernels, NormCall, NormOp, SiluMulCall,
+    SiluMulFp8Call,
 };
 
-use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, xorshift, ResidualCase};
+use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, random_f32, read_bf16, xorshift, ResidualCase};
 
 /// The value of an E4M3 byte (OCP "fn": no infinities; 0x7f and 0xff are NaN).
 fn e4m3(b: u8) -> f32 {
@@ -298,5 +301,155 @@ fn fp8_tensor_core_products_match_the_cpu_within_activation_rounding() {
                 }
             }
         }
+    }
+}
+
+/// The bytes of `b` (`len` of them).
+fn read_bytes<T: Copy + Default>(gpu: &Gpu, b: &DeviceBuffer, len: usize) -> Vec<T> {
+    let mut v = vec![T::default(); len];
+    gpu.read(b, 0, &mut v).unwrap();
+    v
+}
+
+/// `fp8_quantize_rows` of t rows of k bf16 at `x`: the E4M3 bytes and the scales.
+fn quantized_rows(gpu: &Gpu, kernels: &Kernels, x: &DeviceBuffer, k: usize, t: usize) -> (Vec<u8>, Vec<f32>) {
+    let (q, s) = (gpu.alloc(t * k, "q").unwrap(), gpu.alloc(t * 4, "q scales").unwrap());
+    let call = Fp8QuantizeRowsCall {
+        x: x.ptr(),
+        out: q.ptr(),
+        scales: s.ptr(),
+        k: k as i32,
+        rows: t,
+    };
+    // SAFETY: x t x k bf16, q t x k bytes, s t f32.
+    unsafe { call.launch(gpu, kernels) }.unwrap();
+    (read_bytes(gpu, &q, t * k), read_bytes(gpu, &s, t))
+}
+
+#[test]
+fn the_fused_fp8_norms_write_what_norm_then_quantize_write() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    for (n, t) in [(576usize, 3usize), (3584, 37), (8192, 5)] {
+        // Rows of mixed size (one all zero), so each row's scale differs.
+        let mut x = random_f32(t * n, n as u64);
+        for (j, row) in x.chunks_mut(n).enumerate() {
+            row.iter_mut()
+                .for_each(|v| *v *= if j == 1 { 0.0 } else { (j + 1) as f32 * 3.0 });
+        }
+        let delta = random_f32(t * n, 7);
+        let weight = random_f32(n, 9);
+        for op_add in [false, true] {
+            let d = gpu.upload(&delta, "delta").unwrap();
+            let g = gpu.upload(&weight, "weight").unwrap();
+            let run = |fp8: bool| {
+                let xd = gpu.upload(&x, "x").unwrap();
+                let out = gpu.alloc(t * n * 2, "xn").unwrap();
+                let (q, qs) = (gpu.alloc(t * n, "q").unwrap(), gpu.alloc(t * 4, "q scales").unwrap());
+                let call = NormCall {
+                    op: if op_add {
+                        NormOp::AddNorm { delta: d.ptr() }
+                    } else {
+                        NormOp::Norm
+                    },
+                    x: xd.ptr(),
+                    weight: g.ptr(),
+                    out: out.ptr(),
+                    n: n as i32,
+                    eps: 1e-6,
+                    rows: t,
+                    float32: false,
+                    fp8: fp8.then_some((q.ptr(), qs.ptr())),
+                };
+                // SAFETY: x and delta t x n f32, weight n f32, out t x n bf16, q t x n bytes, qs t f32.
+                unsafe { call.launch(&gpu, &kernels) }.unwrap();
+                let fused = fp8.then(|| (read_bytes::<u8>(&gpu, &q, t * n), read_bytes::<f32>(&gpu, &qs, t)));
+                (
+                    read_bytes::<f32>(&gpu, &xd, t * n),
+                    read_bytes::<u16>(&gpu, &out, t * n),
+                    fused,
+                    out,
+                )
+            };
+            let (x_plain, xn_plain, _, out_plain) = run(false);
+            let (x_fused, xn_fused, fused, _) = run(true);
+            let ctx = format!("n {n} t {t} add {op_add}");
+            assert_eq!(x_plain, x_fused, "{ctx}: the residual");
+            assert_eq!(xn_plain, xn_fused, "{ctx}: the bf16 rows");
+            let (q, qs) = fused.unwrap();
+            let (q_want, qs_want) = quantized_rows(&gpu, &kernels, &out_plain, n, t);
+            assert_eq!(qs, qs_want, "{ctx}: the row scales");
+            if !op_add {
+                assert_eq!(qs[1], 1.0, "{ctx}: a zero row's scale");
+            }
+            assert_eq!(q, q_want, "{ctx}: the E4M3 rows");
+        }
+    }
+}
+
+#[test]
+fn silu_mul_fp8_writes_what_scale_silu_and_quantize_write() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // SmolLM2's, a 7B's and a 32B's widths: one to four pieces a thread.
+    for (inter, t) in [(1536usize, 4usize), (18944, 9), (27648, 3)] {
+        let gate_up = random_bf16(t * 2 * inter, inter as u64);
+        let tok_scales: Vec<f32> = (0..t).map(|j| 0.01 * (j + 1) as f32).collect();
+        let col_scales: Vec<f32> = random_f32(2 * inter, 5).iter().map(|v| v.abs() * 4.0 + 0.5).collect();
+        let cols = gpu.upload(&col_scales, "col scales").unwrap();
+        // The unfused kernels, as fp8_matmul and the MLP ran them.
+        let y = gpu.upload(&gate_up, "gate_up").unwrap();
+        let toks = gpu.upload(&tok_scales, "token scales").unwrap();
+        let scale = Fp8ScaleOutputCall {
+            y: y.ptr(),
+            out_f32: 0,
+            row_scales: toks.ptr(),
+            col_scales: cols.ptr(),
+            n: (2 * inter) as i32,
+            t: t as i32,
+        };
+        let act_want = gpu.alloc(t * inter * 2, "act").unwrap();
+        let silu = SiluMulCall {
+            gate_up: y.ptr(),
+            out: act_want.ptr(),
+            inter: inter as i32,
+            tokens: t,
+            float32: false,
+        };
+        // SAFETY: y t x 2 inter bf16, scales t and 2 inter f32, act t x inter bf16.
+        unsafe {
+            scale.launch(&gpu, &kernels).unwrap();
+            silu.launch(&gpu, &kernels).unwrap();
+        }
+        let (q_want, qs_want) = quantized_rows(&gpu, &kernels, &act_want, inter, t);
+        // The fused kernel, its scales written over the token scales it reads.
+        let y = gpu.upload(&gate_up, "gate_up").unwrap();
+        let scales = gpu.upload(&tok_scales, "token scales, then the rows'").unwrap();
+        let act = gpu.alloc(t * inter * 2, "act").unwrap();
+        let q = gpu.alloc(t * inter, "q").unwrap();
+        let fused = SiluMulFp8Call {
+            gate_up: y.ptr(),
+            tok_scales: scales.ptr(),
+            col_scales: cols.ptr(),
+            out: act.ptr(),
+            q: q.ptr(),
+            q_scales: scales.ptr(),
+            inter: inter as i32,
+            tokens: t,
+        };
+        // SAFETY: as above; q t x inter bytes.
+        unsafe { fused.launch(&gpu, &kernels) }.unwrap();
+        let ctx = format!("inter {inter} t {t}");
+        assert_eq!(
+            read_bytes::<u16>(&gpu, &act, t * inter),
+            read_bytes::<u16>(&gpu, &act_want, t * inter),
+            "{ctx}: the bf16 activations"
+        );
+        assert_eq!(read_bytes::<f32>(&gpu, &scales, t), qs_want, "{ctx}: the row scales");
+        assert_eq!(read_bytes::<u8>(&gpu, &q, t * inter), q_want, "{ctx}: the E4M3 rows");
     }
 }

@@ -183,6 +183,7 @@ fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
                     eps,
                     rows: t,
                     float32: false,
+                    fp8: None,
                 };
                 let next = GemvCall {
                     w: w_next.ptr(),
