@@ -132,7 +132,7 @@ impl GpuTransformer {
     /// `silu_mul_fp8`: its scales, SiLU-and-multiply into `act`, and `act` as E4M3 in the FP8
     /// activation buffer for the down product (which then quantizes nothing). Returns false,
     /// launching nothing, where that does not apply (GEMV steps, no FP8 tensor cores, cuBLASLt
-    /// scaling, an intermediate width past one block's).
+    /// scaling, an intermediate width past one block's, `STRATA_FUSE_FP8=0`).
     pub(super) fn fp8_gate_up_silu(
         &mut self,
         w: Fp8View,
@@ -141,7 +141,7 @@ impl GpuTransformer {
         path: &StepPath,
     ) -> Result<bool, CudaError> {
         let input = self.fp8_tensor_core_input(2 * inter, k, path);
-        let fits = inter.is_multiple_of(8) && inter <= SILU_FP8_MAX_INTER && !self.float32();
+        let fits = self.knobs.fuse_fp8 && inter.is_multiple_of(8) && inter <= SILU_FP8_MAX_INTER && !self.float32();
         let Some((q, scales)) = input.filter(|_| fits && !self.fp8_outer_scales) else {
             return Ok(false);
         };

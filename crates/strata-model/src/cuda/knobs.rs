@@ -37,6 +37,9 @@ pub struct GpuKnobs {
     pub fuse_rope: bool,
     /// `STRATA_FUSE_NORM=0`: the norms as kernels between the GEMVs, not carried by them.
     pub fuse_norm: bool,
+    /// `STRATA_FUSE_FP8=0`: the FP8 GEMMs' inputs quantized and their outputs scaled by fp8.cu's
+    /// own kernels, not by the norms before them and the SiLU kernel (bench/NOTES.md, FP8 v5).
+    pub fuse_fp8: bool,
     /// `STRATA_ATTENTION=simt`: the CUDA-core attention kernels instead of tensor cores.
     pub simt_attention: bool,
     /// `STRATA_ATTN_STAGES=N`: shared-memory stages of the staged attention kernel (0: off,
@@ -75,6 +78,7 @@ impl GpuKnobs {
                 .unwrap_or(DEFAULT_QUANT_GEMM_TILE_MIN_TOKENS),
             fuse_rope: !off("STRATA_FUSE_ROPE"),
             fuse_norm: !off("STRATA_FUSE_NORM"),
+            fuse_fp8: !off("STRATA_FUSE_FP8"),
             simt_attention: var("STRATA_ATTENTION").is_some_and(|v| v == "simt"),
             attention_stages: match number("STRATA_ATTN_STAGES") {
                 None => DEFAULT_ATTENTION_STAGES,
@@ -114,6 +118,7 @@ mod tests {
                 quant_gemm_tile_min_tokens: 128,
                 fuse_rope: true,
                 fuse_norm: true,
+                fuse_fp8: true,
                 simt_attention: false,
                 attention_stages: 3,
                 tune_gemms: true,
@@ -131,6 +136,7 @@ mod tests {
             ("STRATA_QUANT_GEMM_TILE_MIN_TOKENS", "0"),
             ("STRATA_FUSE_ROPE", "0"),
             ("STRATA_FUSE_NORM", "0"),
+            ("STRATA_FUSE_FP8", "0"),
             ("STRATA_ATTENTION", "simt"),
             ("STRATA_ATTN_STAGES", "0"),
             ("STRATA_GEMM_TUNE", "0"),
@@ -149,6 +155,7 @@ mod tests {
                 quant_gemm_tile_min_tokens: 0,
                 fuse_rope: false,
                 fuse_norm: false,
+                fuse_fp8: false,
                 simt_attention: true,
                 attention_stages: 0,
                 tune_gemms: false,

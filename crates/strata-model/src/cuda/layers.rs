@@ -312,7 +312,8 @@ impl GpuTransformer {
     /// The FP8 tensor-core input of block `i`'s first matrix (QKV, or gate/up) when it is FP8
     /// and runs there, for its norm to write.
     fn fp8_norm_output(&self, i: usize, path: &StepPath) -> Option<(u64, u64)> {
-        let layer = self.weights.layers.get(i / 2).filter(|_| !self.float32())?;
+        let fused = self.knobs.fuse_fp8 && !self.float32();
+        let layer = self.weights.layers.get(i / 2).filter(|_| fused)?;
         let c = &self.local;
         let (w, n) = match i % 2 {
             0 => (layer.wqkv.view(), c.q_dim() + 2 * c.kv_dim()),
