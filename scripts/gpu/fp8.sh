@@ -3,7 +3,8 @@
 # random Qwen2.5-7B checkpoint (real tokenizer) in bf16 and converted to FP8 while it loads, at one
 # stream and 256 users (`bench-gpu`, 512-token prompts, 128 out), beside the FP8 variants each knob
 # turns (the decode products on tensor cores, STRATA_FP8_GEMV=mma; the integer E4M3 decode of
-# sm_80/86 forced on; cuBLASLt's f32 promotion; cuBLASLt's outer-vector scales), and the eager
+# sm_80/86 forced on; cuBLASLt's f32 promotion; cuBLASLt's outer-vector scales; the activation
+# fusions off, STRATA_FUSE_FP8=0; the QKV GEMV with RoPE, STRATA_FP8_QKV_ROPE=1), and the eager
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
@@ -15,8 +16,8 @@ source "$(dirname "$0")/libs.sh"
 start_results fp8
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bash scripts/gpu/stage_model.sh
-echo "== kernel tests: fp8, gemm and quant (the quantized formats' GEMVs and tensor-core GEMM)"
-timeout 200 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant > "$OUT/cuda_kernels_tests.log" 2>&1
+echo "== kernel tests: fp8, gemm, quant (the quantized formats' GEMVs and tensor-core GEMM) and rope (the QKV GEMVs with RoPE)"
+timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant rope > "$OUT/cuda_kernels_tests.log" 2>&1
 grep -E "^test |panicked|result|skipped|cuBLASLt" "$OUT/cuda_kernels_tests.log"
 echo "== kernel tests: fp8 with the integer E4M3 decode forced (the sm_80/86 fallback)"
 STRATA_KERNEL_DEFINES=FP8_CVT=0 timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 \
@@ -41,11 +42,22 @@ bench() {
         --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
     echo "-- $name ($quant, levels $levels${*:+, $*}), exit $?"
     grep -E "weight matrices|^single stream|^\| (bf16|fp8) |tuned|error|Error" "$OUT/bench_$name.log" | cut -c1-200
+    # The output tokens' hash at each level: the same weights and build give the same tokens.
+    grep -o "x[0-9]* (0 constrained).*fnv1a [0-9a-f]*" "$OUT/bench_$name.log" | sed 's/ (0 constrained).*fnv1a/ fnv1a/'
     pack
 }
-# QUICK=1: the FP8 single stream of each decode GEMV, after the kernel tests.
+# QUICK=1: the FP8 single stream of each decode GEMV, after the kernel tests; the fusions off
+# (STRATA_FUSE_FP8=0) and the build before them (gpu-bin/pre_fp8v5/strata.gz, when carried),
+# twice each, for the output hash (bench/NOTES.md, FP8 v5); the QKV GEMV with RoPE (FP8 v6).
 if [ -n "${QUICK:-}" ]; then
     bench fp8 fp8 1
+    bench fp8_again fp8 1
+    bench fp8_unfused fp8 1 STRATA_FUSE_FP8=0
+    if [ -x gpu-bin/pre_fp8v5/strata ]; then
+        S=gpu-bin/pre_fp8v5/strata bench fp8_pre_v5 fp8 1
+        S=gpu-bin/pre_fp8v5/strata bench fp8_pre_v5_again fp8 1
+    fi
+    bench fp8_qkv_rope fp8 1 STRATA_FP8_QKV_ROPE=1
     bench fp8_mma fp8 1 STRATA_FP8_GEMV=mma
     bench fp8_mma_loads4 fp8 1 STRATA_FP8_GEMV=mma STRATA_KERNEL_DEFINES=FP8M_LOADS=4
     # All of a 3,584-column row pair in flight at once (7 loads a lane a row), as the bf16 GEMV has
@@ -55,6 +67,8 @@ if [ -n "${QUICK:-}" ]; then
 fi
 bench bf16 none 1,256
 bench fp8 fp8 1,256
+bench fp8_unfused fp8 1,256 STRATA_FUSE_FP8=0
+bench fp8_qkv_rope fp8 1 STRATA_FP8_QKV_ROPE=1
 bench fp8_mma fp8 1,256 STRATA_FP8_GEMV=mma
 bench fp8_integer fp8 1 STRATA_KERNEL_DEFINES=FP8_CVT=0
 bench fp8_promoted fp8 256 STRATA_FP8_FAST_ACCUM=0

@@ -176,6 +176,35 @@ __device__ void fp8_gemv_silu(const u8* __restrict__ w, const float* __restrict_
     }
 }
 
+// The QKV projection with rope.cu's work folded in, as gemm.cu's gemv_qkv_rope over FP8 rows: a
+// warp computes one pair of rows (gemv.cuh's QkvRopePair), rounds them to bf16 as fp8_gemv would,
+// and rotates and stores them (qkv_rope_store). Grid ceil(width / 2 / GEMV_WARPS).
+template <int T>
+__device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restrict__ scales,
+                                  const bf16* __restrict__ x, bf16* __restrict__ qkv, int k, int t,
+                                  const float* __restrict__ bias, const int* __restrict__ positions,
+                                  const float2* __restrict__ rope_table, int n_heads, int n_kv, int head_dim,
+                                  int rot_dim, int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
+                                  bf16* __restrict__ v_cache, int block_size, const u64* __restrict__ norm_in,
+                                  float eps) {
+    const int pair = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (2 * pair >= (n_heads + 2 * n_kv) * head_dim) return;
+    const QkvRopePair p(pair, n_heads, n_kv, head_dim, rot_dim, neox);
+    NormIn<T> norm{norm_in};
+    float acc[2][T], s[T];
+    fp8_rows<T, 2>(w, k, x, t, p.rows, acc, [&] { norm.load_in_each_warp(t); });
+    norm.scales(t, k, eps, s);
+    if ((threadIdx.x & 31) != 0) return;
+    const float ws0 = scales[p.rows[0]] * FP8_DECODED, ws1 = scales[p.rows[1]] * FP8_DECODED;
+#pragma unroll
+    for (int j = 0; j < T; j++) {
+        if (j >= t) break;
+        const float v0 = bf2f(f2bf(acc[0][j] * ws0 * s[j])), v1 = bf2f(f2bf(acc[1][j] * ws1 * s[j]));
+        qkv_rope_store(p, j, v0, v1, qkv, bias, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, slots,
+                       k_cache, v_cache, block_size);
+    }
+}
+
 // The o and down projections on one GPU, as quant.cu's qgemv_residual: res += x · wᵀ (f32), the
 // new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
 // `next_norm` (the input of the FP8 matrix after it). Grid ceil(n / (GEMV_WARPS * FP8_ROWS)).
@@ -500,6 +529,14 @@ __device__ void fp8_mma_gemv_residual(const u8* __restrict__ w, const float* __r
         const u8* w, const float* scales, const bf16* x, float* res, bf16* res_bf16, u64* norm_out,             \
         const float* next_norm, int n, int k, int t) {                                                          \
         fp8_gemv_residual<T>(w, scales, x, res, res_bf16, norm_out, next_norm, n, k, t);                        \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_qkv_rope_t##T(                          \
+        const u8* w, const float* scales, const bf16* x, bf16* qkv, int k, int t, const float* bias,            \
+        const int* positions, const float2* rope_table, int n_heads, int n_kv, int head_dim, int rot_dim,       \
+        int neox, const int* slots, bf16* k_cache, bf16* v_cache, int block_size, const u64* norm_in,          \
+        float eps) {                                                                                            \
+        fp8_gemv_qkv_rope<T>(w, scales, x, qkv, k, t, bias, positions, rope_table, n_heads, n_kv, head_dim,     \
+                             rot_dim, neox, slots, k_cache, v_cache, block_size, norm_in, eps);                \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(FP8M_WARPS * 32) fp8_mma_gemv_t##T(                             \
         const u8* w, const float* scales, const bf16* x, void* y, int n, int k, int t, int ld, int out_f32,     \

@@ -224,11 +224,9 @@ __device__ void gemv_residual(const bf16* __restrict__ w, const bf16* __restrict
     }
 }
 
-// The QKV projection with rope.cu's work folded in, for a bf16 cache and no per-head norm: a
-// block computes two rows of one head that RoPE pairs (d and d + rot/2 for halves, 2i and 2i + 1
-// for adjacent pairs; two unrotated dims past rot_dim), rounds them to bf16 as the plain GEMV
-// would, adds the bias, rotates query and key rows, writes q and k (and v) back to qkv and k, v
-// into the token's cache slot: qkv_rope_kv_write_bf16 without its kernel. Grid width / 2.
+// The QKV projection with rope.cu's work folded in (gemv.cuh's QkvRopePair and qkv_rope_store):
+// a block computes one pair of rows, rounds them to bf16 as the plain GEMV would, and rotates and
+// stores them. Grid width / 2.
 template <int T>
 __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ qkv, int k,
                               int t, const float* __restrict__ bias, const int* __restrict__ positions,
@@ -236,50 +234,15 @@ __device__ void gemv_qkv_rope(const bf16* __restrict__ w, const bf16* __restrict
                               int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
                               bf16* __restrict__ v_cache, int block_size, const u64* __restrict__ norm_in,
                               float eps) {
-    const int pairs_per_head = head_dim >> 1, half = rot_dim >> 1;
-    const int head = blockIdx.x / pairs_per_head, m = blockIdx.x % pairs_per_head;
-    const bool rotated = m < half && head < n_heads + n_kv;
-    int d0, d1;
-    if (m >= half) {
-        d0 = rot_dim + 2 * (m - half);
-        d1 = d0 + 1;
-    } else if (neox) {
-        d0 = m;
-        d1 = m + half;
-    } else {
-        d0 = 2 * m;
-        d1 = d0 + 1;
-    }
-    const int rows[2] = {head * head_dim + d0, head * head_dim + d1};
+    const QkvRopePair p(blockIdx.x, n_heads, n_kv, head_dim, rot_dim, neox);
     float acc[2][T], s[T];
-    if (!gemv_rows_normed<T>(w, x, k, t, rows, norm_in, eps, acc, s)) return;
-    const int width = (n_heads + 2 * n_kv) * head_dim;
+    if (!gemv_rows_normed<T>(w, x, k, t, p.rows, norm_in, eps, acc, s)) return;
 #pragma unroll
     for (int j = 0; j < T; j++) {
         if (j >= t) break;
-        float v0 = bf2f(f2bf(acc[0][j] * s[j])), v1 = bf2f(f2bf(acc[1][j] * s[j]));
-        if (bias) {
-            v0 += bias[rows[0]];
-            v1 += bias[rows[1]];
-        }
-        if (rotated) {
-            const float2 cs = rope_table[(size_t)positions[j] * half + m];
-            const float r0 = rope_rotate(v0, v1, true, cs), r1 = rope_rotate(v1, v0, false, cs);
-            v0 = r0;
-            v1 = r1;
-        }
-        const bf16 b0 = f2bf(v0), b1 = f2bf(v1);
-        qkv[(size_t)j * width + rows[0]] = b0;
-        qkv[(size_t)j * width + rows[1]] = b1;
-        if (head >= n_heads) {
-            const bool is_v = head >= n_heads + n_kv;
-            const int kvh = head - n_heads - (is_v ? n_kv : 0);
-            const int sl = slots[j];
-            const size_t vec = ((size_t)(sl / block_size) * n_kv + kvh) * block_size + sl % block_size;
-            bf16* cache = is_v ? v_cache : k_cache;
-            cache[vec * head_dim + d0] = b0;
-            cache[vec * head_dim + d1] = b1;
-        }
+        const float v0 = bf2f(f2bf(acc[0][j] * s[j])), v1 = bf2f(f2bf(acc[1][j] * s[j]));
+        qkv_rope_store(p, j, v0, v1, qkv, bias, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, slots,
+                       k_cache, v_cache, block_size);
     }
 }
 

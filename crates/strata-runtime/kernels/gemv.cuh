@@ -113,3 +113,63 @@ __device__ __forceinline__ void norm_add(u64* __restrict__ sums, int j, float ss
     atomicAdd((unsigned long long*)slot + 1, (unsigned long long)__double2ull_rn((double)ss * NORM_FINE));
 }
 
+// The QKV GEMVs with rope.cu's work folded in (gemm.cu's gemv_qkv_rope, fp8.cu's
+// fp8_gemv_qkv_rope), for a bf16 cache and no per-head norm. Pair p of the QKV rows is the two
+// rows of one head that RoPE rotates together: d and d + rot/2 (halves) or 2i and 2i + 1
+// (adjacent pairs), or two unrotated dims past rot_dim; v heads are never rotated.
+struct QkvRopePair {
+    int head, m, d0, d1, rows[2];
+    bool rotated;
+    __device__ QkvRopePair(int p, int n_heads, int n_kv, int head_dim, int rot_dim, int neox) {
+        const int pairs_per_head = head_dim >> 1, half = rot_dim >> 1;
+        head = p / pairs_per_head;
+        m = p % pairs_per_head;
+        rotated = m < half && head < n_heads + n_kv;
+        if (m >= half) {
+            d0 = rot_dim + 2 * (m - half);
+            d1 = d0 + 1;
+        } else if (neox) {
+            d0 = m;
+            d1 = m + half;
+        } else {
+            d0 = 2 * m;
+            d1 = d0 + 1;
+        }
+        rows[0] = head * head_dim + d0;
+        rows[1] = head * head_dim + d1;
+    }
+};
+
+// Token j's two values of the pair as the plain GEMV rounds them (v0, v1): adds the bias, rotates
+// query and key rows, writes q and k (and v) back to qkv and k, v into the token's cache slot:
+// qkv_rope_kv_write_bf16's work for the pair.
+__device__ __forceinline__ void qkv_rope_store(const QkvRopePair& p, int j, float v0, float v1, bf16* __restrict__ qkv,
+                                               const float* __restrict__ bias, const int* __restrict__ positions,
+                                               const float2* __restrict__ rope_table, int n_heads, int n_kv,
+                                               int head_dim, int rot_dim, const int* __restrict__ slots,
+                                               bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+                                               int block_size) {
+    const int width = (n_heads + 2 * n_kv) * head_dim, half = rot_dim >> 1;
+    if (bias) {
+        v0 += bias[p.rows[0]];
+        v1 += bias[p.rows[1]];
+    }
+    if (p.rotated) {
+        const float2 cs = rope_table[(size_t)positions[j] * half + p.m];
+        const float r0 = rope_rotate(v0, v1, true, cs), r1 = rope_rotate(v1, v0, false, cs);
+        v0 = r0;
+        v1 = r1;
+    }
+    const bf16 b0 = f2bf(v0), b1 = f2bf(v1);
+    qkv[(size_t)j * width + p.rows[0]] = b0;
+    qkv[(size_t)j * width + p.rows[1]] = b1;
+    if (p.head >= n_heads) {
+        const bool is_v = p.head >= n_heads + n_kv;
+        const int kvh = p.head - n_heads - (is_v ? n_kv : 0);
+        const int sl = slots[j];
+        const size_t vec = ((size_t)(sl / block_size) * n_kv + kvh) * block_size + sl % block_size;
+        bf16* cache = is_v ? v_cache : k_cache;
+        cache[vec * head_dim + p.d0] = b0;
+        cache[vec * head_dim + p.d1] = b1;
+    }
+}

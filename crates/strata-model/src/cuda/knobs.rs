@@ -57,6 +57,10 @@ pub struct GpuKnobs {
     pub fp8_outer_scales: bool,
     /// `STRATA_FP8_GEMV=mma`: FP8 decode products on tensor cores (fp8.cu's `fp8_mma_gemv_*`).
     pub fp8_gemv: Fp8Gemv,
+    /// `STRATA_FP8_QKV_ROPE=1`: an FP8 QKV GEMV applies RoPE and writes the cache itself
+    /// (`fp8_gemv_qkv_rope_t*`), as the bf16 one does; opt-in until a GPU has run it
+    /// (bench/NOTES.md, FP8 v6).
+    pub fp8_qkv_rope: bool,
 }
 
 impl GpuKnobs {
@@ -93,6 +97,7 @@ impl GpuKnobs {
                 Some("mma") => Fp8Gemv::Mma,
                 _ => Fp8Gemv::Lanes,
             },
+            fp8_qkv_rope: var("STRATA_FP8_QKV_ROPE").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -126,6 +131,7 @@ mod tests {
                 fp8_fast_accum: true,
                 fp8_outer_scales: false,
                 fp8_gemv: Fp8Gemv::Lanes,
+                fp8_qkv_rope: false,
             }
         );
         let all = knobs(&[
@@ -144,6 +150,7 @@ mod tests {
             ("STRATA_FP8_FAST_ACCUM", "0"),
             ("STRATA_FP8_OUTER_SCALES", "1"),
             ("STRATA_FP8_GEMV", "mma"),
+            ("STRATA_FP8_QKV_ROPE", "1"),
         ]);
         assert_eq!(
             all,
@@ -163,6 +170,7 @@ mod tests {
                 fp8_fast_accum: false,
                 fp8_outer_scales: true,
                 fp8_gemv: Fp8Gemv::Mma,
+                fp8_qkv_rope: true,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

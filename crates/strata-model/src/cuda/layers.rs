@@ -5,9 +5,9 @@ use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
     gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
-    GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, QuantEmbeddingCall,
-    QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall,
-    RopeKernel, SiluMulCall, SumRanksCall, QGEMM_K,
+    Fp8Gemv, Fp8GemvQkvRopeCall, GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall,
+    NormOp, QuantEmbeddingCall, QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
+    QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall, SumRanksCall, QGEMM_K,
 };
 
 use crate::config::ModelConfig;
@@ -99,7 +99,7 @@ impl GpuTransformer {
             carried_norms: false,
         };
         // RoPE and the cache write fit the QKV GEMV with a bf16 cache, no per-head q/k norm
-        // (Qwen3), even head and rotary widths.
+        // (Qwen3), even head and rotary widths, over bf16 or (opt-in) FP8 rows.
         let qkv_rope = self.knobs.fuse_rope
             && self.kv.dtype != KvCacheDtype::Fp8E4m3
             && !c.arch.qk_norm
@@ -107,7 +107,11 @@ impl GpuTransformer {
             && c.rope.dim.is_multiple_of(2)
             && c.rope.dim <= c.head_dim
             && path.gemv_for(c.hidden)
-            && self.weights.layers.iter().all(|l| !l.wqkv.is_quantized());
+            && self.weights.layers.iter().all(|l| match l.wqkv.view() {
+                MatrixView::Dense(_) => true,
+                MatrixView::Fp8(_) => self.knobs.fp8_qkv_rope && self.knobs.fp8_gemv == Fp8Gemv::Lanes,
+                MatrixView::Quant(_) => false,
+            });
         // Norms ride the GEMVs when every product of the layer is one and the o and down outputs
         // are whole on this GPU (no TP all-reduce before the residual).
         let carried_norms = self.knobs.fuse_norm
@@ -435,8 +439,8 @@ impl GpuTransformer {
         );
         let neox = matches!(c.rope.layout, RopeLayout::Neox) as i32;
         let (rope_table, block_size, eps) = (self.rope_table.ptr(), self.kv.block_size as i32, c.rms_eps);
-        if let (true, MatrixView::Dense(w)) = (path.qkv_rope, wqkv) {
-            return GemvQkvRopeCall {
+        if path.qkv_rope {
+            let rope = |w| GemvQkvRopeCall {
                 w,
                 x: xn,
                 qkv,
@@ -456,8 +460,19 @@ impl GpuTransformer {
                 block_size,
                 norm_in,
                 eps,
+            };
+            match wqkv {
+                MatrixView::Dense(w) => return rope(w).launch_with(self.launcher()),
+                MatrixView::Fp8(f) => {
+                    let call = Fp8GemvQkvRopeCall {
+                        rope: rope(f.w),
+                        scales: f.scales,
+                    };
+                    return call.launch_with(self.launcher());
+                }
+                // step_path takes the fused RoPE only for bf16 and FP8 rows.
+                MatrixView::Quant(_) => {}
             }
-            .launch_with(self.launcher());
         }
         let rope = RopeCall {
             qkv,

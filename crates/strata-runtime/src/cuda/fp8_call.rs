@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use super::gemm_call::{gemv_kernels, GEMV_KERNEL_TOKENS, GEMV_THREADS};
+use super::gemm_call::{gemv_kernels, GemvQkvRopeCall, GEMV_KERNEL_TOKENS, GEMV_THREADS};
 use super::kernels::FAMILIES;
 use super::norm_call::ROW_THREADS;
 use crate::kernel_args;
@@ -23,9 +23,9 @@ const ELEMENT_THREADS: u32 = 256;
 /// Values an `fp8_dequant` thread decodes (one 16-byte load).
 const DEQUANT_VALUES: u64 = 16;
 
-/// The GEMV of `form` (0 plain, 1 SiLU, 2 residual) compiled for `t` tokens, on tensor cores
-/// when `mma`: fp8.cu's list in [`FAMILIES`] starts with each form's GEMVs for 1, 2, 4 and 8
-/// tokens, then the same for the tensor-core GEMVs.
+/// The GEMV of `form` (0 plain, 1 SiLU, 2 residual, 3 QKV with RoPE: lanes only) compiled for
+/// `t` tokens, on tensor cores when `mma`: fp8.cu's list in [`FAMILIES`] starts with each form's
+/// GEMVs for 1, 2, 4 and 8 tokens, then the same for the tensor-core GEMVs, then the QKV ones.
 ///
 /// # Panics
 /// When `t` is 0 or more than [`GEMV_KERNEL_TOKENS`]: the caller was to use a GEMM.
@@ -37,7 +37,8 @@ fn gemv_name(form: usize, t: i32, mma: bool) -> &'static str {
         .find(|(family, _, _)| *family == "fp8")
         .map(|(_, _, names)| *names)
         .unwrap_or_default();
-    names[12 * mma as usize + 4 * form + g.tokens.trailing_zeros() as usize]
+    let first = if form == 3 { 24 } else { 12 * mma as usize + 4 * form };
+    names[first + g.tokens.trailing_zeros() as usize]
 }
 
 /// Which decode GEMVs run an FP8 matrix's products of up to [`GEMV_KERNEL_TOKENS`] tokens.
@@ -209,6 +210,38 @@ impl Fp8GemvResidualCall {
     one_kernel_launch!("fp8.cu");
 }
 
+/// The QKV product of an FP8 matrix with RoPE and the cache write folded in
+/// (`fp8_gemv_qkv_rope_t{T}`, gemm.cu's `gemv_qkv_rope` over FP8 rows): `rope`'s fields, its `w`
+/// the E4M3 bytes `[(n_heads + 2 * n_kv) * head_dim, k]`, and their row scales.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8GemvQkvRopeCall {
+    pub rope: GemvQkvRopeCall,
+    /// f32, a row each.
+    pub scales: u64,
+}
+
+impl Fp8GemvQkvRopeCall {
+    pub fn name(&self) -> &'static str {
+        gemv_name(3, self.rope.t, false)
+    }
+
+    /// A warp every pair of rows RoPE rotates together, as the SiLU GEMV's gate/up pairs.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let r = &self.rope;
+        let pairs = ((r.n_heads + 2 * r.n_kv) * r.head_dim / 2).max(0) as u32;
+        ((pairs.div_ceil(FP8_SILU_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+    }
+
+    /// `rope`'s arguments with the scales after the weights.
+    fn args(&self) -> Vec<*mut c_void> {
+        let mut args = self.rope.args();
+        args.insert(1, kernel_args!(self.scales)[0]);
+        args
+    }
+
+    one_kernel_launch!("fp8.cu");
+}
+
 /// An FP8 matrix as bf16 `[n, k]` at `out` (`fp8_dequant`): weight-only products, the
 /// fixed-order GEMM.
 #[derive(Debug, Clone, Copy)]
@@ -318,6 +351,7 @@ pub(crate) fn called_kernels() -> Vec<&'static str> {
         for mma in [false, true] {
             names.extend([gemv_name(0, t, mma), gemv_name(1, t, mma), gemv_name(2, t, mma)]);
         }
+        names.push(gemv_name(3, t, false));
     }
     let d = Fp8DequantCall {
         w: 1,
@@ -468,6 +502,43 @@ mod tests {
         })
         .unwrap();
         assert!(!launched, "an empty product launches nothing");
+    }
+
+    #[test]
+    fn the_fp8_qkv_rope_call_passes_the_bf16_one_s_arguments_after_the_scales() {
+        let rope = GemvQkvRopeCall {
+            w: 1,
+            x: 3,
+            qkv: 4,
+            k: 3584,
+            t: 3,
+            bias: 5,
+            positions: 6,
+            rope_table: 7,
+            n_heads: 28,
+            n_kv: 4,
+            head_dim: 128,
+            rot_dim: 128,
+            neox: 1,
+            slots: 8,
+            k_cache: 9,
+            v_cache: 10,
+            block_size: 16,
+            norm_in: 11,
+            eps: 1e-6,
+        };
+        let c = Fp8GemvQkvRopeCall { rope, scales: 2 };
+        let mut want = c.rope.args();
+        want.insert(1, at(&c.scales));
+        assert_eq!(c.args(), want);
+        assert_eq!(c.args()[..3], [at(&c.rope.w), at(&c.scales), at(&c.rope.x)]);
+        // 3 tokens take the 4-token kernel; 4608 rows are 2304 pairs, a warp each, 4 a block.
+        assert_eq!((c.name(), c.shape()), ("fp8_gemv_qkv_rope_t4", ((576, 1, 1), 128, 0)));
+        let one = Fp8GemvQkvRopeCall {
+            rope: GemvQkvRopeCall { t: 1, ..rope },
+            ..c
+        };
+        assert_eq!(one.name(), "fp8_gemv_qkv_rope_t1");
     }
 
     #[test]

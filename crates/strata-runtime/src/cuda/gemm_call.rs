@@ -234,7 +234,7 @@ impl GemvQkvRopeCall {
     }
 
     /// The kernel's arguments, pointing into `self`.
-    fn args(&self) -> Vec<*mut c_void> {
+    pub(crate) fn args(&self) -> Vec<*mut c_void> {
         kernel_args!(
             self.w,
             self.x,

@@ -62,7 +62,8 @@ pub use attention_call::AttentionCall;
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
 pub use embedding_call::EmbeddingCall;
 pub use fp8_call::{
-    Fp8DequantCall, Fp8Gemv, Fp8GemvCall, Fp8GemvResidualCall, Fp8GemvSiluCall, Fp8QuantizeRowsCall, Fp8ScaleOutputCall,
+    Fp8DequantCall, Fp8Gemv, Fp8GemvCall, Fp8GemvQkvRopeCall, Fp8GemvResidualCall, Fp8GemvSiluCall,
+    Fp8QuantizeRowsCall, Fp8ScaleOutputCall,
 };
 pub use gemm::{Gemm, GemmOperands, GemmOut};
 pub use gemm_call::{

@@ -43,13 +43,14 @@ fn random_e4m3(count: usize, seed: u64) -> Vec<u8> {
 }
 
 /// An FP8 matrix on the GPU and its values: bytes, per-row scales, and w = e4m3 × scale.
-struct Matrix {
-    bytes: DeviceBuffer,
-    scales: DeviceBuffer,
-    w: Vec<f32>,
+pub struct Matrix {
+    pub bytes: DeviceBuffer,
+    pub scales: DeviceBuffer,
+    pub w: Vec<f32>,
 }
 
-fn upload_matrix(gpu: &Gpu, n: usize, k: usize, seed: u64) -> Matrix {
+/// A random `[n, k]` FP8 matrix, uploaded.
+pub fn upload_matrix(gpu: &Gpu, n: usize, k: usize, seed: u64) -> Matrix {
     let q = random_e4m3(n * k, seed);
     // Scales so the largest weight (448 × scale) is about 1, varying by row.
     let scales: Vec<f32> = (0..n).map(|r| (1.0 + (r % 7) as f32 / 7.0) / 448.0).collect();

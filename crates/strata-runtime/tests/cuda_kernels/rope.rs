@@ -1,8 +1,12 @@
 //! rope.cu's bias, q/k norms, rotation and cache write against the CPU backend's rotation, and
-//! gemm.cu's QKV GEMV with the RoPE folded in against the GEMV then rope.cu.
+//! the QKV GEMVs with the RoPE folded in (gemm.cu's over bf16 rows, fp8.cu's over E4M3 rows)
+//! against the plain GEMV then rope.cu.
 
 use strata_runtime::cpu::ops::{rms_norm_inplace, rope, RopeLayout};
-use strata_runtime::cuda::{DeviceBuffer, GemvCall, GemvQkvRopeCall, KernelSpec, Kernels, RopeCall, RopeKernel};
+use strata_runtime::cuda::{
+    DeviceBuffer, Fp8Gemv, Fp8GemvCall, Fp8GemvQkvRopeCall, GemvCall, GemvQkvRopeCall, KernelSpec, Kernels, RopeCall,
+    RopeKernel,
+};
 
 use crate::common::{
     bf16_bits, bf16_value, first_gpu, inv_freq, random_bf16, random_f32, read_bf16, rms_norm_rows_of, rope_cos_sin,
@@ -26,6 +30,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
     ] {
         let width = (n_heads + 2 * n_kv) * hd;
         let w = gpu.upload(&random_bf16(width * k, 41), "w").unwrap();
+        let w8 = crate::fp8::upload_matrix(&gpu, width, k, 44);
         let bias = gpu.upload(&random_f32(width, 42), "bias").unwrap();
         let norm = gpu.upload(&random_f32(k, 43), "norm weight").unwrap();
         // Positions below reach 5 + 997 * 7.
@@ -33,7 +38,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             .upload(&rope_cos_sin_table(&inv_freq(rot), 7000), "rope table")
             .unwrap();
         let cache_elems = blocks * n_kv * bs * hd;
-        for t in [1usize, 3, 8] {
+        for (t, fp8) in [1usize, 3, 8].into_iter().flat_map(|t| [(t, false), (t, true)]) {
             // A GEMV input as rms_norm writes it (bf16) from a residual stream (f32).
             let x = gpu.upload(&random_f32(t * k, 50 + t as u64), "x").unwrap();
             let xn = rms_norm_rows_of(&gpu, &kernels, &x, &norm, t, k);
@@ -60,6 +65,20 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 out_f32: 0,
                 norm_in: 0,
                 eps,
+            };
+            let gemv8 = Fp8GemvCall {
+                w: w8.bytes.ptr(),
+                scales: w8.scales.ptr(),
+                x: xn.ptr(),
+                y: outs[0].ptr(),
+                n: width as i32,
+                k: k as i32,
+                t: t as i32,
+                ld: width as i32,
+                out_f32: 0,
+                norm_in: 0,
+                eps,
+                kind: Fp8Gemv::Lanes,
             };
             let then_rope = RopeCall {
                 qkv: outs[0].ptr(),
@@ -104,13 +123,29 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 norm_in: 0,
                 eps,
             };
-            // SAFETY: buffers sized as above.
+            let fused8 = Fp8GemvQkvRopeCall {
+                rope: GemvQkvRopeCall {
+                    w: w8.bytes.ptr(),
+                    ..fused
+                },
+                scales: w8.scales.ptr(),
+            };
+            // SAFETY: buffers sized as above (the FP8 matrix width x k bytes and width scales).
             unsafe {
-                gemv.launch(&gpu, &kernels).unwrap();
+                if fp8 {
+                    gemv8.launch(&gpu, &kernels).unwrap();
+                } else {
+                    gemv.launch(&gpu, &kernels).unwrap();
+                }
                 then_rope.launch(&gpu, &kernels).unwrap();
-                fused.launch(&gpu, &kernels).unwrap();
+                if fp8 {
+                    fused8.launch(&gpu, &kernels).unwrap();
+                } else {
+                    fused.launch(&gpu, &kernels).unwrap();
+                }
             }
-            let shape = format!("heads {n_heads}/{n_kv} x {hd}, rot {rot}, neox {neox}, bias {with_bias}, t {t}");
+            let shape =
+                format!("heads {n_heads}/{n_kv} x {hd}, rot {rot}, neox {neox}, bias {with_bias}, t {t}, fp8 {fp8}");
             let want = [
                 read_bf16(&gpu, &outs[0], t * width),
                 read_bf16(&gpu, &caches[0], cache_elems),
