@@ -80,7 +80,7 @@ extern "C" __global__ void silu_mul_fp8(const bf16* __restrict__ gate_up, const 
         ((uint4*)(out + t * inter))[c] = act[p];
     }
     amax = block_max(amax);
-    const float qs = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+    const float qs = e4m3_row_scale(amax);
     const float inv = 1.0f / qs;
     if (threadIdx.x == 0) q_scales[t] = qs;
 #pragma unroll
@@ -89,12 +89,6 @@ extern "C" __global__ void silu_mul_fp8(const bf16* __restrict__ gate_up, const 
         if (c >= pieces) continue;
         float v[8];
         unpack8(act[p], v);
-        u32 lo = 0u, hi = 0u;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            lo |= (u32)f2e4m3(v[e] * inv) << (8 * e);
-            hi |= (u32)f2e4m3(v[e + 4] * inv) << (8 * e);
-        }
-        ((uint2*)(q + t * inter))[c] = make_uint2(lo, hi);
+        ((uint2*)(q + t * inter))[c] = make_uint2(e4m3x4(v, inv), e4m3x4(v + 4, inv));
     }
 }

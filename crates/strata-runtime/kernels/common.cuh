@@ -209,6 +209,20 @@ __device__ __forceinline__ fp8 f2e4m3(float x) {
     return (fp8)(sign | (exp << 3) | m3);
 }
 
+// The scale of a row of activations quantized to E4M3 for an FP8 GEMM: max |x| / 448, or 1 for a
+// zero or non-finite maximum (fp8_quantize_rows and the kernels that fuse it).
+__device__ __forceinline__ float e4m3_row_scale(float amax) {
+    return amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+}
+
+// v[0..4) times inv as four E4M3 bytes, v[0] lowest.
+__device__ __forceinline__ u32 e4m3x4(const float* v, float inv) {
+    u32 bytes = 0u;
+#pragma unroll
+    for (int e = 0; e < 4; e++) bytes |= (u32)f2e4m3(v[e] * inv) << (8 * e);
+    return bytes;
+}
+
 __device__ __forceinline__ float e4m32f(fp8 b) {
     u32 e = (b >> 3) & 0xfu, m = b & 7u;
     float v = e == 0u ? (float)m * (1.0f / 512.0f) : __uint_as_float(((e + 120u) << 23) | (m << 20));

@@ -597,7 +597,7 @@ extern "C" __global__ void fp8_quantize_rows(const bf16* __restrict__ x, u8* __r
         for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[e]));
     }
     amax = block_max(amax);
-    const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+    const float scale = e4m3_row_scale(amax);
     const float inv = 1.0f / scale;
     if (threadIdx.x == 0) scales[blockIdx.x] = scale;
     u8* o = out + (size_t)blockIdx.x * k;
@@ -606,17 +606,21 @@ extern "C" __global__ void fp8_quantize_rows(const bf16* __restrict__ x, u8* __r
         const int m = min(8, k - c);
         load_bf16s(row + c, m, v);
         if (m == 8) {
-            u32 lo = 0u, hi = 0u;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                lo |= (u32)f2e4m3(v[e] * inv) << (8 * e);
-                hi |= (u32)f2e4m3(v[e + 4] * inv) << (8 * e);
-            }
-            *(uint2*)(o + c) = make_uint2(lo, hi);
+            *(uint2*)(o + c) = make_uint2(e4m3x4(v, inv), e4m3x4(v + 4, inv));
         } else {
             for (int e = 0; e < m; e++) o[c + e] = f2e4m3(v[e] * inv);
         }
     }
+}
+
+// p[0..8) *= s[0..8) in place, in p's type (bf16 rounded once).
+template <typename T>
+__device__ __forceinline__ void scale_vals(T* __restrict__ p, const float (&s)[8]) {
+    float v[8];
+    load_vals(p, 8, v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] *= s[e];
+    store_vals(p, 8, v);
 }
 
 // After the FP8 GEMM: y[j, col] *= row_scales[j] * col_scales[col] in place (bf16, or f32 when
@@ -630,20 +634,10 @@ extern "C" __global__ void fp8_scale_output(void* __restrict__ y, int out_f32, c
     if (c >= n) return;
     const size_t at = (size_t)blockIdx.y * n + c;
     const float rs = row_scales[blockIdx.y];
-    const float4 c0 = *(const float4*)(col_scales + c), c1 = *(const float4*)(col_scales + c + 4);
-    const float s[8] = {rs * c0.x, rs * c0.y, rs * c0.z, rs * c0.w, rs * c1.x, rs * c1.y, rs * c1.z, rs * c1.w};
-    if (out_f32) {
-        float4* p = (float4*)((float*)y + at);
-        float4 a = p[0], b = p[1];
-        p[0] = make_float4(a.x * s[0], a.y * s[1], a.z * s[2], a.w * s[3]);
-        p[1] = make_float4(b.x * s[4], b.y * s[5], b.z * s[6], b.w * s[7]);
-    } else {
-        uint4* p = (uint4*)((bf16*)y + at);
-        float v[8];
-        unpack8(*p, v);
-        u32 packed[4];
+    float s[8];
+    load_vals(col_scales + c, 8, s);
 #pragma unroll
-        for (int i = 0; i < 4; i++) packed[i] = (u32)f2bf(v[2 * i] * s[2 * i]) | ((u32)f2bf(v[2 * i + 1] * s[2 * i + 1]) << 16);
-        *p = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    }
+    for (int e = 0; e < 8; e++) s[e] = rs * s[e];
+    if (out_f32) scale_vals((float*)y + at, s);
+    else scale_vals((bf16*)y + at, s);
 }

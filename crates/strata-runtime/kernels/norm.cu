@@ -89,35 +89,32 @@ __device__ __forceinline__ void norm_row_fp8(float* __restrict__ row, const floa
     const float ss = norm_load(row, delta, n, v);
     const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
     const int n4 = n >> 2;
-    uint2 packed[NORM_VECS];
+    // Each float4's values as written (bf16-rounded), for the row's maximum and its bytes.
+    float held[NORM_VECS][4];
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < NORM_VECS; i++) {
         const int c = threadIdx.x + i * blockDim.x;
-        packed[i] = make_uint2(0u, 0u);
         if (c < n4) {
             const float4 w = weight ? ((const float4*)weight)[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-            packed[i] = norm_bf16x4(v[i], scale, w);
-            ((uint2*)out)[c] = packed[i];
-            const u32 h[4] = {packed[i].x & 0xffffu, packed[i].x >> 16, packed[i].y & 0xffffu, packed[i].y >> 16};
+            const uint2 packed = norm_bf16x4(v[i], scale, w);
+            ((uint2*)out)[c] = packed;
+            const u32 h[4] = {packed.x & 0xffffu, packed.x >> 16, packed.y & 0xffffu, packed.y >> 16};
 #pragma unroll
-            for (int e = 0; e < 4; e++) amax = fmaxf(amax, fabsf(bf2f((bf16)h[e])));
+            for (int e = 0; e < 4; e++) {
+                held[i][e] = bf2f((bf16)h[e]);
+                amax = fmaxf(amax, fabsf(held[i][e]));
+            }
         }
     }
     amax = block_max(amax);
-    const float qs = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+    const float qs = e4m3_row_scale(amax);
     const float inv = 1.0f / qs;
     if (threadIdx.x == 0) *q_scale = qs;
 #pragma unroll
     for (int i = 0; i < NORM_VECS; i++) {
         const int c = threadIdx.x + i * blockDim.x;
-        if (c < n4) {
-            const u32 h[4] = {packed[i].x & 0xffffu, packed[i].x >> 16, packed[i].y & 0xffffu, packed[i].y >> 16};
-            u32 bytes = 0u;
-#pragma unroll
-            for (int e = 0; e < 4; e++) bytes |= (u32)f2e4m3(bf2f((bf16)h[e]) * inv) << (8 * e);
-            ((u32*)q)[c] = bytes;
-        }
+        if (c < n4) ((u32*)q)[c] = e4m3x4(held[i], inv);
     }
 }
 

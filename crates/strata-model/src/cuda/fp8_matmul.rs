@@ -59,16 +59,7 @@ impl GpuTransformer {
             let scratch = self.fp8_dense_weights(w, (n, k))?;
             return self.matmul(MatrixView::Dense(scratch), x, y, (n, k, t), out, path, norm_in);
         };
-        if ready != Some((x, k, t)) {
-            Fp8QuantizeRowsCall {
-                x,
-                out: act,
-                scales,
-                k: k as i32,
-                rows: t,
-            }
-            .launch_with(self.launcher())?;
-        }
+        self.fp8_quantize_unless_ready(ready, x, (act, scales), (k, t))?;
         if self.fp8_outer_scales {
             let timer = self.profile_start()?;
             if let Some(gemm) = self.fp8_gemm.as_mut() {
@@ -105,6 +96,28 @@ impl GpuTransformer {
         let act = self.bufs.fp8_act.as_ref().filter(|_| tensor_cores)?.ptr();
         let width = self.local.widest_product_input();
         Some((act, act + fp8_act_scales_offset(self.limits.max_tokens, width) as u64))
+    }
+
+    /// x's t rows of k into the FP8 activation buffer (`act`, `scales`) as E4M3, unless `ready`
+    /// (the taken `fp8_rows_ready`) says the kernel before wrote them there.
+    fn fp8_quantize_unless_ready(
+        &self,
+        ready: Option<(u64, usize, usize)>,
+        x: u64,
+        (act, scales): (u64, u64),
+        (k, t): (usize, usize),
+    ) -> Result<(), CudaError> {
+        if ready == Some((x, k, t)) {
+            return Ok(());
+        }
+        Fp8QuantizeRowsCall {
+            x,
+            out: act,
+            scales,
+            k: k as i32,
+            rows: t,
+        }
+        .launch_with(self.launcher())
     }
 
     /// cuBLASLt's E4M3 product of `w` and the quantized activations `act` into `y`, unscaled.
@@ -145,16 +158,8 @@ impl GpuTransformer {
         let Some((q, scales)) = input.filter(|_| fits && !self.fp8_outer_scales) else {
             return Ok(false);
         };
-        if self.fp8_rows_ready.take() != Some((xn, k, t)) {
-            Fp8QuantizeRowsCall {
-                x: xn,
-                out: q,
-                scales,
-                k: k as i32,
-                rows: t,
-            }
-            .launch_with(self.launcher())?;
-        }
+        let ready = self.fp8_rows_ready.take();
+        self.fp8_quantize_unless_ready(ready, xn, (q, scales), (k, t))?;
         self.fp8_gemm_unscaled(w, q, gate_up, (2 * inter, k, t), GemmOut::Bf16)?;
         SiluMulFp8Call {
             gate_up,
