@@ -4,7 +4,7 @@
 # stream and 256 users (`bench-gpu`, 512-token prompts, 128 out), beside the FP8 variants each knob
 # turns (the decode products on tensor cores, STRATA_FP8_GEMV=mma; the integer E4M3 decode of
 # sm_80/86 forced on; cuBLASLt's f32 promotion; cuBLASLt's outer-vector scales; the activation
-# fusions off, STRATA_FUSE_FP8=0; the QKV GEMV with RoPE, STRATA_FP8_QKV_ROPE=1), and the eager
+# fusions off, STRATA_FUSE_FP8=0; RoPE in its own kernel after the QKV GEMV, STRATA_FP8_QKV_ROPE=0), and the eager
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
@@ -48,7 +48,7 @@ bench() {
 }
 # QUICK=1: the FP8 single stream of each decode GEMV, after the kernel tests; the fusions off
 # (STRATA_FUSE_FP8=0) and the build before them (gpu-bin/pre_fp8v5/strata.gz, when carried),
-# twice each, for the output hash (bench/NOTES.md, FP8 v5); the QKV GEMV with RoPE (FP8 v6).
+# twice each, for the output hash (bench/NOTES.md, FP8 v5); RoPE after the QKV GEMV (FP8 v6).
 if [ -n "${QUICK:-}" ]; then
     bench fp8 fp8 1
     bench fp8_again fp8 1
@@ -57,7 +57,7 @@ if [ -n "${QUICK:-}" ]; then
         S=gpu-bin/pre_fp8v5/strata bench fp8_pre_v5 fp8 1
         S=gpu-bin/pre_fp8v5/strata bench fp8_pre_v5_again fp8 1
     fi
-    bench fp8_qkv_rope fp8 1 STRATA_FP8_QKV_ROPE=1
+    bench fp8_rope_after fp8 1 STRATA_FP8_QKV_ROPE=0
     bench fp8_mma fp8 1 STRATA_FP8_GEMV=mma
     bench fp8_mma_loads4 fp8 1 STRATA_FP8_GEMV=mma STRATA_KERNEL_DEFINES=FP8M_LOADS=4
     # All of a 3,584-column row pair in flight at once (7 loads a lane a row), as the bf16 GEMV has
@@ -68,7 +68,7 @@ fi
 bench bf16 none 1,256
 bench fp8 fp8 1,256
 bench fp8_unfused fp8 1,256 STRATA_FUSE_FP8=0
-bench fp8_qkv_rope fp8 1 STRATA_FP8_QKV_ROPE=1
+bench fp8_rope_after fp8 1 STRATA_FP8_QKV_ROPE=0
 bench fp8_mma fp8 1,256 STRATA_FP8_GEMV=mma
 bench fp8_integer fp8 1 STRATA_KERNEL_DEFINES=FP8_CVT=0
 bench fp8_promoted fp8 256 STRATA_FP8_FAST_ACCUM=0

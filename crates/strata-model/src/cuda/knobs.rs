@@ -57,9 +57,8 @@ pub struct GpuKnobs {
     pub fp8_outer_scales: bool,
     /// `STRATA_FP8_GEMV=mma`: FP8 decode products on tensor cores (fp8.cu's `fp8_mma_gemv_*`).
     pub fp8_gemv: Fp8Gemv,
-    /// `STRATA_FP8_QKV_ROPE=1`: an FP8 QKV GEMV applies RoPE and writes the cache itself
-    /// (`fp8_gemv_qkv_rope_t*`), as the bf16 one does; opt-in until a GPU has run it
-    /// (bench/NOTES.md, FP8 v6).
+    /// An FP8 QKV GEMV applies RoPE and writes the cache itself (`fp8_gemv_qkv_rope_t*`), as
+    /// the bf16 one does (bench/NOTES.md, FP8 v6); `STRATA_FP8_QKV_ROPE=0` runs rope.cu after it.
     pub fp8_qkv_rope: bool,
 }
 
@@ -97,7 +96,7 @@ impl GpuKnobs {
                 Some("mma") => Fp8Gemv::Mma,
                 _ => Fp8Gemv::Lanes,
             },
-            fp8_qkv_rope: var("STRATA_FP8_QKV_ROPE").is_some_and(|v| v == "1"),
+            fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
         }
     }
 }
@@ -131,7 +130,7 @@ mod tests {
                 fp8_fast_accum: true,
                 fp8_outer_scales: false,
                 fp8_gemv: Fp8Gemv::Lanes,
-                fp8_qkv_rope: false,
+                fp8_qkv_rope: true,
             }
         );
         let all = knobs(&[
@@ -150,7 +149,7 @@ mod tests {
             ("STRATA_FP8_FAST_ACCUM", "0"),
             ("STRATA_FP8_OUTER_SCALES", "1"),
             ("STRATA_FP8_GEMV", "mma"),
-            ("STRATA_FP8_QKV_ROPE", "1"),
+            ("STRATA_FP8_QKV_ROPE", "0"),
         ]);
         assert_eq!(
             all,
@@ -170,7 +169,7 @@ mod tests {
                 fp8_fast_accum: false,
                 fp8_outer_scales: true,
                 fp8_gemv: Fp8Gemv::Mma,
-                fp8_qkv_rope: true,
+                fp8_qkv_rope: false,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

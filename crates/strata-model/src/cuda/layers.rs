@@ -99,7 +99,7 @@ impl GpuTransformer {
             carried_norms: false,
         };
         // RoPE and the cache write fit the QKV GEMV with a bf16 cache, no per-head q/k norm
-        // (Qwen3), even head and rotary widths, over bf16 or (opt-in) FP8 rows.
+        // (Qwen3), even head and rotary widths, over bf16 or FP8 rows.
         let qkv_rope = self.knobs.fuse_rope
             && self.kv.dtype != KvCacheDtype::Fp8E4m3
             && !c.arch.qk_norm
