@@ -145,6 +145,48 @@ __device__ __forceinline__ Scales32 k4_sub_scales(const uint4& head, int sub) {
     return {half_to_f32(head.x) * sc, -(half_to_f32(head.x >> 16) * mn)};
 }
 
+// The wide tiles' decode (qgemm_wide): 1 (the default) in bf16 pairs, where one permute and a
+// LOP3 make (128 + q) in both halves (q in the mantissa's low bits: bit 7 is the exponent's) and
+// two bf16 fmas make (q - offset) * scale + bias, the scale and bias rounded to bf16 first; 0 (STRATA_KERNEL_DEFINES="QWIDE_BF16X2=0", the A/B) in f32 as
+// `eight_of`, the value rounded once (bench/NOTES.md v35).
+#ifndef QWIDE_BF16X2
+#define QWIDE_BF16X2 1
+#endif
+#define BF16X2_ONE 0x3F803F80u
+__device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// (a & mask) | bits in one LOP3 (the compiler splits it in two when both are constants).
+template <u32 MASK>
+__device__ __forceinline__ u32 and_or(u32 a, u32 bits) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "r"(bits));
+    return d;
+}
+// Byte j of w (0..255) as a float.
+__device__ __forceinline__ float byte_as_float(u32 w, int j) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, j | 0x7540)) - MAGIC;
+}
+// A Q4_K/Q5_K row's scales for step c4 (0..3) of a block's four 64-column steps, as bf16 pairs:
+// sub-block 2 c4's scale and bias, and sub-block 2 c4 + 1's. The 6-bit fields unpack four at a
+// time (k4_scale_min's rule, bytewise).
+struct PairScales {
+    u32 s_lo, b_lo, s_hi, b_hi;
+};
+__device__ __forceinline__ PairScales k4_pair_scales(const uint4& head, int c4) {
+    const u32 q0 = head.y, q1 = head.z, q2 = head.w;
+    const bool upper = c4 >= 2;
+    const u32 sc = upper ? (q2 & 0x0F0F0F0Fu) | ((q0 >> 2) & 0x30303030u) : q0 & 0x3F3F3F3Fu;
+    const u32 mn = upper ? ((q2 >> 4) & 0x0F0F0F0Fu) | ((q1 >> 2) & 0x30303030u) : q1 & 0x3F3F3F3Fu;
+    const int j = (2 * c4) & 3;
+    const float d = half_to_f32(head.x), dmin = half_to_f32(head.x >> 16);
+    const float s0 = d * byte_as_float(sc, j), b0 = -(dmin * byte_as_float(mn, j));
+    const float s1 = d * byte_as_float(sc, j + 1), b1 = -(dmin * byte_as_float(mn, j + 1));
+    return {pack_pair<false>(s0, s0), pack_pair<false>(b0, b0), pack_pair<false>(s1, s1), pack_pair<false>(b1, b1)};
+}
+
 // Bytes 8u..8u + 7 of the 32 in a and b (u = 0..3) as two words, for the `eight_of` decoders:
 // the bytes of a unit's eight values u (u & 1 of a 16-byte nibble plane: pass it as a and b).
 __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u, u32& w0, u32& w1) {
@@ -481,6 +523,54 @@ struct FmtQ4_K {
         four_values((w0 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v);
         four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
+
+    // The wide tiles (qgemm_wide): a stage holds a row's 16-byte head and the 32 nibble bytes of
+    // the step's 64 columns (48 bytes). `wide_copy` copies half `half` of them for step s into
+    // `dst` from the row whose first block is at `row` (block index `blk0` in the segment).
+    static constexpr int WIDE_ROW = 48, WIDE_BLOCK_BYTES = BYTES;
+    static constexpr bool WIDE_WORD = false;
+    __device__ static void wide_copy(u8* dst, u8*, const u8*, int, int, size_t, const u8* row, int s, int half) {
+        const u8* blk = row + (s >> 2) * BYTES;
+        const u8* q = blk + 16 + 32 * (s & 3);
+        if (half == 0) {
+            cp_async16(dst, blk, 16);
+            cp_async16(dst + 16, q, 16);
+        } else {
+            cp_async16(dst + 32, q + 16, 16);
+        }
+    }
+    // Lane (g, c)'s A fragment registers for one row of step s (ri 0: row g, 1: row g + 8): the
+    // values at columns 16 kk + 2c (+ 1) and + 8 of k16 step kk. Those are the low nibbles of
+    // bytes 2c, 2c + 1 of each 8-byte group m (kk = m / 2, + 8 where m is odd; sub-block 2 (s % 4))
+    // and their high nibbles (kk + 2, the next sub-block). Same f32 arithmetic as `eight_of`.
+    __device__ static void wide_fragment(const u8* row, u32, int s, int c, int ri, u32 (&a)[4][4], int) {
+        const uint4 head = *(const uint4*)row;
+#if QWIDE_BF16X2
+        // Bytes 2c, 2c + 1 of a word pair into halves 0 and 1 (bits 0-7 and 16-23).
+        const u32 spread = c & 1 ? 0x4342u : 0x4140u;
+        const PairScales k = k4_pair_scales(head, s & 3);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const u32 p = __byte_perm(*(const u32*)(row + 16 + 8 * m + 4 * (c >> 1)), 0u, spread);
+            const u32 lo = bf16x2_fma(and_or<0x000F000Fu>(p, 0x43004300u), BF16X2_ONE, 0xC300C300u);
+            const u32 hi = bf16x2_fma(and_or<0x000F000Fu>(p >> 4, 0x43004300u), BF16X2_ONE, 0xC300C300u);
+            a[m >> 1][ri + 2 * (m & 1)] = bf16x2_fma(lo, k.s_lo, k.b_lo);
+            a[2 + (m >> 1)][ri + 2 * (m & 1)] = bf16x2_fma(hi, k.s_hi, k.b_hi);
+        }
+#else
+        const int sub = 2 * (s & 3);
+        const Scales32 lo = k4_sub_scales(head, sub), hi = k4_sub_scales(head, sub + 1);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const u32 pair = *(const u32*)(row + 16 + 8 * m + 4 * (c >> 1)) >> (16 * (c & 1));
+            float v[4], u[4];
+            four_values(pair & 0x0F0Fu, 0.0f, lo.a, lo.b, v);
+            four_values((pair >> 4) & 0x0F0Fu, 0.0f, hi.a, hi.b, u);
+            a[m >> 1][ri + 2 * (m & 1)] = pack_pair<false>(v[0], v[1]);
+            a[2 + (m >> 1)][ri + 2 * (m & 1)] = pack_pair<false>(u[0], u[1]);
+        }
+#endif
+    }
 };
 
 // Q5_K (file layout, 176 bytes): as Q4_K with 32 bytes of fifth bits after the scales (bit s of
@@ -724,6 +814,74 @@ struct FmtQ6_K {
         unit_words(s.hi0, s.hi1, u, hi0, hi1);
         four_values(((lo0 >> shift) & 0x0F0F0F0Fu) | (((hi0 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v);
         four_values(((lo1 >> shift) & 0x0F0F0F0Fu) | (((hi1 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
+    }
+
+    // The wide tiles (qgemm_wide): a stage holds a row's 64 low-bit bytes and 32 high-bit bytes of
+    // the step's half-block and the block's 16 scales (112 bytes, pieces of 16), and the 4-byte
+    // word of the fields that holds the block's d.
+    static constexpr int WIDE_ROW = 112, WIDE_BLOCK_BYTES = BODY;
+    static constexpr bool WIDE_WORD = true;
+    // As FmtQ4_K's: half 0 the low bits, half 1 the high bits, the scales and the word of d.
+    __device__ static void wide_copy(u8* dst, u8* word, const u8* w, int n, int kb, size_t blk0, const u8* row, int s,
+                                     int half) {
+        const u8* body = row + (s >> 2) * BODY;
+        const int h = 64 * ((s >> 1) & 1);
+        if (half == 0) {
+#pragma unroll
+            for (int p = 0; p < 4; p++) cp_async16(dst + 16 * p, body + h + 16 * p, 16);
+        } else {
+            cp_async16(dst + 64, body + 128 + h / 2, 16);
+            cp_async16(dst + 80, body + 144 + h / 2, 16);
+            cp_async16(dst + 96, body + 192, 16);
+            const size_t blk = blk0 + (s >> 2);
+            cp_async4(word, w + (size_t)n * kb * BODY + ((blk * FIELDS) & ~(size_t)3), 4);
+        }
+    }
+    // Lane (g, c)'s A fragment registers for one row of step s (ri 0: row g, 1: row g + 8), as
+    // FmtQ4_K's: column 8 m + 2c (+ 1) of the step from low-bit bytes 8 m + 2c.. and high-bit
+    // bytes 8 m + 2c.. (bits 4 (s % 2)), column 32 + 8 m + 2c from low-bit bytes 32 + 8 m + 2c..
+    // and the same high-bit bytes (bits 4 (s % 2) + 2); k16 step kk takes scale 4 (s % 4) + kk.
+    // `word` holds d in its half `dhalf`. Same f32 arithmetic as `eight_of`.
+    __device__ static void wide_fragment(const u8* row, u32 word, int s, int c, int ri, u32 (&a)[4][4], int dhalf) {
+        const float d = half_to_f32(word >> (16 * dhalf));
+        const u32 scales = *(const u32*)(row + 96 + 4 * (s & 3));
+        float dl[4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) dl[kk] = d * (float)(signed char)(scales >> (8 * kk));
+        const int odd = 4 * (s & 1);
+#if QWIDE_BF16X2
+        const u32 spread = c & 1 ? 0x4342u : 0x4140u;
+        u32 sl[4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) sl[kk] = pack_pair<false>(dl[kk], dl[kk]);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int at = 8 * m + 4 * (c >> 1);
+            const u32 lo0 = __byte_perm(*(const u32*)(row + at), 0u, spread) >> odd;
+            const u32 lo1 = __byte_perm(*(const u32*)(row + 32 + at), 0u, spread) >> odd;
+            // The high bits of both halves moved to bits 4-5: 4 (s % 2) and 4 (s % 2) + 2 down.
+            const u32 hi = __byte_perm(*(const u32*)(row + 64 + at), 0u, spread);
+            const u32 v0 = and_or<0x000F000Fu>(lo0, and_or<0x00300030u>(hi << 4 >> odd, 0x43004300u));
+            const u32 v1 = and_or<0x000F000Fu>(lo1, and_or<0x00300030u>(hi << 2 >> odd, 0x43004300u));
+            // (128 + q) - 160 = q - 32, exact; times the scale, rounded once.
+            a[m >> 1][ri + 2 * (m & 1)] = bf16x2_fma(bf16x2_fma(v0, BF16X2_ONE, 0xC320C320u), sl[m >> 1], 0u);
+            a[2 + (m >> 1)][ri + 2 * (m & 1)] = bf16x2_fma(bf16x2_fma(v1, BF16X2_ONE, 0xC320C320u), sl[2 + (m >> 1)], 0u);
+        }
+#else
+        const int shift = 16 * (c & 1);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int at = 8 * m + 4 * (c >> 1);
+            const u32 lo0 = *(const u32*)(row + at) >> shift, lo1 = *(const u32*)(row + 32 + at) >> shift;
+            const u32 hi = *(const u32*)(row + 64 + at) >> shift;
+            float v[4], u[4];
+            four_values(((lo0 >> odd) & 0x0F0Fu) | (((hi >> odd) & 0x0303u) << 4), 32.0f, dl[m >> 1], 0.0f, v);
+            four_values(((lo1 >> odd) & 0x0F0Fu) | (((hi >> (odd + 2)) & 0x0303u) << 4), 32.0f, dl[2 + (m >> 1)], 0.0f,
+                        u);
+            a[m >> 1][ri + 2 * (m & 1)] = pack_pair<false>(v[0], v[1]);
+            a[2 + (m >> 1)][ri + 2 * (m & 1)] = pack_pair<false>(u[0], u[1]);
+        }
+#endif
     }
 };
 
@@ -1168,11 +1326,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #if __CUDA_ARCH__ >= 800
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qtile_dynamic[];
-    const unsigned dyn = (unsigned)__cvta_generic_to_shared(qtile_dynamic);
-    unsigned dyn_bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
-    if (dyn_bytes < QTILE_WGMMA_SHARED || blockDim.x != QTILE_THREADS) __trap();
-    bf16* const tiles = (bf16*)(qtile_dynamic + ((1024 - (dyn & 1023)) & 1023));
+    bf16* const tiles = (bf16*)aligned_dynamic_shared(qtile_dynamic, QTILE_WGMMA_SHARED, QTILE_THREADS);
 #if QTILE_ON_SPECIALIZED
     // Stage b: its weight tile at tiles + 2b T, its x tile at tiles + (2b + 1) T (T = 128 x 64
     // values); after the stages, the full mbarriers of each stage, then the empty ones.
@@ -1392,6 +1546,141 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #endif
 }
 
+// ---- Wide tiles: the weights as wgmma's register operand (sm_90a; Q4_K and Q6_K) ----
+// A block of two warpgroups multiplies 128 rows by 256 tokens, k in steps of 64 columns, so a step
+// of up to 256 tokens decodes each weight once. No decoded weight passes through shared memory:
+// each lane decodes its own A fragments (2 rows x 16 columns a step) from the raw block bytes into
+// registers, and wgmma reads them there while x comes from shared memory (bench/NOTES.md v35).
+// cp.async fills a ring of QWIDE_STAGES stages (x tile and the step's raw weight bytes), two steps
+// ahead; the decode of step s runs while the tensor cores multiply step s - 1.
+// Grid (ceil(n / 128), ceil(t / 256), splits), k split into parts as qgemm's.
+#define QWIDE_ROWS 128
+#define QWIDE_TOKENS 256
+#define QWIDE_THREADS 256
+#ifndef QWIDE_STAGES
+#define QWIDE_STAGES 4
+#endif
+#define QWIDE_X_BYTES (QWIDE_TOKENS * QTILE_K * 2)
+// A stage's raw weight bytes, the most any format takes (Q6_K: 128 x 112 + 128 x 4).
+#define QWIDE_W_BYTES 16384
+// kernels.rs: QWIDE_SHARED_BYTES (every launch gets it); 1,024 bytes of slack align the base.
+#define QWIDE_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES) + 1024)
+
+template <class F>
+__device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
+                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
+#if QTILE_ON_WGMMA
+    extern __shared__ unsigned char qwide_dynamic[];
+    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
+    auto x_stage = [&](int b) { return (bf16*)(base + b * QWIDE_X_BYTES); };
+    auto w_stage = [&](int b) { return base + QWIDE_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * QWIDE_ROWS, tok0 = blockIdx.y * QWIDE_TOKENS;
+    const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
+    const int last = min(steps, first + steps_per_split);
+    const int live = min(QWIDE_TOKENS, t - tok0);
+    const int kb = k / F::BLOCK;
+    // The raw bytes of step s: thread i copies half i / 128 of tile row i % 128's (a row past n
+    // copies row 0, never stored); Q6_K's words of d go after the rows.
+    const int crow = threadIdx.x & (QWIDE_ROWS - 1), chalf = threadIdx.x / QWIDE_ROWS;
+    const size_t cblk = (size_t)(row0 + crow < n ? row0 + crow : 0) * kb;
+    const u8* const crow_bytes = w + cblk * F::WIDE_BLOCK_BYTES;
+    auto load_weights = [&](int s, int b) {
+        u8* const stage = w_stage(b);
+        F::wide_copy(stage + crow * F::WIDE_ROW, stage + QWIDE_ROWS * F::WIDE_ROW + 4 * crow, w, n, kb, cblk,
+                     crow_bytes, s, chalf);
+    };
+    // x tile of step s: QWIDE_TOKENS x 64 bf16 in 16-byte pieces (qtile_at's swizzle). Thread i
+    // copies pieces 2 (i % 4) and + 1 (one 32-byte sector) of tokens i / 4 + 64 p; 64 tokens on,
+    // the swizzle repeats. A token past t copies the last one: a product's token column depends
+    // on its own x row only, and those columns are never stored.
+    constexpr int X_ROWS = QWIDE_TOKENS * QTILE_K / 16 / QWIDE_THREADS;
+    const int x_col = 16 * (threadIdx.x & 3), x_tok = threadIdx.x >> 2;
+    int x_at[X_ROWS];
+#pragma unroll
+    for (int p = 0; p < X_ROWS; p++) x_at[p] = min(x_tok + (QWIDE_THREADS / 4) * p, live - 1) * k + x_col;
+    const bf16* const x_tile = x + (size_t)tok0 * k;
+    const int x_dst0 = qtile_at(x_tok, x_col), x_dst1 = qtile_at(x_tok, x_col + 8);
+    auto load_x = [&](int s, int b) {
+        bf16* const dst = x_stage(b);
+#pragma unroll
+        for (int p = 0; p < X_ROWS; p++) {
+            const bf16* src = x_tile + (x_at[p] + s * QTILE_K);
+            cp_async16(dst + x_dst0 + (QWIDE_THREADS / 4) * p * QTILE_K, src, 16);
+            cp_async16(dst + x_dst1 + (QWIDE_THREADS / 4) * p * QTILE_K, src + 8, 16);
+        }
+    };
+    // This lane's fragment rows: tile rows 16 warp + g and + 8 (warpgroup warp / 4 takes 64 rows).
+    const int ra = 16 * warp + g, rb = ra + 8;
+    // Which half of its word holds a row's d: the parity of its block's index (Q6_K).
+    const int half_a = ((row0 + ra < n ? row0 + ra : 0) * kb) & 1, half_b = ((row0 + rb < n ? row0 + rb : 0) * kb) & 1;
+    float acc[128] = {};
+    u32 a0[4][4], a1[4][4];
+    // Step s: its stage is whole once this thread's copies have landed and every thread has
+    // passed the barrier, which also says each warpgroup has waited for step s - 2's products:
+    // their stage takes step s + 2's copies. Then decode step s's fragments (the tensor cores are
+    // still on step s - 1) and issue its products; wait until only those are in flight, so the
+    // other fragment registers are free for step s + 1.
+    auto step = [&](int s, u32(&a)[4][4]) {
+        const int i = s - first, b = i % QWIDE_STAGES;
+        cp_async_wait(QWIDE_STAGES - 3);
+        fence_proxy_async();
+        __syncthreads();
+        if (s + QWIDE_STAGES - 2 < last) {
+            load_weights(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
+            load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
+        }
+        cp_async_commit();
+        const u8* stage = w_stage(b);
+        const u32* words = (const u32*)(stage + QWIDE_ROWS * F::WIDE_ROW);
+        const int sb = (s >> 2) & 1;
+        F::wide_fragment(stage + ra * F::WIDE_ROW, F::WIDE_WORD ? words[ra] : 0u, s, c, 0, a, half_a ^ sb);
+        F::wide_fragment(stage + rb * F::WIDE_ROW, F::WIDE_WORD ? words[rb] : 0u, s, c, 1, a, half_b ^ sb);
+        const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n256k16_bf16_rs(acc, a[kk], bx + 2 * kk);
+        wgmma_commit();
+        wgmma_wait_one();
+    };
+    // The first stages' weights load before the wait for the previous kernel (they are not its
+    // output); each stage's copies are one commit group, the first holding the early weights.
+    for (int j = 0; j < QWIDE_STAGES - 2; j++)
+        if (first + j < last) load_weights(first + j, j);
+    wait_for_previous_kernel();
+    for (int j = 0; j < QWIDE_STAGES - 2; j++) {
+        if (first + j < last) load_x(first + j, j);
+        cp_async_commit();
+    }
+    int s = first;
+    for (; s + 1 < last; s += 2) {
+        step(s, a0);
+        step(s + 1, a1);
+    }
+    if (s < last) step(s, a0);
+    wgmma_wait_all();
+    wgmma_hold(acc);
+    // Lane (g, c) of warp w holds rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c (+ 1).
+#pragma unroll
+    for (int j = 0; j < QWIDE_TOKENS / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + ra + 8 * (e >> 1);
+            const int tok = 8 * j + 2 * c + (e & 1);
+            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+        }
+#else
+    // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
+    __trap();
+#endif
+}
+
+#define QUANT_WIDE_KERNEL(F, NAME)                                                                              \
+    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1) qgemm_wide_##NAME(                          \
+        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
+        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                            \
+    }
+
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.
 extern "C" __global__ void qgemm_reduce(const float* __restrict__ parts, void* __restrict__ y, int n, int t, int ld,
                                         int splits, int out_f32) {
@@ -1453,3 +1742,5 @@ QUANT_KERNELS(FmtQ8_0, q8_0)
 QUANT_KERNELS(FmtQ4_K, q4_k)
 QUANT_KERNELS(FmtQ5_K, q5_k)
 QUANT_KERNELS(FmtQ6_K, q6_k)
+QUANT_WIDE_KERNEL(FmtQ4_K, q4_k)
+QUANT_WIDE_KERNEL(FmtQ6_K, q6_k)

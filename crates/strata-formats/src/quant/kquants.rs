@@ -68,7 +68,7 @@ pub(super) fn q3_k(bytes: &[u8], out: &mut [f32]) {
 /// mins 0..4; scales and mins 4..8 take their low nibbles from bytes 8..12 (scale low,
 /// min high) and their top two bits from the top bits of bytes 0..4 and 4..8.
 #[inline(always)]
-fn scales_and_mins(packed: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub fn scales_and_mins(packed: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let mut scales = [0u8; 8];
     let mut mins = [0u8; 8];
     for i in 0..4 {

@@ -10,6 +10,7 @@ mod legacy;
 mod quantize;
 
 pub use dequant::{dequantize, QuantError};
+pub use kquants::scales_and_mins;
 pub use quantize::{quantize, QUANTIZABLE};
 
 /// Element type of a GGUF tensor, numbered as in GGML's `ggml_type`.

@@ -14,7 +14,8 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// The kernels quant.cu defines for each block format: its GEMVs for 1, 2, 4 and 8 tokens
 /// (plain, gate/up with SiLU, residual), its dequantization, its embedding lookup and its
-/// tensor-core GEMMs (registers, shared-memory tiles); then the activation quantizer the GEMVs read and the GEMM's split sum.
+/// tensor-core GEMMs (registers, shared-memory tiles); then the activation quantizer the GEMVs read,
+/// the GEMM's split sum and the wide tiles of the formats that have them (Q4_K, Q6_K).
 macro_rules! quant_kernel_names {
     ($($f:literal),*) => {
         [$(
@@ -26,7 +27,7 @@ macro_rules! quant_kernel_names {
             concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
             concat!("dequant_", $f), concat!("embedding_", $f), concat!("qgemm_", $f),
             concat!("qgemm_tile_", $f),
-        )* "quantize_q8", "qgemm_reduce"]
+        )* "quantize_q8", "qgemm_reduce", "qgemm_wide_q4_k", "qgemm_wide_q6_k"]
     };
 }
 
@@ -386,6 +387,8 @@ pub struct Kernels {
     shared: HashMap<&'static str, u32>,
     /// Whether quant.cu's tile GEMM was compiled warp-specialized (QTILE_SPECIALIZED: 512 threads).
     specialized_tiles: bool,
+    /// Whether quant.cu was compiled with wgmma (`compute_90a`, QTILE_WGMMA), so its wide tiles run.
+    wide_tiles: bool,
 }
 
 /// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
@@ -394,6 +397,9 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// The same where those tiles are warp-specialized: three stages of a weight and an x tile, the
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
+/// quant.cu's QWIDE_SHARED: the wide tiles' four stages of a 256 x 64 bf16 x tile and 16 KB of
+/// raw weight bytes, and the slack.
+pub const QWIDE_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384) + 1024;
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
 /// kernels, alone in the family, are bounded to 512 threads a block.
@@ -412,11 +418,14 @@ impl Kernels {
         let mut functions = HashMap::new();
         let mut shared = HashMap::new();
         let mut specialized_tiles = false;
+        let mut wide_tiles = false;
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
             let specialized = family == "quant" && has_specialized_tiles(&ptx);
             specialized_tiles |= specialized;
+            // The wide tiles' only wgmma shape: absent where quant.cu compiled without wgmma.
+            wide_tiles |= family == "quant" && ptx.contains("m64n256k16");
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -432,8 +441,10 @@ impl Kernels {
                     )
                     .map_err(driver("cuFuncSetAttribute"))?;
                 }
-                if arch == "compute_90a" && name.starts_with("qgemm_tile_") {
-                    let tile_bytes = if specialized {
+                if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || name.starts_with("qgemm_wide_")) {
+                    let tile_bytes = if name.starts_with("qgemm_wide_") {
+                        QWIDE_SHARED_BYTES
+                    } else if specialized {
                         QTILE_SPECIALIZED_SHARED_BYTES
                     } else {
                         QTILE_WGMMA_SHARED_BYTES
@@ -452,6 +463,7 @@ impl Kernels {
             functions,
             shared,
             specialized_tiles,
+            wide_tiles,
         })
     }
 
@@ -463,6 +475,11 @@ impl Kernels {
         } else {
             QuantGemmTile::Shared
         }
+    }
+
+    /// Whether quant.cu's wide tiles ([`QuantGemmTile::Wide`]) run here: compiled with wgmma.
+    pub fn wide_tiles(&self) -> bool {
+        self.wide_tiles
     }
 
     /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more

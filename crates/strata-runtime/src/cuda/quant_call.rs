@@ -172,6 +172,18 @@ impl QuantFormat {
     }
 }
 
+impl QuantFormat {
+    /// quant.cu's wide-tile GEMM for this format (`qgemm_wide_*`), where it has one.
+    pub fn wide_kernel(self) -> Option<&'static str> {
+        let first = QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2;
+        match self {
+            QuantFormat::Q4K => Some(quant_kernels()[first]),
+            QuantFormat::Q6K => Some(quant_kernels()[first + 1]),
+            _ => None,
+        }
+    }
+}
+
 /// quant.cu's kernel names (its entry in [`FAMILIES`]).
 fn quant_kernels() -> &'static [&'static str] {
     FAMILIES
@@ -395,13 +407,19 @@ pub enum QuantGemmTile {
     /// [`super::Kernels::shared_tile`]): the same tiles, a block of 16 warps (8 decode, 8
     /// multiply), one block an SM.
     Specialized,
+    /// `qgemm_wide_*` (Q4_K and Q6_K where quant.cu has wgmma, [`super::Kernels::wide_tiles`]):
+    /// 128 rows x 256 tokens a block of 8 warps, one block an SM, k in steps of 64 columns, each
+    /// lane decoding its wgmma A fragments in registers.
+    Wide,
 }
 
 impl QuantGemmTile {
-    fn tokens(self) -> usize {
+    /// Tokens a block's tile takes.
+    pub fn tokens(self) -> usize {
         match self {
             QuantGemmTile::Registers => 64,
             QuantGemmTile::Shared | QuantGemmTile::Specialized => 128,
+            QuantGemmTile::Wide => 256,
         }
     }
 
@@ -409,14 +427,14 @@ impl QuantGemmTile {
     pub fn k_step(self) -> usize {
         match self {
             QuantGemmTile::Registers => QGEMM_K,
-            QuantGemmTile::Shared | QuantGemmTile::Specialized => 64,
+            QuantGemmTile::Shared | QuantGemmTile::Specialized | QuantGemmTile::Wide => 64,
         }
     }
 
     fn threads(self) -> u32 {
         match self {
             QuantGemmTile::Registers => 128,
-            QuantGemmTile::Shared => 256,
+            QuantGemmTile::Shared | QuantGemmTile::Wide => 256,
             QuantGemmTile::Specialized => 512,
         }
     }
@@ -425,7 +443,7 @@ impl QuantGemmTile {
     fn blocks_per_sm(self) -> usize {
         match self {
             QuantGemmTile::Registers | QuantGemmTile::Shared => 2,
-            QuantGemmTile::Specialized => 1,
+            QuantGemmTile::Specialized | QuantGemmTile::Wide => 1,
         }
     }
 
@@ -483,6 +501,10 @@ impl QuantGemmCall {
         match self.tile {
             QuantGemmTile::Registers => self.format.kernel(Kind::Gemm, 0),
             QuantGemmTile::Shared | QuantGemmTile::Specialized => self.format.kernel(Kind::GemmTile, 0),
+            QuantGemmTile::Wide => self
+                .format
+                .wide_kernel()
+                .unwrap_or_else(|| panic!("{:?} has no wide tiles", self.format)),
         }
     }
 
@@ -676,10 +698,12 @@ mod tests {
             assert_eq!(f.kernel(Kind::Embedding, 0), format!("embedding_{}", f.name()));
             assert_eq!(f.kernel(Kind::Gemm, 0), format!("qgemm_{}", f.name()));
             assert_eq!(f.kernel(Kind::GemmTile, 0), format!("qgemm_tile_{}", f.name()));
+            let wide = matches!(f, QuantFormat::Q4K | QuantFormat::Q6K).then(|| format!("qgemm_wide_{}", f.name()));
+            assert_eq!(f.wide_kernel().map(str::to_string), wide);
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
-        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2);
+        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 4);
         let q = QuantizeQ8Call {
             x: 1,
             xq: 2,
@@ -772,6 +796,21 @@ mod tests {
             (spec_call.name(), spec_call.shape()),
             ("qgemm_tile_q4_k", ((28, 2, 3), 512, 0))
         );
+        // Wide tiles: 256 tokens a block of 8 warps, one block an SM. Gate/up's 296 tiles fill
+        // the SMs as they are; the down projection's 28 split 5 ways (60 of 296 steps a block).
+        let wide = QuantGemmTile::Wide;
+        assert_eq!(wide.steps_per_split_for(37888, 3584, 256, 132, 8 << 20), 56);
+        assert_eq!(wide.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 60);
+        let wide_call = QuantGemmCall {
+            tile: wide,
+            steps_per_split: 60,
+            ..tiled
+        };
+        assert_eq!(
+            (wide_call.name(), wide_call.shape()),
+            ("qgemm_wide_q4_k", ((28, 1, 5), 256, 0))
+        );
+        assert_eq!(wide_call.args(), fields(&wide_call));
     }
 
     #[test]

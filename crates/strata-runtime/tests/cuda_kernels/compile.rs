@@ -1,6 +1,7 @@
 //! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (and the arch-specific
-//! sm_90a, wgmma in the tile GEMM, also warp-specialized) and, where ptxas is given, assembles
-//! (no GPU needed); the model shapes the kernels are not written for are refused before compiling.
+//! sm_90a, wgmma in the tile GEMM, also warp-specialized, and the wide tiles' f32 decode) and,
+//! where ptxas is given, assembles (no GPU needed); the model shapes the kernels are not written
+//! for are refused before compiling.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -107,6 +108,15 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     );
     if let Some(p) = &ptxas {
         running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_specialized.ptx")));
+    }
+    // And the wide tiles' f32 decode (the default decodes in bf16 pairs).
+    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_BF16X2=0"]).unwrap();
+    assert!(
+        ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
+        "quant.cu with QWIDE_BF16X2=0: not the wide tiles' f32 decode"
+    );
+    if let Some(p) = &ptxas {
+        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_wide_f32.ptx")));
     }
     finish(&mut running);
     let _ = std::fs::remove_dir_all(&dir);

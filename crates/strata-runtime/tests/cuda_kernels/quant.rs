@@ -1,10 +1,11 @@
 //! quant.cu against strata's CPU dequantizer: the int8 activation blocks, and for each block
 //! format the decode GEMVs over them (plain, gate/up with SiLU, residual with the next norm's
 //! sums), dequantization of a matrix and of a slab of its rows, the embedding, and the
-//! tensor-core GEMMs (registers and shared-memory tiles, whole and split k) against the
-//! bf16-rounded weights.
+//! tensor-core GEMMs (registers, shared-memory and wide tiles, whole and split k) against the
+//! bf16-rounded weights (the wide tiles, which decode in bf16 pairs, against a model of their
+//! roundings).
 
-use strata_formats::quant::dequantize;
+use strata_formats::quant::{dequantize, scales_and_mins};
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
     QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
@@ -320,28 +321,124 @@ fn quantized_kernels_match_the_cpu_dequantizer() {
     }
 }
 
+/// x rounded to bf16 (nearest, ties to even) from f64, as one bf16 fma rounds its exact result.
+fn round_to_bf16(x: f64) -> f64 {
+    if x == 0.0 {
+        return 0.0;
+    }
+    let exp = ((x.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let ulp = 2f64.powi(exp - 7);
+    (x / ulp).round_ties_even() * ulp
+}
+
+/// Every value of a Q4_K or Q6_K file's blocks as (q - offset, scale, bias), where the value is
+/// (q - offset) times scale plus bias, the scale and bias in f32 as quant.cu works them out; None
+/// for the formats without wide tiles.
+fn wide_value_parts(format: QuantFormat, blocks: &[u8]) -> Option<Vec<(i32, f32, f32)>> {
+    let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    let mut out = Vec::new();
+    for b in blocks.chunks_exact(format.block_bytes()) {
+        match format {
+            QuantFormat::Q4K => {
+                let (d, dmin) = (f16(b, 0), f16(b, 2));
+                let (scales, mins) = scales_and_mins(b[4..16].try_into().unwrap());
+                for j in 0..8 {
+                    let (sc, mn) = (scales[j] as f32, mins[j] as f32);
+                    for l in 0..32 {
+                        let q = (b[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) as i32 & 0xF;
+                        out.push((q, d * sc, -(dmin * mn)));
+                    }
+                }
+            }
+            QuantFormat::Q6K => {
+                let d = f16(b, 208);
+                for i in 0..256 {
+                    let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
+                    let low = (b[64 * h + 32 * (j % 2) + l] >> (4 * (j / 2))) as i32 & 0xF;
+                    let high = (b[128 + 32 * h + l] >> (2 * j)) as i32 & 3;
+                    out.push((
+                        (low | high << 4) - 32,
+                        d * b[192 + 8 * h + 2 * j + l / 16] as i8 as f32,
+                        0.0,
+                    ));
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The weights the wide tiles decode (quant.cu's QWIDE_BF16X2, the default): (q - offset) times
+/// the scale in bf16 plus the bias in bf16, rounded once.
+fn bf16_pair_weights(format: QuantFormat, blocks: &[u8]) -> Option<Vec<f64>> {
+    let in_bf16 = |v: f32| bf16_value(bf16_bits(v)) as f64;
+    let parts = wide_value_parts(format, blocks)?;
+    Some(
+        parts
+            .into_iter()
+            .map(|(q, s, b)| round_to_bf16(q as f64 * in_bf16(s) + in_bf16(b)))
+            .collect(),
+    )
+}
+
+#[test]
+fn the_wide_tile_decode_model_follows_the_cpu_dequantizer() {
+    // No GPU needed: the parts bf16_pair_weights rounds must give the CPU's weights unrounded.
+    for format in QUANT_FORMATS {
+        let (n, k) = (3, 512);
+        let blocks = random_blocks(format, n, k, 7);
+        let mut w = vec![0f32; n * k];
+        dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
+        let Some(parts) = wide_value_parts(format, &blocks) else {
+            assert!(format.wide_kernel().is_none(), "{format:?} has wide tiles but no model");
+            continue;
+        };
+        assert_eq!(parts.len(), w.len());
+        for (i, ((q, s, b), &want)) in parts.into_iter().zip(&w).enumerate() {
+            let got = q as f64 * s as f64 + b as f64;
+            let size = (q as f64 * s as f64).abs() + (b as f64).abs();
+            assert!(
+                (got - want as f64).abs() <= 1e-6 * size,
+                "{format:?} value {i}: {got} vs {want}"
+            );
+        }
+    }
+    assert_eq!(round_to_bf16(1.0 + 1.0 / 256.0), 1.0, "a tie rounds to even");
+    assert_eq!(round_to_bf16(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
+    assert_eq!(round_to_bf16(-3.0), -3.0);
+}
+
 #[test]
 fn quantized_gemm_matches_the_bf16_rounded_weights() {
     let Some(gpu) = first_gpu() else {
         return;
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
-    // quant.cu's two tensor-core GEMMs over quantized blocks, the tiles as compiled here.
-    let tiles = [QuantGemmTile::Registers, kernels.shared_tile()];
+    // quant.cu's tensor-core GEMMs over quantized blocks: the tiles as compiled here, and the wide
+    // tiles of the formats that have them where quant.cu has wgmma.
     for format in QUANT_FORMATS {
+        let wide = (kernels.wide_tiles() && format.wide_kernel().is_some()).then_some(QuantGemmTile::Wide);
+        let tiles: Vec<QuantGemmTile> = [QuantGemmTile::Registers, kernels.shared_tile()]
+            .into_iter()
+            .chain(wide)
+            .collect();
         // Rows past a 128-row tile and short of one; tokens within one 64-token tile, past it,
         // a partial third and past four (of 128-token tiles: within one, a partial second and
-        // past two); k of 6 and 22 steps of 128 columns (12 and 44 of 64). Both GEMMs, whole
-        // and with k split 3 ways.
+        // past two; of 256: within one, a partial second); k of 6 and 22 steps of 128 columns
+        // (12 and 44 of 64). Every GEMM, whole and with k split 3 ways.
         for (n, k) in [(37usize, 768usize), (258, 2816)] {
             let blocks = random_blocks(format, n, k, 3 * n as u64 + k as u64);
             let mut w = vec![0f32; n * k];
             dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
             let wb: Vec<f64> = w.iter().map(|&v| bf16_value(bf16_bits(v)) as f64).collect();
             let seg = upload_segment(&gpu, format, &blocks, n, k);
+            // The wide tiles' weights, unless built with their f32 decode (QWIDE_BF16X2=0).
+            let f32_wide = std::env::var("STRATA_KERNEL_DEFINES").is_ok_and(|d| d.contains("QWIDE_BF16X2=0"));
+            let wide_weights = (!f32_wide).then(|| bf16_pair_weights(format, &blocks)).flatten();
             for (t, tile) in [9usize, 70, 130, 300]
                 .into_iter()
-                .flat_map(|t| tiles.map(|tile| (t, tile)))
+                .flat_map(|t| tiles.iter().map(move |&tile| (t, tile)))
             {
                 let xb = random_bf16(t * k, 11 + t as u64);
                 let x: Vec<f64> = xb.iter().map(|&b| bf16_value(b) as f64).collect();
@@ -387,9 +484,13 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 gpu.read(&y, 0, &mut got).unwrap();
                 let got_bf16 = read_bf16(&gpu, &yb, t * n);
                 let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
+                let weights = match (&wide_weights, tile) {
+                    (Some(ww), QuantGemmTile::Wide) => ww,
+                    _ => &wb,
+                };
                 for j in 0..t {
                     for r in 0..n {
-                        let (wr, xr) = (&wb[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
+                        let (wr, xr) = (&weights[r * k..(r + 1) * k], &x[j * k..(j + 1) * k]);
                         let want: f64 = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
                         let size: f64 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
                         let a = got[j * ld + r] as f64;
