@@ -1590,24 +1590,26 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         F::wide_copy(stage + crow * F::WIDE_ROW, stage + QWIDE_ROWS * F::WIDE_ROW + 4 * crow, w, n, kb, cblk,
                      crow_bytes, s, chalf);
     };
-    // x tile of step s: QWIDE_TOKENS x 64 bf16 in 16-byte pieces (qtile_at's swizzle). Thread i
-    // copies pieces 2 (i % 4) and + 1 (one 32-byte sector) of tokens i / 4 + 64 p; 64 tokens on,
-    // the swizzle repeats. A token past t copies the last one: a product's token column depends
-    // on its own x row only, and those columns are never stored.
-    constexpr int X_ROWS = QWIDE_TOKENS * QTILE_K / 16 / QWIDE_THREADS;
-    const int x_col = 16 * (threadIdx.x & 3), x_tok = threadIdx.x >> 2;
-    int x_at[X_ROWS];
-#pragma unroll
-    for (int p = 0; p < X_ROWS; p++) x_at[p] = min(x_tok + (QWIDE_THREADS / 4) * p, live - 1) * k + x_col;
-    const bf16* const x_tile = x + (size_t)tok0 * k;
-    const int x_dst0 = qtile_at(x_tok, x_col), x_dst1 = qtile_at(x_tok, x_col + 8);
+    // x tile of step s: QWIDE_TOKENS x 64 bf16 in 16-byte pieces (qtile_at's swizzle), zeros
+    // past t (a zero-byte copy reads nothing; copying the last token's row instead made gate/up
+    // at 160-224 tokens 1.4-2.1x slower, bench/NOTES.md v35). Thread i copies piece i % 8 of
+    // tokens i / 8 + 32 p, a warp four whole 128-byte rows an instruction; 32 tokens on, the
+    // swizzle repeats.
+    constexpr int X_ROWS = QWIDE_TOKENS * QTILE_K / 8 / QWIDE_THREADS;
+    const int x_col = 8 * (threadIdx.x & 7), x_tok = threadIdx.x >> 3;
+    const bf16* const x_row = x + (size_t)(tok0 + x_tok) * k + x_col;
+    const size_t x_stride = (size_t)(QWIDE_THREADS / 8) * k;
+    // This thread's tokens within t: p < x_live.
+    const int x_live = (live - x_tok + QWIDE_THREADS / 8 - 1) / (QWIDE_THREADS / 8);
+    const int x_dst = qtile_at(x_tok, x_col);
     auto load_x = [&](int s, int b) {
-        bf16* const dst = x_stage(b);
+        bf16* const dst = x_stage(b) + x_dst;
+        const bf16* src = x_row + s * QTILE_K;
 #pragma unroll
         for (int p = 0; p < X_ROWS; p++) {
-            const bf16* src = x_tile + (x_at[p] + s * QTILE_K);
-            cp_async16(dst + x_dst0 + (QWIDE_THREADS / 4) * p * QTILE_K, src, 16);
-            cp_async16(dst + x_dst1 + (QWIDE_THREADS / 4) * p * QTILE_K, src + 8, 16);
+            const bool in = p < x_live;
+            cp_async16(dst + (QWIDE_THREADS / 8) * p * QTILE_K, in ? src : x, in ? 16 : 0);
+            src += x_stride;
         }
     };
     // This lane's fragment rows: tile rows 16 warp + g and + 8 (warpgroup warp / 4 takes 64 rows).
