@@ -286,6 +286,11 @@ __device__ __forceinline__ uint4 ldmatrix_x4(const void* smem) {
     return r;
 }
 
+// A TMA tensor map (CUtensorMap, tma.rs's TmaMap), as a `__grid_constant__` kernel parameter.
+struct __align__(64) TmaMap {
+    unsigned long long words[16];
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // wgmma (sm_90a only: quant.cu compiles for it on a 9.0 GPU, every family under
 // STRATA_KERNEL_ARCH=compute_90a).
@@ -338,6 +343,22 @@ __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
                  "@!done bra WAIT;\n}\n" ::"r"(bar),
                  "r"(parity)
                  : "memory");
+}
+// Arrives on `bar` and adds `bytes` to the transactions its phase waits for (TMA copies).
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Makes mbarrier initializations visible to the async proxy (TMA) before their first use.
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// TMA: the box at coordinates (c0 innermost, c1) of the tensor `map` describes, into `smem`
+// as the map lays it out, completing its bytes on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_2d(void* smem, const TmaMap* map, int c0, int c1, unsigned bar) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+            "r"(dst),
+        "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
 }
 // Makes this thread's shared-memory stores (plain and cp.async) visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

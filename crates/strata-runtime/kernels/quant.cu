@@ -1563,12 +1563,21 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #define QWIDE_X_BYTES (QWIDE_TOKENS * QTILE_K * 2)
 // A stage's raw weight bytes, the most any format takes (Q6_K: 128 x 112 + 128 x 4).
 #define QWIDE_W_BYTES 16384
-// kernels.rs: QWIDE_SHARED_BYTES (every launch gets it); 1,024 bytes of slack align the base.
-#define QWIDE_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES) + 1024)
+// kernels.rs: QWIDE_SHARED_BYTES (every launch gets it): the stages, an mbarrier a stage for the
+// TMA path's x tiles, and 1,024 bytes of slack to align the base.
+#define QWIDE_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES + 8) + 1024)
+// 1 (STRATA_KERNEL_DEFINES="QWIDE_TMA=1", opt-in until run): one thread copies each step's x tile
+// by TMA (the kernel's x_map, 64 columns x 256 tokens, zeros past t) into the stage, completing on
+// the stage's mbarrier, instead of every lane issuing eight 16-byte cp.async: ncu put the wide
+// tiles' waits on those copies (bench/NOTES.md v35, v36). 0: the lanes' copies.
+#ifndef QWIDE_TMA
+#define QWIDE_TMA 0
+#endif
 
 template <class F>
 __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
-                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
+                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split,
+                           const TmaMap& x_map) {
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qwide_dynamic[];
     u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
@@ -1590,6 +1599,22 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         F::wide_copy(stage + crow * F::WIDE_ROW, stage + QWIDE_ROWS * F::WIDE_ROW + 4 * crow, w, n, kb, cblk,
                      crow_bytes, s, chalf);
     };
+#if QWIDE_TMA
+    // x tile of step s by TMA into stage b, completing on x_full + 8 b (the map's 128-byte
+    // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes).
+    const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES));
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < QWIDE_STAGES; b++) mbarrier_init(x_full + 8 * b, 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    auto load_x = [&](int s, int b) {
+        if (threadIdx.x == 0) {
+            mbarrier_expect_tx(x_full + 8 * b, QWIDE_X_BYTES);
+            tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, x_full + 8 * b);
+        }
+    };
+#else
     // x tile of step s: QWIDE_TOKENS x 64 bf16 in 16-byte pieces (qtile_at's swizzle), zeros
     // past t (a zero-byte copy reads nothing; copying the last token's row instead made gate/up
     // at 160-224 tokens 1.4-2.1x slower, bench/NOTES.md v35). Thread i copies piece i % 8 of
@@ -1612,6 +1637,7 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
             src += x_stride;
         }
     };
+#endif
     // This lane's fragment rows: tile rows 16 warp + g and + 8 (warpgroup warp / 4 takes 64 rows).
     const int ra = 16 * warp + g, rb = ra + 8;
     // Which half of its word holds a row's d: the parity of its block's index (Q6_K).
@@ -1628,6 +1654,9 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_wait(QWIDE_STAGES - 3);
         fence_proxy_async();
         __syncthreads();
+#if QWIDE_TMA
+        mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
+#endif
         if (s + QWIDE_STAGES - 2 < last) {
             load_weights(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
             load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
@@ -1678,9 +1707,10 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
 }
 
 #define QUANT_WIDE_KERNEL(F, NAME)                                                                              \
-    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1) qgemm_wide_##NAME(                          \
-        const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld, int out_f32, int steps) { \
-        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps);                                            \
+    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1)                                             \
+        qgemm_wide_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
+                          int out_f32, int steps, const __grid_constant__ TmaMap x_map) {                       \
+        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, x_map);                                     \
     }
 
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.

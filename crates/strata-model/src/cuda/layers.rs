@@ -7,7 +7,7 @@ use strata_runtime::cuda::{
     gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
     Fp8Gemv, Fp8GemvQkvRopeCall, GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall,
     NormOp, QuantEmbeddingCall, QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
-    QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall, SumRanksCall, QGEMM_K,
+    QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
 };
 
 use crate::config::ModelConfig;
@@ -800,7 +800,7 @@ impl GpuTransformer {
             } else {
                 tile
             };
-            let call = QuantGemmCall {
+            let mut call = QuantGemmCall {
                 format: seg.format,
                 tile,
                 w: seg.ptr,
@@ -813,7 +813,9 @@ impl GpuTransformer {
                 ld: n as i32,
                 out_f32: (out == GemmOut::F32) as i32,
                 steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
+                x_map: TmaMap::NONE,
             };
+            call.x_map = call.x_map_for(self.kernels.wide_tma())?;
             call.launch_with(self.shaped_launcher((seg.rows, k)))?;
             if let Some(reduce) = call.reduce() {
                 reduce.launch_with(self.shaped_launcher((seg.rows, k)))?;

@@ -389,6 +389,8 @@ pub struct Kernels {
     specialized_tiles: bool,
     /// Whether quant.cu was compiled with wgmma (`compute_90a`, QTILE_WGMMA), so its wide tiles run.
     wide_tiles: bool,
+    /// Whether those tiles copy x by TMA (QWIDE_TMA), so their calls need an x map.
+    wide_tma: bool,
 }
 
 /// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
@@ -397,9 +399,9 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// The same where those tiles are warp-specialized: three stages of a weight and an x tile, the
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
-/// quant.cu's QWIDE_SHARED: the wide tiles' four stages of a 256 x 64 bf16 x tile and 16 KB of
-/// raw weight bytes, and the slack.
-pub const QWIDE_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384) + 1024;
+/// quant.cu's QWIDE_SHARED: the wide tiles' four stages of a 256 x 64 bf16 x tile, 16 KB of raw
+/// weight bytes and an mbarrier, and the slack.
+pub const QWIDE_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384 + 8) + 1024;
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
 /// kernels, alone in the family, are bounded to 512 threads a block.
@@ -419,6 +421,7 @@ impl Kernels {
         let mut shared = HashMap::new();
         let mut specialized_tiles = false;
         let mut wide_tiles = false;
+        let mut wide_tma = false;
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
@@ -426,6 +429,7 @@ impl Kernels {
             specialized_tiles |= specialized;
             // The wide tiles' only wgmma shape: absent where quant.cu compiled without wgmma.
             wide_tiles |= family == "quant" && ptx.contains("m64n256k16");
+            wide_tma |= family == "quant" && ptx.contains("cp.async.bulk.tensor");
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -464,6 +468,7 @@ impl Kernels {
             shared,
             specialized_tiles,
             wide_tiles,
+            wide_tma,
         })
     }
 
@@ -480,6 +485,12 @@ impl Kernels {
     /// Whether quant.cu's wide tiles ([`QuantGemmTile::Wide`]) run here: compiled with wgmma.
     pub fn wide_tiles(&self) -> bool {
         self.wide_tiles
+    }
+
+    /// Whether the wide tiles copy x by TMA (QWIDE_TMA): their calls then carry a map of x
+    /// ([`super::QuantGemmCall::x_map_for`]).
+    pub fn wide_tma(&self) -> bool {
+        self.wide_tma
     }
 
     /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more

@@ -56,6 +56,7 @@ pub mod quant_call;
 pub mod rope_call;
 pub mod row_adjust_call;
 pub mod sampling_call;
+pub mod tma;
 
 pub use activation_call::{SiluMulCall, SiluMulFp8Call, SILU_FP8_MAX_INTER};
 pub use attention_call::AttentionCall;
@@ -80,6 +81,7 @@ pub use quant_call::{
 pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};
 pub use sampling_call::{ChooseTokensCall, TokensFromArgmaxCall};
+pub use tma::TmaMap;
 
 /// A kernel argument's address as a call's `args()` gives it: the unit tests pin each call's
 /// arguments to its fields, in order.
@@ -304,12 +306,20 @@ mod tests {
                 ld: 1,
                 out_f32: 0,
                 steps_per_split: 2,
+                x_map: TmaMap::NONE,
             };
             let tiled = QuantGemmCall {
                 tile: QuantGemmTile::Shared,
                 ..m
             };
             names.extend([d.name(), e.name(), m.name(), tiled.name()].map(String::from));
+            if format.wide_kernel().is_some() {
+                let wide = QuantGemmCall {
+                    tile: QuantGemmTile::Wide,
+                    ..m
+                };
+                names.push(wide.name().to_string());
+            }
         }
         let q = QuantizeQ8Call {
             x: 1,

@@ -9,6 +9,8 @@ use strata_formats::GgmlType;
 use super::gemm_call::{gemv_kernels, GEMV_KERNEL_TOKENS, GEMV_THREADS};
 use super::kernels::FAMILIES;
 use super::norm_call::ROW_THREADS;
+use super::tma::{encode_bf16_matrix_map, TmaMap};
+use super::CudaError;
 use crate::kernel_args;
 
 /// A GGUF block format the GPU reads without dequantizing it first.
@@ -494,6 +496,8 @@ pub struct QuantGemmCall {
     /// Column steps a block takes ([`QuantGemmTile::steps_per_split_for`]; all of k's steps: no
     /// split).
     pub steps_per_split: i32,
+    /// The wide tiles' TMA map of x ([`Self::x_map_for`]); [`TmaMap::NONE`] elsewhere.
+    pub x_map: TmaMap,
 }
 
 impl QuantGemmCall {
@@ -506,6 +510,16 @@ impl QuantGemmCall {
                 .wide_kernel()
                 .unwrap_or_else(|| panic!("{:?} has no wide tiles", self.format)),
         }
+    }
+
+    /// The TMA map of x the call's kernel reads: x's boxes of 64 columns x 256 tokens where the
+    /// wide tiles copy x by TMA (`tma`, [`super::Kernels::wide_tma`]), none otherwise.
+    pub fn x_map_for(&self, tma: bool) -> Result<TmaMap, CudaError> {
+        if self.tile != QuantGemmTile::Wide || !tma {
+            return Ok(TmaMap::NONE);
+        }
+        let tokens = QuantGemmTile::Wide.tokens() as u32;
+        encode_bf16_matrix_map(self.x, self.t as usize, self.k as usize, 64, tokens)
     }
 
     /// Blocks per tile along k (1: no split, y written directly).
@@ -541,7 +555,7 @@ impl QuantGemmCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        kernel_args!(
+        let mut args = kernel_args!(
             self.w,
             self.x,
             self.y,
@@ -553,7 +567,12 @@ impl QuantGemmCall {
             self.out_f32,
             self.steps_per_split
         )
-        .to_vec()
+        .to_vec();
+        // The wide tiles' last parameter: the map, by value.
+        if self.tile == QuantGemmTile::Wide {
+            args.extend(kernel_args!(self.x_map));
+        }
+        args
     }
 
     one_kernel_launch!("quant.cu");
@@ -743,6 +762,7 @@ mod tests {
             ld: 4608,
             out_f32: 0,
             steps_per_split: 15,
+            x_map: TmaMap::NONE,
         };
         // 148 steps 15 a block: 10 blocks along k, the last taking 13.
         assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((28, 2, 10), 128, 0)));
@@ -810,7 +830,12 @@ mod tests {
             (wide_call.name(), wide_call.shape()),
             ("qgemm_wide_q4_k", ((28, 1, 5), 256, 0))
         );
-        assert_eq!(wide_call.args(), fields(&wide_call));
+        // Their kernel takes x's TMA map last, by value (unused unless built with QWIDE_TMA).
+        let mut want = fields(&wide_call);
+        want.push(at(&wide_call.x_map));
+        assert_eq!(wide_call.args(), want);
+        assert_eq!(wide_call.x_map_for(false).unwrap(), TmaMap::NONE);
+        assert_eq!(tiled.x_map_for(true).unwrap(), TmaMap::NONE);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (and the arch-specific
-//! sm_90a, wgmma in the tile GEMM, also warp-specialized, and the wide tiles' f32 decode) and,
-//! where ptxas is given, assembles (no GPU needed); the model shapes the kernels are not written
-//! for are refused before compiling.
+//! sm_90a, wgmma in the tile GEMM, also warp-specialized, and the wide tiles' f32 decode and TMA
+//! copies) and, where ptxas is given, assembles (no GPU needed); the model shapes the kernels are
+//! not written for are refused before compiling.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -108,6 +108,15 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     );
     if let Some(p) = &ptxas {
         running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_specialized.ptx")));
+    }
+    // And the wide tiles' x copied by TMA (QWIDE_TMA=1), which Kernels::load recognizes.
+    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_TMA=1"]).unwrap();
+    assert!(
+        ptx.contains("cp.async.bulk.tensor.2d") && ptx.contains("mbarrier.arrive.expect_tx"),
+        "quant.cu with QWIDE_TMA=1: no TMA copies of x in the PTX"
+    );
+    if let Some(p) = &ptxas {
+        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_wide_tma.ptx")));
     }
     // And the wide tiles' f32 decode (the default decodes in bf16 pairs).
     let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_BF16X2=0"]).unwrap();

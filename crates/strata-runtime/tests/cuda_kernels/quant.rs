@@ -8,7 +8,7 @@
 use strata_formats::quant::{dequantize, scales_and_mins};
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
-    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QUANT_FORMATS,
+    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, TmaMap, Q8_BLOCK, QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
@@ -463,6 +463,11 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     ld: ld as i32,
                     out_f32: 1,
                     steps_per_split: steps as i32,
+                    x_map: TmaMap::NONE,
+                };
+                let whole = QuantGemmCall {
+                    x_map: whole.x_map_for(kernels.wide_tma()).unwrap(),
+                    ..whole
                 };
                 // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
                 unsafe { whole.launch(&gpu, &kernels) }.unwrap();
