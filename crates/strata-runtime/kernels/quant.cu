@@ -1152,6 +1152,24 @@ __device__ __forceinline__ void qgemm_store(float v, void* __restrict__ y, float
     }
 }
 
+// The wgmma sums of multiplying warp w of a tile GEMM's block (tile rows from row0, tokens from
+// tok0, `live` of them): lane (g, c) holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens
+// 8 j + 2c (+ 1) of n8 chunk j, in acc[4 j + e].
+template <int N>
+__device__ __forceinline__ void store_wgmma_sums(const float (&acc)[N], int w, int row0, int tok0, int live,
+                                                 void* __restrict__ y, float* __restrict__ parts, int n, int t,
+                                                 int ld, int out_f32) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int j = 0; j < N / 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + 16 * w + g + 8 * (e >> 1);
+            const int tok = 8 * j + 2 * c + (e & 1);
+            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+        }
+}
+
 template <class F>
 __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                       float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
@@ -1405,18 +1423,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_commit();
     };
 #if QTILE_ON_WGMMA
-    // The sums of multiplying warp w (0..7): tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens
-    // 8 j + 2c, + 1 of n8 chunk j.
-    auto store_wgmma_sums = [&](const float (&acc)[64], int w) {
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + 16 * w + g + 8 * (e >> 1);
-                const int tok = 8 * j + 2 * c + (e & 1);
-                if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
-            }
-    };
     // Issues one step's products of multiplying warp w's warpgroup (w / 4: tile rows 64 (w / 4)..,
     // all 128 tokens) from weight tile wt and x tile xt; k16 steps are 32 bytes into each
     // 128-byte row (2 in the descriptors' address field). The caller waits for them.
@@ -1469,7 +1475,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_hold(acc);
         mbarrier_arrive(empty_bar + 8 * b);
     }
-    store_wgmma_sums(acc, mwarp);
+    store_wgmma_sums(acc, mwarp, row0, tok0, live, y, parts, n, t, ld, out_f32);
 #elif QTILE_ON_WGMMA
     float acc[64] = {};
     // The first weights decode before the previous kernel is waited for: they are not its output.
@@ -1494,7 +1500,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_wait_all();
         wgmma_hold(acc);
     }
-    store_wgmma_sums(acc, warp);
+    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32);
 #else
     float acc[4][4][4] = {};
     wait_for_previous_kernel();
@@ -1691,15 +1697,7 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
     if (s < last) step(s, a0);
     wgmma_wait_all();
     wgmma_hold(acc);
-    // Lane (g, c) of warp w holds rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c (+ 1).
-#pragma unroll
-    for (int j = 0; j < QWIDE_TOKENS / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + ra + 8 * (e >> 1);
-            const int tok = 8 * j + 2 * c + (e & 1);
-            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
-        }
+    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
     __trap();
