@@ -109,12 +109,16 @@ __device__ __forceinline__ float half_to_f32(u32 h) {
     return f;
 }
 
+// Byte j of w (0..255) less `offset`, as a float: one permute and one add.
+__device__ __forceinline__ float byte_as_float(u32 w, int j, float offset = 0.0f) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, j | 0x7540)) - (MAGIC + offset);
+}
+
 // v[0..4) = (byte j of m - offset) * scale + bias, each byte at most 255.
 __device__ __forceinline__ void four_values(u32 m, float offset, float scale, float bias, float* v) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const float q = __uint_as_float(__byte_perm(m, 0x4B000000u, j | 0x7540)) - (MAGIC + offset);
-        v[j] = fmaf(q, scale, bias);
+        v[j] = fmaf(byte_as_float(m, j, offset), scale, bias);
     }
 }
 
@@ -164,10 +168,6 @@ __device__ __forceinline__ u32 and_or(u32 a, u32 bits) {
     u32 d;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "r"(bits));
     return d;
-}
-// Byte j of w (0..255) as a float.
-__device__ __forceinline__ float byte_as_float(u32 w, int j) {
-    return __uint_as_float(__byte_perm(w, 0x4B000000u, j | 0x7540)) - MAGIC;
 }
 // A Q4_K/Q5_K row's scales for step c4 (0..3) of a block's four 64-column steps, as bf16 pairs:
 // sub-block 2 c4's scale and bias, and sub-block 2 c4 + 1's. The 6-bit fields unpack four at a
@@ -1362,7 +1362,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     __shared__ __align__(1024) bf16 xs[2][QTILE_TOKENS * QTILE_K];
     auto xs_buf = [&](int b) { return &xs[b][0]; };
 #endif
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * QTILE_ROWS, tok0 = blockIdx.y * QTILE_TOKENS;
     const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
     const int last = min(steps, first + steps_per_split);
@@ -1503,6 +1503,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
     store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32);
 #else
     float acc[4][4][4] = {};
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     wait_for_previous_kernel();
     if (first < last) load_x(first, 0);
     // Warps 2 (rows) x 4 (tokens): warp (wr, wt) takes rows 64 wr.. and tokens 32 wt.. of the tile.
