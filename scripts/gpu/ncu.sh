@@ -30,7 +30,9 @@ elif [ "$RUN" = quant ]; then
     SKIP=${NCU_SKIP:-2000}
 elif [ "$RUN" = fp8 ]; then
     qwen7b_checkpoint
-    ARGS="bench-gpu --model $Q7 --quantization fp8 --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 32"
+    # A 16 GiB card: ncu saves and restores device memory around each replayed kernel, and failed
+    # doing that with the whole H100 taken by the KV cache.
+    ARGS="bench-gpu --model $Q7 --quantization fp8 --gpu-memory-limit 16GiB --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 32"
     KERNELS=${NCU_KERNELS:-fp8_gemv}
     SKIP=${NCU_SKIP:-400}
 else
@@ -45,7 +47,7 @@ STALLS=()
 [ -n "${NCU_STALLS:-}" ] && STALLS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
 timeout ${NCU_TIMEOUT:-400} "$NCU" --clock-control none ${NCU_REPLAY:+--replay-mode $NCU_REPLAY} -k "regex:${KERNELS:-${NCU_KERNELS:-paged_attention_staged_bf16}}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-    --section LaunchStats --section SchedulerStats "${STALLS[@]}" $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
+    --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis "${STALLS[@]}" $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
     > "$OUT/ncu_$NAME.log"
-grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Grid Size|Block Size|issue_stalled" \
+grep -E "^  [a-z_]+.*\(|Duration|Pipe|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Grid Size|Block Size|issue_stalled" \
     "$OUT/ncu_$NAME.log" | head -${NCU_SUMMARY_LINES:-80}
