@@ -1573,12 +1573,12 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 // kernels.rs: QWIDE_SHARED_BYTES (every launch gets it): the stages, an mbarrier a stage for the
 // TMA path's x tiles, and 1,024 bytes of slack to align the base.
 #define QWIDE_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES + 8) + 1024)
-// 1 (STRATA_KERNEL_DEFINES="QWIDE_TMA=1", opt-in until run): one thread copies each step's x tile
-// by TMA (the kernel's x_map, 64 columns x 256 tokens, zeros past t) into the stage, completing on
-// the stage's mbarrier, instead of every lane issuing eight 16-byte cp.async: ncu put the wide
-// tiles' waits on those copies (bench/NOTES.md v35, v36). 0: the lanes' copies.
+// 1: one thread copies each step's x tile by TMA (the kernel's x_map, 64 columns x 256 tokens,
+// zeros past t) into the stage, completing on the stage's mbarrier, instead of every lane issuing
+// eight 16-byte cp.async, which ncu found the wide tiles waiting on (bench/NOTES.md v35, v36:
+// 3.4 % off the 256-user step). 0 (STRATA_KERNEL_DEFINES="QWIDE_TMA=0"): the lanes' copies.
 #ifndef QWIDE_TMA
-#define QWIDE_TMA 0
+#define QWIDE_TMA 1
 #endif
 
 template <class F>

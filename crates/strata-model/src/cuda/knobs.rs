@@ -60,9 +60,9 @@ pub struct GpuKnobs {
     /// An FP8 QKV GEMV applies RoPE and writes the cache itself (`fp8_gemv_qkv_rope_t*`), as
     /// the bf16 one does (bench/NOTES.md, FP8 v6); `STRATA_FP8_QKV_ROPE=0` runs rope.cu after it.
     pub fp8_qkv_rope: bool,
-    /// `STRATA_QUANT_WIDE=1`: quantized products of more than 128 tokens on quant.cu's wide tiles
-    /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers), opt-in
-    /// until timed (bench/NOTES.md v35).
+    /// Quantized products of more than 128 tokens on quant.cu's wide tiles where they run
+    /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
+    /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
 }
 
@@ -101,7 +101,7 @@ impl GpuKnobs {
                 _ => Fp8Gemv::Lanes,
             },
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
-            quant_wide: var("STRATA_QUANT_WIDE").is_some_and(|v| v == "1"),
+            quant_wide: !off("STRATA_QUANT_WIDE"),
         }
     }
 }
@@ -136,7 +136,7 @@ mod tests {
                 fp8_outer_scales: false,
                 fp8_gemv: Fp8Gemv::Lanes,
                 fp8_qkv_rope: true,
-                quant_wide: false,
+                quant_wide: true,
             }
         );
         let all = knobs(&[
@@ -156,7 +156,7 @@ mod tests {
             ("STRATA_FP8_OUTER_SCALES", "1"),
             ("STRATA_FP8_GEMV", "mma"),
             ("STRATA_FP8_QKV_ROPE", "0"),
-            ("STRATA_QUANT_WIDE", "1"),
+            ("STRATA_QUANT_WIDE", "0"),
         ]);
         assert_eq!(
             all,
@@ -177,7 +177,7 @@ mod tests {
                 fp8_outer_scales: true,
                 fp8_gemv: Fp8Gemv::Mma,
                 fp8_qkv_rope: false,
-                quant_wide: true,
+                quant_wide: false,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

@@ -765,8 +765,8 @@ impl GpuTransformer {
     }
 
     /// [`Self::quantized_matmul`] on one of quant.cu's tensor-core GEMMs (the shared-memory tiles
-    /// from `quant_gemm_tile_min_tokens` on, the wide ones past 128 tokens under
-    /// `STRATA_QUANT_WIDE=1`), segment by segment, k split
+    /// from `quant_gemm_tile_min_tokens` on, the wide ones past 128 tokens unless
+    /// `STRATA_QUANT_WIDE=0`), segment by segment, k split
     /// (and the splits summed) where the segment's tiles would not fill the GPU twice.
     fn quantized_gemm(
         &mut self,
@@ -789,7 +789,7 @@ impl GpuTransformer {
         } else {
             QuantGemmTile::Registers
         };
-        // Past one 128-token tile, the formats with wide tiles take them (opt-in until timed).
+        // Past one 128-token tile, the formats with wide tiles take them.
         let wide = self.knobs.quant_wide
             && tile != QuantGemmTile::Registers
             && t > QuantGemmTile::Shared.tokens()

@@ -1,6 +1,6 @@
 //! Every kernel family compiles with NVRTC for sm_90, sm_86 and sm_80 (and the arch-specific
-//! sm_90a, wgmma in the tile GEMM, also warp-specialized, and the wide tiles' f32 decode and TMA
-//! copies) and, where ptxas is given, assembles (no GPU needed); the model shapes the kernels are
+//! sm_90a, wgmma in the tile GEMM, also warp-specialized, and the wide tiles' f32 decode and the
+//! lanes' x copies) and, where ptxas is given, assembles (no GPU needed); the model shapes the kernels are
 //! not written for are refused before compiling.
 
 use std::path::PathBuf;
@@ -69,12 +69,17 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             }
         }
         for ((family, text), (_, _, names)) in ptx.iter().zip(FAMILIES) {
-            // Only the sm_90a build multiplies the quantized tiles with wgmma.
+            // Only the sm_90a build multiplies the quantized tiles with wgmma, and its wide
+            // tiles copy x by TMA.
             let wgmma = text.contains("wgmma.mma_async");
+            let tma = text.contains("cp.async.bulk.tensor.2d");
             assert_eq!(
-                wgmma,
-                *family == "quant" && arch == "compute_90a",
-                "{family}.cu for {arch}: wgmma {wgmma}"
+                (wgmma, tma),
+                (
+                    *family == "quant" && arch == "compute_90a",
+                    *family == "quant" && arch == "compute_90a"
+                ),
+                "{family}.cu for {arch}: wgmma {wgmma}, TMA {tma}"
             );
             // Kernels::load takes the tiles as warp-specialized only where they are opted into.
             assert!(
@@ -109,14 +114,15 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     if let Some(p) = &ptxas {
         running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_specialized.ptx")));
     }
-    // And the wide tiles' x copied by TMA (QWIDE_TMA=1), which Kernels::load recognizes.
-    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_TMA=1"]).unwrap();
+    // And the wide tiles' x copied by the lanes (QWIDE_TMA=0; the default copies it by TMA,
+    // which Kernels::load recognizes).
+    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_TMA=0"]).unwrap();
     assert!(
-        ptx.contains("cp.async.bulk.tensor.2d") && ptx.contains("mbarrier.arrive.expect_tx"),
-        "quant.cu with QWIDE_TMA=1: no TMA copies of x in the PTX"
+        ptx.contains("m64n256k16") && !ptx.contains("cp.async.bulk.tensor.2d"),
+        "quant.cu with QWIDE_TMA=0: the wide tiles still copy x by TMA"
     );
     if let Some(p) = &ptxas {
-        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_wide_tma.ptx")));
+        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_wide_lanes.ptx")));
     }
     // And the wide tiles' f32 decode (the default decodes in bf16 pairs).
     let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_BF16X2=0"]).unwrap();
