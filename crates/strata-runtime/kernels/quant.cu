@@ -1558,8 +1558,9 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 // of up to 256 tokens decodes each weight once. No decoded weight passes through shared memory:
 // each lane decodes its own A fragments (2 rows x 16 columns a step) from the raw block bytes into
 // registers, and wgmma reads them there while x comes from shared memory (bench/NOTES.md v35).
-// cp.async fills a ring of QWIDE_STAGES stages (x tile and the step's raw weight bytes), two steps
-// ahead; the decode of step s runs while the tensor cores multiply step s - 1.
+// A ring of QWIDE_STAGES stages (the step's x tile, by TMA unless QWIDE_TMA=0, and its raw weight
+// bytes by cp.async) fills two steps ahead; the decode of step s runs while the tensor cores
+// multiply step s - 1.
 // Grid (ceil(n / 128), ceil(t / 256), splits), k split into parts as qgemm's.
 #define QWIDE_ROWS 128
 #define QWIDE_TOKENS 256

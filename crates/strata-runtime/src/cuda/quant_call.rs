@@ -172,9 +172,7 @@ impl QuantFormat {
         let format = QUANT_FORMATS.iter().position(|&f| f == self).unwrap_or_default();
         quant_kernels()[format * KERNELS_PER_FORMAT + offset]
     }
-}
 
-impl QuantFormat {
     /// quant.cu's wide-tile GEMM for this format (`qgemm_wide_*`), where it has one.
     pub fn wide_kernel(self) -> Option<&'static str> {
         let first = QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2;

@@ -99,39 +99,45 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             }
         }
     }
-    // The opt-in variants the GPU scripts time: quant.cu's warp-specialized wgmma tiles (512
-    // threads a block, stages handed over by mbarriers).
+    // The variants of quant.cu the GPU scripts time.
     let (_, quant, _) = FAMILIES.iter().find(|(family, _, _)| *family == "quant").unwrap();
     let spec = KernelSpec {
         head_dim: 128,
         group: 7,
     };
-    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QTILE_SPECIALIZED=1"]).unwrap();
-    assert!(
-        ptx.contains("mbarrier.try_wait") && has_specialized_tiles(&ptx),
-        "quant.cu with QTILE_SPECIALIZED=1: no warp-specialized tiles in the PTX"
-    );
-    if let Some(p) = &ptxas {
-        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_specialized.ptx")));
-    }
-    // And the wide tiles' x copied by the lanes (QWIDE_TMA=0; the default copies it by TMA,
-    // which Kernels::load recognizes).
-    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_TMA=0"]).unwrap();
-    assert!(
-        ptx.contains("m64n256k16") && !ptx.contains("cp.async.bulk.tensor.2d"),
-        "quant.cu with QWIDE_TMA=0: the wide tiles still copy x by TMA"
-    );
-    if let Some(p) = &ptxas {
-        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_wide_lanes.ptx")));
-    }
-    // And the wide tiles' f32 decode (the default decodes in bf16 pairs).
-    let ptx = compile_variant("quant", quant, spec, "compute_90a", &["QWIDE_BF16X2=0"]).unwrap();
-    assert!(
-        ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
-        "quant.cu with QWIDE_BF16X2=0: not the wide tiles' f32 decode"
-    );
-    if let Some(p) = &ptxas {
-        running.push(assemble(p, &ptx, "compute_90a", dir.join("quant_wide_f32.ptx")));
+    // Each variant's define, the file ptxas assembles, what its PTX must show and what is
+    // missing otherwise.
+    type Shows = fn(&str) -> bool;
+    let variants: [(&str, &str, Shows, &str); 3] = [
+        // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
+        (
+            "QTILE_SPECIALIZED=1",
+            "quant_specialized.ptx",
+            |ptx| ptx.contains("mbarrier.try_wait") && has_specialized_tiles(ptx),
+            "no warp-specialized tiles in the PTX",
+        ),
+        // The wide tiles' x copied by the lanes (the default copies it by TMA, which
+        // Kernels::load recognizes).
+        (
+            "QWIDE_TMA=0",
+            "quant_wide_lanes.ptx",
+            |ptx| ptx.contains("m64n256k16") && !ptx.contains("cp.async.bulk.tensor.2d"),
+            "the wide tiles still copy x by TMA",
+        ),
+        // The wide tiles' f32 decode (the default decodes in bf16 pairs).
+        (
+            "QWIDE_BF16X2=0",
+            "quant_wide_f32.ptx",
+            |ptx| ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
+            "not the wide tiles' f32 decode",
+        ),
+    ];
+    for (define, file, shows, missing) in variants {
+        let ptx = compile_variant("quant", quant, spec, "compute_90a", &[define]).unwrap();
+        assert!(shows(&ptx), "quant.cu with {define}: {missing}");
+        if let Some(p) = &ptxas {
+            running.push(assemble(p, &ptx, "compute_90a", dir.join(file)));
+        }
     }
     finish(&mut running);
     let _ = std::fs::remove_dir_all(&dir);
