@@ -664,22 +664,42 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS)
     paged_attention_mma<true, true>(ATTENTION_CALL, stages);
 }
 
-// Merges the context parts of each (token, head) into out as T.
+// Merges the context parts of each (token, head) into out as T. Up to 32 parts, each warp loads
+// every part's maximum and denominator at once (a lane a part) and its threads' sums of all parts
+// without waiting on one another, instead of two passes of one load after another; the sums are
+// added in part order as before, so the output is the same.
 template <typename T>
 __device__ __forceinline__ void reduce_parts(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                              T* __restrict__ out, int parts) {
     const int t = blockIdx.x, head = blockIdx.y, n_heads = gridDim.y, d = threadIdx.x;
     const size_t base = ((size_t)t * n_heads + head) * parts;
-    float mx = NEG_INF;
-    for (int p = 0; p < parts; p++) mx = fmaxf(mx, part_ml[2 * (base + p)]);
     float num = 0.0f, den = 0.0f;
-    if (mx != NEG_INF) {
+    if (parts <= 32) {
+        const int lane = threadIdx.x & 31;
+        const float pm = lane < parts ? part_ml[2 * (base + lane)] : NEG_INF;
+        const float pl = lane < parts ? part_ml[2 * (base + lane) + 1] : 0.0f;
+        float mx = pm;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        // Part p's weight: 0 where it saw no key (and everywhere when no part did).
+        const float f = pm == NEG_INF ? 0.0f : __expf(pm - mx);
+#pragma unroll 8
         for (int p = 0; p < parts; p++) {
-            const float pm = part_ml[2 * (base + p)];
-            if (pm == NEG_INF) continue;
-            const float f = __expf(pm - mx);
-            num += part_acc[(base + p) * HEAD_DIM + d] * f;
-            den += part_ml[2 * (base + p) + 1] * f;
+            const float fp = __shfl_sync(0xffffffffu, f, p);
+            num += part_acc[(base + p) * HEAD_DIM + d] * fp;
+            den += __shfl_sync(0xffffffffu, pl, p) * fp;
+        }
+    } else {
+        float mx = NEG_INF;
+        for (int p = 0; p < parts; p++) mx = fmaxf(mx, part_ml[2 * (base + p)]);
+        if (mx != NEG_INF) {
+            for (int p = 0; p < parts; p++) {
+                const float pm = part_ml[2 * (base + p)];
+                if (pm == NEG_INF) continue;
+                const float f = __expf(pm - mx);
+                num += part_acc[(base + p) * HEAD_DIM + d] * f;
+                den += part_ml[2 * (base + p) + 1] * f;
+            }
         }
     }
     out[((size_t)t * n_heads + head) * HEAD_DIM + d] = from_f32<T>(den > 0.0f ? num / den : 0.0f);
