@@ -17,26 +17,6 @@ OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
 start_results fp8
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ -z "${ATTN_MERGE:-}" ]; then
-    bash scripts/gpu/stage_model.sh
-    echo "== kernel tests: fp8, gemm, quant (the quantized formats' GEMVs and tensor-core GEMM) and rope (the QKV GEMVs with RoPE)"
-    timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant rope > "$OUT/cuda_kernels_tests.log" 2>&1
-    grep -E "^test |panicked|result|skipped|cuBLASLt" "$OUT/cuda_kernels_tests.log"
-    echo "== kernel tests: fp8 with the integer E4M3 decode forced (the sm_80/86 fallback)"
-    STRATA_KERNEL_DEFINES=FP8_CVT=0 timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 \
-        > "$OUT/cuda_kernels_tests_integer_decode.log" 2>&1
-    grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests_integer_decode.log"
-    pack
-    if [ -x gpu-bin/cuda-test ] && [ -f "${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
-        for gemv in lanes mma; do
-            echo "== SmolLM2 with FP8 weights against bf16, $gemv GEMVs"
-            STRATA_FP8_GEMV=$gemv timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 > "$OUT/cuda_test_fp8_$gemv.log" 2>&1
-            grep -E "^test |panicked|result|FP8 weights" "$OUT/cuda_test_fp8_$gemv.log"
-        done
-        pack
-    fi
-fi
-
 # bench NAME QUANTIZATION LEVELS [VAR=VALUE ...]: bench-gpu on the 7B checkpoint with the variables set.
 bench() {
     local name=$1 quant=$2 levels=$3
@@ -49,6 +29,7 @@ bench() {
     grep -o "x[0-9]* (0 constrained).*fnv1a [0-9a-f]*" "$OUT/bench_$name.log" | sed 's/ (0 constrained).*fnv1a/ fnv1a/'
     pack
 }
+# ATTN_MERGE=1: FP8 v7's check alone (bench/NOTES.md), then stop.
 if [ -n "${ATTN_MERGE:-}" ]; then
     echo "== kernel tests: attention (each split variant merged by its last part and by attention_reduce)"
     timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 attention > "$OUT/cuda_kernels_tests.log" 2>&1
@@ -60,9 +41,7 @@ if [ -n "${ATTN_MERGE:-}" ]; then
         grep -E "^\| (bf16|fp8)" "$OUT/attention_$seqs.log"
     done
     pack
-fi
-qwen7b_checkpoint
-if [ -n "${ATTN_MERGE:-}" ]; then
+    qwen7b_checkpoint
     for round in 1 2; do
         for quant in fp8 none; do
             bench "${quant}_reduce_$round" $quant 1
@@ -71,6 +50,24 @@ if [ -n "${ATTN_MERGE:-}" ]; then
     done
     exit 0
 fi
+bash scripts/gpu/stage_model.sh
+echo "== kernel tests: fp8, gemm, quant (the quantized formats' GEMVs and tensor-core GEMM) and rope (the QKV GEMVs with RoPE)"
+timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant rope > "$OUT/cuda_kernels_tests.log" 2>&1
+grep -E "^test |panicked|result|skipped|cuBLASLt" "$OUT/cuda_kernels_tests.log"
+echo "== kernel tests: fp8 with the integer E4M3 decode forced (the sm_80/86 fallback)"
+STRATA_KERNEL_DEFINES=FP8_CVT=0 timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 \
+    > "$OUT/cuda_kernels_tests_integer_decode.log" 2>&1
+grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests_integer_decode.log"
+pack
+if [ -x gpu-bin/cuda-test ] && [ -f "${STRATA_CACHE:-$HOME/.cache/strata}/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    for gemv in lanes mma; do
+        echo "== SmolLM2 with FP8 weights against bf16, $gemv GEMVs"
+        STRATA_FP8_GEMV=$gemv timeout 200 gpu-bin/cuda-test --nocapture --test-threads 1 fp8 > "$OUT/cuda_test_fp8_$gemv.log" 2>&1
+        grep -E "^test |panicked|result|FP8 weights" "$OUT/cuda_test_fp8_$gemv.log"
+    done
+    pack
+fi
+qwen7b_checkpoint
 # QUICK=1: the FP8 single stream of each decode GEMV, after the kernel tests; the fusions off
 # (STRATA_FUSE_FP8=0) and the build before them (gpu-bin/pre_fp8v5/strata.gz, when carried),
 # twice each, for the output hash (bench/NOTES.md, FP8 v5); RoPE after the QKV GEMV (FP8 v6).
