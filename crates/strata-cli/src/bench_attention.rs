@@ -83,7 +83,7 @@ pub fn bench_attention(
     let part_acc = gpu.alloc(seqs * N_KV * GROUP * max_parts * HEAD_DIM * 4, "partial sums")?;
     let part_ml = gpu.alloc(seqs * N_KV * GROUP * max_parts * 2 * 4, "partial maxima")?;
     let part_counts = gpu.alloc(seqs * N_KV * 4, "part counts")?;
-    gpu.zero(&part_counts, 0, seqs * N_KV * 4)?;
+    gpu.zero(&part_counts, 0, part_counts.bytes())?;
     let keys: usize = contexts.iter().sum();
     let mut report = AttentionReport {
         gpu: gpu.info.name.clone(),
@@ -133,15 +133,20 @@ pub fn bench_attention(
         let mut variants = vec![(mma, 0, 1), (mma, 0, 2), (mma, 0, 4)];
         variants.extend([(staged, 2, 1), (staged, 3, 1), (staged, 2, 2), (staged, 3, 2)]);
         // Split variants both ways: a second kernel merges, or the last part does.
+        // (label, whether the kernel gets the counters).
         let variants = variants.into_iter().flat_map(|(kernel, stages, parts)| {
-            let merges: &[&'static str] = if parts > 1 { &["reduce", "last part"] } else { &["-"] };
+            let merges: &[(&'static str, bool)] = if parts > 1 {
+                &[("reduce", false), ("last part", true)]
+            } else {
+                &[("-", false)]
+            };
             merges.iter().map(move |&merge| (kernel, stages, parts, merge))
         });
-        for (kernel, stages, parts, merge) in variants {
+        for (kernel, stages, parts, (merge, counters)) in variants {
             let call = AttentionCall {
                 stages: stages as i32,
                 parts: parts as i32,
-                part_counts: if merge == "last part" { part_counts.ptr() } else { 0 },
+                part_counts: if counters { part_counts.ptr() } else { 0 },
                 fp8,
                 ..base
             };

@@ -32,8 +32,11 @@ fn run_attention(
     let out = gpu.alloc(tokens * width * 2, "out").unwrap();
     let part_acc = gpu.alloc(tokens * n_heads * parts * head_dim * 4, "partials").unwrap();
     let part_ml = gpu.alloc(tokens * n_heads * parts * 2 * 4, "partials").unwrap();
-    let part_counts = gpu.alloc(tokens * n_kv * 4, "part counts").unwrap();
-    gpu.zero(&part_counts, 0, tokens * n_kv * 4).unwrap();
+    let part_counts = counters.then(|| {
+        let counts = gpu.alloc(tokens * n_kv * 4, "part counts").unwrap();
+        gpu.zero(&counts, 0, counts.bytes()).unwrap();
+        counts
+    });
     let (k_scale, v_scale) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
     let call = AttentionCall {
         q: q.ptr(),
@@ -49,7 +52,7 @@ fn run_attention(
         out: out.ptr(),
         part_acc: part_acc.ptr(),
         part_ml: part_ml.ptr(),
-        part_counts: if counters { part_counts.ptr() } else { 0 },
+        part_counts: part_counts.as_ref().map_or(0, DeviceBuffer::ptr),
         n_kv: n_kv as i32,
         block_size: block_size as i32,
         scale: 0.3,
@@ -62,14 +65,15 @@ fn run_attention(
     };
     // SAFETY: buffers sized by the caller for these shapes.
     unsafe { call.launch(gpu, kernels, kernel) }.unwrap();
-    // The last part of each (token, KV head) merged the parts and left its count at zero (or
-    // there were no counters).
-    let mut counts = vec![0u32; tokens * n_kv];
-    gpu.read(&part_counts, 0, &mut counts).unwrap();
-    assert!(
-        counts.iter().all(|&c| c == 0),
-        "{kernel} parts {parts}: counts left {counts:?}"
-    );
+    // The last part of each (token, KV head) merged the parts and left its count at zero.
+    if let Some(part_counts) = &part_counts {
+        let mut counts = vec![0u32; tokens * n_kv];
+        gpu.read(part_counts, 0, &mut counts).unwrap();
+        assert!(
+            counts.iter().all(|&c| c == 0),
+            "{kernel} parts {parts}: counts left {counts:?}"
+        );
+    }
     read_bf16(gpu, &out, tokens * width)
 }
 
