@@ -10,7 +10,8 @@
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
 # single stream of each GEMV only; ATTN_MERGE=1: FP8 v7's check alone, the attention kernel tests,
 # the attention kernels timed with each merge of their parts, and the single stream in FP8 and
-# bf16 with and without STRATA_ATTN_MERGE=last_part, twice). Outputs in $OUT/results_fp8.tgz,
+# bf16 with and without STRATA_ATTN_MERGE=last_part, twice, an eager FP8 profile at one token, then
+# FP8 and bf16 at 256 users if the call has time left). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -48,6 +49,17 @@ if [ -n "${ATTN_MERGE:-}" ]; then
             bench "${quant}_last_part_$round" $quant 1 STRATA_ATTN_MERGE=last_part
         done
     done
+    echo "== where an FP8 decode step goes at 1 token, parts merged by the last part (eager steps)"
+    STRATA_ATTN_MERGE=last_part STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $Q7 --quantization fp8 \
+        --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 \
+        --decode-tokens 16 --out /tmp/profile.json > "$OUT/profile_fp8_1_last_part.log" 2>&1
+    grep -A24 "GPU profile" "$OUT/profile_fp8_1_last_part.log" | head -24
+    pack
+    # With time left in the call: FP8 against bf16 at 256 users (one part a token, so no knob).
+    if [ $SECONDS -lt 330 ]; then
+        bench fp8_256 fp8 256
+        bench bf16_256 none 256
+    fi
     exit 0
 fi
 bash scripts/gpu/stage_model.sh
