@@ -8,10 +8,7 @@
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
-# single stream of each GEMV only; ATTN_MERGE=1: FP8 v7's check alone, the attention kernel tests,
-# the attention kernels timed with each merge of their parts, and the single stream in FP8 and
-# bf16 with and without STRATA_ATTN_MERGE=last_part, twice, an eager FP8 profile at one token, then
-# FP8 and bf16 at 256 users if the call has time left). Outputs in $OUT/results_fp8.tgz,
+# single stream of each GEMV only; BLOCKS=1: FP8 v8's check alone, below). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -30,33 +27,28 @@ bench() {
     grep -o "x[0-9]* (0 constrained).*fnv1a [0-9a-f]*" "$OUT/bench_$name.log" | sed 's/ (0 constrained).*fnv1a/ fnv1a/'
     pack
 }
-# ATTN_MERGE=1: FP8 v7's check alone (bench/NOTES.md), then stop.
-if [ -n "${ATTN_MERGE:-}" ]; then
-    echo "== kernel tests: attention (each split variant merged by its last part and by attention_reduce)"
-    timeout 120 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 attention > "$OUT/cuda_kernels_tests.log" 2>&1
+# BLOCKS=1: FP8 v8's check alone (bench/NOTES.md): the fp8 and rope kernel tests (the lanes'
+# GEMVs a warp and a block a row pair), the single stream with STRATA_FP8_GEMV=blocks and without,
+# twice, an eager profile of each at one token, then FP8 and bf16 at 256 users if time is left.
+if [ -n "${BLOCKS:-}" ]; then
+    echo "== kernel tests: fp8 and rope (each GEMV shape)"
+    timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 rope > "$OUT/cuda_kernels_tests.log" 2>&1
     grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
-    for seqs in 1 240; do
-        echo "== the attention kernels alone, $seqs sequences (column merge)"
-        timeout 60 $S bench-gpu --attention --levels $seqs --prompt-tokens 512 --output-tokens 256 \
-            --out "$OUT/attention_$seqs.json" > "$OUT/attention_$seqs.log" 2>&1
-        grep -E "^\| (bf16|fp8)" "$OUT/attention_$seqs.log"
-    done
     pack
     qwen7b_checkpoint
     for round in 1 2; do
-        for quant in fp8 none; do
-            bench "${quant}_reduce_$round" $quant 1
-            bench "${quant}_last_part_$round" $quant 1 STRATA_ATTN_MERGE=last_part
-        done
+        bench "fp8_warps_$round" fp8 1
+        bench "fp8_blocks_$round" fp8 1 STRATA_FP8_GEMV=blocks
     done
-    echo "== where an FP8 decode step goes at 1 token, parts merged by the last part (eager steps)"
-    STRATA_ATTN_MERGE=last_part STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $Q7 --quantization fp8 \
-        --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 \
-        --decode-tokens 16 --out /tmp/profile.json > "$OUT/profile_fp8_1_last_part.log" 2>&1
-    grep -A24 "GPU profile" "$OUT/profile_fp8_1_last_part.log" | head -24
-    pack
-    # With time left in the call: FP8 against bf16 at 256 users (one part a token, so no knob).
-    if [ $SECONDS -lt 330 ]; then
+    for gemv in lanes blocks; do
+        echo "== where an FP8 decode step goes at 1 token, STRATA_FP8_GEMV=$gemv (eager steps)"
+        STRATA_FP8_GEMV=$gemv STRATA_GPU_PROFILE=1 timeout 100 $S bench-gpu --model $Q7 --quantization fp8 \
+            --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 \
+            --decode-tokens 16 --out /tmp/profile.json > "$OUT/profile_fp8_1_$gemv.log" 2>&1
+        grep -A30 "GPU profile" "$OUT/profile_fp8_1_$gemv.log" | grep "decode"
+        pack
+    done
+    if [ $SECONDS -lt 360 ]; then
         bench fp8_256 fp8 256
         bench bf16_256 none 256
     fi

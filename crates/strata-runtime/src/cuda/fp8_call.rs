@@ -50,6 +50,27 @@ pub enum Fp8Gemv {
     /// The products on tensor cores (mma.sync, f16 operands, f32 sums): `STRATA_FP8_GEMV=mma`,
     /// until an H200 run shows which is faster.
     Mma,
+    /// The lanes' GEMVs with a block, not a warp, to a row pair, its warps splitting k as the
+    /// bf16 GEMVs' do: `STRATA_FP8_GEMV=blocks` (bench/NOTES.md, FP8 v8).
+    Blocks,
+}
+
+impl Fp8Gemv {
+    /// The lanes' kernels' last argument, `blocks` (0 or 1); none for the tensor-core kernels.
+    fn blocks_arg(self) -> Option<*mut c_void> {
+        static WARP_ROWS: i32 = 0;
+        static BLOCK_ROWS: i32 = 1;
+        match self {
+            Fp8Gemv::Lanes => Some(kernel_args!(WARP_ROWS)[0]),
+            Fp8Gemv::Blocks => Some(kernel_args!(BLOCK_ROWS)[0]),
+            Fp8Gemv::Mma => None,
+        }
+    }
+
+    /// The lanes' GEMVs' args with `blocks` after them.
+    fn with_blocks_arg(self, args: &[*mut c_void]) -> Vec<*mut c_void> {
+        args.iter().copied().chain(self.blocks_arg()).collect()
+    }
 }
 
 /// `y[j * ld + row] = (x[j] · w[row]) * scales[row]` (`fp8_gemv_t{T}`, `fp8_mma_gemv_t{T}`),
@@ -82,6 +103,8 @@ fn gemv_shape(rows: i32, kind: Fp8Gemv, silu: bool) -> ((u32, u32, u32), u32, u3
     let (per_block, threads) = match (kind, silu) {
         (Fp8Gemv::Lanes, false) => (FP8_BLOCK_ROWS, GEMV_THREADS),
         (Fp8Gemv::Lanes, true) => (FP8_SILU_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Blocks, false) => (2, GEMV_THREADS),
+        (Fp8Gemv::Blocks, true) => (1, GEMV_THREADS),
         (Fp8Gemv::Mma, false) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
         (Fp8Gemv::Mma, true) => (FP8_MMA_SILU_BLOCK_ROWS, FP8_MMA_THREADS),
     };
@@ -98,7 +121,7 @@ impl Fp8GemvCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        kernel_args!(
+        self.kind.with_blocks_arg(&kernel_args!(
             self.w,
             self.scales,
             self.x,
@@ -110,8 +133,7 @@ impl Fp8GemvCall {
             self.out_f32,
             self.norm_in,
             self.eps
-        )
-        .to_vec()
+        ))
     }
 
     one_kernel_launch!("fp8.cu");
@@ -145,7 +167,7 @@ impl Fp8GemvSiluCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        kernel_args!(
+        self.kind.with_blocks_arg(&kernel_args!(
             self.w,
             self.scales,
             self.x,
@@ -155,8 +177,7 @@ impl Fp8GemvSiluCall {
             self.t,
             self.norm_in,
             self.eps
-        )
-        .to_vec()
+        ))
     }
 
     one_kernel_launch!("fp8.cu");
@@ -192,7 +213,7 @@ impl Fp8GemvResidualCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        kernel_args!(
+        self.kind.with_blocks_arg(&kernel_args!(
             self.w,
             self.scales,
             self.x,
@@ -203,8 +224,7 @@ impl Fp8GemvResidualCall {
             self.n,
             self.k,
             self.t
-        )
-        .to_vec()
+        ))
     }
 
     one_kernel_launch!("fp8.cu");
@@ -218,6 +238,8 @@ pub struct Fp8GemvQkvRopeCall {
     pub rope: GemvQkvRopeCall,
     /// f32, a row each.
     pub scales: u64,
+    /// A warp or a block a pair of rows ([`Fp8Gemv::Mma`] is taken as `Lanes`: no such kernel).
+    pub kind: Fp8Gemv,
 }
 
 impl Fp8GemvQkvRopeCall {
@@ -225,18 +247,25 @@ impl Fp8GemvQkvRopeCall {
         gemv_name(3, self.rope.t, false)
     }
 
-    /// A warp every pair of rows RoPE rotates together, as the SiLU GEMV's gate/up pairs.
-    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let r = &self.rope;
-        let pairs = ((r.n_heads + 2 * r.n_kv) * r.head_dim / 2).max(0) as u32;
-        ((pairs.div_ceil(FP8_SILU_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+    fn kind(&self) -> Fp8Gemv {
+        if self.kind == Fp8Gemv::Blocks {
+            Fp8Gemv::Blocks
+        } else {
+            Fp8Gemv::Lanes
+        }
     }
 
-    /// `rope`'s arguments with the scales after the weights.
+    /// A warp (or a block) every pair of rows RoPE rotates together, as the SiLU GEMV's gate/up pairs.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let r = &self.rope;
+        gemv_shape((r.n_heads + 2 * r.n_kv) * r.head_dim / 2, self.kind(), true)
+    }
+
+    /// `rope`'s arguments with the scales after the weights, and `blocks` last.
     fn args(&self) -> Vec<*mut c_void> {
         let mut args = self.rope.args();
         args.insert(1, kernel_args!(self.scales)[0]);
-        args
+        self.kind().with_blocks_arg(&args)
     }
 
     one_kernel_launch!("fp8.cu");
@@ -412,9 +441,20 @@ mod tests {
             at(&g.out_f32),
             at(&g.norm_in),
             at(&g.eps),
+            Fp8Gemv::Lanes.blocks_arg().unwrap(),
         ];
         assert_eq!(g.args(), want);
         assert_eq!((g.name(), g.shape()), ("fp8_gemv_t4", ((2, 1, 1), 128, 0)));
+        // A block a row pair: the same kernel, `blocks` = 1 last.
+        let b = Fp8GemvCall {
+            kind: Fp8Gemv::Blocks,
+            ..g
+        };
+        assert_eq!((b.name(), b.shape()), ("fp8_gemv_t4", ((5, 1, 1), 128, 0)));
+        assert_eq!(b.args().len(), 12);
+        // SAFETY: the argument points at a static i32.
+        assert_eq!(unsafe { *(b.args()[11] as *const i32) }, 1);
+        assert_eq!(unsafe { *(want[11] as *const i32) }, 0);
         // Tensor cores: 32 rows a block of 8 warps.
         let g = Fp8GemvCall {
             n: 33,
@@ -422,6 +462,7 @@ mod tests {
             ..g
         };
         assert_eq!((g.name(), g.shape()), ("fp8_mma_gemv_t4", ((2, 1, 1), 256, 0)));
+        assert_eq!(g.args().len(), 11, "the tensor-core kernels take no `blocks`");
         let s = Fp8GemvSiluCall {
             w: 1,
             scales: 2,
@@ -436,6 +477,12 @@ mod tests {
         };
         assert_eq!(s.args()[1], at(&s.scales));
         assert_eq!((s.name(), s.shape()), ("fp8_gemv_silu_t1", ((3, 1, 1), 128, 0)));
+        assert_eq!(s.args().len(), 10);
+        let b = Fp8GemvSiluCall {
+            kind: Fp8Gemv::Blocks,
+            ..s
+        };
+        assert_eq!((b.name(), b.shape()), ("fp8_gemv_silu_t1", ((9, 1, 1), 128, 0)));
         // A tile of 16 gate rows and one of their up rows a block.
         let s = Fp8GemvSiluCall {
             inter: 17,
@@ -468,9 +515,15 @@ mod tests {
             at(&r.n),
             at(&r.k),
             at(&r.t),
+            Fp8Gemv::Lanes.blocks_arg().unwrap(),
         ];
         assert_eq!(r.args(), want);
         assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((3, 1, 1), 128, 0)));
+        let b = Fp8GemvResidualCall {
+            kind: Fp8Gemv::Blocks,
+            ..r
+        };
+        assert_eq!((b.name(), b.shape()), ("fp8_gemv_residual_t8", ((9, 1, 1), 128, 0)));
         let r = Fp8GemvResidualCall {
             kind: Fp8Gemv::Mma,
             ..r
@@ -527,9 +580,14 @@ mod tests {
             norm_in: 11,
             eps: 1e-6,
         };
-        let c = Fp8GemvQkvRopeCall { rope, scales: 2 };
+        let c = Fp8GemvQkvRopeCall {
+            rope,
+            scales: 2,
+            kind: Fp8Gemv::Lanes,
+        };
         let mut want = c.rope.args();
         want.insert(1, at(&c.scales));
+        want.push(Fp8Gemv::Lanes.blocks_arg().unwrap());
         assert_eq!(c.args(), want);
         assert_eq!(c.args()[..3], [at(&c.rope.w), at(&c.scales), at(&c.rope.x)]);
         // 3 tokens take the 4-token kernel; 4608 rows are 2304 pairs, a warp each, 4 a block.
@@ -539,6 +597,18 @@ mod tests {
             ..c
         };
         assert_eq!(one.name(), "fp8_gemv_qkv_rope_t1");
+        // A block a pair; tensor cores have no such kernel, so Mma takes the warps' shape.
+        let blocks = Fp8GemvQkvRopeCall {
+            kind: Fp8Gemv::Blocks,
+            ..c
+        };
+        assert_eq!(blocks.shape(), ((2304, 1, 1), 128, 0));
+        let mma = Fp8GemvQkvRopeCall {
+            kind: Fp8Gemv::Mma,
+            ..c
+        };
+        assert_eq!(mma.shape(), c.shape());
+        assert_eq!(mma.args().last(), c.args().last());
     }
 
     #[test]
