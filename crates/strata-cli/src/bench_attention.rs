@@ -22,8 +22,6 @@ struct Row {
     kernel: &'static str,
     stages: usize,
     parts: usize,
-    /// How the parts merge: "-" (one part), "reduce" (attention_reduce) or "last part".
-    merge: &'static str,
     us_per_call: f64,
     gb_s: f64,
     of_copy_bandwidth: f64,
@@ -82,8 +80,6 @@ pub fn bench_attention(
     let out_buf = gpu.alloc(seqs * width * 2, "attention output")?;
     let part_acc = gpu.alloc(seqs * N_KV * GROUP * max_parts * HEAD_DIM * 4, "partial sums")?;
     let part_ml = gpu.alloc(seqs * N_KV * GROUP * max_parts * 2 * 4, "partial maxima")?;
-    let part_counts = gpu.alloc(seqs * N_KV * 4, "part counts")?;
-    gpu.zero(&part_counts, 0, part_counts.bytes())?;
     let keys: usize = contexts.iter().sum();
     let mut report = AttentionReport {
         gpu: gpu.info.name.clone(),
@@ -108,7 +104,6 @@ pub fn bench_attention(
         out: out_buf.ptr(),
         part_acc: part_acc.ptr(),
         part_ml: part_ml.ptr(),
-        part_counts: 0,
         n_kv: N_KV as i32,
         block_size: BLOCK_SIZE as i32,
         scale: 0.088,
@@ -132,21 +127,10 @@ pub fn bench_attention(
         let bytes = keys * N_KV * (2 * HEAD_DIM * if fp8 { 1 } else { 2 } + if fp8 { 8 } else { 0 });
         let mut variants = vec![(mma, 0, 1), (mma, 0, 2), (mma, 0, 4)];
         variants.extend([(staged, 2, 1), (staged, 3, 1), (staged, 2, 2), (staged, 3, 2)]);
-        // Split variants both ways: a second kernel merges, or the last part does.
-        // (label, whether the kernel gets the counters).
-        let variants = variants.into_iter().flat_map(|(kernel, stages, parts)| {
-            let merges: &[(&'static str, bool)] = if parts > 1 {
-                &[("reduce", false), ("last part", true)]
-            } else {
-                &[("-", false)]
-            };
-            merges.iter().map(move |&merge| (kernel, stages, parts, merge))
-        });
-        for (kernel, stages, parts, (merge, counters)) in variants {
+        for (kernel, stages, parts) in variants {
             let call = AttentionCall {
                 stages: stages as i32,
                 parts: parts as i32,
-                part_counts: if counters { part_counts.ptr() } else { 0 },
                 fp8,
                 ..base
             };
@@ -168,7 +152,6 @@ pub fn bench_attention(
                 kernel,
                 stages,
                 parts,
-                merge,
                 us_per_call: us,
                 gb_s,
                 of_copy_bandwidth: gb_s / bandwidth,
@@ -179,16 +162,15 @@ pub fn bench_attention(
         "attention alone on {} | {seqs} sequences, contexts {ctx_lo}..{ctx_hi} (mean {:.0}), {N_KV} KV heads x {GROUP} x {HEAD_DIM} | copy bandwidth {bandwidth:.0} GB/s",
         report.gpu, report.mean_context
     );
-    println!("| kv | kernel | stages | parts | merge | us / call | GB/s | of copy bandwidth |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| kv | kernel | stages | parts | us / call | GB/s | of copy bandwidth |");
+    println!("|---|---|---|---|---|---|---|");
     for r in &report.rows {
         println!(
-            "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0}% |",
+            "| {} | {} | {} | {} | {:.1} | {:.0} | {:.0}% |",
             r.kv_cache_dtype,
             r.kernel,
             r.stages,
             r.parts,
-            r.merge,
             r.us_per_call,
             r.gb_s,
             100.0 * r.of_copy_bandwidth

@@ -1,6 +1,5 @@
 // Paged attention over block tables for a flat batch of query tokens (prefill chunks and decodes
-// mixed): causal, grouped-query, optionally split over the context, the parts merged by a
-// second kernel or, given counters, by the last part to finish.
+// mixed): causal, grouped-query, optionally split over the context with a second reduce kernel.
 //
 // Compiled per model with HEAD_DIM (a multiple of 32, at most 256) and GROUP (query heads per KV
 // head, at most 8) defined. One block of ATTN_WARPS warps per (token, kv head, context part); a
@@ -166,56 +165,13 @@ struct WarpResults {
     float m[ATTN_WARPS][GROUP], l[ATTN_WARPS][GROUP];
 };
 
-// out = dim d of a (token, head)'s output: its `parts` context parts (partial sums at part_acc
-// and (maximum, denominator) pairs at part_ml, from element `base` on) merged. Up to 32 parts,
-// each warp (all of one head) loads every part's maximum and denominator at once, a lane a part;
-// the loads go to L2, where the other parts' blocks (or the previous kernel) wrote them.
-template <typename T>
-__device__ __forceinline__ void merge_parts(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                            size_t base, int d, int parts, T* __restrict__ out) {
-    float num = 0.0f, den = 0.0f;
-    if (parts <= 32) {
-        const int lane = threadIdx.x & 31;
-        const float pm = lane < parts ? __ldcg(part_ml + 2 * (base + lane)) : NEG_INF;
-        const float pl = lane < parts ? __ldcg(part_ml + 2 * (base + lane) + 1) : 0.0f;
-        float mx = pm;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        // Part p's weight: 0 where it saw no key (and everywhere when no part did).
-        const float f = pm == NEG_INF ? 0.0f : __expf(pm - mx);
-#pragma unroll 8
-        for (int p = 0; p < parts; p++) {
-            const float fp = __shfl_sync(0xffffffffu, f, p);
-            num += __ldcg(part_acc + (base + p) * HEAD_DIM + d) * fp;
-            den += __shfl_sync(0xffffffffu, pl, p) * fp;
-        }
-    } else {
-        float mx = NEG_INF;
-        for (int p = 0; p < parts; p++) mx = fmaxf(mx, __ldcg(part_ml + 2 * (base + p)));
-        if (mx != NEG_INF) {
-            for (int p = 0; p < parts; p++) {
-                const float pm = __ldcg(part_ml + 2 * (base + p));
-                if (pm == NEG_INF) continue;
-                const float f = __expf(pm - mx);
-                num += __ldcg(part_acc + (base + p) * HEAD_DIM + d) * f;
-                den += __ldcg(part_ml + 2 * (base + p) + 1) * f;
-            }
-        }
-    }
-    *out = from_f32<T>(den > 0.0f ? num / den : 0.0f);
-}
-
 // The end of both attention kernels, once every warp has filled its part of `r`: the warps merge
-// and the block writes the normalised output as T (parts == 1) or its context part's partial
-// sums. Given part_counts (not null), the parts' blocks of (t, kvh) then count themselves in on
-// part_counts[t n_kv + kvh], and the last to finish resets the count and merges the parts (no
-// second kernel, so no launch and ramp between them; no block waits for another).
+// and the block writes the normalised output as T (parts == 1) or its context part's partial sums.
 template <typename T>
 __device__ __forceinline__ void merge_warps_and_store(const WarpResults& r, int t, int kvh, int part, int parts,
                                                       int n_kv, T* __restrict__ out, float* __restrict__ part_acc,
-                                                      float* __restrict__ part_ml, unsigned* __restrict__ part_counts) {
+                                                      float* __restrict__ part_ml) {
     const int n_heads = n_kv * GROUP;
-    __shared__ int merges_parts;
     __syncthreads();
     for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
         const int g = i / HEAD_DIM, d = i % HEAD_DIM;
@@ -241,22 +197,6 @@ __device__ __forceinline__ void merge_warps_and_store(const WarpResults& r, int 
             }
         }
     }
-    if (parts == 1 || part_counts == nullptr) return;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* const count = part_counts + (size_t)t * n_kv + kvh;
-        merges_parts = atomicAdd(count, 1u) == (unsigned)parts - 1;
-        if (merges_parts) *count = 0;
-    }
-    __syncthreads();
-    if (!merges_parts) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += blockDim.x) {
-        const int head = kvh * GROUP + i / HEAD_DIM, d = i % HEAD_DIM;
-        merge_parts(part_acc, part_ml, ((size_t)t * n_heads + head) * parts, d, parts,
-                    out + (size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d);
-    }
 }
 
 // q: [tokens, q_stride] (heads at h * HEAD_DIM). token_seq[t]: row of t's block table;
@@ -274,8 +214,7 @@ __device__ void paged_attention(const T* __restrict__ q, int q_stride, const voi
                                 const float* __restrict__ v_scale, const int* __restrict__ block_tables,
                                 int max_blocks, const int* __restrict__ token_seq,
                                 const int* __restrict__ positions, T* __restrict__ out, float* __restrict__ part_acc,
-                                float* __restrict__ part_ml, unsigned* __restrict__ part_counts, int n_kv,
-                                int block_size, float scale) {
+                                float* __restrict__ part_ml, int n_kv, int block_size, float scale) {
     const int t = blockIdx.x, kvh = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int ctx = positions[t] + 1;
@@ -363,17 +302,17 @@ __device__ void paged_attention(const T* __restrict__ q, int q_stride, const voi
             r.l[warp][g] = l[g];
         }
     }
-    merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml, part_counts);
+    merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml);
 }
 
 // The kernels' arguments, q and out of element type T.
 #define ATTENTION_ARGS(T)                                                                                     \
     const T *q, int q_stride, const void *k_cache, const void *v_cache, const float *k_scale,                \
         const float *v_scale, const int *block_tables, int max_blocks, const int *token_seq, const int *positions, \
-        T *out, float *part_acc, float *part_ml, unsigned *part_counts, int n_kv, int block_size, float scale
+        T *out, float *part_acc, float *part_ml, int n_kv, int block_size, float scale
 #define ATTENTION_CALL                                                                                     \
     q, q_stride, k_cache, v_cache, k_scale, v_scale, block_tables, max_blocks, token_seq, positions, out, \
-        part_acc, part_ml, part_counts, n_kv, block_size, scale
+        part_acc, part_ml, n_kv, block_size, scale
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) paged_attention_bf16(ATTENTION_ARGS(bf16)) {
     wait_for_previous_kernel();
@@ -464,8 +403,7 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
                                     const float* __restrict__ v_scale, const int* __restrict__ block_tables,
                                     int max_blocks, const int* __restrict__ token_seq,
                                     const int* __restrict__ positions, bf16* __restrict__ out,
-                                    float* __restrict__ part_acc, float* __restrict__ part_ml,
-                                    unsigned* __restrict__ part_counts, int n_kv,
+                                    float* __restrict__ part_acc, float* __restrict__ part_ml, int n_kv,
                                     int block_size, float scale, int stages) {
 #if (HEAD_DIM == 64 || HEAD_DIM == 128) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 890
@@ -702,7 +640,7 @@ __device__ void paged_attention_mma(const bf16* __restrict__ q, int q_stride, co
             }
         }
     }
-    merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml, part_counts);
+    merge_warps_and_store(r, t, kvh, part, parts, n_kv, out, part_acc, part_ml);
 #endif
 }
 
@@ -726,15 +664,49 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS)
     paged_attention_mma<true, true>(ATTENTION_CALL, stages);
 }
 
-// Merges the context parts of each (token, head) into out as T, when the attention kernel had no
-// counters to do it. Grid (tokens, n_heads), HEAD_DIM threads.
+// Merges the context parts of each (token, head) into out as T. Up to 32 parts, each warp loads
+// every part's maximum and denominator at once (a lane a part) and its threads' sums of all parts
+// without waiting on one another, instead of two passes of one load after another; the sums are
+// added in part order as before, so the output is the same. The loads go to L2 (__ldcg), where
+// the attention kernel wrote the parts.
 template <typename T>
 __device__ __forceinline__ void reduce_parts(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                              T* __restrict__ out, int parts) {
     const int t = blockIdx.x, head = blockIdx.y, n_heads = gridDim.y, d = threadIdx.x;
-    const size_t row = (size_t)t * n_heads + head;
-    merge_parts(part_acc, part_ml, row * parts, d, parts, out + row * HEAD_DIM + d);
+    const size_t base = ((size_t)t * n_heads + head) * parts;
+    float num = 0.0f, den = 0.0f;
+    if (parts <= 32) {
+        const int lane = threadIdx.x & 31;
+        const float pm = lane < parts ? __ldcg(part_ml + 2 * (base + lane)) : NEG_INF;
+        const float pl = lane < parts ? __ldcg(part_ml + 2 * (base + lane) + 1) : 0.0f;
+        float mx = pm;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        // Part p's weight: 0 where it saw no key (and everywhere when no part did).
+        const float f = pm == NEG_INF ? 0.0f : __expf(pm - mx);
+#pragma unroll 8
+        for (int p = 0; p < parts; p++) {
+            const float fp = __shfl_sync(0xffffffffu, f, p);
+            num += __ldcg(part_acc + (base + p) * HEAD_DIM + d) * fp;
+            den += __shfl_sync(0xffffffffu, pl, p) * fp;
+        }
+    } else {
+        float mx = NEG_INF;
+        for (int p = 0; p < parts; p++) mx = fmaxf(mx, __ldcg(part_ml + 2 * (base + p)));
+        if (mx != NEG_INF) {
+            for (int p = 0; p < parts; p++) {
+                const float pm = __ldcg(part_ml + 2 * (base + p));
+                if (pm == NEG_INF) continue;
+                const float f = __expf(pm - mx);
+                num += __ldcg(part_acc + (base + p) * HEAD_DIM + d) * f;
+                den += __ldcg(part_ml + 2 * (base + p) + 1) * f;
+            }
+        }
+    }
+    out[((size_t)t * n_heads + head) * HEAD_DIM + d] = from_f32<T>(den > 0.0f ? num / den : 0.0f);
 }
+
+// Grid (tokens, n_heads), HEAD_DIM threads.
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                             bf16* __restrict__ out, int parts) {
     wait_for_previous_kernel();

@@ -65,10 +65,6 @@ pub struct GpuKnobs {
     /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
     /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
-    /// `STRATA_ATTN_MERGE=last_part`: a split attention's last part to finish merges the parts
-    /// (a counter a token and KV head) instead of `attention_reduce` after it. Opt-in until timed
-    /// on a GPU (bench/NOTES.md, FP8 v7).
-    pub attention_merge_in_kernel: bool,
 }
 
 impl GpuKnobs {
@@ -108,7 +104,6 @@ impl GpuKnobs {
             },
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
             quant_wide: !off("STRATA_QUANT_WIDE"),
-            attention_merge_in_kernel: var("STRATA_ATTN_MERGE").is_some_and(|v| v == "last_part"),
         }
     }
 }
@@ -144,7 +139,6 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Lanes,
                 fp8_qkv_rope: true,
                 quant_wide: true,
-                attention_merge_in_kernel: false,
             }
         );
         let all = knobs(&[
@@ -165,7 +159,6 @@ mod tests {
             ("STRATA_FP8_GEMV", "mma"),
             ("STRATA_FP8_QKV_ROPE", "0"),
             ("STRATA_QUANT_WIDE", "0"),
-            ("STRATA_ATTN_MERGE", "last_part"),
         ]);
         assert_eq!(
             all,
@@ -187,7 +180,6 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Mma,
                 fp8_qkv_rope: false,
                 quant_wide: false,
-                attention_merge_in_kernel: true,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

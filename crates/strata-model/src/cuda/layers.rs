@@ -533,11 +533,6 @@ impl GpuTransformer {
             out: self.bufs.attn.ptr(),
             part_acc: self.bufs.part_acc.ptr(),
             part_ml: self.bufs.part_ml.ptr(),
-            part_counts: if self.knobs.attention_merge_in_kernel {
-                self.bufs.part_counts.ptr()
-            } else {
-                0
-            },
             n_kv: c.n_kv_heads as i32,
             block_size: self.kv.block_size as i32,
             scale: 1.0 / (c.head_dim as f32).sqrt(),

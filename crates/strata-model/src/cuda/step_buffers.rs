@@ -41,9 +41,6 @@ pub(super) struct StepBuffers {
     pub sampling_limits: DeviceBuffer,
     pub part_acc: DeviceBuffer,
     pub part_ml: DeviceBuffer,
-    /// u32 a (token, KV head) of split attention: its parts done so far, zero between calls
-    /// (attention.cu's last part resets it); used under `STRATA_ATTN_MERGE=last_part`.
-    pub part_counts: DeviceBuffer,
     /// Every TP rank's row-parallel partial sums, under `--deterministic`.
     pub gathered: Option<DeviceBuffer>,
     /// The sums of squares each norm of a step carries between GEMVs (gemm.cu's NormIn):
@@ -79,8 +76,6 @@ impl StepBuffers {
         let e = element_bytes;
         let width = c.q_dim() + 2 * c.kv_dim();
         let split_t = SPLIT_MAX_TOKENS.min(t);
-        let part_counts = gpu.alloc(split_t * c.n_kv_heads * 4, "attention part counts")?;
-        gpu.zero(&part_counts, 0, part_counts.bytes())?;
         Ok(StepBuffers {
             inputs: gpu.alloc(input_words * 4, "step inputs")?,
             x: gpu.alloc(t * c.hidden * 4, "activations")?,
@@ -97,7 +92,6 @@ impl StepBuffers {
             sampling_limits: gpu.alloc(2 * rows * 4, "sampling limits")?,
             part_acc: gpu.alloc(split_t * c.n_heads * MAX_PARTS * c.head_dim * 4, "attention partials")?,
             part_ml: gpu.alloc(split_t * c.n_heads * MAX_PARTS * 2 * 4, "attention partials")?,
-            part_counts,
             gathered: None,
             norm_sums: gpu.alloc((2 * c.n_layers + 1) * NORM_SUMS_BYTES, "norm sums")?,
             dequant: None,

@@ -30,9 +30,6 @@ pub struct AttentionCall {
     /// f32 partial sums and (max, denominator) pairs of the context parts (parts > 1).
     pub part_acc: u64,
     pub part_ml: u64,
-    /// u32 `[tokens, n_kv]`, zero before the call and again after it: how many parts of each
-    /// (token, KV head) are done, the last one merging them; 0 (null): `attention_reduce` merges.
-    pub part_counts: u64,
     pub n_kv: i32,
     pub block_size: i32,
     /// Softmax scale, 1 / sqrt(head_dim).
@@ -41,7 +38,7 @@ pub struct AttentionCall {
     /// others, which take one argument fewer.
     pub stages: i32,
     pub tokens: usize,
-    /// Context parts per token, merged when > 1 (see `part_counts`).
+    /// Context parts per token (a second kernel merges them when > 1).
     pub parts: i32,
     pub n_heads: usize,
     pub head_dim: usize,
@@ -75,7 +72,6 @@ impl AttentionCall {
             self.out,
             self.part_acc,
             self.part_ml,
-            self.part_counts,
             self.n_kv,
             self.block_size,
             self.scale,
@@ -99,9 +95,8 @@ impl AttentionCall {
     }
 
     /// Launches `kernel` (an attention.cu kernel that fits the call: staged when `stages` > 0,
-    /// fp8 when `fp8`) and, when it has parts but no counters, the merge of its parts, each
-    /// through `launch(name, grid, threads a block, dynamic shared bytes, arguments)`: the
-    /// forward pass's launcher profiles and ablates.
+    /// fp8 when `fp8`) and the merge of its parts, each through `launch(name, grid, threads a
+    /// block, dynamic shared bytes, arguments)`: the forward pass's launcher profiles and ablates.
     pub fn launch_with<E>(
         &self,
         kernel: &str,
@@ -109,7 +104,7 @@ impl AttentionCall {
     ) -> Result<(), E> {
         let (grid, threads, shared) = self.shape();
         launch(kernel, grid, threads, shared, &mut self.args())?;
-        if self.parts > 1 && self.part_counts == 0 {
+        if self.parts > 1 {
             let (grid, threads) = self.reduce_shape();
             // The merge's twin has the attention kernel's element type.
             let reduce = if kernel.ends_with("_f32") {
@@ -153,10 +148,9 @@ mod tests {
             out: 11,
             part_acc: 12,
             part_ml: 13,
-            part_counts: 14,
-            n_kv: 15,
-            block_size: 16,
-            scale: 17.0,
+            n_kv: 14,
+            block_size: 15,
+            scale: 16.0,
             stages,
             tokens: 17,
             parts,
@@ -187,7 +181,6 @@ mod tests {
             at(&c.out),
             at(&c.part_acc),
             at(&c.part_ml),
-            at(&c.part_counts),
             at(&c.n_kv),
             at(&c.block_size),
             at(&c.scale),
@@ -197,10 +190,10 @@ mod tests {
         // The unstaged kernels stop before the stage count.
         let unstaged = call(0, 4);
         let args = unstaged.args();
-        assert_eq!((args.len(), args[16]), (17, at(&unstaged.scale)));
+        assert_eq!((args.len(), args[15]), (16, at(&unstaged.scale)));
         assert_eq!(
             c.shape(),
-            ((17, 15, 1), 128, staged_attention_shared_bytes(128, false, 3) as u32)
+            ((17, 14, 1), 128, staged_attention_shared_bytes(128, false, 3) as u32)
         );
         assert_eq!(unstaged.shape().2, 0);
         assert_eq!(unstaged.reduce_shape(), ((17, 56, 1), 128));
@@ -216,37 +209,25 @@ mod tests {
     }
 
     #[test]
-    fn the_parts_merge_in_the_attention_kernel_or_in_the_reduce_of_its_element_type() {
-        let launched = |kernel: &str, parts: i32, part_counts: u64| {
+    fn the_parts_merge_in_the_kernels_element_type() {
+        let launched = |kernel: &str, parts: i32| {
             let mut names = Vec::new();
-            AttentionCall {
-                part_counts,
-                ..call(0, parts)
-            }
-            .launch_with(kernel, |name, grid, _, _, _| {
-                names.push((name.to_string(), grid.2));
-                Ok::<(), ()>(())
-            })
-            .unwrap();
+            call(0, parts)
+                .launch_with(kernel, |name, _, _, _, _| {
+                    names.push(name.to_string());
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
             names
         };
-        let one = |name: &str, parts: u32| vec![(name.to_string(), parts)];
-        let two = |name: &str, parts: u32, reduce: &str| vec![(name.to_string(), parts), (reduce.to_string(), 1)];
-        // One part needs no merge; given counters, the last part merges.
+        assert_eq!(launched("paged_attention_mma_bf16", 1), ["paged_attention_mma_bf16"]);
         assert_eq!(
-            launched("paged_attention_mma_bf16", 1, 0),
-            one("paged_attention_mma_bf16", 1)
-        );
-        assert_eq!(launched("paged_attention_bf16", 4, 14), one("paged_attention_bf16", 4));
-        assert_eq!(launched("paged_attention_f32", 4, 14), one("paged_attention_f32", 4));
-        // Without, a second kernel does.
-        assert_eq!(
-            launched("paged_attention_bf16", 4, 0),
-            two("paged_attention_bf16", 4, "attention_reduce")
+            launched("paged_attention_bf16", 4),
+            ["paged_attention_bf16", "attention_reduce"]
         );
         assert_eq!(
-            launched("paged_attention_f32", 4, 0),
-            two("paged_attention_f32", 4, "attention_reduce_f32")
+            launched("paged_attention_f32", 4),
+            ["paged_attention_f32", "attention_reduce_f32"]
         );
     }
 }
