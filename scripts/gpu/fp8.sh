@@ -8,7 +8,7 @@
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
-# single stream of each GEMV only; BLOCKS=1: FP8 v8's check alone, below). Outputs in $OUT/results_fp8.tgz,
+# single stream of each GEMV only). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -27,33 +27,6 @@ bench() {
     grep -o "x[0-9]* (0 constrained).*fnv1a [0-9a-f]*" "$OUT/bench_$name.log" | sed 's/ (0 constrained).*fnv1a/ fnv1a/'
     pack
 }
-# BLOCKS=1: FP8 v8's check alone (bench/NOTES.md): the fp8 and rope kernel tests (the lanes'
-# GEMVs a warp and a block a row pair), the single stream with STRATA_FP8_GEMV=blocks and without,
-# twice, an eager profile of each at one token, then FP8 and bf16 at 256 users if time is left.
-if [ -n "${BLOCKS:-}" ]; then
-    echo "== kernel tests: fp8 and rope (each GEMV shape)"
-    timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 rope > "$OUT/cuda_kernels_tests.log" 2>&1
-    grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
-    pack
-    qwen7b_checkpoint
-    for round in 1 2; do
-        bench "fp8_warps_$round" fp8 1
-        bench "fp8_blocks_$round" fp8 1 STRATA_FP8_GEMV=blocks
-    done
-    for gemv in lanes blocks; do
-        echo "== where an FP8 decode step goes at 1 token, STRATA_FP8_GEMV=$gemv (eager steps)"
-        STRATA_FP8_GEMV=$gemv STRATA_GPU_PROFILE=1 timeout 100 $S bench-gpu --model $Q7 --quantization fp8 \
-            --enforce-eager --levels 1 --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 16 \
-            --decode-tokens 16 --out /tmp/profile.json > "$OUT/profile_fp8_1_$gemv.log" 2>&1
-        grep -A30 "GPU profile" "$OUT/profile_fp8_1_$gemv.log" | grep "decode"
-        pack
-    done
-    if [ $SECONDS -lt 360 ]; then
-        bench fp8_256 fp8 256
-        bench bf16_256 none 256
-    fi
-    exit 0
-fi
 bash scripts/gpu/stage_model.sh
 echo "== kernel tests: fp8, gemm, quant (the quantized formats' GEMVs and tensor-core GEMM) and rope (the QKV GEMVs with RoPE)"
 timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant rope > "$OUT/cuda_kernels_tests.log" 2>&1

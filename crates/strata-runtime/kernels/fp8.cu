@@ -60,34 +60,30 @@ __device__ __forceinline__ void fp8x16_to_f32(uint4 q, float (&v)[16]) {
 }
 
 // ---- Decode GEMVs: t <= 8 tokens, bound by reading w once. ----
-// Two shapes, chosen per launch by `blocks` (STRATA_FP8_GEMV=blocks; bench/NOTES.md, FP8 v8):
-// - a warp computes R rows (gate/up: a gate row and its up row), a block GEMV_WARPS warps: lane
-//   l takes the 16-byte pieces l, l + 32, ... of each row;
-// - a block computes R rows, as gemm.cu's bf16 GEMVs do: thread i takes the pieces i, i + 128,
-//   ..., and the warps meet in shared memory (block_sum_rows). A 3,584-row product is then 1,792
-//   blocks, not 448, so the SMs' shares differ by one block in fourteen, not in four.
-// FP8_LOADS pieces a row in flight at once, streamed past L1; x (16 bf16 a piece and token) comes
-// through L1 and is shared by the R rows. Weight loads start before the wait for the previous kernel.
+// A block computes R rows (gate/up: a gate row and its up row; QKV: the two rows RoPE pairs), as
+// gemm.cu's bf16 GEMVs do: thread i takes the 16-byte pieces i, i + 128, ... of each row,
+// FP8_LOADS of them a row in flight at once, streamed past L1; x (16 bf16 a piece and token)
+// comes through L1 and is shared by the R rows; the warps meet in shared memory
+// (block_sum_rows). A block, not a warp, a row pair: a 3,584-row product is 1,792 blocks, not 448
+// (3 or 4 an SM), 4.2 % faster FP8 single stream (bench/NOTES.md, FP8 v8). Weight loads start
+// before the wait for the previous kernel.
 
-// acc[r][j] = (w[rows[r]] · x[j]) / FP8_DECODED for j < t, summed over the warp (every lane
-// holds it) or, when `blocks`, over the block (thread 0 holds it; the other threads return
-// false). after_wait() runs right after the wait for the previous kernel.
+// acc[r][j] = (w[rows[r]] · x[j]) / FP8_DECODED for j < t, summed over the block (valid in
+// thread 0). after_wait() runs right after the wait for the previous kernel.
 template <int T, int R, typename AfterWait>
-__device__ __forceinline__ bool fp8_rows(const u8* __restrict__ w, int k, const bf16* __restrict__ x, int t,
-                                         const int (&rows)[R], float (&acc)[R][T], int blocks,
-                                         AfterWait&& after_wait) {
-    const int first = blocks ? threadIdx.x : threadIdx.x & 31, stride = blocks ? GEMV_THREADS : 32;
+__device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const bf16* __restrict__ x, int t,
+                                         const int (&rows)[R], float (&acc)[R][T], AfterWait&& after_wait) {
     const int pieces = k >> 4;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < T; j++) acc[r][j] = 0.0f;
     bool waited = false;
-    for (int base = first; base < pieces; base += stride * FP8_LOADS) {
+    for (int base = threadIdx.x; base < pieces; base += GEMV_THREADS * FP8_LOADS) {
         uint4 q[R][FP8_LOADS];
 #pragma unroll
         for (int u = 0; u < FP8_LOADS; u++) {
-            const int i = base + stride * u;
+            const int i = base + GEMV_THREADS * u;
 #pragma unroll
             for (int r = 0; r < R; r++)
                 q[r][u] = i < pieces ? load_streaming(w + (size_t)rows[r] * k + (size_t)i * 16) : make_uint4(0u, 0u, 0u, 0u);
@@ -95,7 +91,7 @@ __device__ __forceinline__ bool fp8_rows(const u8* __restrict__ w, int k, const 
         wait_once(waited, after_wait);
 #pragma unroll
         for (int u = 0; u < FP8_LOADS; u++) {
-            const int i = base + stride * u;
+            const int i = base + GEMV_THREADS * u;
             if (i >= pieces) break;
             float v[R][16];
 #pragma unroll
@@ -116,40 +112,28 @@ __device__ __forceinline__ bool fp8_rows(const u8* __restrict__ w, int k, const 
         }
     }
     wait_once(waited, after_wait);
-    if (blocks) {
-        block_sum_rows<T, R>(acc);
-        return threadIdx.x == 0;
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int j = 0; j < T; j++) acc[r][j] = warp_sum(acc[r][j]);
-    return (threadIdx.x & 31) == 0;
+    block_sum_rows<T, R>(acc);
 }
 
-// The row group (of R rows) of this warp, or of this block when `blocks`.
-__device__ __forceinline__ int fp8_row_group(int blocks) {
-    return blocks ? blockIdx.x : blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-}
+// Rows a plain or residual GEMV block computes.
 #define FP8_ROWS 2
 
 // y[j * ld + row] = (x[j] · w[row]) * scales[row] * s[j] (bf16, or f32 when out_f32), s the norm
-// scale of `norm_in` (NormIn; 1 when null). Grid ceil(n / (GEMV_WARPS * FP8_ROWS)), ceil(n / FP8_ROWS)
-// when `blocks`.
+// scale of `norm_in` (NormIn; 1 when null). Grid ceil(n / FP8_ROWS).
 template <int T>
 __device__ void fp8_gemv(const u8* __restrict__ w, const float* __restrict__ scales, const bf16* __restrict__ x,
                          void* __restrict__ y, int n, int k, int t, int ld, int out_f32, const u64* __restrict__ norm_in,
-                         float eps, int blocks) {
-    const int row = fp8_row_group(blocks) * FP8_ROWS;
+                         float eps) {
+    const int row = blockIdx.x * FP8_ROWS;
     if (row >= n) return;
     const bool pair = row + 1 < n;
     const int rows[FP8_ROWS] = {row, pair ? row + 1 : row};
     NormIn<T> norm{norm_in};
     float acc[FP8_ROWS][T], s[T];
-    const bool holds = fp8_rows<T, FP8_ROWS>(w, k, x, t, rows, acc, blocks, [&] { norm.load_in_each_warp(t); });
-    if (blocks && threadIdx.x >= 32) return;
+    fp8_rows<T, FP8_ROWS>(w, k, x, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return;
     norm.scales(t, k, eps, s);
-    if (!holds) return;
+    if (threadIdx.x != 0) return;
 #pragma unroll
     for (int r = 0; r < FP8_ROWS; r++) {
         if (r == 1 && !pair) break;
@@ -167,21 +151,21 @@ __device__ void fp8_gemv(const u8* __restrict__ w, const float* __restrict__ sca
 }
 
 // Gate/up with SiLU: w holds the gate rows, then the up rows (2 * inter); out[j, row] =
-// silu(gate) * up, each rounded to bf16 first as the unfused path does. Grid
-// ceil(inter / GEMV_WARPS), a warp a gate row and its up row (inter blocks, one a pair, when `blocks`).
+// silu(gate) * up, each rounded to bf16 first as the unfused path does. Grid inter, a block a
+// gate row and its up row.
 template <int T>
 __device__ void fp8_gemv_silu(const u8* __restrict__ w, const float* __restrict__ scales, const bf16* __restrict__ x,
                               bf16* __restrict__ out, int inter, int k, int t, const u64* __restrict__ norm_in,
-                              float eps, int blocks) {
-    const int row = fp8_row_group(blocks);
+                              float eps) {
+    const int row = blockIdx.x;
     if (row >= inter) return;
     const int rows[2] = {row, row + inter};
     NormIn<T> norm{norm_in};
     float acc[2][T], s[T];
-    const bool holds = fp8_rows<T, 2>(w, k, x, t, rows, acc, blocks, [&] { norm.load_in_each_warp(t); });
-    if (blocks && threadIdx.x >= 32) return;
+    fp8_rows<T, 2>(w, k, x, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return;
     norm.scales(t, k, eps, s);
-    if (!holds) return;
+    if (threadIdx.x != 0) return;
     const float gs = scales[row] * FP8_DECODED, us = scales[row + inter] * FP8_DECODED;
 #pragma unroll
     for (int j = 0; j < T; j++) {
@@ -193,8 +177,8 @@ __device__ void fp8_gemv_silu(const u8* __restrict__ w, const float* __restrict_
 }
 
 // The QKV projection with rope.cu's work folded in, as gemm.cu's gemv_qkv_rope over FP8 rows: a
-// warp computes one pair of rows (gemv.cuh's QkvRopePair), rounds them to bf16 as fp8_gemv would,
-// and rotates and stores them (qkv_rope_store). Grid ceil(width / 2 / GEMV_WARPS), width / 2 when `blocks`.
+// block computes one pair of rows (gemv.cuh's QkvRopePair), rounds them to bf16 as fp8_gemv
+// would, and rotates and stores them (qkv_rope_store). Grid width / 2.
 template <int T>
 __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restrict__ scales,
                                   const bf16* __restrict__ x, bf16* __restrict__ qkv, int k, int t,
@@ -202,16 +186,16 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
                                   const float2* __restrict__ rope_table, int n_heads, int n_kv, int head_dim,
                                   int rot_dim, int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
                                   bf16* __restrict__ v_cache, int block_size, const u64* __restrict__ norm_in,
-                                  float eps, int blocks) {
-    const int pair = fp8_row_group(blocks);
+                                  float eps) {
+    const int pair = blockIdx.x;
     if (2 * pair >= (n_heads + 2 * n_kv) * head_dim) return;
     const QkvRopePair p(pair, n_heads, n_kv, head_dim, rot_dim, neox);
     NormIn<T> norm{norm_in};
     float acc[2][T], s[T];
-    const bool holds = fp8_rows<T, 2>(w, k, x, t, p.rows, acc, blocks, [&] { norm.load_in_each_warp(t); });
-    if (blocks && threadIdx.x >= 32) return;
+    fp8_rows<T, 2>(w, k, x, t, p.rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return;
     norm.scales(t, k, eps, s);
-    if (!holds) return;
+    if (threadIdx.x != 0) return;
     const float ws0 = scales[p.rows[0]] * FP8_DECODED, ws1 = scales[p.rows[1]] * FP8_DECODED;
 #pragma unroll
     for (int j = 0; j < T; j++) {
@@ -224,19 +208,19 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
 
 // The o and down projections on one GPU, as quant.cu's qgemv_residual: res += x · wᵀ (f32), the
 // new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
-// `next_norm` (the input of the FP8 matrix after it). Grid as fp8_gemv's.
+// `next_norm` (the input of the FP8 matrix after it). Grid ceil(n / FP8_ROWS).
 template <int T>
 __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restrict__ scales,
                                   const bf16* __restrict__ x, float* __restrict__ res, bf16* __restrict__ res_bf16,
                                   u64* __restrict__ norm_out, const float* __restrict__ next_norm, int n, int k,
-                                  int t, int blocks) {
-    const int row = fp8_row_group(blocks) * FP8_ROWS;
+                                  int t) {
+    const int row = blockIdx.x * FP8_ROWS;
     if (row >= n) return;
     const bool pair = row + 1 < n;
     const int rows[FP8_ROWS] = {row, pair ? row + 1 : row};
-    const bool first = blocks ? threadIdx.x == 0 : (threadIdx.x & 31) == 0;
+    const bool first = threadIdx.x == 0;
     float acc[FP8_ROWS][T], before[FP8_ROWS][T];
-    fp8_rows<T, FP8_ROWS>(w, k, x, t, rows, acc, blocks, [&] {
+    fp8_rows<T, FP8_ROWS>(w, k, x, t, rows, acc, [&] {
         if (!first) return;
 #pragma unroll
         for (int r = 0; r < FP8_ROWS; r++)
@@ -534,26 +518,26 @@ __device__ void fp8_mma_gemv_residual(const u8* __restrict__ w, const float* __r
 #define FP8_GEMVS(T)                                                                                            \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_t##T(                                   \
         const u8* w, const float* scales, const bf16* x, void* y, int n, int k, int t, int ld, int out_f32,     \
-        const u64* norm_in, float eps, int blocks) {                                                            \
-        fp8_gemv<T>(w, scales, x, y, n, k, t, ld, out_f32, norm_in, eps, blocks);                               \
+        const u64* norm_in, float eps) {                                                                        \
+        fp8_gemv<T>(w, scales, x, y, n, k, t, ld, out_f32, norm_in, eps);                                       \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_silu_t##T(                              \
         const u8* w, const float* scales, const bf16* x, bf16* out, int inter, int k, int t, const u64* norm_in, \
-        float eps, int blocks) {                                                                                \
-        fp8_gemv_silu<T>(w, scales, x, out, inter, k, t, norm_in, eps, blocks);                                 \
+        float eps) {                                                                                            \
+        fp8_gemv_silu<T>(w, scales, x, out, inter, k, t, norm_in, eps);                                         \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_residual_t##T(                          \
         const u8* w, const float* scales, const bf16* x, float* res, bf16* res_bf16, u64* norm_out,             \
-        const float* next_norm, int n, int k, int t, int blocks) {                                              \
-        fp8_gemv_residual<T>(w, scales, x, res, res_bf16, norm_out, next_norm, n, k, t, blocks);                \
+        const float* next_norm, int n, int k, int t) {                                                          \
+        fp8_gemv_residual<T>(w, scales, x, res, res_bf16, norm_out, next_norm, n, k, t);                        \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) fp8_gemv_qkv_rope_t##T(                          \
         const u8* w, const float* scales, const bf16* x, bf16* qkv, int k, int t, const float* bias,            \
         const int* positions, const float2* rope_table, int n_heads, int n_kv, int head_dim, int rot_dim,       \
         int neox, const int* slots, bf16* k_cache, bf16* v_cache, int block_size, const u64* norm_in,          \
-        float eps, int blocks) {                                                                                \
+        float eps) {                                                                                            \
         fp8_gemv_qkv_rope<T>(w, scales, x, qkv, k, t, bias, positions, rope_table, n_heads, n_kv, head_dim,     \
-                             rot_dim, neox, slots, k_cache, v_cache, block_size, norm_in, eps, blocks);        \
+                             rot_dim, neox, slots, k_cache, v_cache, block_size, norm_in, eps);                \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(FP8M_WARPS * 32) fp8_mma_gemv_t##T(                             \
         const u8* w, const float* scales, const bf16* x, void* y, int n, int k, int t, int ld, int out_f32,     \

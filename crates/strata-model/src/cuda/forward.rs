@@ -137,7 +137,7 @@ impl GpuTransformer {
         }
         let mut knobs = GpuKnobs::from_env();
         // fp8.cu's tensor-core GEMVs need mma.sync on f16 (sm_80+).
-        if gpu.info.compute_capability < (8, 0) && knobs.fp8_gemv == Fp8Gemv::Mma {
+        if gpu.info.compute_capability < (8, 0) {
             knobs.fp8_gemv = Fp8Gemv::Lanes;
         }
         let local = shard.local_config(&config);

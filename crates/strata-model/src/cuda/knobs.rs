@@ -55,8 +55,7 @@ pub struct GpuKnobs {
     /// not by fp8.cu's kernel after it. Opt-in: cuBLASLt 13.0 refused them on an H200
     /// (bench/NOTES.md, FP8 v2); a refusal falls back to the kernel.
     pub fp8_outer_scales: bool,
-    /// `STRATA_FP8_GEMV=mma`: FP8 decode products on tensor cores (fp8.cu's `fp8_mma_gemv_*`);
-    /// `blocks`: the lanes' GEMVs a block a row pair (FP8 v8).
+    /// `STRATA_FP8_GEMV=mma`: FP8 decode products on tensor cores (fp8.cu's `fp8_mma_gemv_*`).
     pub fp8_gemv: Fp8Gemv,
     /// An FP8 QKV GEMV applies RoPE and writes the cache itself (`fp8_gemv_qkv_rope_t*`), as
     /// the bf16 one does (bench/NOTES.md, FP8 v6); `STRATA_FP8_QKV_ROPE=0` runs rope.cu after it.
@@ -99,7 +98,6 @@ impl GpuKnobs {
             fp8_outer_scales: var("STRATA_FP8_OUTER_SCALES").is_some_and(|v| v == "1"),
             fp8_gemv: match var("STRATA_FP8_GEMV").as_deref() {
                 Some("mma") => Fp8Gemv::Mma,
-                Some("blocks") => Fp8Gemv::Blocks,
                 _ => Fp8Gemv::Lanes,
             },
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
@@ -187,6 +185,5 @@ mod tests {
         assert_eq!(knobs(&[("STRATA_ATTN_STAGES", "1")]).attention_stages, 2);
         assert_eq!(knobs(&[("STRATA_GEMV_MAX_TOKENS", "x")]).gemv_max_tokens, 8);
         assert!(knobs(&[("STRATA_OVERLAP", "1")]).overlap);
-        assert_eq!(knobs(&[("STRATA_FP8_GEMV", "blocks")]).fp8_gemv, Fp8Gemv::Blocks);
     }
 }

@@ -109,7 +109,7 @@ impl GpuTransformer {
             && path.gemv_for(c.hidden)
             && self.weights.layers.iter().all(|l| match l.wqkv.view() {
                 MatrixView::Dense(_) => true,
-                MatrixView::Fp8(_) => self.knobs.fp8_qkv_rope && self.knobs.fp8_gemv != Fp8Gemv::Mma,
+                MatrixView::Fp8(_) => self.knobs.fp8_qkv_rope && self.knobs.fp8_gemv == Fp8Gemv::Lanes,
                 MatrixView::Quant(_) => false,
             });
         // Norms ride the GEMVs when every product of the layer is one and the o and down outputs
@@ -467,7 +467,6 @@ impl GpuTransformer {
                     let call = Fp8GemvQkvRopeCall {
                         rope: rope(f.w),
                         scales: f.scales,
-                        kind: self.knobs.fp8_gemv,
                     };
                     return call.launch_with(self.launcher());
                 }

@@ -8,10 +8,10 @@ use super::kernels::FAMILIES;
 use super::norm_call::ROW_THREADS;
 use crate::kernel_args;
 
-/// Rows an FP8 GEMV block computes: GEMV_WARPS warps of fp8.cu's FP8_ROWS rows.
-const FP8_BLOCK_ROWS: u32 = GEMV_THREADS / 32 * 2;
-/// Gate/up row pairs an `fp8_gemv_silu_*` block computes, a warp each.
-const FP8_SILU_BLOCK_ROWS: u32 = GEMV_THREADS / 32;
+/// Rows an FP8 GEMV block computes (fp8.cu's FP8_ROWS), its warps splitting k.
+const FP8_BLOCK_ROWS: u32 = 2;
+/// Gate/up row pairs (or RoPE row pairs) an `fp8_gemv_silu_*` (`fp8_gemv_qkv_rope_*`) block computes.
+const FP8_SILU_BLOCK_ROWS: u32 = 1;
 /// Threads of a tensor-core GEMV block (fp8.cu's FP8M_WARPS warps).
 const FP8_MMA_THREADS: u32 = 8 * 32;
 /// Rows a tensor-core GEMV block computes (FP8M_ROWS: two tiles of 16).
@@ -44,33 +44,12 @@ fn gemv_name(form: usize, t: i32, mma: bool) -> &'static str {
 /// Which decode GEMVs run an FP8 matrix's products of up to [`GEMV_KERNEL_TOKENS`] tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fp8Gemv {
-    /// Each lane's dot products on CUDA cores, weights converted to f32 (the default).
+    /// Each thread's dot products on CUDA cores, a block a row pair, weights converted to f32 (the default).
     #[default]
     Lanes,
     /// The products on tensor cores (mma.sync, f16 operands, f32 sums): `STRATA_FP8_GEMV=mma`,
     /// until an H200 run shows which is faster.
     Mma,
-    /// The lanes' GEMVs with a block, not a warp, to a row pair, its warps splitting k as the
-    /// bf16 GEMVs' do: `STRATA_FP8_GEMV=blocks` (bench/NOTES.md, FP8 v8).
-    Blocks,
-}
-
-impl Fp8Gemv {
-    /// The lanes' kernels' last argument, `blocks` (0 or 1); none for the tensor-core kernels.
-    fn blocks_arg(self) -> Option<*mut c_void> {
-        static WARP_ROWS: i32 = 0;
-        static BLOCK_ROWS: i32 = 1;
-        match self {
-            Fp8Gemv::Lanes => Some(kernel_args!(WARP_ROWS)[0]),
-            Fp8Gemv::Blocks => Some(kernel_args!(BLOCK_ROWS)[0]),
-            Fp8Gemv::Mma => None,
-        }
-    }
-
-    /// The lanes' GEMVs' args with `blocks` after them.
-    fn with_blocks_arg(self, args: &[*mut c_void]) -> Vec<*mut c_void> {
-        args.iter().copied().chain(self.blocks_arg()).collect()
-    }
 }
 
 /// `y[j * ld + row] = (x[j] · w[row]) * scales[row]` (`fp8_gemv_t{T}`, `fp8_mma_gemv_t{T}`),
@@ -103,8 +82,6 @@ fn gemv_shape(rows: i32, kind: Fp8Gemv, silu: bool) -> ((u32, u32, u32), u32, u3
     let (per_block, threads) = match (kind, silu) {
         (Fp8Gemv::Lanes, false) => (FP8_BLOCK_ROWS, GEMV_THREADS),
         (Fp8Gemv::Lanes, true) => (FP8_SILU_BLOCK_ROWS, GEMV_THREADS),
-        (Fp8Gemv::Blocks, false) => (2, GEMV_THREADS),
-        (Fp8Gemv::Blocks, true) => (1, GEMV_THREADS),
         (Fp8Gemv::Mma, false) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
         (Fp8Gemv::Mma, true) => (FP8_MMA_SILU_BLOCK_ROWS, FP8_MMA_THREADS),
     };
@@ -121,7 +98,7 @@ impl Fp8GemvCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        self.kind.with_blocks_arg(&kernel_args!(
+        kernel_args!(
             self.w,
             self.scales,
             self.x,
@@ -133,7 +110,8 @@ impl Fp8GemvCall {
             self.out_f32,
             self.norm_in,
             self.eps
-        ))
+        )
+        .to_vec()
     }
 
     one_kernel_launch!("fp8.cu");
@@ -167,7 +145,7 @@ impl Fp8GemvSiluCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        self.kind.with_blocks_arg(&kernel_args!(
+        kernel_args!(
             self.w,
             self.scales,
             self.x,
@@ -177,7 +155,8 @@ impl Fp8GemvSiluCall {
             self.t,
             self.norm_in,
             self.eps
-        ))
+        )
+        .to_vec()
     }
 
     one_kernel_launch!("fp8.cu");
@@ -213,7 +192,7 @@ impl Fp8GemvResidualCall {
     }
 
     fn args(&self) -> Vec<*mut c_void> {
-        self.kind.with_blocks_arg(&kernel_args!(
+        kernel_args!(
             self.w,
             self.scales,
             self.x,
@@ -224,7 +203,8 @@ impl Fp8GemvResidualCall {
             self.n,
             self.k,
             self.t
-        ))
+        )
+        .to_vec()
     }
 
     one_kernel_launch!("fp8.cu");
@@ -238,8 +218,6 @@ pub struct Fp8GemvQkvRopeCall {
     pub rope: GemvQkvRopeCall,
     /// f32, a row each.
     pub scales: u64,
-    /// A warp or a block a pair of rows ([`Fp8Gemv::Mma`] is taken as `Lanes`: no such kernel).
-    pub kind: Fp8Gemv,
 }
 
 impl Fp8GemvQkvRopeCall {
@@ -247,25 +225,18 @@ impl Fp8GemvQkvRopeCall {
         gemv_name(3, self.rope.t, false)
     }
 
-    fn kind(&self) -> Fp8Gemv {
-        if self.kind == Fp8Gemv::Blocks {
-            Fp8Gemv::Blocks
-        } else {
-            Fp8Gemv::Lanes
-        }
-    }
-
-    /// A warp (or a block) every pair of rows RoPE rotates together, as the SiLU GEMV's gate/up pairs.
+    /// A block every pair of rows RoPE rotates together, as the SiLU GEMV's gate/up pairs.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
         let r = &self.rope;
-        gemv_shape((r.n_heads + 2 * r.n_kv) * r.head_dim / 2, self.kind(), true)
+        let pairs = ((r.n_heads + 2 * r.n_kv) * r.head_dim / 2).max(0) as u32;
+        ((pairs.div_ceil(FP8_SILU_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
     }
 
-    /// `rope`'s arguments with the scales after the weights, and `blocks` last.
+    /// `rope`'s arguments with the scales after the weights.
     fn args(&self) -> Vec<*mut c_void> {
         let mut args = self.rope.args();
         args.insert(1, kernel_args!(self.scales)[0]);
-        self.kind().with_blocks_arg(&args)
+        args
     }
 
     one_kernel_launch!("fp8.cu");
@@ -441,20 +412,10 @@ mod tests {
             at(&g.out_f32),
             at(&g.norm_in),
             at(&g.eps),
-            Fp8Gemv::Lanes.blocks_arg().unwrap(),
         ];
         assert_eq!(g.args(), want);
-        assert_eq!((g.name(), g.shape()), ("fp8_gemv_t4", ((2, 1, 1), 128, 0)));
-        // A block a row pair: the same kernel, `blocks` = 1 last.
-        let b = Fp8GemvCall {
-            kind: Fp8Gemv::Blocks,
-            ..g
-        };
-        assert_eq!((b.name(), b.shape()), ("fp8_gemv_t4", ((5, 1, 1), 128, 0)));
-        assert_eq!(b.args().len(), 12);
-        // SAFETY: the argument points at a static i32.
-        assert_eq!(unsafe { *(b.args()[11] as *const i32) }, 1);
-        assert_eq!(unsafe { *(want[11] as *const i32) }, 0);
+        // A block a row pair.
+        assert_eq!((g.name(), g.shape()), ("fp8_gemv_t4", ((5, 1, 1), 128, 0)));
         // Tensor cores: 32 rows a block of 8 warps.
         let g = Fp8GemvCall {
             n: 33,
@@ -462,7 +423,6 @@ mod tests {
             ..g
         };
         assert_eq!((g.name(), g.shape()), ("fp8_mma_gemv_t4", ((2, 1, 1), 256, 0)));
-        assert_eq!(g.args().len(), 11, "the tensor-core kernels take no `blocks`");
         let s = Fp8GemvSiluCall {
             w: 1,
             scales: 2,
@@ -476,13 +436,7 @@ mod tests {
             kind: Fp8Gemv::Lanes,
         };
         assert_eq!(s.args()[1], at(&s.scales));
-        assert_eq!((s.name(), s.shape()), ("fp8_gemv_silu_t1", ((3, 1, 1), 128, 0)));
-        assert_eq!(s.args().len(), 10);
-        let b = Fp8GemvSiluCall {
-            kind: Fp8Gemv::Blocks,
-            ..s
-        };
-        assert_eq!((b.name(), b.shape()), ("fp8_gemv_silu_t1", ((9, 1, 1), 128, 0)));
+        assert_eq!((s.name(), s.shape()), ("fp8_gemv_silu_t1", ((9, 1, 1), 128, 0)));
         // A tile of 16 gate rows and one of their up rows a block.
         let s = Fp8GemvSiluCall {
             inter: 17,
@@ -515,15 +469,9 @@ mod tests {
             at(&r.n),
             at(&r.k),
             at(&r.t),
-            Fp8Gemv::Lanes.blocks_arg().unwrap(),
         ];
         assert_eq!(r.args(), want);
-        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((3, 1, 1), 128, 0)));
-        let b = Fp8GemvResidualCall {
-            kind: Fp8Gemv::Blocks,
-            ..r
-        };
-        assert_eq!((b.name(), b.shape()), ("fp8_gemv_residual_t8", ((9, 1, 1), 128, 0)));
+        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((9, 1, 1), 128, 0)));
         let r = Fp8GemvResidualCall {
             kind: Fp8Gemv::Mma,
             ..r
@@ -580,35 +528,18 @@ mod tests {
             norm_in: 11,
             eps: 1e-6,
         };
-        let c = Fp8GemvQkvRopeCall {
-            rope,
-            scales: 2,
-            kind: Fp8Gemv::Lanes,
-        };
+        let c = Fp8GemvQkvRopeCall { rope, scales: 2 };
         let mut want = c.rope.args();
         want.insert(1, at(&c.scales));
-        want.push(Fp8Gemv::Lanes.blocks_arg().unwrap());
         assert_eq!(c.args(), want);
         assert_eq!(c.args()[..3], [at(&c.rope.w), at(&c.scales), at(&c.rope.x)]);
-        // 3 tokens take the 4-token kernel; 4608 rows are 2304 pairs, a warp each, 4 a block.
-        assert_eq!((c.name(), c.shape()), ("fp8_gemv_qkv_rope_t4", ((576, 1, 1), 128, 0)));
+        // 3 tokens take the 4-token kernel; 4608 rows are 2304 pairs, a block each.
+        assert_eq!((c.name(), c.shape()), ("fp8_gemv_qkv_rope_t4", ((2304, 1, 1), 128, 0)));
         let one = Fp8GemvQkvRopeCall {
             rope: GemvQkvRopeCall { t: 1, ..rope },
             ..c
         };
         assert_eq!(one.name(), "fp8_gemv_qkv_rope_t1");
-        // A block a pair; tensor cores have no such kernel, so Mma takes the warps' shape.
-        let blocks = Fp8GemvQkvRopeCall {
-            kind: Fp8Gemv::Blocks,
-            ..c
-        };
-        assert_eq!(blocks.shape(), ((2304, 1, 1), 128, 0));
-        let mma = Fp8GemvQkvRopeCall {
-            kind: Fp8Gemv::Mma,
-            ..c
-        };
-        assert_eq!(mma.shape(), c.shape());
-        assert_eq!(mma.args().last(), c.args().last());
     }
 
     #[test]

@@ -38,10 +38,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             .upload(&rope_cos_sin_table(&inv_freq(rot), 7000), "rope table")
             .unwrap();
         let cache_elems = blocks * n_kv * bs * hd;
-        // FP8 rows under each GEMV shape that has a QKV kernel: a warp or a block a row pair.
-        let kinds = [None, Some(Fp8Gemv::Lanes), Some(Fp8Gemv::Blocks)];
-        for (t, fp8) in [1usize, 3, 8].into_iter().flat_map(|t| kinds.map(|kind| (t, kind))) {
-            let kind = fp8.unwrap_or_default();
+        for (t, fp8) in [1usize, 3, 8].into_iter().flat_map(|t| [(t, false), (t, true)]) {
             // A GEMV input as rms_norm writes it (bf16) from a residual stream (f32).
             let x = gpu.upload(&random_f32(t * k, 50 + t as u64), "x").unwrap();
             let xn = rms_norm_rows_of(&gpu, &kernels, &x, &norm, t, k);
@@ -81,7 +78,7 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                 out_f32: 0,
                 norm_in: 0,
                 eps,
-                kind,
+                kind: Fp8Gemv::Lanes,
             };
             let then_rope = RopeCall {
                 qkv: outs[0].ptr(),
@@ -132,24 +129,23 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
                     ..fused
                 },
                 scales: w8.scales.ptr(),
-                kind,
             };
             // SAFETY: buffers sized as above (the FP8 matrix width x k bytes and width scales).
             unsafe {
-                if fp8.is_some() {
+                if fp8 {
                     gemv8.launch(&gpu, &kernels).unwrap();
                 } else {
                     gemv.launch(&gpu, &kernels).unwrap();
                 }
                 then_rope.launch(&gpu, &kernels).unwrap();
-                if fp8.is_some() {
+                if fp8 {
                     fused8.launch(&gpu, &kernels).unwrap();
                 } else {
                     fused.launch(&gpu, &kernels).unwrap();
                 }
             }
             let shape =
-                format!("heads {n_heads}/{n_kv} x {hd}, rot {rot}, neox {neox}, bias {with_bias}, t {t}, fp8 {fp8:?}");
+                format!("heads {n_heads}/{n_kv} x {hd}, rot {rot}, neox {neox}, bias {with_bias}, t {t}, fp8 {fp8}");
             let want = [
                 read_bf16(&gpu, &outs[0], t * width),
                 read_bf16(&gpu, &caches[0], cache_elems),
