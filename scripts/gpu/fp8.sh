@@ -8,7 +8,7 @@
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
-# single stream of each GEMV only). Outputs in $OUT/results_fp8.tgz,
+# single stream of each GEMV only; BARS=1: the FP8 bars alone, below). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -27,6 +27,14 @@ bench() {
     grep -o "x[0-9]* (0 constrained).*fnv1a [0-9a-f]*" "$OUT/bench_$name.log" | sed 's/ (0 constrained).*fnv1a/ fnv1a/'
     pack
 }
+# BARS=1: issue 30's two FP8 bars alone, the shortest call that gives them (~6 min): the 7B
+# single stream and 256 users in bf16 and in FP8, no kernel tests and no variants.
+if [ -n "${BARS:-}" ]; then
+    qwen7b_checkpoint
+    bench bf16 none 1,256
+    bench fp8 fp8 1,256
+    exit 0
+fi
 bash scripts/gpu/stage_model.sh
 echo "== kernel tests: fp8, gemm, quant (the quantized formats' GEMVs and tensor-core GEMM) and rope (the QKV GEMVs with RoPE)"
 timeout 240 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 fp8 gemm quant rope > "$OUT/cuda_kernels_tests.log" 2>&1
