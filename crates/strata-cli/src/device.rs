@@ -158,6 +158,22 @@ impl DeviceArgs {
     fn forced_gpus(&self) -> usize {
         self.tensor_parallel_size.unwrap_or(1) * self.pipeline_parallel_size.unwrap_or(1)
     }
+
+    /// The GPU-only flags given that the CPU backend does not use (it runs the file's own weight
+    /// types, has no CUDA graphs and always sums in a fixed order).
+    fn unused_on_cpu(&self) -> Vec<&'static str> {
+        [
+            (self.quantization != Quantization::Auto, "--quantization"),
+            (self.gpu_memory_limit.is_some(), "--gpu-memory-limit"),
+            (self.enforce_eager, "--enforce-eager"),
+            (self.tensor_parallel_size.is_some(), "--tensor-parallel-size"),
+            (self.pipeline_parallel_size.is_some(), "--pipeline-parallel-size"),
+            (self.topology.is_some(), "--topology"),
+        ]
+        .into_iter()
+        .filter_map(|(given, flag)| given.then_some(flag))
+        .collect()
+    }
 }
 
 /// Whether the GPU would be tried (so the CUDA libraries must be found before threads start).
@@ -217,6 +233,13 @@ fn start_cpu(
 ) -> anyhow::Result<EngineHandle> {
     if dev.dtype == DtypeArg::Bfloat16 {
         anyhow::bail!("the CPU backend computes in float32; drop --dtype bfloat16 (or use --device cuda)");
+    }
+    let unused = dev.unused_on_cpu();
+    if !unused.is_empty() {
+        tracing::warn!(
+            "{} applies to GPUs only; the CPU backend runs without it (pass --device cuda to use the GPU)",
+            unused.join(", ")
+        );
     }
     steps.apply(&mut config, false);
     config.activation_precision = dev.activation_precision;
@@ -478,5 +501,21 @@ mod tests {
         };
         assert_eq!(dev.forced_gpus(), 4);
         assert_eq!(DeviceArgs::default().forced_gpus(), 1);
+        // The CPU backend names the GPU-only flags it was given and will not use.
+        assert_eq!(
+            dev.unused_on_cpu(),
+            ["--tensor-parallel-size", "--pipeline-parallel-size"]
+        );
+        let dev = DeviceArgs {
+            quantization: Quantization::Fp8,
+            enforce_eager: true,
+            gpu_memory_limit: Some(1 << 30),
+            ..Default::default()
+        };
+        assert_eq!(
+            dev.unused_on_cpu(),
+            ["--quantization", "--gpu-memory-limit", "--enforce-eager"]
+        );
+        assert!(DeviceArgs::default().unused_on_cpu().is_empty());
     }
 }

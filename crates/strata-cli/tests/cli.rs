@@ -41,6 +41,24 @@ fn run_prints_the_greedy_continuation_and_speed() {
 }
 
 #[test]
+fn gpu_only_flags_on_the_cpu_are_named_not_silently_dropped() {
+    let model = default_model();
+    let out = strata()
+        .args(["run", "--prompt", "Hi", "--max-tokens", "2", "--device", "cpu"])
+        .args(["--quantization", "fp8", "--enforce-eager"])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("--quantization, --enforce-eager applies to GPUs only") && stderr.contains("--device cuda"),
+        "got {stderr:?}"
+    );
+}
+
+#[test]
 fn chat_applies_the_template_and_stops_at_end_of_turn() {
     let model = default_model();
     let out = strata()
