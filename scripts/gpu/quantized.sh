@@ -31,6 +31,9 @@
 #     too; PROFILE_EAGER names the files to profile eagerly, default both, empty for none); the
 #     file written by `strata quantize --random-weights`
 #     from the 7B checkpoint's vocabulary (seeds_32b.sh makes both; llama-src.tar.xz otherwise).
+#   single: the Q4_K_M file's single stream: an eager per-kernel profile of its decode steps, then
+#     the default against SINGLE_DEFINES (STRATA_KERNEL_DEFINES; default QGEMV_LOADS=4), twice
+#     (carries strata.gz, tokenizers-qwen2.5.tgz, llama-src.tar.xz).
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
@@ -201,7 +204,28 @@ profile)
         done
     done
     ;;
-*) echo "usage: quantized.sh decode|test|profile"; exit 2 ;;
+single)
+    # Where a Q4_K_M single-stream token goes now (eager, the GPU time of each kernel; last taken
+    # at v23), then the single stream with QGEMV_LOADS units in flight a lane (default 2) against
+    # SINGLE_DEFINES (default QGEMV_LOADS=4), interleaved twice.
+    qwen7b_checkpoint
+    qwen7b_q4_k_m
+    STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $Q4KM --enforce-eager --levels 1 --kv-cache-dtypes auto \
+        --prompt-tokens 512 --output-tokens 16 --decode-tokens 16 --out /tmp/profile.json \
+        > "$OUT/profile_q4_k_m_1.log" 2>&1
+    grep -A30 "GPU profile" "$OUT/profile_q4_k_m_1.log" | grep decode
+    for round in 1 2; do
+        for defines in "" "${SINGLE_DEFINES:-QGEMV_LOADS=4}"; do
+            name=q4_k_m_${defines:-default}_$round
+            env ${defines:+STRATA_KERNEL_DEFINES=$defines} timeout 150 $S bench-gpu --model $Q4KM --levels 1 \
+                --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_$name.json" \
+                > "$OUT/bench_$name.log" 2>&1
+            echo "-- $name, exit $?"
+            grep -E "^single stream" "$OUT/bench_$name.log"
+        done
+    done
+    ;;
+*) echo "usage: quantized.sh decode|test|profile|single"; exit 2 ;;
 esac
 # At most 8 files come back from $OUT: the figures and logs in one archive.
 (cd "$OUT" && tar czf "/tmp/results_$1.tgz" --exclude='llama-bin*' . && find . -maxdepth 1 -type f \
