@@ -897,33 +897,59 @@ struct FmtQ6_K {
 #define QGEMV_LOADS 2
 #endif
 
-// acc[j] = w[row] · x[j] (j < t), summed over the warp (every lane holds it). after_wait() runs
-// right after the wait for the previous kernel.
-template <class F, int T, typename AfterWait>
-__device__ __forceinline__ void qgemv_row(const u8* __restrict__ w, int n, const Q8Rows& x, int t, int row,
-                                          float (&acc)[T], AfterWait&& after_wait) {
+// Gate and up rows in one pass of qgemv_rows, their units in flight together, instead of the
+// gate row's pass then the up row's (STRATA_KERNEL_DEFINES="QGEMV_SILU_PAIRS=1" for
+// measurements; the sums are the same either way).
+#ifndef QGEMV_SILU_PAIRS
+#define QGEMV_SILU_PAIRS 0
+#endif
+
+// acc[r][j] = w[rows[r]] · x[j] (j < t), summed over the warp (every lane holds it). after_wait()
+// runs right after the wait for the previous kernel.
+template <class F, int T, int R, typename AfterWait>
+__device__ __forceinline__ void qgemv_rows(const u8* __restrict__ w, int n, const Q8Rows& x, int t,
+                                           const int (&rows)[R], float (&acc)[R][T], AfterWait&& after_wait) {
     const int lane = threadIdx.x & 31;
     const int kb = x.k / F::BLOCK, units = x.k / F::UNIT;
 #pragma unroll
-    for (int j = 0; j < T; j++) acc[j] = 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < T; j++) acc[r][j] = 0.0f;
     bool waited = false;
     for (int base = lane; base < units; base += 32 * QGEMV_LOADS) {
-        typename F::Raw raw[QGEMV_LOADS];
+        typename F::Raw raw[R][QGEMV_LOADS];
 #pragma unroll
         for (int u = 0; u < QGEMV_LOADS; u++) {
             const int i = base + 32 * u;
-            if (i < units) raw[u] = F::load(w, n, kb, row, i);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (i < units) raw[r][u] = F::load(w, n, kb, rows[r], i);
         }
         wait_once(waited, after_wait);
 #pragma unroll
         for (int u = 0; u < QGEMV_LOADS; u++) {
             const int i = base + 32 * u;
-            if (i < units) F::template dot<T>(raw[u], i, x, t, acc);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (i < units) F::template dot<T>(raw[r][u], i, x, t, acc[r]);
         }
     }
     wait_once(waited, after_wait);
 #pragma unroll
-    for (int j = 0; j < T; j++) acc[j] = warp_sum(acc[j]);
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < T; j++) acc[r][j] = warp_sum(acc[r][j]);
+}
+
+// qgemv_rows over the one row `row`.
+template <class F, int T, typename AfterWait>
+__device__ __forceinline__ void qgemv_row(const u8* __restrict__ w, int n, const Q8Rows& x, int t, int row,
+                                          float (&acc)[T], AfterWait&& after_wait) {
+    const int rows[1] = {row};
+    float sums[1][T];
+    qgemv_rows<F, T, 1>(w, n, x, t, rows, sums, after_wait);
+#pragma unroll
+    for (int j = 0; j < T; j++) acc[j] = sums[0][j];
 }
 
 // This warp's row of the block's GEMV_WARPS.
@@ -961,9 +987,18 @@ __device__ void qgemv_silu(const u8* __restrict__ w, Q8Rows x, bf16* __restrict_
     const int row = warp_row();
     if (row >= inter) return;
     NormIn<T> norm{norm_in};
-    float gate[T], up[T], s[T];
+    float s[T];
+#if QGEMV_SILU_PAIRS
+    const int rows[2] = {row, row + inter};
+    float sums[2][T];
+    qgemv_rows<F, T, 2>(w, 2 * inter, x, t, rows, sums, [&] { norm.load_in_each_warp(t); });
+    const float(&gate)[T] = sums[0];
+    const float(&up)[T] = sums[1];
+#else
+    float gate[T], up[T];
     qgemv_row<F, T>(w, 2 * inter, x, t, row, gate, [&] { norm.load_in_each_warp(t); });
     qgemv_row<F, T>(w, 2 * inter, x, t, row + inter, up, [] {});
+#endif
     norm.scales(t, x.k, eps, s);
     if ((threadIdx.x & 31) != 0) return;
 #pragma unroll

@@ -115,7 +115,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     // Each variant's define, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
     type Shows = fn(&str) -> bool;
-    let variants: [(&str, &str, Shows, &str); 3] = [
+    let variants: [(&str, &str, Shows, &str); 4] = [
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
             "QTILE_SPECIALIZED=1",
@@ -137,6 +137,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             "quant_wide_f32.ptx",
             |ptx| ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
             "not the wide tiles' f32 decode",
+        ),
+        // The SiLU GEMVs' gate and up rows in one pass (quantized.sh single times it).
+        (
+            "QGEMV_SILU_PAIRS=1",
+            "quant_silu_pairs.ptx",
+            |ptx| ptx.contains(".entry qgemv_silu_q4_k_t1("),
+            "no qgemv_silu_q4_k_t1",
         ),
     ];
     for (define, file, shows, missing) in variants {
