@@ -115,6 +115,19 @@ __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const 
     block_sum_rows<T, R>(acc);
 }
 
+// fp8_rows, and each token's norm scale s from `norm_in` (NormIn; 1 when null), as gemm.cu's
+// gemv_rows_normed. True in thread 0, which holds both; every other thread is done.
+template <int T, int R>
+__device__ __forceinline__ bool fp8_rows_normed(const u8* __restrict__ w, int k, const bf16* __restrict__ x, int t,
+                                                const int (&rows)[R], const u64* __restrict__ norm_in, float eps,
+                                                float (&acc)[R][T], float (&s)[T]) {
+    NormIn<T> norm{norm_in};
+    fp8_rows<T, R>(w, k, x, t, rows, acc, [&] { norm.load(t); });
+    if (threadIdx.x >= 32) return false;
+    norm.scales(t, k, eps, s);
+    return threadIdx.x == 0;
+}
+
 // Rows a plain or residual GEMV block computes.
 #define FP8_ROWS 2
 
@@ -128,12 +141,8 @@ __device__ void fp8_gemv(const u8* __restrict__ w, const float* __restrict__ sca
     if (row >= n) return;
     const bool pair = row + 1 < n;
     const int rows[FP8_ROWS] = {row, pair ? row + 1 : row};
-    NormIn<T> norm{norm_in};
     float acc[FP8_ROWS][T], s[T];
-    fp8_rows<T, FP8_ROWS>(w, k, x, t, rows, acc, [&] { norm.load(t); });
-    if (threadIdx.x >= 32) return;
-    norm.scales(t, k, eps, s);
-    if (threadIdx.x != 0) return;
+    if (!fp8_rows_normed<T, FP8_ROWS>(w, k, x, t, rows, norm_in, eps, acc, s)) return;
 #pragma unroll
     for (int r = 0; r < FP8_ROWS; r++) {
         if (r == 1 && !pair) break;
@@ -160,12 +169,8 @@ __device__ void fp8_gemv_silu(const u8* __restrict__ w, const float* __restrict_
     const int row = blockIdx.x;
     if (row >= inter) return;
     const int rows[2] = {row, row + inter};
-    NormIn<T> norm{norm_in};
     float acc[2][T], s[T];
-    fp8_rows<T, 2>(w, k, x, t, rows, acc, [&] { norm.load(t); });
-    if (threadIdx.x >= 32) return;
-    norm.scales(t, k, eps, s);
-    if (threadIdx.x != 0) return;
+    if (!fp8_rows_normed<T, 2>(w, k, x, t, rows, norm_in, eps, acc, s)) return;
     const float gs = scales[row] * FP8_DECODED, us = scales[row + inter] * FP8_DECODED;
 #pragma unroll
     for (int j = 0; j < T; j++) {
@@ -190,12 +195,8 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
     const int pair = blockIdx.x;
     if (2 * pair >= (n_heads + 2 * n_kv) * head_dim) return;
     const QkvRopePair p(pair, n_heads, n_kv, head_dim, rot_dim, neox);
-    NormIn<T> norm{norm_in};
     float acc[2][T], s[T];
-    fp8_rows<T, 2>(w, k, x, t, p.rows, acc, [&] { norm.load(t); });
-    if (threadIdx.x >= 32) return;
-    norm.scales(t, k, eps, s);
-    if (threadIdx.x != 0) return;
+    if (!fp8_rows_normed<T, 2>(w, k, x, t, p.rows, norm_in, eps, acc, s)) return;
     const float ws0 = scales[p.rows[0]] * FP8_DECODED, ws1 = scales[p.rows[1]] * FP8_DECODED;
 #pragma unroll
     for (int j = 0; j < T; j++) {
