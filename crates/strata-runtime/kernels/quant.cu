@@ -1595,10 +1595,12 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 // registers, and wgmma reads them there while x comes from shared memory (bench/NOTES.md v35).
 // A ring of QWIDE_STAGES stages (the step's x tile, by TMA unless QWIDE_TMA=0, and its raw weight
 // bytes by cp.async) fills two steps ahead; the decode of step s runs while the tensor cores
-// multiply step s - 1.
-// Grid (ceil(n / 128), ceil(t / 256), splits), k split into parts as qgemm's.
+// multiply step s - 1. K split into parts as qgemm's; the grid is qgemm_wide's.
 #define QWIDE_ROWS 128
 #define QWIDE_TOKENS 256
+// A piece of a tile (the last wave's tiles, split by tokens): 64 tokens, 4 to a tile.
+#define QWIDE_PIECE 64
+#define QWIDE_PIECES (QWIDE_TOKENS / QWIDE_PIECE)
 #define QWIDE_THREADS 256
 #ifndef QWIDE_STAGES
 #define QWIDE_STAGES 4
@@ -1617,20 +1619,28 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #define QWIDE_TMA 1
 #endif
 
-template <class F>
-__device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
-                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split,
-                           const TmaMap& x_map) {
 #if QTILE_ON_WGMMA
-    extern __shared__ unsigned char qwide_dynamic[];
-    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
+// The wide tiles' product of one k16 column group: over 256 tokens for a whole tile, over 64 for a
+// piece of one.
+__device__ __forceinline__ void wide_product(float (&acc)[128], const u32 (&a)[4], unsigned long long b) {
+    wgmma_m64n256k16_bf16_rs(acc, a, b);
+}
+__device__ __forceinline__ void wide_product(float (&acc)[32], const u32 (&a)[4], unsigned long long b) {
+    wgmma_m64n64k16_bf16_rs(acc, a, b);
+}
+
+// One block's product: tile rows row0.. by NT tokens from tok0, k steps [first, last). NT is
+// QWIDE_TOKENS for a whole tile, QWIDE_PIECE for a piece of one (x then by the lanes' copies).
+template <class F, int NT>
+__device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const bf16* __restrict__ x,
+                                                 void* __restrict__ y, float* __restrict__ parts, int n, int k, int t,
+                                                 int ld, int out_f32, int first, int last, int row0, int tok0,
+                                                 const TmaMap& x_map, u8* const base) {
+    constexpr bool tma = QWIDE_TMA && NT == QWIDE_TOKENS;
     auto x_stage = [&](int b) { return (bf16*)(base + b * QWIDE_X_BYTES); };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int row0 = blockIdx.x * QWIDE_ROWS, tok0 = blockIdx.y * QWIDE_TOKENS;
-    const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
-    const int last = min(steps, first + steps_per_split);
-    const int live = min(QWIDE_TOKENS, t - tok0);
+    const int live = min(NT, t - tok0);
     const int kb = k / F::BLOCK;
     // The raw bytes of step s: thread i copies half i / 128 of tile row i % 128's (a row past n
     // copies row 0, never stored); Q6_K's words of d go after the rows.
@@ -1642,28 +1652,22 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         F::wide_copy(stage + crow * F::WIDE_ROW, stage + QWIDE_ROWS * F::WIDE_ROW + 4 * crow, w, n, kb, cblk,
                      crow_bytes, s, chalf);
     };
-#if QWIDE_TMA
     // x tile of step s by TMA into stage b, completing on x_full + 8 b (the map's 128-byte
     // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes).
     const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES));
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < QWIDE_STAGES; b++) mbarrier_init(x_full + 8 * b, 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();
-    auto load_x = [&](int s, int b) {
+    if constexpr (tma) {
         if (threadIdx.x == 0) {
-            mbarrier_expect_tx(x_full + 8 * b, QWIDE_X_BYTES);
-            tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, x_full + 8 * b);
+            for (int b = 0; b < QWIDE_STAGES; b++) mbarrier_init(x_full + 8 * b, 1);
+            fence_mbarrier_init();
         }
-    };
-#else
-    // x tile of step s: QWIDE_TOKENS x 64 bf16 in 16-byte pieces (qtile_at's swizzle), zeros
+        __syncthreads();
+    }
+    // Without TMA, the x tile of step s: NT x 64 bf16 in 16-byte pieces (qtile_at's swizzle), zeros
     // past t (a zero-byte copy reads nothing; copying the last token's row instead made gate/up
     // at 160-224 tokens 1.4-2.1x slower, bench/NOTES.md v35). Thread i copies piece i % 8 of
     // tokens i / 8 + 32 p, a warp four whole 128-byte rows an instruction; 32 tokens on, the
     // swizzle repeats.
-    constexpr int X_ROWS = QWIDE_TOKENS * QTILE_K / 8 / QWIDE_THREADS;
+    constexpr int X_ROWS = NT * QTILE_K / 8 / QWIDE_THREADS;
     const int x_col = 8 * (threadIdx.x & 7), x_tok = threadIdx.x >> 3;
     const bf16* const x_row = x + (size_t)(tok0 + x_tok) * k + x_col;
     const size_t x_stride = (size_t)(QWIDE_THREADS / 8) * k;
@@ -1671,21 +1675,27 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
     const int x_live = (live - x_tok + QWIDE_THREADS / 8 - 1) / (QWIDE_THREADS / 8);
     const int x_dst = qtile_at(x_tok, x_col);
     auto load_x = [&](int s, int b) {
-        bf16* const dst = x_stage(b) + x_dst;
-        const bf16* src = x_row + s * QTILE_K;
+        if constexpr (tma) {
+            if (threadIdx.x == 0) {
+                mbarrier_expect_tx(x_full + 8 * b, QWIDE_X_BYTES);
+                tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, x_full + 8 * b);
+            }
+        } else {
+            bf16* const dst = x_stage(b) + x_dst;
+            const bf16* src = x_row + s * QTILE_K;
 #pragma unroll
-        for (int p = 0; p < X_ROWS; p++) {
-            const bool in = p < x_live;
-            cp_async16(dst + (QWIDE_THREADS / 8) * p * QTILE_K, in ? src : x, in ? 16 : 0);
-            src += x_stride;
+            for (int p = 0; p < X_ROWS; p++) {
+                const bool in = p < x_live;
+                cp_async16(dst + (QWIDE_THREADS / 8) * p * QTILE_K, in ? src : x, in ? 16 : 0);
+                src += x_stride;
+            }
         }
     };
-#endif
     // This lane's fragment rows: tile rows 16 warp + g and + 8 (warpgroup warp / 4 takes 64 rows).
     const int ra = 16 * warp + g, rb = ra + 8;
     // Which half of its word holds a row's d: the parity of its block's index (Q6_K).
     const int half_a = ((row0 + ra < n ? row0 + ra : 0) * kb) & 1, half_b = ((row0 + rb < n ? row0 + rb : 0) * kb) & 1;
-    float acc[128] = {};
+    float acc[NT / 2] = {};
     u32 a0[4][4], a1[4][4];
     // Step s: its stage is whole once this thread's copies have landed and every thread has
     // passed the barrier, which also says each warpgroup has waited for step s - 2's products:
@@ -1697,9 +1707,7 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         cp_async_wait(QWIDE_STAGES - 3);
         fence_proxy_async();
         __syncthreads();
-#if QWIDE_TMA
-        mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
-#endif
+        if constexpr (tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
         if (s + QWIDE_STAGES - 2 < last) {
             load_weights(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
             load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
@@ -1713,7 +1721,7 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n256k16_bf16_rs(acc, a[kk], bx + 2 * kk);
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wide_product(acc, a[kk], bx + 2 * kk);
         wgmma_commit();
         wgmma_wait_one();
     };
@@ -1735,6 +1743,34 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
     wgmma_wait_all();
     wgmma_hold(acc);
     store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32);
+}
+#endif
+
+// Grid (ceil(n / 128) - tail + tail x QWIDE_PIECES, ceil(t / 256), splits): the first row tiles
+// whole, the last `tail` (when t <= 256 and k is not split) in pieces of QWIDE_PIECE tokens, so the
+// last wave of a product of more tiles than SMs is not left mostly empty (bench/NOTES.md v38).
+template <class F>
+__device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
+                           float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split,
+                           int tail, const TmaMap& x_map) {
+#if QTILE_ON_WGMMA
+    extern __shared__ unsigned char qwide_dynamic[];
+    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
+    const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
+    const int last = min(steps, first + steps_per_split);
+    const int whole = (n + QWIDE_ROWS - 1) / QWIDE_ROWS - tail;
+    const int tok0 = blockIdx.y * QWIDE_TOKENS;
+    if ((int)blockIdx.x < whole) {
+        qgemm_wide_block<F, QWIDE_TOKENS>(w, x, y, parts, n, k, t, ld, out_f32, first, last,
+                                          blockIdx.x * QWIDE_ROWS, tok0, x_map, base);
+        return;
+    }
+    const int piece = blockIdx.x - whole, tile = whole + piece / QWIDE_PIECES;
+    const int piece_tok0 = tok0 + (piece % QWIDE_PIECES) * QWIDE_PIECE;
+    // A piece past t has nothing to do (exiting lets the next kernel start as waiting would).
+    if (piece_tok0 >= t) return;
+    qgemm_wide_block<F, QWIDE_PIECE>(w, x, y, parts, n, k, t, ld, out_f32, first, last, tile * QWIDE_ROWS,
+                                     piece_tok0, x_map, base);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
     __trap();
@@ -1744,8 +1780,8 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
 #define QUANT_WIDE_KERNEL(F, NAME)                                                                              \
     extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1)                                             \
         qgemm_wide_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
-                          int out_f32, int steps, const __grid_constant__ TmaMap x_map) {                       \
-        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, x_map);                                     \
+                          int out_f32, int steps, int tail, const __grid_constant__ TmaMap x_map) {             \
+        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, x_map);                               \
     }
 
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.

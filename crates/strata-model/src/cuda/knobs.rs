@@ -64,6 +64,9 @@ pub struct GpuKnobs {
     /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
     /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
+    /// `STRATA_QUANT_WIDE_TAIL=1` (opt-in until timed): the wide tiles' partial last wave in
+    /// pieces of 64 tokens (gate/up at up to 256 tokens, bench/NOTES.md v38).
+    pub quant_wide_tail: bool,
 }
 
 impl GpuKnobs {
@@ -102,6 +105,7 @@ impl GpuKnobs {
             },
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
             quant_wide: !off("STRATA_QUANT_WIDE"),
+            quant_wide_tail: var("STRATA_QUANT_WIDE_TAIL").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -137,6 +141,7 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Lanes,
                 fp8_qkv_rope: true,
                 quant_wide: true,
+                quant_wide_tail: false,
             }
         );
         let all = knobs(&[
@@ -157,6 +162,7 @@ mod tests {
             ("STRATA_FP8_GEMV", "mma"),
             ("STRATA_FP8_QKV_ROPE", "0"),
             ("STRATA_QUANT_WIDE", "0"),
+            ("STRATA_QUANT_WIDE_TAIL", "1"),
         ]);
         assert_eq!(
             all,
@@ -178,6 +184,7 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Mma,
                 fp8_qkv_rope: false,
                 quant_wide: false,
+                quant_wide_tail: true,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

@@ -814,8 +814,12 @@ impl GpuTransformer {
                 out_f32: (out == GemmOut::F32) as i32,
                 steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
                 x_map: TmaMap::NONE,
+                tail: 0,
             };
             call.x_map = call.x_map_for(self.kernels.wide_tma())?;
+            if self.knobs.quant_wide_tail {
+                call.tail = tile.wide_tail_for(seg.rows, t, call.grid_splits() as usize, sms);
+            }
             call.launch_with(self.shaped_launcher((seg.rows, k)))?;
             if let Some(reduce) = call.reduce() {
                 reduce.launch_with(self.shaped_launcher((seg.rows, k)))?;

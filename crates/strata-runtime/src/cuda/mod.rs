@@ -307,6 +307,7 @@ mod tests {
                 out_f32: 0,
                 steps_per_split: 2,
                 x_map: TmaMap::NONE,
+                tail: 0,
             };
             let tiled = QuantGemmCall {
                 tile: QuantGemmTile::Shared,

@@ -465,7 +465,28 @@ impl QuantGemmTile {
         let splits = wanted.min(fits).min(steps).clamp(1, 16);
         steps.div_ceil(splits) as i32
     }
+
+    /// How many of an `n`-row product's last row tiles the wide tiles take in pieces of 64
+    /// tokens, so that the last wave of a product of more tiles than `multiprocessors` is not
+    /// left mostly empty: the partial wave's tiles, where their pieces fill at most one wave
+    /// (gate/up at up to 256 tokens on 132 SMs: 32 of 296). 0 for other tiles, for more than 256
+    /// tokens, and where k is split (`splits` > 1).
+    pub fn wide_tail_for(self, n: usize, t: usize, splits: usize, multiprocessors: usize) -> i32 {
+        let tiles = n.div_ceil(QGEMM_ROWS);
+        if self != QuantGemmTile::Wide || t > self.tokens() || splits > 1 || tiles <= multiprocessors {
+            return 0;
+        }
+        let rest = tiles % multiprocessors;
+        if rest * WIDE_PIECES <= multiprocessors {
+            rest as i32
+        } else {
+            0
+        }
+    }
 }
+
+/// Pieces of 64 tokens a wide tile's tail splits into (quant.cu: QWIDE_PIECES).
+const WIDE_PIECES: usize = 4;
 
 /// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows on tensor cores, the
 /// blocks decoded on the way (`qgemm_*` or `qgemm_tile_*`, [`QuantGemmTile`]): for steps of more
@@ -496,6 +517,9 @@ pub struct QuantGemmCall {
     pub steps_per_split: i32,
     /// The wide tiles' TMA map of x ([`Self::x_map_for`]); [`TmaMap::NONE`] elsewhere.
     pub x_map: TmaMap,
+    /// The wide tiles' last row tiles taken in pieces of 64 tokens
+    /// ([`QuantGemmTile::wide_tail_for`]); 0 elsewhere.
+    pub tail: i32,
 }
 
 impl QuantGemmCall {
@@ -541,9 +565,10 @@ impl QuantGemmCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let tail = self.tail.max(0) as u32;
         (
             (
-                (self.n as u32).div_ceil(QGEMM_ROWS as u32),
+                (self.n as u32).div_ceil(QGEMM_ROWS as u32) - tail + tail * WIDE_PIECES as u32,
                 (self.t as u32).div_ceil(self.tile.tokens() as u32),
                 self.grid_splits() as u32,
             ),
@@ -566,9 +591,9 @@ impl QuantGemmCall {
             self.steps_per_split
         )
         .to_vec();
-        // The wide tiles' last parameter: the map, by value.
+        // The wide tiles' last parameters: the tail, and the map by value.
         if self.tile == QuantGemmTile::Wide {
-            args.extend(kernel_args!(self.x_map));
+            args.extend(kernel_args!(self.tail, self.x_map));
         }
         args
     }
@@ -761,6 +786,7 @@ mod tests {
             out_f32: 0,
             steps_per_split: 15,
             x_map: TmaMap::NONE,
+            tail: 0,
         };
         // 148 steps 15 a block: 10 blocks along k, the last taking 13.
         assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((28, 2, 10), 128, 0)));
@@ -828,10 +854,30 @@ mod tests {
             (wide_call.name(), wide_call.shape()),
             ("qgemm_wide_q4_k", ((28, 1, 5), 256, 0))
         );
-        // Their kernel takes x's TMA map last, by value (unused unless built with QWIDE_TMA).
+        // Their kernel takes the tail, then x's TMA map by value (unused unless built with
+        // QWIDE_TMA).
         let mut want = fields(&wide_call);
-        want.push(at(&wide_call.x_map));
+        want.extend([at(&wide_call.tail), at(&wide_call.x_map)]);
         assert_eq!(wide_call.args(), want);
+        // Gate/up at 256 tokens: 296 tiles, two whole waves and 32 tiles in 4 pieces (128 blocks).
+        assert_eq!(wide.wide_tail_for(37888, 256, 1, 132), 32);
+        let gate_up = QuantGemmCall {
+            n: 37888,
+            k: 3584,
+            steps_per_split: 56,
+            tail: 32,
+            ..wide_call
+        };
+        assert_eq!(gate_up.shape(), ((264 + 128, 1, 1), 256, 0));
+        assert_eq!(gate_up.args()[10], at(&gate_up.tail));
+        // No tail past 256 tokens, with k split, with no more tiles than SMs, where the pieces
+        // would not fit one wave (100 left over on 132 SMs), nor on the other tiles.
+        assert_eq!(wide.wide_tail_for(37888, 257, 1, 132), 0);
+        assert_eq!(wide.wide_tail_for(37888, 256, 2, 132), 0);
+        assert_eq!(wide.wide_tail_for(3584, 256, 1, 132), 0);
+        assert_eq!(wide.wide_tail_for(232 * 128, 256, 1, 132), 0);
+        assert_eq!(wide.wide_tail_for(264 * 128, 256, 1, 132), 0);
+        assert_eq!(shared.wide_tail_for(37888, 256, 1, 132), 0);
         assert_eq!(wide_call.x_map_for(false).unwrap(), TmaMap::NONE);
         assert_eq!(tiled.x_map_for(true).unwrap(), TmaMap::NONE);
     }

@@ -464,6 +464,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     out_f32: 1,
                     steps_per_split: steps as i32,
                     x_map: TmaMap::NONE,
+                    tail: 0,
                 };
                 let whole = QuantGemmCall {
                     x_map: whole.x_map_for(kernels.wide_tma()).unwrap(),
@@ -488,6 +489,20 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 let mut got = vec![0f32; t * ld];
                 gpu.read(&y, 0, &mut got).unwrap();
                 let got_bf16 = read_bf16(&gpu, &yb, t * n);
+                // The wide tiles again with their last two row tiles (or the only one) in pieces of
+                // 64 tokens (each piece past t does nothing).
+                let pieces = (tile == QuantGemmTile::Wide).then(|| {
+                    let tail = QuantGemmCall {
+                        tail: n.div_ceil(128).min(2) as i32,
+                        ..whole
+                    };
+                    gpu.zero(&y, 0, t * ld * 4).unwrap();
+                    // SAFETY: as the whole call.
+                    unsafe { tail.launch(&gpu, &kernels) }.unwrap();
+                    let mut got = vec![0f32; t * ld];
+                    gpu.read(&y, 0, &mut got).unwrap();
+                    got
+                });
                 let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
                 let weights = match (&wide_weights, tile) {
                     (Some(ww), QuantGemmTile::Wide) => ww,
@@ -503,6 +518,13 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                             (a - want).abs() <= 1e-4 * size + 1e-9,
                             "{ctx}: row {r} token {j}: {a} vs {want}"
                         );
+                        if let Some(p) = &pieces {
+                            let a = p[j * ld + r] as f64;
+                            assert!(
+                                (a - want).abs() <= 1e-4 * size + 1e-9,
+                                "{ctx}: in pieces, row {r} token {j}: {a} vs {want}"
+                            );
+                        }
                         let b = got_bf16[j * n + r] as f64;
                         assert!(
                             (b - want).abs() <= 1e-4 * size + want.abs() / 128.0 + 1e-9,
@@ -510,6 +532,9 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                         );
                     }
                     assert_eq!(got[j * ld + n], 0.0, "{ctx}: wrote past its rows");
+                    if let Some(p) = &pieces {
+                        assert_eq!(p[j * ld + n], 0.0, "{ctx}: in pieces, wrote past its rows");
+                    }
                 }
             }
         }
