@@ -920,7 +920,7 @@ impl GpuTransformer {
                 first: 0,
                 rows: seg.rows as i32,
             }
-            .launch_with(self.launcher())?;
+            .launch_with(self.shaped_launcher((seg.rows, k)))?;
         }
         Ok(scratch)
     }

@@ -448,8 +448,10 @@ impl QuantGemmTile {
     }
 
     /// The steps per block that split k so that the tiles of an `n` x `t` product fill
-    /// `multiprocessors` (as many times over as an SM holds blocks; at most 16 ways), with the
-    /// `[splits, t, n]` f32 partial sums within `parts_capacity` values.
+    /// `multiprocessors` (as many times over as an SM holds blocks; at most 16 ways) in one
+    /// wave, never past it: the splits round down, as a second wave of a few blocks costs as
+    /// much as the first (bench/NOTES.md v38). The `[splits, t, n]` f32 partial sums stay
+    /// within `parts_capacity` values.
     pub fn steps_per_split_for(
         self,
         n: usize,
@@ -460,7 +462,7 @@ impl QuantGemmTile {
     ) -> i32 {
         let steps = (k / self.k_step()).max(1);
         let tiles = n.div_ceil(QGEMM_ROWS) * t.div_ceil(self.tokens());
-        let wanted = (self.blocks_per_sm() * multiprocessors).div_ceil(tiles.max(1));
+        let wanted = (self.blocks_per_sm() * multiprocessors) / tiles.max(1);
         let fits = parts_capacity / (t * n).max(1);
         let splits = wanted.min(fits).min(steps).clamp(1, 16);
         steps.div_ceil(splits) as i32
@@ -763,8 +765,9 @@ mod tests {
     #[test]
     fn the_quantized_gemm_splits_k_only_to_fill_the_gpu() {
         let per = |n, k, t, sms, cap| QuantGemmTile::Registers.steps_per_split_for(n, k, t, sms, cap);
-        // 7B-shaped down projection at 20 tokens on 132 SMs: 28 tiles, so 148 steps 10 ways.
-        assert_eq!(per(3584, 18944, 20, 132, 4 << 20), 15);
+        // 7B-shaped down projection at 20 tokens on 132 SMs: 28 tiles, two blocks an SM, so 148
+        // steps 9 ways (252 blocks; 10 would leave 16 blocks for a second wave).
+        assert_eq!(per(3584, 18944, 20, 132, 4 << 20), 17);
         // Enough tiles already: no split. Little scratch: as many as fit; none: no split.
         assert_eq!(per(37888, 3584, 256, 132, 4 << 20), 28);
         assert_eq!(per(3584, 18944, 20, 132, 3 * 20 * 3584), 50);
@@ -816,7 +819,7 @@ mod tests {
         // The shared-memory tiles: 128 tokens a block, k in 64-column steps, 8 warps.
         let shared = QuantGemmTile::Shared;
         // Gate/up at 256 tokens: 296 x 2 tiles fill 132 SMs twice; the down projection's 28 x 2
-        // do not, and its 296 steps would split 5 ways but the scratch holds 4 shares.
+        // do not, and its 296 steps split 4 ways (224 blocks; 5 would be 280).
         assert_eq!(shared.steps_per_split_for(37888, 3584, 256, 132, 4 << 20), 56);
         assert_eq!(shared.steps_per_split_for(3584, 18944, 256, 132, 4 << 20), 74);
         let tiled = QuantGemmCall {
@@ -828,31 +831,35 @@ mod tests {
         assert_eq!((tiled.name(), tiled.shape()), ("qgemm_tile_q4_k", ((28, 2, 4), 256, 0)));
         assert_eq!(tiled.args(), fields(&tiled));
         // Warp-specialized: the same kernel, 16 warps, one block an SM, so k splits to fill
-        // the SMs once (the down projection's 56 tiles 3 ways: 99 steps a block).
+        // the SMs once (the down projection's 56 tiles 2 ways: 148 steps a block).
         let specialized = QuantGemmTile::Specialized;
-        assert_eq!(specialized.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 99);
+        assert_eq!(specialized.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 148);
         let spec_call = QuantGemmCall {
             tile: specialized,
-            steps_per_split: 99,
+            steps_per_split: 148,
             ..tiled
         };
         assert_eq!(
             (spec_call.name(), spec_call.shape()),
-            ("qgemm_tile_q4_k", ((28, 2, 3), 512, 0))
+            ("qgemm_tile_q4_k", ((28, 2, 2), 512, 0))
         );
         // Wide tiles: 256 tokens a block of 8 warps, one block an SM. Gate/up's 296 tiles fill
-        // the SMs as they are; the down projection's 28 split 5 ways (60 of 296 steps a block).
+        // the SMs as they are; the down projection's 28 split 4 ways (74 of 296 steps a block:
+        // 112 blocks, where 5 ways made 140, a second wave of 8), at 224 tokens too (the
+        // scratch would hold 5 shares), and QKV's 36 tiles 3 ways (108 blocks, not 144).
         let wide = QuantGemmTile::Wide;
         assert_eq!(wide.steps_per_split_for(37888, 3584, 256, 132, 8 << 20), 56);
-        assert_eq!(wide.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 60);
+        assert_eq!(wide.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 74);
+        assert_eq!(wide.steps_per_split_for(3584, 18944, 224, 132, 4 << 20), 74);
+        assert_eq!(wide.steps_per_split_for(4608, 3584, 224, 132, 4 << 20), 19);
         let wide_call = QuantGemmCall {
             tile: wide,
-            steps_per_split: 60,
+            steps_per_split: 74,
             ..tiled
         };
         assert_eq!(
             (wide_call.name(), wide_call.shape()),
-            ("qgemm_wide_q4_k", ((28, 1, 5), 256, 0))
+            ("qgemm_wide_q4_k", ((28, 1, 4), 256, 0))
         );
         // Their kernel takes the tail, then x's TMA map by value (unused unless built with
         // QWIDE_TMA).
