@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 30's GPU runs: quantized GGUF weights on one H200 beside llama.cpp CUDA, in calls made
 # back to back (the machine keeps its disk between calls within its idle limit). Outputs in $OUT.
-#   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz, the default
-#     model's first part, and llama-src.tar.xz: the pinned llama-cpp-python sdist's vendor/llama.cpp
-#     without docs, models, tests and other backends, or llama-bin.tar.xz.part* from an earlier
-#     call or `make gpu-bin-llama`). Builds llama-bench, llama-quantize and llama-server with CUDA for sm_90 in the
-#     background (saved under $OUT as 15 MB parts, to carry next time instead of rebuilding) while
-#     the quantized kernels' test runs; makes a random Qwen2.5-7B (real tokenizer), converts it with
-#     llama.cpp's convert_hf_to_gguf.py and quantizes it to Q4_K_M with llama-quantize; then per
+#   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz and
+#     llama-src.tar.xz: the pinned llama-cpp-python sdist's vendor/llama.cpp without docs, models,
+#     tests and other backends, and llama-bin.tar.xz.part* from an earlier call or `make
+#     gpu-bin-llama`, ~39 MB in all; without the parts it builds llama-bench, llama-quantize and
+#     llama-server with CUDA for sm_90 in the background, saved under $OUT as 15 MB parts to carry
+#     next time, while the quantized kernels' test runs); makes a random Qwen2.5-7B (real
+#     tokenizer), converts it with llama.cpp's convert_hf_to_gguf.py and quantizes it to Q4_K_M
+#     with llama-quantize; then per
 #     round (ROUNDS, default 1) llama-bench pp512/tg128 beside strata's bench-gpu at LEVELS
 #     (default 1,256) on the Q4_K_M file, the bf16 checkpoint and that checkpoint as FP8 (MODELS,
 #     default "q4_k_m bf16 fp8").
@@ -87,7 +88,6 @@ strata_bench() {
 case "${1:-}" in
 decode)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-    bash scripts/gpu/stage_model.sh
     rm -f /tmp/llama_build.done
     llama_cpp &
     echo "== kernel tests ${KERNEL_TESTS:-}"
