@@ -567,7 +567,11 @@ impl QuantGemmCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let tail = self.tail.max(0) as u32;
+        let tail = if self.tile == QuantGemmTile::Wide {
+            self.tail.max(0) as u32
+        } else {
+            0
+        };
         (
             (
                 (self.n as u32).div_ceil(QGEMM_ROWS as u32) - tail + tail * WIDE_PIECES as u32,
