@@ -17,7 +17,7 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
     u32 packed[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        packed[i] = (u32)f2bf(silu_times(g[2 * i], u[2 * i])) | ((u32)f2bf(silu_times(g[2 * i + 1], u[2 * i + 1])) << 16);
+        packed[i] = f2bf2(silu_times(g[2 * i], u[2 * i]), silu_times(g[2 * i + 1], u[2 * i + 1]));
     }
     ((uint4*)(out + t * inter))[c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
@@ -74,7 +74,7 @@ extern "C" __global__ void silu_mul_fp8(const bf16* __restrict__ gate_up, const 
                 o[e] = bf2f(f2bf(silu_times(gj, uj)));
                 amax = fmaxf(amax, fabsf(o[e]));
             }
-            packed[i] = (u32)f2bf(o[0]) | ((u32)f2bf(o[1]) << 16);
+            packed[i] = f2bf2(o[0], o[1]);
         }
         act[p] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
         ((uint4*)(out + t * inter))[c] = act[p];

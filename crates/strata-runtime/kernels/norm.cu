@@ -10,8 +10,8 @@
 // v * scale * w as four bf16s.
 __device__ __forceinline__ uint2 norm_bf16x4(const float4& v, float scale, const float4& w) {
     uint2 packed;
-    packed.x = (u32)f2bf(v.x * scale * w.x) | ((u32)f2bf(v.y * scale * w.y) << 16);
-    packed.y = (u32)f2bf(v.z * scale * w.z) | ((u32)f2bf(v.w * scale * w.w) << 16);
+    packed.x = f2bf2(v.x * scale * w.x, v.y * scale * w.y);
+    packed.y = f2bf2(v.z * scale * w.z, v.w * scale * w.w);
     return packed;
 }
 

@@ -1101,12 +1101,33 @@ extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS) quantize_q8(const
 // shared memory and the block then writes its units' values out in 16-byte pieces side by side
 // (a block's units are consecutive, and so are their values: whole Q6_K blocks, as the units per
 // row and the block's first unit are multiples of 4). Stores straight from each unit's thread,
-// 128 bytes apart across a warp, ran at about 1 TB/s on an H200.
+// 128 bytes apart across a warp, ran at about 1 TB/s on an H200. The tile is stored 16 bytes at a
+// time: through a bf16 pointer NVVM split each store into four 32-bit ones, all of a warp's in one
+// bank (a 32-way conflict, ~1 TB/s of bf16 out at best; bench/NOTES.md v38).
 #define DEQUANT_THREADS 256
+// 1 (STRATA_KERNEL_DEFINES="DEQUANT_SWIZZLE=1", opt-in until timed): a unit's 16-byte pieces are
+// swizzled in the tile (dequant_slot), so that neither a quarter warp's stores (8 units' piece e)
+// nor its loads (8 consecutive pieces) share a bank; 0 leaves the 8-way conflict of the stores.
+#ifndef DEQUANT_SWIZZLE
+#define DEQUANT_SWIZZLE 0
+#endif
+
+// Where piece c (16 bytes) of a dequantization tile sits, for units of PIECES pieces: under
+// DEQUANT_SWIZZLE the piece's index within its unit XORed with bits of the unit's index.
+template <int PIECES>
+__device__ __forceinline__ int dequant_slot(int c) {
+#if DEQUANT_SWIZZLE
+    constexpr int spread = PIECES >= 8 ? 1 : 8 / PIECES, mask = (PIECES >= 8 ? 8 : PIECES) - 1;
+    return c ^ ((c / PIECES / spread) & mask);
+#else
+    return c;
+#endif
+}
 
 template <class F>
 __device__ void dequant(const u8* __restrict__ w, bf16* __restrict__ out, int n, int k, int first, int rows) {
-    __shared__ uint4 tile[DEQUANT_THREADS * F::UNIT / 8];
+    constexpr int PIECES = F::UNIT / 8;
+    __shared__ uint4 tile[DEQUANT_THREADS * PIECES];
     const int units = k / F::UNIT;
     const long long total = (long long)rows * units, base = (long long)blockIdx.x * DEQUANT_THREADS;
     const long long i = base + threadIdx.x;
@@ -1115,16 +1136,20 @@ __device__ void dequant(const u8* __restrict__ w, bf16* __restrict__ out, int n,
     typename F::Raw raw;
     if (mine) raw = F::load(w, n, k / F::BLOCK, first + r, unit);
     if (mine) {
-        const long long row_start = (long long)r * k - base * F::UNIT;
-        F::decode(raw, unit, [&](int col, const float(&v)[8]) { store_bf16s((bf16*)tile + row_start + col, 8, v); });
+        // This unit's first value within the block's tile.
+        const int at = (int)((long long)r * k - base * F::UNIT);
+        F::decode(raw, unit, [&](int col, const float(&v)[8]) {
+            tile[dequant_slot<PIECES>((at + col) >> 3)] =
+                make_uint4(f2bf2(v[0], v[1]), f2bf2(v[2], v[3]), f2bf2(v[4], v[5]), f2bf2(v[6], v[7]));
+        });
     }
     __syncthreads();
     // `out` may still be read by the product before this one.
     wait_for_previous_kernel();
     const long long left = total - base;
-    const int chunks = (int)(left < DEQUANT_THREADS ? left : DEQUANT_THREADS) * (F::UNIT / 8);
+    const int chunks = (int)(left < DEQUANT_THREADS ? left : DEQUANT_THREADS) * PIECES;
     uint4* dst = (uint4*)(out + base * F::UNIT);
-    for (int c = threadIdx.x; c < chunks; c += DEQUANT_THREADS) dst[c] = tile[c];
+    for (int c = threadIdx.x; c < chunks; c += DEQUANT_THREADS) dst[c] = tile[dequant_slot<PIECES>(c)];
 }
 
 // Token embedding from a quantized table (embedding.cu's rule: rows vocab_start.. of this GPU,
