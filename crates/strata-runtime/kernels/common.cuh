@@ -69,6 +69,11 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
     }
 }
 
+// Eight f32 rounded to bf16 (f2bf2) and packed in 16 bytes, lowest first: unpack8's inverse.
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+    return make_uint4(f2bf2(v[0], v[1]), f2bf2(v[2], v[3]), f2bf2(v[4], v[5]), f2bf2(v[6], v[7]));
+}
+
 // n (at most 8) consecutive bf16 at p as f32 into out[0..n): one 16-, 8- or 4-byte load when n is
 // 8, 4 or 2 (p then aligned to 2n bytes), one load a value otherwise.
 __device__ __forceinline__ void load_bf16s(const bf16* __restrict__ p, int n, float (&out)[8]) {
@@ -92,12 +97,14 @@ __device__ __forceinline__ void load_bf16s(const bf16* __restrict__ p, int n, fl
 
 // in[0..n) rounded to bf16 and stored at p, as load_bf16s reads them.
 __device__ __forceinline__ void store_bf16s(bf16* __restrict__ p, int n, const float (&in)[8]) {
+    if (n == 8) {
+        *(uint4*)p = pack8(in);
+        return;
+    }
     u32 w[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) w[i] = 2 * i < n ? f2bf2(in[2 * i], in[2 * i + 1]) : 0u;
-    if (n == 8) {
-        *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if (n == 4) {
+    if (n == 4) {
         *(uint2*)p = make_uint2(w[0], w[1]);
     } else if (n == 2) {
         *(u32*)p = w[0];

@@ -1138,10 +1138,7 @@ __device__ void dequant(const u8* __restrict__ w, bf16* __restrict__ out, int n,
     if (mine) {
         // This unit's first value within the block's tile.
         const int at = (int)((long long)r * k - base * F::UNIT);
-        F::decode(raw, unit, [&](int col, const float(&v)[8]) {
-            tile[dequant_slot<PIECES>((at + col) >> 3)] =
-                make_uint4(f2bf2(v[0], v[1]), f2bf2(v[2], v[3]), f2bf2(v[4], v[5]), f2bf2(v[6], v[7]));
-        });
+        F::decode(raw, unit, [&](int col, const float(&v)[8]) { tile[dequant_slot<PIECES>((at + col) >> 3)] = pack8(v); });
     }
     __syncthreads();
     // `out` may still be read by the product before this one.
