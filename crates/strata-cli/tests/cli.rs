@@ -13,27 +13,29 @@ use std::ffi::OsString;
 use strata_formats::gguf::MetaValue;
 use strata_formats::safetensors::Dtype;
 
+/// `strata ARGS --model <the default model>`, which must succeed: its stdout and stderr.
+fn on_the_default_model(args: &[&str]) -> (String, String) {
+    let model = default_model();
+    let out = strata().args(args).arg("--model").arg(&model).output().unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
 #[test]
 fn run_prints_the_greedy_continuation_and_speed() {
-    let model = default_model();
-    let out = strata()
-        .args([
-            "run",
-            "--prompt",
-            "The capital of France is",
-            "--max-tokens",
-            "8",
-            "--threads",
-            "2",
-        ])
-        .arg("--model")
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (stdout, stderr) = on_the_default_model(&[
+        "run",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--threads",
+        "2",
+    ]);
     assert!(stdout.starts_with("The capital of France is Paris"), "got {stdout:?}");
-    let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(
         stderr.contains("generated: 8 tokens at") && stderr.contains("tok/s"),
         "got {stderr:?}"
@@ -42,16 +44,18 @@ fn run_prints_the_greedy_continuation_and_speed() {
 
 #[test]
 fn gpu_only_flags_on_the_cpu_are_named_not_silently_dropped() {
-    let model = default_model();
-    let out = strata()
-        .args(["run", "--prompt", "Hi", "--max-tokens", "2", "--device", "cpu"])
-        .args(["--quantization", "fp8", "--enforce-eager"])
-        .arg("--model")
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let stderr = String::from_utf8(out.stderr).unwrap();
+    let (_, stderr) = on_the_default_model(&[
+        "run",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "2",
+        "--device",
+        "cpu",
+        "--quantization",
+        "fp8",
+        "--enforce-eager",
+    ]);
     assert!(
         stderr.contains("--quantization, --enforce-eager applies to GPUs only") && stderr.contains("--device cuda"),
         "got {stderr:?}"
@@ -60,31 +64,22 @@ fn gpu_only_flags_on_the_cpu_are_named_not_silently_dropped() {
 
 #[test]
 fn chat_applies_the_template_and_stops_at_end_of_turn() {
-    let model = default_model();
-    let out = strata()
-        .args([
-            "run",
-            "--chat",
-            "--prompt",
-            "What is the capital of France?",
-            "--max-tokens",
-            "48",
-            // The exact answer is the float path's; `standard` answers otherwise.
-            "--activation-precision",
-            "high",
-        ])
-        .arg("--model")
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (stdout, stderr) = on_the_default_model(&[
+        "run",
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "48",
+        // The exact answer is the float path's; `standard` answers otherwise.
+        "--activation-precision",
+        "high",
+    ]);
     assert!(stdout.contains("Paris"), "got {stdout:?}");
     assert!(
         !stdout.contains("<|im_end|>") && !stdout.contains("<|im_start|>"),
         "special tokens leaked: {stdout:?}"
     );
-    let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(
         stderr.contains("(stop,"),
         "the answer should end at <|im_end|>: {stderr:?}"
@@ -93,15 +88,8 @@ fn chat_applies_the_template_and_stops_at_end_of_turn() {
 
 #[test]
 fn tokenize_matches_the_fidelity_prompts() {
-    let model = default_model();
-    let out = strata()
-        .args(["tokenize", "The capital of France is"])
-        .arg("--model")
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (stdout, _) = on_the_default_model(&["tokenize", "The capital of France is"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v[0]["ids"], serde_json::json!([504, 3575, 282, 4649, 314]));
 }
 
