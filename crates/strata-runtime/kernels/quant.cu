@@ -1103,25 +1103,16 @@ extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS) quantize_q8(const
 // row and the block's first unit are multiples of 4). Stores straight from each unit's thread,
 // 128 bytes apart across a warp, ran at about 1 TB/s on an H200. The tile is stored 16 bytes at a
 // time: through a bf16 pointer NVVM split each store into four 32-bit ones, all of a warp's in one
-// bank (a 32-way conflict, ~1 TB/s of bf16 out at best; bench/NOTES.md v38).
+// bank (a 32-way conflict, ~1 TB/s of bf16 out at best; bench/NOTES.md v39).
 #define DEQUANT_THREADS 256
-// 1 (STRATA_KERNEL_DEFINES="DEQUANT_SWIZZLE=1", opt-in until timed): a unit's 16-byte pieces are
-// swizzled in the tile (dequant_slot), so that neither a quarter warp's stores (8 units' piece e)
-// nor its loads (8 consecutive pieces) share a bank; 0 leaves the 8-way conflict of the stores.
-#ifndef DEQUANT_SWIZZLE
-#define DEQUANT_SWIZZLE 0
-#endif
 
-// Where piece c (16 bytes) of a dequantization tile sits, for units of PIECES pieces: under
-// DEQUANT_SWIZZLE the piece's index within its unit XORed with bits of the unit's index.
+// Where piece c (16 bytes) of a dequantization tile sits, for units of PIECES pieces: the piece's
+// index within its unit XORed with bits of the unit's index, so that neither a quarter warp's
+// stores (8 units' piece e) nor its loads (8 consecutive pieces) share a bank.
 template <int PIECES>
 __device__ __forceinline__ int dequant_slot(int c) {
-#if DEQUANT_SWIZZLE
     constexpr int spread = PIECES >= 8 ? 1 : 8 / PIECES, mask = (PIECES >= 8 ? 8 : PIECES) - 1;
     return c ^ ((c / PIECES / spread) & mask);
-#else
-    return c;
-#endif
 }
 
 template <class F>
