@@ -64,8 +64,8 @@ pub struct GpuKnobs {
     /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
     /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
-    /// `STRATA_QUANT_WIDE_TAIL=1` (opt-in until timed): the wide tiles' partial last wave in
-    /// pieces of 64 tokens (gate/up at up to 256 tokens, bench/NOTES.md v38).
+    /// `STRATA_QUANT_WIDE_TAIL=1` (opt-in until its kernel test runs on a GPU): the wide tiles'
+    /// partial last wave in pieces of 64 tokens (gate/up at up to 256 tokens, bench/NOTES.md v38).
     pub quant_wide_tail: bool,
 }
 
