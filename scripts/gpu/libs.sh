@@ -49,7 +49,15 @@ start_results() {
     OUT=/tmp/$1_results
     mkdir -p "$OUT"
 }
-pack() { tar czf "$FINAL_OUT/results_$RESULTS_NAME.tgz" -C "$OUT" .; }
+# The archive is written beside its name and then renamed, so a call cut off mid-write still
+# brings back the last whole one.
+pack() {
+    tar czf "$FINAL_OUT/.results_$RESULTS_NAME.tgz" -C "$OUT" . &&
+        mv -f "$FINAL_OUT/.results_$RESULTS_NAME.tgz" "$FINAL_OUT/results_$RESULTS_NAME.tgz"
+}
+# pack_every SECONDS: packs in the background until the script ends (packer_stop, then pack).
+pack_every() { (while sleep "$1"; do pack; done) & PACKER=$!; }
+packer_stop() { kill "$PACKER" 2>/dev/null; wait "$PACKER" 2>/dev/null; pack; }
 CK=/root/ckpt
 L8=$CK/llama3-8b
 # Makes the random-weight Llama-3-8B checkpoint in $L8 (transformers, no reference logits) unless

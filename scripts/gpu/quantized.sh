@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 30's GPU runs: quantized GGUF weights on one H200 beside llama.cpp CUDA, in calls made
-# back to back (the machine keeps its disk between calls within its idle limit). Outputs in $OUT.
+# back to back (the machine keeps its disk between calls within its idle limit). Outputs in $OUT as
+# results_MODE.tgz, packed every 15 s.
 #   decode: a fresh machine (carries strata.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz and
 #     llama-src.tar.xz: the pinned llama-cpp-python sdist's vendor/llama.cpp without docs, models,
 #     tests and other backends, and llama-bin.tar.xz.part* from an earlier call or `make
@@ -39,6 +40,10 @@
 set -u
 OUT=${OUT:-/tmp/out}
 source "$(dirname "$0")/libs.sh"
+# At most 8 files come back from $OUT: the figures and logs in one archive, results_MODE.tgz,
+# packed every 15 s, so a call cut off by its limit still brings back what ran.
+start_results "${1:-none}"
+pack_every 15
 LL=/root/llama.cpp
 GG=/root/gguf
 mkdir -p $GG
@@ -104,7 +109,7 @@ decode)
         $GG/qwen7b-q4_k_m.gguf Q4_K_M > /tmp/quantize.log 2>&1 || tail -5 /tmp/quantize.log
     rm -f $GG/qwen7b-bf16.gguf
     ls gpu-bin/llama-bin.tar.xz.part* >/dev/null 2>&1 || (cd $LL && tar cJf /tmp/llama-bin.tar.xz build/bin &&
-        split -b 15M /tmp/llama-bin.tar.xz "$OUT/llama-bin.tar.xz.part")
+        split -b 15M /tmp/llama-bin.tar.xz "$FINAL_OUT/llama-bin.tar.xz.part")
     for round in $(seq ${ROUNDS:-1}); do
         llama_bench $GG/qwen7b-q4_k_m.gguf "q4_k_m_$round"
         for m in ${MODELS:-q4_k_m bf16 fp8}; do strata_bench $m $round; done
@@ -228,8 +233,6 @@ single)
         done
     done
     ;;
-*) echo "usage: quantized.sh decode|test|profile|single"; exit 2 ;;
+*) echo "usage: quantized.sh decode|test|profile|single"; packer_stop; exit 2 ;;
 esac
-# At most 8 files come back from $OUT: the figures and logs in one archive.
-(cd "$OUT" && tar czf "/tmp/results_$1.tgz" --exclude='llama-bin*' . && find . -maxdepth 1 -type f \
-    ! -name 'llama-bin*' -delete && mv "/tmp/results_$1.tgz" .)
+packer_stop
