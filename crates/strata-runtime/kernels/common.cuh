@@ -30,8 +30,8 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __uint_as_float(((u32)x) << 16); }
 
-// Round to nearest even; NaN stays NaN. One cvt on sm_80 and later (every target strata
-// compiles for), where the integer rounding took five instructions a value.
+// Round to nearest even; NaN stays NaN. One cvt on sm_80 and later, where the integer rounding
+// took five instructions a value; sm_75 (compute_75, a Turing card) keeps the integer rounding.
 __device__ __forceinline__ bf16 f2bf(float f) {
 #if __CUDA_ARCH__ >= 800
     unsigned short b;
