@@ -1187,26 +1187,34 @@ __device__ void embedding_quant(const u8* __restrict__ table, const u32* __restr
 #define QGEMM_PREFETCH 1
 #endif
 
-// One of a quantized GEMM's sums for (row, token tok0 + tok): into the k split's share of parts
-// when the grid splits k, else into y (bf16, or f32 when out_f32).
-__device__ __forceinline__ void qgemm_store(float v, void* __restrict__ y, float* __restrict__ parts, int n, int t,
-                                            int ld, int out_f32, int row, int tok) {
-    if (gridDim.z > 1) {
-        parts[((size_t)blockIdx.z * t + tok) * n + row] = v;
+// The block's share of parts when the grid splits k (its z), else -1.
+__device__ __forceinline__ int grid_split() { return gridDim.z > 1 ? (int)blockIdx.z : -1; }
+
+// One of a quantized GEMM's sums for (row, token tok): into split z's share of parts when z >= 0
+// (parts [splits, t, n - prow0] holds rows prow0..n - 1), else into y (bf16, or f32 when out_f32).
+__device__ __forceinline__ void qgemm_store_to(float v, void* __restrict__ y, float* __restrict__ parts, int n, int t,
+                                               int ld, int out_f32, int row, int tok, int z, int prow0) {
+    if (z >= 0) {
+        parts[((size_t)z * t + tok) * (n - prow0) + row - prow0] = v;
     } else if (out_f32) {
         ((float*)y)[(size_t)tok * ld + row] = v;
     } else {
         ((bf16*)y)[(size_t)tok * ld + row] = f2bf(v);
     }
 }
+// qgemm_store_to into the k split's share of parts when the grid splits k, else into y.
+__device__ __forceinline__ void qgemm_store(float v, void* __restrict__ y, float* __restrict__ parts, int n, int t,
+                                            int ld, int out_f32, int row, int tok) {
+    qgemm_store_to(v, y, parts, n, t, ld, out_f32, row, tok, grid_split(), 0);
+}
 
 // The wgmma sums of multiplying warp w of a tile GEMM's block (tile rows from row0, tokens from
 // tok0, `live` of them): lane (g, c) holds tile rows 16 w + g (e 0, 1) and + 8 (e 2, 3), tokens
-// 8 j + 2c (+ 1) of n8 chunk j, in acc[4 j + e].
+// 8 j + 2c (+ 1) of n8 chunk j, in acc[4 j + e]. Stored as qgemm_store_to's z and prow0 say.
 template <int N>
 __device__ __forceinline__ void store_wgmma_sums(const float (&acc)[N], int w, int row0, int tok0, int live,
                                                  void* __restrict__ y, float* __restrict__ parts, int n, int t,
-                                                 int ld, int out_f32) {
+                                                 int ld, int out_f32, int z, int prow0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int j = 0; j < N / 4; j++)
@@ -1214,7 +1222,8 @@ __device__ __forceinline__ void store_wgmma_sums(const float (&acc)[N], int w, i
         for (int e = 0; e < 4; e++) {
             const int row = row0 + 16 * w + g + 8 * (e >> 1);
             const int tok = 8 * j + 2 * c + (e & 1);
-            if (row < n && tok < live) qgemm_store(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
+            if (row < n && tok < live)
+                qgemm_store_to(acc[4 * j + e], y, parts, n, t, ld, out_f32, row, tok0 + tok, z, prow0);
         }
 }
 
@@ -1523,7 +1532,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_hold(acc);
         mbarrier_arrive(empty_bar + 8 * b);
     }
-    store_wgmma_sums(acc, mwarp, row0, tok0, live, y, parts, n, t, ld, out_f32);
+    store_wgmma_sums(acc, mwarp, row0, tok0, live, y, parts, n, t, ld, out_f32, grid_split(), 0);
 #elif QTILE_ON_WGMMA
     float acc[64] = {};
     // The first weights decode before the previous kernel is waited for: they are not its output.
@@ -1548,7 +1557,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
         wgmma_wait_all();
         wgmma_hold(acc);
     }
-    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32);
+    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32, grid_split(), 0);
 #else
     float acc[4][4][4] = {};
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -1611,9 +1620,6 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 // multiply step s - 1. K split into parts as qgemm's; the grid is qgemm_wide's.
 #define QWIDE_ROWS 128
 #define QWIDE_TOKENS 256
-// A piece of a tile (the last wave's tiles, split by tokens): 64 tokens, 4 to a tile.
-#define QWIDE_PIECE 64
-#define QWIDE_PIECES (QWIDE_TOKENS / QWIDE_PIECE)
 #define QWIDE_THREADS 256
 #ifndef QWIDE_STAGES
 #define QWIDE_STAGES 4
@@ -1633,23 +1639,15 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #endif
 
 #if QTILE_ON_WGMMA
-// The wide tiles' product of one k16 column group: over 256 tokens for a whole tile, over 64 for a
-// piece of one.
-__device__ __forceinline__ void wide_product(float (&acc)[128], const u32 (&a)[4], unsigned long long b) {
-    wgmma_m64n256k16_bf16_rs(acc, a, b);
-}
-__device__ __forceinline__ void wide_product(float (&acc)[32], const u32 (&a)[4], unsigned long long b) {
-    wgmma_m64n64k16_bf16_rs(acc, a, b);
-}
-
-// One block's product: tile rows row0.. by NT tokens from tok0, k steps [first, last). NT is
-// QWIDE_TOKENS for a whole tile, QWIDE_PIECE for a piece of one (x then by the lanes' copies).
-template <class F, int NT>
+// One block's product: tile rows row0.. by QWIDE_TOKENS tokens from tok0, k steps [first, last)
+// (none: zeros), stored as qgemm_store_to's z and prow0 say.
+template <class F>
 __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const bf16* __restrict__ x,
                                                  void* __restrict__ y, float* __restrict__ parts, int n, int k, int t,
                                                  int ld, int out_f32, int first, int last, int row0, int tok0,
-                                                 const TmaMap& x_map, u8* const base) {
-    constexpr bool tma = QWIDE_TMA && NT == QWIDE_TOKENS;
+                                                 const TmaMap& x_map, u8* const base, int z, int prow0) {
+    constexpr int NT = QWIDE_TOKENS;
+    constexpr bool tma = QWIDE_TMA;
     auto x_stage = [&](int b) { return (bf16*)(base + b * QWIDE_X_BYTES); };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -1734,7 +1732,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < QTILE_K / 16; kk++) wide_product(acc, a[kk], bx + 2 * kk);
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n256k16_bf16_rs(acc, a[kk], bx + 2 * kk);
         wgmma_commit();
         wgmma_wait_one();
     };
@@ -1755,35 +1753,36 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     if (s < last) step(s, a0);
     wgmma_wait_all();
     wgmma_hold(acc);
-    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32);
+    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32, z, prow0);
 }
 #endif
 
-// Grid (ceil(n / 128) - tail + tail x QWIDE_PIECES, ceil(t / 256), splits): the first row tiles
-// whole, the last `tail` (when t <= 256 and k is not split) in pieces of QWIDE_PIECE tokens, so the
-// last wave of a product of more tiles than SMs is not left mostly empty (bench/NOTES.md v38).
+// Grid (ceil(n / 128) - tail + tail x tail_splits, ceil(t / 256), splits): the first row tiles
+// whole (k split as the grid's z says), the last `tail` (where k is not split) each in tail_splits
+// blocks that split its steps evenly into the tail's parts ([tail_splits, t, rows of the tail]),
+// so the last wave of a product of more tiles than SMs is not left mostly empty; qgemm_reduce adds
+// them after (bench/NOTES.md v41).
 template <class F>
 __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                            float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split,
-                           int tail, const TmaMap& x_map) {
+                           int tail, int tail_splits, const TmaMap& x_map) {
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qwide_dynamic[];
     u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
-    const int steps = k / QTILE_K, first = blockIdx.z * steps_per_split;
-    const int last = min(steps, first + steps_per_split);
+    const int steps = k / QTILE_K;
     const int whole = (n + QWIDE_ROWS - 1) / QWIDE_ROWS - tail;
     const int tok0 = blockIdx.y * QWIDE_TOKENS;
     if ((int)blockIdx.x < whole) {
-        qgemm_wide_block<F, QWIDE_TOKENS>(w, x, y, parts, n, k, t, ld, out_f32, first, last,
-                                          blockIdx.x * QWIDE_ROWS, tok0, x_map, base);
+        const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
+        qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0, x_map,
+                            base, grid_split(), 0);
         return;
     }
-    const int piece = blockIdx.x - whole, tile = whole + piece / QWIDE_PIECES;
-    const int piece_tok0 = tok0 + (piece % QWIDE_PIECES) * QWIDE_PIECE;
-    // A piece past t has nothing to do (exiting lets the next kernel start as waiting would).
-    if (piece_tok0 >= t) return;
-    qgemm_wide_block<F, QWIDE_PIECE>(w, x, y, parts, n, k, t, ld, out_f32, first, last, tile * QWIDE_ROWS,
-                                     piece_tok0, x_map, base);
+    const int piece = blockIdx.x - whole, z = piece % tail_splits;
+    const int per = (steps + tail_splits - 1) / tail_splits;
+    const int first = min(steps, z * per), last = min(steps, first + per);
+    qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, (whole + piece / tail_splits) * QWIDE_ROWS,
+                        tok0, x_map, base, z, whole * QWIDE_ROWS);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
     __trap();
@@ -1793,8 +1792,9 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
 #define QUANT_WIDE_KERNEL(F, NAME)                                                                              \
     extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1)                                             \
         qgemm_wide_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
-                          int out_f32, int steps, int tail, const __grid_constant__ TmaMap x_map) {             \
-        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, x_map);                               \
+                          int out_f32, int steps, int tail, int tail_splits,                                    \
+                          const __grid_constant__ TmaMap x_map) {                                               \
+        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, tail_splits, x_map);                  \
     }
 
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.

@@ -105,6 +105,10 @@ pub struct GpuTransformer {
     /// the kernel before the FP8 product that reads them (a norm, `silu_mul_fp8`); taken by
     /// that product, which then quantizes nothing.
     pub(super) fp8_rows_ready: Option<(u64, usize, usize)>,
+    /// Where `proj` is still `splits` unsummed partial sums in the quantized GEMMs' parts buffer
+    /// (a row-parallel product that split k, without TP): the next norm adds them itself, which
+    /// saves `qgemm_reduce`'s launch and a round trip of `proj` through memory.
+    pub(super) proj_split_sums: Option<(u64, i32)>,
 }
 
 impl Drop for GpuTransformer {
@@ -227,6 +231,7 @@ impl GpuTransformer {
             fp8_gemm,
             fp8_outer_scales: knobs.fp8_outer_scales,
             fp8_rows_ready: None,
+            proj_split_sums: None,
         })
     }
 

@@ -65,8 +65,13 @@ pub struct GpuKnobs {
     /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
     /// `STRATA_QUANT_WIDE_TAIL=1` (opt-in until its kernel test runs on a GPU): the wide tiles'
-    /// partial last wave in pieces of 64 tokens (gate/up at up to 256 tokens, bench/NOTES.md v38).
+    /// partial last wave with k split to fill the SMs, and its sums added by `qgemm_reduce`
+    /// (gate/up at up to 256 tokens, bench/NOTES.md v41).
     pub quant_wide_tail: bool,
+    /// The k splits of a quantized GEMM into `proj` (o and down, without TP) summed by the norm
+    /// after it instead of a `qgemm_reduce` launch (bench/NOTES.md v40); `STRATA_FOLD_SPLIT_SUMS=0`
+    /// launches the reduce.
+    pub fold_split_sums: bool,
 }
 
 impl GpuKnobs {
@@ -106,6 +111,7 @@ impl GpuKnobs {
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
             quant_wide: !off("STRATA_QUANT_WIDE"),
             quant_wide_tail: var("STRATA_QUANT_WIDE_TAIL").is_some_and(|v| v == "1"),
+            fold_split_sums: !off("STRATA_FOLD_SPLIT_SUMS"),
         }
     }
 }
@@ -142,6 +148,7 @@ mod tests {
                 fp8_qkv_rope: true,
                 quant_wide: true,
                 quant_wide_tail: false,
+                fold_split_sums: true,
             }
         );
         let all = knobs(&[
@@ -163,6 +170,7 @@ mod tests {
             ("STRATA_FP8_QKV_ROPE", "0"),
             ("STRATA_QUANT_WIDE", "0"),
             ("STRATA_QUANT_WIDE_TAIL", "1"),
+            ("STRATA_FOLD_SPLIT_SUMS", "0"),
         ]);
         assert_eq!(
             all,
@@ -185,6 +193,7 @@ mod tests {
                 fp8_qkv_rope: false,
                 quant_wide: false,
                 quant_wide_tail: true,
+                fold_split_sums: false,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

@@ -139,14 +139,9 @@ impl GpuTransformer {
         }
         if !path.carried_norms {
             // The last block's output into the residual.
-            self.norm_call(
-                NormOp::Add {
-                    delta: self.bufs.proj.ptr(),
-                },
-                t,
-                0,
-            )
-            .launch_with(self.launcher())?;
+            let (delta, splits) = self.take_proj();
+            self.norm_call(NormOp::Add { delta, splits }, t, 0)
+                .launch_with(self.launcher())?;
         }
         if !self.shard.is_last_stage() {
             let stage = self.shard_stage();
@@ -297,9 +292,10 @@ impl GpuTransformer {
         }
         let op = match i {
             0 => NormOp::Norm,
-            _ => NormOp::AddNorm {
-                delta: self.bufs.proj.ptr(),
-            },
+            _ => {
+                let (delta, splits) = self.take_proj();
+                NormOp::AddNorm { delta, splits }
+            }
         };
         let fp8 = self.fp8_norm_output(i, path);
         let call = NormCall {
@@ -341,6 +337,12 @@ impl GpuTransformer {
             }
         });
         norm.map_or(0, DeviceBuffer::ptr)
+    }
+
+    /// The previous block's output for the residual add: `proj`, or the unsummed partial sums
+    /// the quantized GEMM left in its parts buffer (`proj_split_sums`), with their count.
+    fn take_proj(&mut self) -> (u64, i32) {
+        self.proj_split_sums.take().unwrap_or((self.bufs.proj.ptr(), 1))
     }
 
     /// A norm.cu call over the residual `x` of `t` tokens into `xn`, with `weight` (0: none).
@@ -598,6 +600,7 @@ impl GpuTransformer {
     ) -> Result<(), CudaError> {
         let proj = self.bufs.proj.ptr();
         let tp = self.shard.tp_size;
+        self.proj_split_sums = None;
         if !self.deterministic {
             self.matmul(w, x, proj, (n, k, t), GemmOut::F32, path, 0)?;
             return self.all_reduce(&self.bufs.proj, t * n);
@@ -794,6 +797,14 @@ impl GpuTransformer {
             && tile != QuantGemmTile::Registers
             && t > QuantGemmTile::Shared.tokens()
             && self.kernels.wide_tiles();
+        // A row-parallel product into `proj` of one segment, with nothing between it and the
+        // next norm but the GEMM (no TP all-reduce), leaves its k splits to that norm.
+        let whole = w.segments().count() == 1;
+        let norm_sums_splits = whole
+            && y == self.bufs.proj.ptr()
+            && out == GemmOut::F32
+            && self.comms.tp.is_none()
+            && self.knobs.fold_split_sums;
         for seg in w.segments() {
             let tile = if wide && seg.format.wide_kernel().is_some() {
                 QuantGemmTile::Wide
@@ -815,14 +826,21 @@ impl GpuTransformer {
                 steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
                 x_map: TmaMap::NONE,
                 tail: 0,
+                tail_splits: 1,
             };
             call.x_map = call.x_map_for(self.kernels.wide_tma())?;
             if self.knobs.quant_wide_tail {
-                call.tail = tile.wide_tail_for(seg.rows, t, call.grid_splits() as usize, sms);
+                (call.tail, call.tail_splits) =
+                    tile.wide_tail_for((seg.rows, k, t), call.grid_splits() as usize, sms, capacity);
             }
             call.launch_with(self.shaped_launcher((seg.rows, k)))?;
-            if let Some(reduce) = call.reduce() {
-                reduce.launch_with(self.shaped_launcher((seg.rows, k)))?;
+            match call.reduce() {
+                // Only the sums of every row: the norm reads them as `proj`'s.
+                Some(reduce) if norm_sums_splits && reduce.n == call.n => {
+                    self.proj_split_sums = Some((reduce.parts, reduce.splits))
+                }
+                Some(reduce) => reduce.launch_with(self.shaped_launcher((seg.rows, k)))?,
+                None => {}
             }
         }
         Ok(())

@@ -137,8 +137,8 @@ mod tests {
         for float32 in [false, true] {
             for op in [
                 NormOp::Norm,
-                NormOp::AddNorm { delta: 1 },
-                NormOp::Add { delta: 1 },
+                NormOp::AddNorm { delta: 1, splits: 1 },
+                NormOp::Add { delta: 1, splits: 1 },
                 NormOp::Gather { row_ids: 1 },
             ] {
                 let c = NormCall {
@@ -308,6 +308,7 @@ mod tests {
                 steps_per_split: 2,
                 x_map: TmaMap::NONE,
                 tail: 0,
+                tail_splits: 1,
             };
             let tiled = QuantGemmCall {
                 tile: QuantGemmTile::Shared,

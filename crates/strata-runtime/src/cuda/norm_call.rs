@@ -14,11 +14,14 @@ pub const ROW_THREADS: u32 = 1024;
 pub enum NormOp {
     /// `out = rms_norm(x) * weight` (`rms_norm`).
     Norm,
-    /// `x += delta`, then `out = rms_norm(x) * weight` (`add_rms_norm`); `delta` is f32 like `x`.
-    AddNorm { delta: u64 },
-    /// `x += delta` alone (`add_residual`, which has no f32 twin: `x` is f32 either way);
-    /// `weight`, `out` and `eps` are not passed.
-    Add { delta: u64 },
+    /// `x += delta`, then `out = rms_norm(x) * weight` (`add_rms_norm`); `delta` is f32 like `x`:
+    /// `splits` arrays of `[rows, n]` one after the other, added in order (1: `delta` itself;
+    /// more: the partial sums of a quantized GEMM that split k, summed here instead of by
+    /// `qgemm_reduce`).
+    AddNorm { delta: u64, splits: i32 },
+    /// `x += delta` alone (`add_residual`, which has no f32 twin: `x` is f32 either way), `delta`
+    /// as AddNorm's; `weight`, `out` and `eps` are not passed.
+    Add { delta: u64, splits: i32 },
     /// `out[i] = rms_norm(x[row_ids[i]]) * weight` (`rms_norm_rows`): the final norm of the rows
     /// with logits; `row_ids` holds `rows` i32.
     Gather { row_ids: u64 },
@@ -73,14 +76,23 @@ impl NormCall {
             (NormOp::Norm, Some((q, q_scales))) => {
                 kernel_args!(self.x, self.weight, self.out, self.n, self.eps, *q, *q_scales).to_vec()
             }
-            (NormOp::AddNorm { delta }, Some((q, q_scales))) => {
-                kernel_args!(self.x, *delta, self.weight, self.out, self.n, self.eps, *q, *q_scales).to_vec()
-            }
+            (NormOp::AddNorm { delta, splits }, Some((q, q_scales))) => kernel_args!(
+                self.x,
+                *delta,
+                *splits,
+                self.weight,
+                self.out,
+                self.n,
+                self.eps,
+                *q,
+                *q_scales
+            )
+            .to_vec(),
             (NormOp::Norm, None) => kernel_args!(self.x, self.weight, self.out, self.n, self.eps).to_vec(),
-            (NormOp::AddNorm { delta }, None) => {
-                kernel_args!(self.x, *delta, self.weight, self.out, self.n, self.eps).to_vec()
+            (NormOp::AddNorm { delta, splits }, None) => {
+                kernel_args!(self.x, *delta, *splits, self.weight, self.out, self.n, self.eps).to_vec()
             }
-            (NormOp::Add { delta }, _) => kernel_args!(self.x, *delta, self.n).to_vec(),
+            (NormOp::Add { delta, splits }, _) => kernel_args!(self.x, *delta, *splits, self.n).to_vec(),
             (NormOp::Gather { row_ids }, _) => {
                 kernel_args!(self.x, *row_ids, self.weight, self.out, self.n, self.eps).to_vec()
             }
@@ -109,6 +121,22 @@ mod tests {
         }
     }
 
+    /// An AddNorm call's arguments in norm.cu's order, before any FP8 outputs.
+    fn add_norm_args(c: &NormCall) -> Vec<*mut c_void> {
+        let NormOp::AddNorm { delta, splits } = &c.op else {
+            unreachable!()
+        };
+        vec![
+            at(&c.x),
+            at(delta),
+            at(splits),
+            at(&c.weight),
+            at(&c.out),
+            at(&c.n),
+            at(&c.eps),
+        ]
+    }
+
     #[test]
     fn the_arguments_come_in_norm_cu_order() {
         let c = call(NormOp::Norm, false);
@@ -118,19 +146,15 @@ mod tests {
         );
         assert_eq!((c.name(), c.shape()), ("rms_norm", ((6, 1, 1), 1024, 0)));
 
-        let c = call(NormOp::AddNorm { delta: 7 }, true);
-        let NormOp::AddNorm { delta } = &c.op else {
-            unreachable!()
-        };
-        assert_eq!(
-            c.args(),
-            vec![at(&c.x), at(delta), at(&c.weight), at(&c.out), at(&c.n), at(&c.eps)]
-        );
+        let c = call(NormOp::AddNorm { delta: 7, splits: 3 }, true);
+        assert_eq!(c.args(), add_norm_args(&c));
         assert_eq!((c.name(), c.shape()), ("add_rms_norm_f32", ((6, 1, 1), 1024, 0)));
 
-        let c = call(NormOp::Add { delta: 7 }, true);
-        let NormOp::Add { delta } = &c.op else { unreachable!() };
-        assert_eq!(c.args(), vec![at(&c.x), at(delta), at(&c.n)]);
+        let c = call(NormOp::Add { delta: 7, splits: 2 }, true);
+        let NormOp::Add { delta, splits } = &c.op else {
+            unreachable!()
+        };
+        assert_eq!(c.args(), vec![at(&c.x), at(delta), at(splits), at(&c.n)]);
         assert_eq!(c.name(), "add_residual");
 
         let c = call(NormOp::Gather { row_ids: 8 }, false);
@@ -163,32 +187,22 @@ mod tests {
         assert_eq!((c.name(), c.args()), ("rms_norm_fp8", want));
         let c = NormCall {
             fp8: Some((9, 10)),
-            ..call(NormOp::AddNorm { delta: 7 }, false)
+            ..call(NormOp::AddNorm { delta: 7, splits: 1 }, false)
         };
-        let (NormOp::AddNorm { delta }, Some((q, q_scales))) = (&c.op, c.fp8.as_ref()) else {
-            unreachable!()
-        };
-        let want = vec![
-            at(&c.x),
-            at(delta),
-            at(&c.weight),
-            at(&c.out),
-            at(&c.n),
-            at(&c.eps),
-            at(q),
-            at(q_scales),
-        ];
+        let (q, q_scales) = c.fp8.as_ref().unwrap();
+        let mut want = add_norm_args(&c);
+        want.extend([at(q), at(q_scales)]);
         assert_eq!((c.name(), c.args()), ("add_rms_norm_fp8", want));
         // The f32 twins and the other ops have no FP8 outputs.
-        for (op, float32, name) in [
-            (NormOp::AddNorm { delta: 7 }, true, "add_rms_norm_f32"),
-            (NormOp::Gather { row_ids: 8 }, false, "rms_norm_rows"),
+        for (op, float32, name, args) in [
+            (NormOp::AddNorm { delta: 7, splits: 1 }, true, "add_rms_norm_f32", 7),
+            (NormOp::Gather { row_ids: 8 }, false, "rms_norm_rows", 6),
         ] {
             let c = NormCall {
                 fp8: Some((9, 10)),
                 ..call(op, float32)
             };
-            assert_eq!((c.name(), c.args().len()), (name, 6));
+            assert_eq!((c.name(), c.args().len()), (name, args));
         }
     }
 
@@ -197,8 +211,8 @@ mod tests {
         let names = |float32| {
             [
                 NormOp::Norm,
-                NormOp::AddNorm { delta: 0 },
-                NormOp::Add { delta: 0 },
+                NormOp::AddNorm { delta: 0, splits: 1 },
+                NormOp::Add { delta: 0, splits: 1 },
                 NormOp::Gather { row_ids: 0 },
             ]
             .map(|op| call(op, float32).name())

@@ -468,27 +468,36 @@ impl QuantGemmTile {
         steps.div_ceil(splits) as i32
     }
 
-    /// How many of an `n`-row product's last row tiles the wide tiles take in pieces of 64
-    /// tokens, so that the last wave of a product of more tiles than `multiprocessors` is not
-    /// left mostly empty: the partial wave's tiles, where their pieces fill at most one wave
-    /// (gate/up at up to 256 tokens on 132 SMs: 32 of 296). 0 for other tiles, for more than 256
-    /// tokens, and where k is split (`splits` > 1).
-    pub fn wide_tail_for(self, n: usize, t: usize, splits: usize, multiprocessors: usize) -> i32 {
+    /// The wide tiles' tail of an `n` x `k` product of `t` tokens: how many of its last row
+    /// tiles split k, and how many ways, so that the last wave of a product of more tiles than
+    /// `multiprocessors` is not left mostly empty: the partial wave's tiles, each split as many
+    /// ways as fill one wave (gate/up at 256 tokens on 132 SMs: 32 of 296 tiles, 4 ways), while
+    /// their `[ways, t, rows]` f32 sums fit `parts_capacity`. `(0, 1)` for other tiles, for more
+    /// than 256 tokens, where k is split (`splits` > 1), and where fewer than 2 ways fit.
+    pub fn wide_tail_for(
+        self,
+        (n, k, t): (usize, usize, usize),
+        splits: usize,
+        multiprocessors: usize,
+        parts_capacity: usize,
+    ) -> (i32, i32) {
         let tiles = n.div_ceil(QGEMM_ROWS);
         if self != QuantGemmTile::Wide || t > self.tokens() || splits > 1 || tiles <= multiprocessors {
-            return 0;
+            return (0, 1);
         }
         let rest = tiles % multiprocessors;
-        if rest * WIDE_PIECES <= multiprocessors {
-            rest as i32
+        let rest_rows = n - (tiles - rest) * QGEMM_ROWS;
+        let ways = (multiprocessors / rest.max(1))
+            .min(parts_capacity / (rest_rows * t).max(1))
+            .min(k / self.k_step())
+            .min(8);
+        if rest == 0 || ways < 2 {
+            (0, 1)
         } else {
-            0
+            (rest as i32, ways as i32)
         }
     }
 }
-
-/// Pieces of 64 tokens a wide tile's tail splits into (quant.cu: QWIDE_PIECES).
-const WIDE_PIECES: usize = 4;
 
 /// `y[j * ld + row] = x[j] · w[row]` over a quantized segment of `n` rows on tensor cores, the
 /// blocks decoded on the way (`qgemm_*` or `qgemm_tile_*`, [`QuantGemmTile`]): for steps of more
@@ -506,7 +515,7 @@ pub struct QuantGemmCall {
     pub x: u64,
     /// `[t, ld]`: bf16, or f32 when `out_f32` is 1; this segment's first column.
     pub y: u64,
-    /// f32 `[splits, t, n]` when k is split.
+    /// f32 `[splits, t, n]` when k is split; `[tail_splits, t, rows of the tail]` with a tail.
     pub parts: u64,
     pub n: i32,
     /// A multiple of [`QGEMM_K`] and of the format's block.
@@ -519,9 +528,10 @@ pub struct QuantGemmCall {
     pub steps_per_split: i32,
     /// The wide tiles' TMA map of x ([`Self::x_map_for`]); [`TmaMap::NONE`] elsewhere.
     pub x_map: TmaMap,
-    /// The wide tiles' last row tiles taken in pieces of 64 tokens
-    /// ([`QuantGemmTile::wide_tail_for`]); 0 elsewhere.
+    /// The wide tiles' last row tiles whose k is split `tail_splits` ways
+    /// ([`QuantGemmTile::wide_tail_for`]); 0 elsewhere (and `tail_splits` 1).
     pub tail: i32,
+    pub tail_splits: i32,
 }
 
 impl QuantGemmCall {
@@ -552,9 +562,33 @@ impl QuantGemmCall {
         (steps as u32).div_ceil(self.steps_per_split.max(1) as u32) as i32
     }
 
-    /// The sum of the splits' partial sums into y, to launch after this call; `None` when k is
-    /// not split (the GEMM writes y itself).
+    /// The wide tiles' tail, as launched: 0 for other tiles.
+    fn wide_tail(&self) -> i32 {
+        if self.tile == QuantGemmTile::Wide {
+            self.tail.max(0)
+        } else {
+            0
+        }
+    }
+
+    /// The sum of the splits' partial sums into y, to launch after this call: of every row when
+    /// k is split, of the tail's rows when the wide tiles split a tail's k; `None` when the GEMM
+    /// writes y itself.
     pub fn reduce(&self) -> Option<QuantGemmReduceCall> {
+        let tail = self.wide_tail();
+        if tail > 0 {
+            let first = ((self.n as usize).div_ceil(QGEMM_ROWS) - tail as usize) * QGEMM_ROWS;
+            let elem = if self.out_f32 == 1 { 4 } else { 2 };
+            return Some(QuantGemmReduceCall {
+                parts: self.parts,
+                y: self.y + (first * elem) as u64,
+                n: self.n - first as i32,
+                t: self.t,
+                ld: self.ld,
+                splits: self.tail_splits,
+                out_f32: self.out_f32,
+            });
+        }
         (self.grid_splits() > 1).then_some(QuantGemmReduceCall {
             parts: self.parts,
             y: self.y,
@@ -567,14 +601,10 @@ impl QuantGemmCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let tail = if self.tile == QuantGemmTile::Wide {
-            self.tail.max(0) as u32
-        } else {
-            0
-        };
+        let tail = self.wide_tail() as u32;
         (
             (
-                (self.n as u32).div_ceil(QGEMM_ROWS as u32) - tail + tail * WIDE_PIECES as u32,
+                (self.n as u32).div_ceil(QGEMM_ROWS as u32) - tail + tail * self.tail_splits.max(1) as u32,
                 (self.t as u32).div_ceil(self.tile.tokens() as u32),
                 self.grid_splits() as u32,
             ),
@@ -597,9 +627,9 @@ impl QuantGemmCall {
             self.steps_per_split
         )
         .to_vec();
-        // The wide tiles' last parameters: the tail, and the map by value.
+        // The wide tiles' last parameters: the tail and its splits, and the map by value.
         if self.tile == QuantGemmTile::Wide {
-            args.extend(kernel_args!(self.tail, self.x_map));
+            args.extend(kernel_args!(self.tail, self.tail_splits, self.x_map));
         }
         args
     }
@@ -794,6 +824,7 @@ mod tests {
             steps_per_split: 15,
             x_map: TmaMap::NONE,
             tail: 0,
+            tail_splits: 1,
         };
         // 148 steps 15 a block: 10 blocks along k, the last taking 13.
         assert_eq!((call.name(), call.shape()), ("qgemm_q4_k", ((28, 2, 10), 128, 0)));
@@ -865,30 +896,43 @@ mod tests {
             (wide_call.name(), wide_call.shape()),
             ("qgemm_wide_q4_k", ((28, 1, 4), 256, 0))
         );
-        // Their kernel takes the tail, then x's TMA map by value (unused unless built with
-        // QWIDE_TMA).
+        // Their kernel takes the tail and its splits, then x's TMA map by value (unused unless
+        // built with QWIDE_TMA).
         let mut want = fields(&wide_call);
-        want.extend([at(&wide_call.tail), at(&wide_call.x_map)]);
+        want.extend([at(&wide_call.tail), at(&wide_call.tail_splits), at(&wide_call.x_map)]);
         assert_eq!(wide_call.args(), want);
-        // Gate/up at 256 tokens: 296 tiles, two whole waves and 32 tiles in 4 pieces (128 blocks).
-        assert_eq!(wide.wide_tail_for(37888, 256, 1, 132), 32);
+        // Gate/up at 256 tokens: 296 tiles, two whole waves, then 32 tiles whose k splits 4 ways
+        // (128 blocks), their [4, 256, 4096] sums filling the 4 M values of parts exactly.
+        let tail = |n, k, t, splits, cap| wide.wide_tail_for((n, k, t), splits, 132, cap);
+        assert_eq!(tail(37888, 3584, 256, 1, 4 << 20), (32, 4));
         let gate_up = QuantGemmCall {
             n: 37888,
             k: 3584,
             steps_per_split: 56,
             tail: 32,
+            tail_splits: 4,
             ..wide_call
         };
         assert_eq!(gate_up.shape(), ((264 + 128, 1, 1), 256, 0));
         assert_eq!(gate_up.args()[10], at(&gate_up.tail));
-        // No tail past 256 tokens, with k split, with no more tiles than SMs, where the pieces
-        // would not fit one wave (100 left over on 132 SMs), nor on the other tiles.
-        assert_eq!(wide.wide_tail_for(37888, 257, 1, 132), 0);
-        assert_eq!(wide.wide_tail_for(37888, 256, 2, 132), 0);
-        assert_eq!(wide.wide_tail_for(3584, 256, 1, 132), 0);
-        assert_eq!(wide.wide_tail_for(232 * 128, 256, 1, 132), 0);
-        assert_eq!(wide.wide_tail_for(264 * 128, 256, 1, 132), 0);
-        assert_eq!(shared.wide_tail_for(37888, 256, 1, 132), 0);
+        // Its reduce adds the tail's rows (264 x 128 on) only, into their columns of y.
+        let r = gate_up.reduce().unwrap();
+        assert_eq!(
+            (r.parts, r.n, r.t, r.ld, r.splits),
+            (4, 37888 - 264 * 128, 256, 4608, 4)
+        );
+        assert_eq!(r.y, 3 + 2 * 264 * 128);
+        // 3 ways where parts holds only 3 shares; 2 for a partial wave of 64 tiles; none where
+        // fewer than 2 fit (100 left over on 132 SMs), past 256 tokens, with k split, with no
+        // more tiles than SMs or a whole number of waves, nor on the other tiles.
+        assert_eq!(tail(37888, 3584, 256, 1, 3 << 20), (32, 3));
+        assert_eq!(tail(196 * 128, 3584, 256, 1, 4 << 20), (64, 2));
+        assert_eq!(tail(232 * 128, 3584, 256, 1, 4 << 20), (0, 1));
+        assert_eq!(tail(37888, 3584, 257, 1, 4 << 20), (0, 1));
+        assert_eq!(tail(37888, 3584, 256, 2, 4 << 20), (0, 1));
+        assert_eq!(tail(3584, 3584, 256, 1, 4 << 20), (0, 1));
+        assert_eq!(tail(264 * 128, 3584, 256, 1, 4 << 20), (0, 1));
+        assert_eq!(shared.wide_tail_for((37888, 3584, 256), 1, 132, 4 << 20), (0, 1));
         assert_eq!(wide_call.x_map_for(false).unwrap(), TmaMap::NONE);
         assert_eq!(tiled.x_map_for(true).unwrap(), TmaMap::NONE);
     }

@@ -351,7 +351,10 @@ fn the_fused_fp8_norms_write_what_norm_then_quantize_write() {
                 let (q, qs) = (gpu.alloc(t * n, "q").unwrap(), gpu.alloc(t * 4, "q scales").unwrap());
                 let call = NormCall {
                     op: if op_add {
-                        NormOp::AddNorm { delta: d.ptr() }
+                        NormOp::AddNorm {
+                            delta: d.ptr(),
+                            splits: 1,
+                        }
                     } else {
                         NormOp::Norm
                     },

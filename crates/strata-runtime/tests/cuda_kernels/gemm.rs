@@ -175,7 +175,10 @@ fn norms_carried_by_the_gemvs_equal_the_norm_kernels() {
                     eps: 0.0,
                 };
                 let add_norm = NormCall {
-                    op: NormOp::AddNorm { delta: proj.ptr() },
+                    op: NormOp::AddNorm {
+                        delta: proj.ptr(),
+                        splits: 1,
+                    },
                     x: x_ref.ptr(),
                     weight: g.ptr(),
                     out: xn.ptr(),

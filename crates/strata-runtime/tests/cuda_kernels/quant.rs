@@ -3,15 +3,16 @@
 //! sums), dequantization of a matrix and of a slab of its rows, the embedding, and the
 //! tensor-core GEMMs (registers, shared-memory and wide tiles, whole and split k) against the
 //! bf16-rounded weights (the wide tiles, which decode in bf16 pairs, against a model of their
-//! roundings).
+//! roundings), and the norms that sum a split GEMM's partial sums in qgemm_reduce's place.
 
 use strata_formats::quant::{dequantize, scales_and_mins};
 use strata_runtime::cuda::{
-    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmTile,
-    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, TmaMap, Q8_BLOCK, QUANT_FORMATS,
+    DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, NormCall, NormOp, QuantEmbeddingCall, QuantFormat,
+    QuantGemmCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
+    QuantizeQ8Call, TmaMap, Q8_BLOCK, QUANT_FORMATS,
 };
 
-use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, read_bf16, ResidualCase};
+use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, random_f32, read_bf16, ResidualCase};
 
 /// `rows` rows of `k / block` random blocks of `format` whose f16 scale fields are small finite
 /// values (the rest of each block random bytes), as the file holds them.
@@ -465,6 +466,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     steps_per_split: steps as i32,
                     x_map: TmaMap::NONE,
                     tail: 0,
+                    tail_splits: 1,
                 };
                 let whole = QuantGemmCall {
                     x_map: whole.x_map_for(kernels.wide_tma()).unwrap(),
@@ -489,20 +491,35 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 let mut got = vec![0f32; t * ld];
                 gpu.read(&y, 0, &mut got).unwrap();
                 let got_bf16 = read_bf16(&gpu, &yb, t * n);
-                // The wide tiles again with their last two row tiles (or the only one) in pieces of
-                // 64 tokens (each piece past t does nothing).
-                let pieces = (tile == QuantGemmTile::Wide).then(|| {
-                    let tail = QuantGemmCall {
-                        tail: n.div_ceil(128).min(2) as i32,
-                        ..whole
-                    };
-                    gpu.zero(&y, 0, t * ld * 4).unwrap();
-                    // SAFETY: as the whole call.
-                    unsafe { tail.launch(&gpu, &kernels) }.unwrap();
-                    let mut got = vec![0f32; t * ld];
-                    gpu.read(&y, 0, &mut got).unwrap();
-                    got
-                });
+                // The wide tiles again with k split 3 ways in their last two row tiles (or the
+                // only one), and 5 ways (the last share empty where k has few steps); the tail's
+                // sums added into y by the reduce.
+                let tails: Vec<Vec<f32>> = if tile == QuantGemmTile::Wide {
+                    [3, 5]
+                        .into_iter()
+                        .map(|ways| {
+                            let tail_parts = gpu.alloc(ways as usize * t * n * 4, "tail parts").unwrap();
+                            let tail = QuantGemmCall {
+                                parts: tail_parts.ptr(),
+                                tail: n.div_ceil(128).min(2) as i32,
+                                tail_splits: ways,
+                                ..whole
+                            };
+                            gpu.zero(&y, 0, t * ld * 4).unwrap();
+                            let reduce = tail.reduce().expect("the tail's k splits");
+                            // SAFETY: as the whole call; tail_parts holds ways x t x n f32.
+                            unsafe {
+                                tail.launch(&gpu, &kernels).unwrap();
+                                reduce.launch(&gpu, &kernels).unwrap();
+                            }
+                            let mut got = vec![0f32; t * ld];
+                            gpu.read(&y, 0, &mut got).unwrap();
+                            got
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
                 let weights = match (&wide_weights, tile) {
                     (Some(ww), QuantGemmTile::Wide) => ww,
@@ -518,11 +535,11 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                             (a - want).abs() <= 1e-4 * size + 1e-9,
                             "{ctx}: row {r} token {j}: {a} vs {want}"
                         );
-                        if let Some(p) = &pieces {
+                        for (i, p) in tails.iter().enumerate() {
                             let a = p[j * ld + r] as f64;
                             assert!(
                                 (a - want).abs() <= 1e-4 * size + 1e-9,
-                                "{ctx}: in pieces, row {r} token {j}: {a} vs {want}"
+                                "{ctx}: tail {i}, row {r} token {j}: {a} vs {want}"
                             );
                         }
                         let b = got_bf16[j * n + r] as f64;
@@ -532,11 +549,93 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                         );
                     }
                     assert_eq!(got[j * ld + n], 0.0, "{ctx}: wrote past its rows");
-                    if let Some(p) = &pieces {
-                        assert_eq!(p[j * ld + n], 0.0, "{ctx}: in pieces, wrote past its rows");
+                    for p in &tails {
+                        assert_eq!(p[j * ld + n], 0.0, "{ctx}: with a tail, wrote past its rows");
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn norms_sum_the_k_splits_as_qgemm_reduce_does() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // A quantized GEMM into `proj` that split k leaves [splits, t, n] f32 sums; the norm after it
+    // (add_rms_norm) or the last residual add (add_residual) adds them itself. Both must give
+    // the bits qgemm_reduce into `proj` and the one-array kernels give.
+    let (n, eps) = (576usize, 1e-5f32);
+    for (t, splits) in [(1usize, 2usize), (7, 4), (130, 3)] {
+        // Parts of mixed magnitudes, so the order of the additions shows in the bits.
+        let parts: Vec<f32> = random_f32(splits * t * n, 90 + t as u64)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * [1.0, 3e4, 1e-3, 7.0][i % 4])
+            .collect();
+        let x0 = random_f32(t * n, 91 + t as u64);
+        let gamma: Vec<f32> = random_f32(n, 92).into_iter().map(|v| 0.5 + v.abs()).collect();
+        let (p, g) = (
+            gpu.upload(&parts, "parts").unwrap(),
+            gpu.upload(&gamma, "gamma").unwrap(),
+        );
+        for add_only in [false, true] {
+            let run = |delta: u64, splits: usize, reduce_first: bool| {
+                let x = gpu.upload(&x0, "x").unwrap();
+                let out = gpu.alloc(t * n * 2, "out").unwrap();
+                let proj = gpu.alloc(t * n * 4, "proj").unwrap();
+                let reduce = QuantGemmReduceCall {
+                    parts: p.ptr(),
+                    y: proj.ptr(),
+                    n: n as i32,
+                    t: t as i32,
+                    ld: n as i32,
+                    splits: splits as i32,
+                    out_f32: 1,
+                };
+                let (delta, splits) = if reduce_first {
+                    (proj.ptr(), 1)
+                } else {
+                    (delta, splits as i32)
+                };
+                let op = if add_only {
+                    NormOp::Add { delta, splits }
+                } else {
+                    NormOp::AddNorm { delta, splits }
+                };
+                let norm = NormCall {
+                    op,
+                    x: x.ptr(),
+                    weight: g.ptr(),
+                    out: out.ptr(),
+                    n: n as i32,
+                    eps,
+                    rows: t,
+                    float32: false,
+                    fp8: None,
+                };
+                // SAFETY: parts holds splits x t x n f32, x and proj t x n f32, out t x n bf16.
+                unsafe {
+                    if reduce_first {
+                        reduce.launch(&gpu, &kernels).unwrap();
+                    }
+                    norm.launch(&gpu, &kernels).unwrap();
+                }
+                let mut got = vec![0f32; t * n];
+                gpu.read(&x, 0, &mut got).unwrap();
+                (got, read_bf16(&gpu, &out, t * n))
+            };
+            let (want_x, want_out) = run(0, splits, true);
+            let (got_x, got_out) = run(p.ptr(), splits, false);
+            let case = format!("t {t}, {splits} splits, add only: {add_only}");
+            assert_eq!(got_x, want_x, "{case}: the residual differs from qgemm_reduce's");
+            if !add_only {
+                assert_eq!(got_out, want_out, "{case}: the normed rows differ");
+            }
+            // The sums moved the residual: the parts were read.
+            assert!(got_x.iter().zip(&x0).any(|(a, b)| a != b), "{case}: nothing added");
         }
     }
 }
