@@ -64,9 +64,9 @@ pub struct GpuKnobs {
     /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
     /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
-    /// `STRATA_QUANT_WIDE_TAIL=1` (opt-in until its kernel test runs on a GPU): the wide tiles'
-    /// partial last wave with k split to fill the SMs, and its sums added by `qgemm_reduce`
-    /// (gate/up at up to 256 tokens, bench/NOTES.md v41).
+    /// The wide tiles' partial last wave with k split to fill the SMs, and its sums added by
+    /// `qgemm_reduce` (gate/up at up to 256 tokens; 0.35 ms off a 256-user Q4_K_M step,
+    /// bench/NOTES.md v41); `STRATA_QUANT_WIDE_TAIL=0` runs those tiles whole.
     pub quant_wide_tail: bool,
     /// The k splits of a quantized GEMM into `proj` (o and down, without TP) summed by the norm
     /// after it instead of a `qgemm_reduce` launch (bench/NOTES.md v40); `STRATA_FOLD_SPLIT_SUMS=0`
@@ -110,7 +110,7 @@ impl GpuKnobs {
             },
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
             quant_wide: !off("STRATA_QUANT_WIDE"),
-            quant_wide_tail: var("STRATA_QUANT_WIDE_TAIL").is_some_and(|v| v == "1"),
+            quant_wide_tail: !off("STRATA_QUANT_WIDE_TAIL"),
             fold_split_sums: !off("STRATA_FOLD_SPLIT_SUMS"),
         }
     }
@@ -147,7 +147,7 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Lanes,
                 fp8_qkv_rope: true,
                 quant_wide: true,
-                quant_wide_tail: false,
+                quant_wide_tail: true,
                 fold_split_sums: true,
             }
         );
@@ -169,7 +169,7 @@ mod tests {
             ("STRATA_FP8_GEMV", "mma"),
             ("STRATA_FP8_QKV_ROPE", "0"),
             ("STRATA_QUANT_WIDE", "0"),
-            ("STRATA_QUANT_WIDE_TAIL", "1"),
+            ("STRATA_QUANT_WIDE_TAIL", "0"),
             ("STRATA_FOLD_SPLIT_SUMS", "0"),
         ]);
         assert_eq!(
@@ -192,7 +192,7 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Mma,
                 fp8_qkv_rope: false,
                 quant_wide: false,
-                quant_wide_tail: true,
+                quant_wide_tail: false,
                 fold_split_sums: false,
             }
         );
