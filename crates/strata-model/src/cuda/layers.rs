@@ -797,14 +797,10 @@ impl GpuTransformer {
             && tile != QuantGemmTile::Registers
             && t > QuantGemmTile::Shared.tokens()
             && self.kernels.wide_tiles();
-        // A row-parallel product into `proj` of one segment, with nothing between it and the
-        // next norm but the GEMM (no TP all-reduce), leaves its k splits to that norm.
-        let whole = w.segments().count() == 1;
-        let norm_sums_splits = whole
-            && y == self.bufs.proj.ptr()
-            && out == GemmOut::F32
-            && self.comms.tp.is_none()
-            && self.knobs.fold_split_sums;
+        // A row-parallel product into `proj`, with nothing between it and the next norm but the
+        // GEMM (no TP all-reduce), leaves its k splits to that norm.
+        let norm_sums_splits =
+            y == self.bufs.proj.ptr() && out == GemmOut::F32 && self.comms.tp.is_none() && self.knobs.fold_split_sums;
         for seg in w.segments() {
             let tile = if wide && seg.format.wide_kernel().is_some() {
                 QuantGemmTile::Wide
@@ -835,8 +831,9 @@ impl GpuTransformer {
             }
             call.launch_with(self.shaped_launcher((seg.rows, k)))?;
             match call.reduce() {
-                // Only the sums of every row: the norm reads them as `proj`'s.
-                Some(reduce) if norm_sums_splits && reduce.n == call.n => {
+                // Only sums of all n rows: the norm reads them as `proj`'s. A segment of part of
+                // the rows (the next one reuses the parts buffer) or a tail's reduce launches.
+                Some(reduce) if norm_sums_splits && reduce.n as usize == n => {
                     self.proj_split_sums = Some((reduce.parts, reduce.splits))
                 }
                 Some(reduce) => reduce.launch_with(self.shaped_launcher((seg.rows, k)))?,

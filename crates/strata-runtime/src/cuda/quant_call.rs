@@ -482,16 +482,16 @@ impl QuantGemmTile {
         parts_capacity: usize,
     ) -> (i32, i32) {
         let tiles = n.div_ceil(QGEMM_ROWS);
-        if self != QuantGemmTile::Wide || t > self.tokens() || splits > 1 || tiles <= multiprocessors {
+        let rest = tiles % multiprocessors;
+        if self != QuantGemmTile::Wide || t > self.tokens() || splits > 1 || tiles <= multiprocessors || rest == 0 {
             return (0, 1);
         }
-        let rest = tiles % multiprocessors;
         let rest_rows = n - (tiles - rest) * QGEMM_ROWS;
-        let ways = (multiprocessors / rest.max(1))
+        let ways = (multiprocessors / rest)
             .min(parts_capacity / (rest_rows * t).max(1))
             .min(k / self.k_step())
             .min(8);
-        if rest == 0 || ways < 2 {
+        if ways < 2 {
             (0, 1)
         } else {
             (rest as i32, ways as i32)
