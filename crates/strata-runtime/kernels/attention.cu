@@ -664,6 +664,186 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS)
     paged_attention_mma<true, true>(ATTENTION_CALL, stages);
 }
 
+// ---- Prompt attention: a tile of query tokens a block (bf16 cache, HEAD_DIM a multiple of 16 up
+// to 128) ----
+// The kernels above give each query token its own blocks, so a prompt chunk's context is read
+// once a token: from L2, which bounds them there. Here a block takes a tile of up to PF_TOKENS
+// consecutive tokens of one sequence (tiles[blockIdx.x] = first token << 5 | count, laid out by
+// the host) and one KV head, and its GROUP warps share each PF_KEYS-key slice of K and V, copied
+// into shared memory once (cp.async, two stages). Warp w computes query head kvh * GROUP + w for
+// the tile's tokens as the 16 rows of mma.sync m16n8k16: S = Q Kᵀ (f32 sums), an online
+// softmax a row, then O += P V with P rounded to bf16, as the kernels above round it.
+#define PF_TOKENS 16
+#define PF_KEYS 32
+// A key's row in shared memory: HEAD_DIM values and 16 bytes more, so that the 8 rows of an
+// ldmatrix phase start 4 banks apart.
+#define PF_ROW (HEAD_DIM + 8)
+#define PF_CHUNKS (HEAD_DIM / 8)
+#define PF_ENABLED (HEAD_DIM % 16 == 0 && HEAD_DIM <= 128)
+
+#if PF_ENABLED
+struct PrefillStage {
+    bf16 k[PF_KEYS][PF_ROW];
+    bf16 v[PF_KEYS][PF_ROW];
+};
+
+// Starts the copies of keys j0 .. j0 + PF_KEYS - 1 of KV head kvh into `st` (keys past the
+// context repeat its last one; their scores are masked).
+__device__ __forceinline__ void prefill_stage_load(PrefillStage& st, const bf16* __restrict__ k_cache,
+                                                   const bf16* __restrict__ v_cache, const int* __restrict__ table,
+                                                   int j0, int ctx, int kvh, int n_kv, int block_size) {
+    for (int i = threadIdx.x; i < 2 * PF_KEYS * PF_CHUNKS; i += blockDim.x) {
+        const bool is_v = i >= PF_KEYS * PF_CHUNKS;
+        const int r = is_v ? i - PF_KEYS * PF_CHUNKS : i;
+        const int key = r / PF_CHUNKS, c = r % PF_CHUNKS;
+        const size_t vec = cache_vec(table, min(j0 + key, ctx - 1), kvh, n_kv, block_size);
+        cp_async16((is_v ? st.v[key] : st.k[key]) + c * 8, (is_v ? v_cache : k_cache) + vec * HEAD_DIM + c * 8, 16);
+    }
+}
+#endif
+
+// q: [tokens, q_stride] (heads at h * HEAD_DIM), out [tokens, n_heads * HEAD_DIM]; a tile's tokens
+// have consecutive positions, its last the largest. Grid (tiles, n_kv), GROUP warps a block.
+extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill_bf16(
+    const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ token_seq,
+    const int* __restrict__ positions, bf16* __restrict__ out, int n_kv, int block_size, float scale,
+    const int* __restrict__ tiles) {
+    wait_for_previous_kernel();
+#if __CUDA_ARCH__ >= 800 && PF_ENABLED
+    constexpr int KS = HEAD_DIM / 16, NT = HEAD_DIM / 8, KT = PF_KEYS / 8;
+    __shared__ __align__(16) PrefillStage st[2];
+    const int tile = tiles[blockIdx.x];
+    const int tok0 = tile >> 5, count = tile & 31;
+    const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int head = kvh * GROUP + warp;
+    const int* table = block_tables + (size_t)token_seq[tok0] * max_blocks;
+    // Rows g and g + 8 are tokens tok0 + g and tok0 + g + 8; rows past the tile repeat its last
+    // token and are never stored.
+    const int t0 = tok0 + min(g, count - 1), t1 = tok0 + min(g + 8, count - 1);
+    const int pos0 = positions[t0], pos1 = positions[t1];
+    const int ctx = positions[tok0 + count - 1] + 1;
+    const int slices = (ctx + PF_KEYS - 1) / PF_KEYS;
+    prefill_stage_load(st[0], k_cache, v_cache, table, 0, ctx, kvh, n_kv, block_size);
+    cp_async_commit();
+
+    // Q's A fragments: rows g and g + 8, dims 16s + 2c (+ 1) and 16s + 8 + 2c (+ 1).
+    u32 qa[KS][4];
+    const bf16* q0 = q + (size_t)t0 * q_stride + head * HEAD_DIM + 2 * c;
+    const bf16* q1 = q + (size_t)t1 * q_stride + head * HEAD_DIM + 2 * c;
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+        qa[s][0] = *(const u32*)(q0 + 16 * s);
+        qa[s][1] = *(const u32*)(q1 + 16 * s);
+        qa[s][2] = *(const u32*)(q0 + 16 * s + 8);
+        qa[s][3] = *(const u32*)(q1 + 16 * s + 8);
+    }
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // Running maxima (in log2 units) and this lane's share of the denominators, rows g and g + 8.
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    const float scale2 = scale * 1.4426950408889634f;
+    const int mtx = lane >> 3, row = lane & 7;
+
+    for (int sl = 0; sl < slices; sl++) {
+        if (sl + 1 < slices)
+            prefill_stage_load(st[(sl + 1) & 1], k_cache, v_cache, table, (sl + 1) * PF_KEYS, ctx, kvh, n_kv,
+                               block_size);
+        cp_async_commit();
+        cp_async_wait(1);
+        __syncthreads();
+        const PrefillStage& sg = st[sl & 1];
+        // S: 16 rows by PF_KEYS keys, KT n-tiles of 8 keys; B from K's rows (key-major = col-major B).
+        float sc[KT][4];
+#pragma unroll
+        for (int n = 0; n < KT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+#pragma unroll
+            for (int np = 0; np < KT / 2; np++) {
+                // Matrices: keys 16np.. by dims 16s.., by dims 16s + 8.., then keys 16np + 8.. by each.
+                const uint4 b = ldmatrix_x4(&sg.k[16 * np + (mtx >> 1) * 8 + row][16 * s + (mtx & 1) * 8]);
+                mma_16x8x16<false>(sc[2 * np], qa[s][0], qa[s][1], qa[s][2], qa[s][3], b.x, b.y);
+                mma_16x8x16<false>(sc[2 * np + 1], qa[s][0], qa[s][1], qa[s][2], qa[s][3], b.z, b.w);
+            }
+        }
+        // Causal mask and the new maxima: lane (g, c) holds keys 8n + 2c (+ 1) of rows g and g + 8.
+        const int j0 = sl * PF_KEYS;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < KT; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = j0 + 8 * n + 2 * c + e;
+                sc[n][e] = j <= pos0 ? sc[n][e] * scale2 : NEG_INF;
+                sc[n][2 + e] = j <= pos1 ? sc[n][2 + e] * scale2 : NEG_INF;
+                mx0 = fmaxf(mx0, sc[n][e]);
+                mx1 = fmaxf(mx1, sc[n][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, x));
+        }
+        // Key 0 is in every row's context, so both maxima are finite from the first slice on.
+        const float corr0 = exp2f(m0 - mx0), corr1 = exp2f(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            o[n][0] *= corr0;
+            o[n][1] *= corr0;
+            o[n][2] *= corr1;
+            o[n][3] *= corr1;
+        }
+        // P as A fragments (the accumulators of n-tiles 2np and 2np + 1 are the m16n8k16 A layout
+        // of keys 16np..), then O += P V with V's B fragments by transposed ldmatrix.
+#pragma unroll
+        for (int np = 0; np < KT / 2; np++) {
+            float p[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                p[h][0] = exp2f(sc[2 * np + h][0] - m0);
+                p[h][1] = exp2f(sc[2 * np + h][1] - m0);
+                p[h][2] = exp2f(sc[2 * np + h][2] - m1);
+                p[h][3] = exp2f(sc[2 * np + h][3] - m1);
+                l0 += p[h][0] + p[h][1];
+                l1 += p[h][2] + p[h][3];
+            }
+            const u32 a0 = pack_pair<false>(p[0][0], p[0][1]), a1 = pack_pair<false>(p[0][2], p[0][3]);
+            const u32 a2 = pack_pair<false>(p[1][0], p[1][1]), a3 = pack_pair<false>(p[1][2], p[1][3]);
+#pragma unroll
+            for (int dp = 0; dp < NT / 2; dp++) {
+                // Matrices: keys 16np.. and 16np + 8.. by dims 16dp.., then both by dims 16dp + 8...
+                const uint4 b = ldmatrix_x4_trans(&sg.v[16 * np + (mtx & 1) * 8 + row][16 * dp + (mtx >> 1) * 8]);
+                mma_16x8x16<false>(o[2 * dp], a0, a1, a2, a3, b.x, b.y);
+                mma_16x8x16<false>(o[2 * dp + 1], a0, a1, a2, a3, b.z, b.w);
+            }
+        }
+        // Every warp is done with this stage before the next slice's copies overwrite it.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        l0 += __shfl_xor_sync(FULL_MASK, l0, x);
+        l1 += __shfl_xor_sync(FULL_MASK, l1, x);
+    }
+    const int n_heads = n_kv * GROUP;
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const int d = head * HEAD_DIM + 8 * n + 2 * c;
+        if (g < count) *(u32*)(out + (size_t)(tok0 + g) * n_heads * HEAD_DIM + d) = pack_pair<false>(o[n][0] * inv0, o[n][1] * inv0);
+        if (g + 8 < count) *(u32*)(out + (size_t)(tok0 + g + 8) * n_heads * HEAD_DIM + d) = pack_pair<false>(o[n][2] * inv1, o[n][3] * inv1);
+    }
+#endif
+}
+
 // Merges the context parts of each (token, head) into out as T. Up to 32 parts, each warp loads
 // every part's maximum and denominator at once (a lane a part) and its threads' sums of all parts
 // without waiting on one another, instead of two passes of one load after another; the sums are

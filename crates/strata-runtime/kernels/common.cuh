@@ -311,6 +311,17 @@ __device__ __forceinline__ uint4 ldmatrix_x4(const void* smem) {
     return r;
 }
 
+// ldmatrix_x4 transposed (.trans): lane l's register i holds matrix i's column l / 4, rows
+// 2 (l % 4) and 2 (l % 4) + 1: a B fragment from a row-major [k][n] tile.
+__device__ __forceinline__ uint4 ldmatrix_x4_trans(const void* smem) {
+    uint4 r;
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(a));
+    return r;
+}
+
 // A TMA tensor map (CUtensorMap, tma.rs's TmaMap), as a `__grid_constant__` kernel parameter.
 struct __align__(64) TmaMap {
     unsigned long long words[16];

@@ -109,6 +109,8 @@ pub struct GpuTransformer {
     /// (a row-parallel product that split k, without TP): the next norm adds them itself, which
     /// saves `qgemm_reduce`'s launch and a round trip of `proj` through memory.
     pub(super) proj_split_sums: Option<(u64, i32)>,
+    /// Tiles of `paged_attention_prefill_bf16` the staged step's inputs hold.
+    pub(super) prompt_tiles: usize,
 }
 
 impl Drop for GpuTransformer {
@@ -232,6 +234,7 @@ impl GpuTransformer {
             fp8_outer_scales: knobs.fp8_outer_scales,
             fp8_rows_ready: None,
             proj_split_sums: None,
+            prompt_tiles: 0,
         })
     }
 
@@ -307,6 +310,7 @@ impl GpuTransformer {
             None => {
                 // Parts of fewer than 32 keys only cost their merge.
                 let parts = self.attention_parts(step.tokens).min(step.max_ctx.div_ceil(32));
+                self.prompt_tiles = step.tiles;
                 self.layers(step.tokens, parts).map_err(gpu_err)?;
                 self.profile_phase("launch (graph or eager kernels)");
                 self.collect_logits(&step, false, adjusted).map_err(gpu_err)

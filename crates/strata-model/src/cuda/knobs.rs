@@ -72,6 +72,10 @@ pub struct GpuKnobs {
     /// after it instead of a `qgemm_reduce` launch (bench/NOTES.md v40); `STRATA_FOLD_SPLIT_SUMS=0`
     /// launches the reduce.
     pub fold_split_sums: bool,
+    /// Prompt steps' attention over a bf16 cache by tiles of 16 query tokens a block
+    /// (`paged_attention_prefill_bf16`: each context slice read once a tile, not once a token;
+    /// bench/NOTES.md, prompt attention); `STRATA_PREFILL_ATTENTION=0` keeps a block a token.
+    pub prefill_attention: bool,
 }
 
 impl GpuKnobs {
@@ -112,6 +116,7 @@ impl GpuKnobs {
             quant_wide: !off("STRATA_QUANT_WIDE"),
             quant_wide_tail: !off("STRATA_QUANT_WIDE_TAIL"),
             fold_split_sums: !off("STRATA_FOLD_SPLIT_SUMS"),
+            prefill_attention: !off("STRATA_PREFILL_ATTENTION"),
         }
     }
 }
@@ -149,6 +154,7 @@ mod tests {
                 quant_wide: true,
                 quant_wide_tail: true,
                 fold_split_sums: true,
+                prefill_attention: true,
             }
         );
         let all = knobs(&[
@@ -171,6 +177,7 @@ mod tests {
             ("STRATA_QUANT_WIDE", "0"),
             ("STRATA_QUANT_WIDE_TAIL", "0"),
             ("STRATA_FOLD_SPLIT_SUMS", "0"),
+            ("STRATA_PREFILL_ATTENTION", "0"),
         ]);
         assert_eq!(
             all,
@@ -194,6 +201,7 @@ mod tests {
                 quant_wide: false,
                 quant_wide_tail: false,
                 fold_split_sums: false,
+                prefill_attention: false,
             }
         );
         // Stages are clamped; values that are not numbers keep the default.

@@ -4,10 +4,11 @@
 use strata_runtime::cpu::ops::RopeLayout;
 use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
-    gemv_kernels, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer, EmbeddingCall, FixedOrderGemmCall,
-    Fp8Gemv, Fp8GemvQkvRopeCall, GemmOut, GemvCall, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall, Gpu, NormCall,
-    NormOp, QuantEmbeddingCall, QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
-    QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
+    gemv_kernels, prefill_attention_fits, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer,
+    EmbeddingCall, FixedOrderGemmCall, Fp8Gemv, Fp8GemvQkvRopeCall, GemmOut, GemvCall, GemvQkvRopeCall,
+    GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, PrefillAttentionCall, QuantEmbeddingCall, QuantGemmCall,
+    QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel,
+    SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
 };
 
 use crate::config::ModelConfig;
@@ -520,6 +521,16 @@ impl GpuTransformer {
             Some(staged) if t > SPLIT_MAX_TOKENS && self.decode_bucket.is_some() => staged,
             _ => (self.attention.kernel, 0),
         };
+        // Prompt chunks (tiles of 4 tokens or more on average) by tiles of query tokens, which
+        // read each context slice once a tile.
+        let by_tiles = self.knobs.prefill_attention
+            && !self.knobs.simt_attention
+            && self.decode_bucket.is_none()
+            && !self.float32()
+            && self.kv.dtype != KvCacheDtype::Fp8E4m3
+            && prefill_attention_fits(c.head_dim)
+            && self.prompt_tiles > 0
+            && self.prompt_tiles * 4 <= t;
         let call = AttentionCall {
             q: self.bufs.qkv.ptr(),
             q_stride: (c.q_dim() + 2 * c.kv_dim()) as i32,
@@ -544,6 +555,14 @@ impl GpuTransformer {
             head_dim: c.head_dim,
             fp8: self.kv.dtype == KvCacheDtype::Fp8E4m3,
         };
+        if by_tiles {
+            let tiles = PrefillAttentionCall {
+                attention: call,
+                tiles: inp(l.tiles),
+                n_tiles: self.prompt_tiles,
+            };
+            return tiles.launch_with(self.launcher());
+        }
         call.launch_with(kernel, self.launcher())
     }
 

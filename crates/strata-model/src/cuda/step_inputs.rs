@@ -1,7 +1,8 @@
-//! A step's inputs on their way to the GPU: the batch checked against the limits, laid out as
-//! one i32 array (tokens, positions, slots, logits rows, sampling words, block tables) in pinned memory.
+//! A step's inputs on their way to the GPU: the batch checked against the limits, laid out as one
+//! i32 array (tokens, positions, slots, logits rows, sampling words, prompt tiles, block tables) in
+//! pinned memory.
 
-use strata_runtime::cuda::{CudaError, Event, Gpu, PinnedBuffer};
+use strata_runtime::cuda::{prompt_tiles, CudaError, Event, Gpu, PinnedBuffer};
 
 use crate::batch::{LogitsWanted, SeqChunk};
 use crate::config::ModelConfig;
@@ -83,6 +84,8 @@ pub(super) struct InputLayout {
     /// Per logits row, SAMPLING_WORDS words (sampling.cu's): 1 / temperature (f32 bits, 0 for an
     /// argmax), the seed's two words, top_k, top_p and min_p (f32 bits).
     pub sampling: usize,
+    /// `paged_attention_prefill_bf16`'s tiles (`prompt_tiles`), at most one a token.
+    pub tiles: usize,
     pub tables: usize,
     pub len: usize,
 }
@@ -100,8 +103,9 @@ impl InputLayout {
             slots: 3 * t,
             rows: 4 * t,
             sampling: 5 * t,
-            tables: (5 + SAMPLING_WORDS) * t,
-            len: (5 + SAMPLING_WORDS) * t + (seqs + 1) * max_blocks,
+            tiles: (5 + SAMPLING_WORDS) * t,
+            tables: (6 + SAMPLING_WORDS) * t,
+            len: (6 + SAMPLING_WORDS) * t + (seqs + 1) * max_blocks,
         }
     }
 
@@ -129,6 +133,8 @@ pub(super) struct StagedStep {
     pub rows: Vec<LogitsRow>,
     /// The longest context of its sequences.
     pub max_ctx: usize,
+    /// Tiles in the layout's `tiles` array.
+    pub tiles: usize,
 }
 
 /// The host side of the inputs: two page-locked arrays, filled in turn, so that one is filled
@@ -221,6 +227,8 @@ impl StepInputs {
         for (j, row) in rows.iter().enumerate() {
             h[l.rows + j] = row.token as i32;
         }
+        let tiles = prompt_tiles(batch.iter().map(|c| (c.tokens.len(), c.first_pos)));
+        h[l.tiles..l.tiles + tiles.len()].copy_from_slice(&tiles);
         // A captured decode step computes logits for every padded token, row j = token j: their
         // argmax, for rows no sequence reads.
         for j in rows.len()..padded {
@@ -231,6 +239,7 @@ impl StepInputs {
             tokens: real,
             rows,
             max_ctx,
+            tiles: tiles.len(),
         })
     }
 

@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 
 use super::device::Gpu;
-use super::kernels::{staged_attention_shared_bytes, Kernels, ATTENTION_WARPS};
+use super::kernels::{staged_attention_shared_bytes, Kernels, ATTENTION_WARPS, PREFILL_ATTENTION_TOKENS};
 use super::CudaError;
 use crate::kernel_args;
 
@@ -129,6 +129,89 @@ impl AttentionCall {
     }
 }
 
+/// One `paged_attention_prefill_bf16` call: a block for each tile of up to
+/// [`PREFILL_ATTENTION_TOKENS`] consecutive query tokens of one sequence and each KV head, over
+/// a bf16 cache (the other fields as in [`AttentionCall`], whose parts and scales it ignores).
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillAttentionCall {
+    pub attention: AttentionCall,
+    /// `[n_tiles]` i32: a tile's first token << 5 | its token count ([`prompt_tiles`]).
+    pub tiles: u64,
+    pub n_tiles: usize,
+}
+
+impl PrefillAttentionCall {
+    pub const KERNEL: &'static str = "paged_attention_prefill_bf16";
+
+    /// Grid (tiles, KV heads), a warp for each query head of a KV head's group.
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let a = &self.attention;
+        let group = a.n_heads / a.n_kv as usize;
+        ((self.n_tiles as u32, a.n_kv as u32, 1), (group * 32) as u32, 0)
+    }
+
+    /// The kernel's arguments, pointing into `self`.
+    fn args(&self) -> Vec<*mut c_void> {
+        let a = &self.attention;
+        kernel_args!(
+            a.q,
+            a.q_stride,
+            a.k_cache,
+            a.v_cache,
+            a.block_tables,
+            a.max_blocks,
+            a.token_seq,
+            a.positions,
+            a.out,
+            a.n_kv,
+            a.block_size,
+            a.scale,
+            self.tiles
+        )
+        .to_vec()
+    }
+
+    /// Launches the kernel through `launch(name, grid, threads a block, dynamic shared bytes,
+    /// arguments)`, as [`AttentionCall::launch_with`] does.
+    pub fn launch_with<E>(
+        &self,
+        mut launch: impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut c_void]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let (grid, threads, shared) = self.shape();
+        launch(Self::KERNEL, grid, threads, shared, &mut self.args())
+    }
+
+    /// [`Self::launch_with`] straight on `gpu`'s stream.
+    ///
+    /// # Safety
+    /// The pointers must be device buffers sized for the call (see attention.cu), and `tiles`
+    /// must cover tokens of one sequence each, with consecutive positions.
+    pub unsafe fn launch(&self, gpu: &Gpu, kernels: &Kernels) -> Result<(), CudaError> {
+        self.launch_with(|name, grid, threads, shared, args| {
+            // SAFETY: the caller's promise; the arguments are the kernel's, in attention.cu's order.
+            unsafe { kernels.launch(gpu, name, grid, threads, shared, args) }
+        })
+    }
+}
+
+/// The tiles of `paged_attention_prefill_bf16` for sequences whose query tokens lie end to end
+/// (`(tokens, first position)` each, in order): each sequence's tokens in runs of up to
+/// [`PREFILL_ATTENTION_TOKENS`], encoded first token << 5 | count. Tiles that see more keys come
+/// first, so the last wave holds the shortest.
+pub fn prompt_tiles(chunks: impl IntoIterator<Item = (usize, usize)>) -> Vec<i32> {
+    let mut tiles = Vec::new();
+    let mut first = 0;
+    for (len, first_pos) in chunks {
+        for at in (0..len).step_by(PREFILL_ATTENTION_TOKENS) {
+            let count = PREFILL_ATTENTION_TOKENS.min(len - at);
+            tiles.push((first_pos + at + count, ((first + at) << 5 | count) as i32));
+        }
+        first += len;
+    }
+    tiles.sort_by_key(|&(keys, _)| std::cmp::Reverse(keys));
+    tiles.into_iter().map(|(_, tile)| tile).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +289,38 @@ mod tests {
                 at(&unstaged.parts)
             ]
         );
+    }
+
+    #[test]
+    fn prompt_tiles_cut_each_sequence_and_put_long_contexts_first() {
+        // A decode at position 900, a 40-token chunk from 0, a 16-token chunk from 100.
+        let tiles = prompt_tiles([(1, 900), (40, 0), (16, 100)]);
+        let decoded: Vec<(i32, i32)> = tiles.iter().map(|t| (t >> 5, t & 31)).collect();
+        assert_eq!(decoded, [(0, 1), (41, 16), (33, 8), (17, 16), (1, 16)]);
+        let p = PrefillAttentionCall {
+            attention: call(0, 1),
+            tiles: 99,
+            n_tiles: 5,
+        };
+        // 56 query heads over 14 KV heads: 4 warps a block.
+        assert_eq!(p.shape(), ((5, 14, 1), 128, 0));
+        let a = &p.attention;
+        let want = vec![
+            at(&a.q),
+            at(&a.q_stride),
+            at(&a.k_cache),
+            at(&a.v_cache),
+            at(&a.block_tables),
+            at(&a.max_blocks),
+            at(&a.token_seq),
+            at(&a.positions),
+            at(&a.out),
+            at(&a.n_kv),
+            at(&a.block_size),
+            at(&a.scale),
+            at(&p.tiles),
+        ];
+        assert_eq!(p.args(), want);
     }
 
     #[test]

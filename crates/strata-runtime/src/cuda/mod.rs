@@ -59,7 +59,7 @@ pub mod sampling_call;
 pub mod tma;
 
 pub use activation_call::{SiluMulCall, SiluMulFp8Call, SILU_FP8_MAX_INTER};
-pub use attention_call::AttentionCall;
+pub use attention_call::{prompt_tiles, AttentionCall, PrefillAttentionCall};
 pub use device::{DeviceBuffer, Event, Gpu, GpuInfo, Graph, PinnedBuffer};
 pub use embedding_call::EmbeddingCall;
 pub use fp8_call::{
@@ -71,7 +71,7 @@ pub use gemm_call::{
     gemv_kernels, FixedOrderGemmCall, GemvCall, GemvKernels, GemvQkvRopeCall, GemvResidualCall, GemvSiluCall,
     SumRanksCall,
 };
-pub use kernels::{KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
+pub use kernels::{prefill_attention_fits, KernelSpec, Kernels, STAGED_ATTENTION_MAX_STAGES};
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
 pub use quant_call::{

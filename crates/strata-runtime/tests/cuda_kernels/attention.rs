@@ -1,8 +1,9 @@
 //! attention.cu's tensor-core and staged kernels, split over context parts or not, against the
-//! CUDA-core kernel, on bf16 and fp8 caches.
+//! CUDA-core kernel, on bf16 and fp8 caches; the prompt kernel's tiles of query tokens against it
+//! on a bf16 cache.
 
 use strata_runtime::cuda::kernels::STAGED_ATTENTION_MAX_STAGES;
-use strata_runtime::cuda::{AttentionCall, DeviceBuffer, Gpu, KernelSpec, Kernels};
+use strata_runtime::cuda::{prompt_tiles, AttentionCall, DeviceBuffer, Gpu, KernelSpec, Kernels, PrefillAttentionCall};
 
 use crate::common::{bf16_value, first_gpu, random_bf16, read_bf16};
 
@@ -187,6 +188,108 @@ fn check_tensor_core_attention(
                 assert_eq!(
                     got, unstaged,
                     "{kernel} ({stages} stages, block size {block_size}, parts {parts}) vs {mma}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn prompt_tiles_attend_as_the_cuda_core_kernel() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let n_kv = 2usize;
+    // Chunks as a prompt step mixes them: (tokens, first position). A decode, a whole prompt
+    // cut 16 + 16 + 8, a chunk that starts mid-prompt, one that starts mid-tile of a cache
+    // block, a one-tile prompt, and a long late chunk.
+    let chunks = [(1usize, 600usize), (40, 0), (16, 100), (23, 301), (5, 7), (70, 560)];
+    let tokens: usize = chunks.iter().map(|c| c.0).sum();
+    let (mut positions, mut token_seq) = (Vec::new(), Vec::new());
+    for (si, &(len, first)) in chunks.iter().enumerate() {
+        positions.extend((first..first + len).map(|p| p as i32));
+        token_seq.extend(std::iter::repeat_n(si as i32, len));
+    }
+    let tiles = prompt_tiles(chunks);
+    for (head_dim, group) in [(64usize, 3usize), (128, 4), (128, 7)] {
+        let kernels = Kernels::load(&gpu, KernelSpec { head_dim, group }).unwrap();
+        for block_size in [16usize, 8] {
+            let (num_blocks, max_blocks) = (1280 / block_size, 640 / block_size);
+            let cache_len = num_blocks * n_kv * block_size * head_dim;
+            let cache = TestCache {
+                k: gpu.upload(&random_bf16(cache_len, 31), "k").unwrap(),
+                v: gpu.upload(&random_bf16(cache_len, 32), "v").unwrap(),
+                scales: None,
+            };
+            let mut tables = vec![0i32; chunks.len() * max_blocks];
+            for (si, row) in tables.chunks_mut(max_blocks).enumerate() {
+                for (b, slot) in row.iter_mut().enumerate() {
+                    *slot = ((b * 29 + si * 13) % num_blocks) as i32;
+                }
+            }
+            let width = n_kv * group * head_dim;
+            let q = gpu.upload(&random_bf16(tokens * width, 33), "q").unwrap();
+            let (tb, ts, ps, tl) = (
+                gpu.upload(&tables, "tables").unwrap(),
+                gpu.upload(&token_seq, "token_seq").unwrap(),
+                gpu.upload(&positions, "positions").unwrap(),
+                gpu.upload(&tiles, "tiles").unwrap(),
+            );
+            let shape = (head_dim, group, n_kv, block_size);
+            let bufs = (&q, &tb, &ts, &ps);
+            let want = run_attention(
+                &gpu,
+                &kernels,
+                "paged_attention_bf16",
+                shape,
+                &cache,
+                bufs,
+                (tokens, max_blocks, 1),
+                0,
+            );
+            let out = gpu.alloc(tokens * width * 2, "out").unwrap();
+            let call = PrefillAttentionCall {
+                attention: AttentionCall {
+                    q: q.ptr(),
+                    q_stride: width as i32,
+                    k_cache: cache.k.ptr(),
+                    v_cache: cache.v.ptr(),
+                    k_scale: 0,
+                    v_scale: 0,
+                    block_tables: tb.ptr(),
+                    max_blocks: max_blocks as i32,
+                    token_seq: ts.ptr(),
+                    positions: ps.ptr(),
+                    out: out.ptr(),
+                    part_acc: 0,
+                    part_ml: 0,
+                    n_kv: n_kv as i32,
+                    block_size: block_size as i32,
+                    scale: 0.3,
+                    stages: 0,
+                    tokens,
+                    parts: 1,
+                    n_heads: n_kv * group,
+                    head_dim,
+                    fp8: false,
+                },
+                tiles: tl.ptr(),
+                n_tiles: tiles.len(),
+            };
+            // SAFETY: buffers sized above; each tile's tokens are one chunk's, positions consecutive.
+            unsafe { call.launch(&gpu, &kernels) }.unwrap();
+            let got = read_bf16(&gpu, &out, tokens * width);
+            let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(largest > 0.0, "the reference attended to nothing");
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                // P is rounded to bf16 before P·V on tensor cores; outputs are bf16 either way.
+                assert!(
+                    (a - b).abs() <= 4e-3 * largest + 1e-2 * b.abs(),
+                    "prompt tiles, head_dim {head_dim} group {group} block size {block_size}: token {} \
+                     (position {}) element {}: {a} vs {b}",
+                    i / width,
+                    positions[i / width],
+                    i % width
                 );
             }
         }
