@@ -521,11 +521,13 @@ impl GpuTransformer {
             Some(staged) if t > SPLIT_MAX_TOKENS && self.decode_bucket.is_some() => staged,
             _ => (self.attention.kernel, 0),
         };
-        // Prompt chunks (tiles of 4 tokens or more on average) by tiles of query tokens, which
-        // read each context slice once a tile.
+        // Prompt steps (tiles of 4 tokens or more on average) by tiles of query tokens, which
+        // read each context slice once a tile. Up to SPLIT_MAX_TOKENS tokens, the per-token
+        // kernels' context parts keep more blocks busy (a short chunk late in a long prompt).
         let by_tiles = self.knobs.prefill_attention
             && !self.knobs.simt_attention
             && self.decode_bucket.is_none()
+            && t > SPLIT_MAX_TOKENS
             && !self.float32()
             && self.kv.dtype != KvCacheDtype::Fp8E4m3
             && prefill_attention_fits(c.head_dim)
