@@ -35,6 +35,9 @@ pub(super) struct AttentionKernels {
     /// Decode steps of more than [`SPLIT_MAX_TOKENS`] tokens run the tensor-core kernel with its
     /// tiles staged through shared memory (`paged_attention_staged_*`), this many stages a warp.
     staged: Option<(&'static str, usize)>,
+    /// Prompt steps over a bf16 cache may take `paged_attention_prefill_bf16` (tiles of query
+    /// tokens: mma.sync, ldmatrix and cp.async, sm_80 on; head_dim a multiple of 16 up to 128).
+    prompt_tiles: bool,
 }
 
 impl AttentionKernels {
@@ -57,7 +60,17 @@ impl AttentionKernels {
             };
             (name, knobs.attention_stages)
         });
-        AttentionKernels { kernel, staged }
+        let prompt_tiles = bf16
+            && !fp8
+            && cc >= (8, 0)
+            && prefill_attention_fits(c.head_dim)
+            && knobs.prefill_attention
+            && !knobs.simt_attention;
+        AttentionKernels {
+            kernel,
+            staged,
+            prompt_tiles,
+        }
     }
 }
 
@@ -524,13 +537,9 @@ impl GpuTransformer {
         // Prompt steps (tiles of 4 tokens or more on average) by tiles of query tokens, which
         // read each context slice once a tile. Up to SPLIT_MAX_TOKENS tokens, the per-token
         // kernels' context parts keep more blocks busy (a short chunk late in a long prompt).
-        let by_tiles = self.knobs.prefill_attention
-            && !self.knobs.simt_attention
+        let by_tiles = self.attention.prompt_tiles
             && self.decode_bucket.is_none()
             && t > SPLIT_MAX_TOKENS
-            && !self.float32()
-            && self.kv.dtype != KvCacheDtype::Fp8E4m3
-            && prefill_attention_fits(c.head_dim)
             && self.prompt_tiles > 0
             && self.prompt_tiles * 4 <= t;
         let call = AttentionCall {
