@@ -281,7 +281,7 @@ impl GpuTransformer {
         let max_blocks = self.limits.max_blocks(self.kv.block_size);
         let step = self
             .inputs
-            .stage(batch, padded, max_blocks, &self.kv)
+            .stage(batch, padded, max_blocks, &self.kv, bucket.is_none())
             .map_err(gpu_err)?;
         if step.tokens == 0 {
             return Ok(self.no_logits());

@@ -140,7 +140,10 @@ impl GpuTransformer {
         self.launch_deferred().map_err(gpu_err)?;
         self.decode_bucket = Some(b);
         let max_blocks = self.limits.max_blocks(self.kv.block_size);
-        let step = self.inputs.stage(batch, b, max_blocks, &self.kv).map_err(gpu_err)?;
+        let step = self
+            .inputs
+            .stage(batch, b, max_blocks, &self.kv, false)
+            .map_err(gpu_err)?;
         let adjusted = self
             .adjusts
             .stage(batch, step.rows.iter().map(|r| r.seq), b)

@@ -133,7 +133,7 @@ pub(super) struct StagedStep {
     pub rows: Vec<LogitsRow>,
     /// The longest context of its sequences.
     pub max_ctx: usize,
-    /// Tiles in the layout's `tiles` array.
+    /// Tiles in the layout's `tiles` array (0 unless staged with them).
     pub tiles: usize,
 }
 
@@ -163,13 +163,15 @@ impl StepInputs {
     }
 
     /// Lays out and fills the current array for `batch`, padded to `padded` tokens for a graph,
-    /// once the array's previous upload is done.
+    /// once the array's previous upload is done; with the prompt tiles when `tiles` (steps that
+    /// are not decode buckets, the only ones whose attention may take them).
     pub(super) fn stage(
         &mut self,
         batch: &[SeqChunk],
         padded: usize,
         max_blocks: usize,
         kv: &GpuKvCache,
+        tiles: bool,
     ) -> Result<StagedStep, CudaError> {
         if let Some(mark) = self.uploaded[self.slot].take() {
             mark.synchronize()?;
@@ -227,7 +229,11 @@ impl StepInputs {
         for (j, row) in rows.iter().enumerate() {
             h[l.rows + j] = row.token as i32;
         }
-        let tiles = prompt_tiles(batch.iter().map(|c| (c.tokens.len(), c.first_pos)));
+        let tiles = if tiles {
+            prompt_tiles(batch.iter().map(|c| (c.tokens.len(), c.first_pos)))
+        } else {
+            Vec::new()
+        };
         h[l.tiles..l.tiles + tiles.len()].copy_from_slice(&tiles);
         // A captured decode step computes logits for every padded token, row j = token j: their
         // argmax, for rows no sequence reads.
