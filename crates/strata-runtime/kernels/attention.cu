@@ -664,8 +664,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS)
     paged_attention_mma<true, true>(ATTENTION_CALL, stages);
 }
 
-// ---- Prompt attention: a tile of query tokens a block (bf16 cache, HEAD_DIM a multiple of 16 up
-// to 128) ----
+// ---- Prompt attention: a tile of query tokens a block (bf16 or fp8 cache, HEAD_DIM a multiple
+// of 16 up to 128) ----
 // The kernels above give each query token its own blocks, so a prompt chunk's context is read
 // once a token: from L2, which bounds them there. Here a block takes a tile of up to PF_TOKENS
 // consecutive tokens of one sequence (tiles[blockIdx.x] = first token << 5 | count, laid out by
@@ -673,6 +673,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS)
 // into shared memory once (cp.async, two stages). Warp w computes query head kvh * GROUP + w for
 // the tile's tokens as the 16 rows of mma.sync m16n8k16: S = Q Kᵀ (f32 sums), an online
 // softmax a row, then O += P V with P rounded to bf16, as the kernels above round it.
+// fp8 cache: the slices come as stored (e4m3 and a scale a vector) and the block widens them
+// into one bf16 stage, K to bf16 and V to f16 (both exact); S is scaled by each key's K scale
+// and P V runs in f16 with each key's V scale folded into P, as paged_attention_mma_fp8 does.
 #define PF_TOKENS 16
 #define PF_KEYS 32
 // A key's row in shared memory: HEAD_DIM values and 16 bytes more, so that the 8 rows of an
@@ -681,10 +684,28 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, STAGED_MIN_BLOCKS)
 #define PF_CHUNKS (HEAD_DIM / 8)
 #define PF_ENABLED (HEAD_DIM % 16 == 0 && HEAD_DIM <= 128)
 
-#if PF_ENABLED
+#if PF_ENABLED && __CUDA_ARCH__ >= 800
 struct PrefillStage {
     bf16 k[PF_KEYS][PF_ROW];
     bf16 v[PF_KEYS][PF_ROW];
+};
+
+// One slice of an fp8 cache as stored: e4m3 K and V vectors, then their scales.
+struct PrefillRawStage {
+    unsigned char k[PF_KEYS][HEAD_DIM];
+    unsigned char v[PF_KEYS][HEAD_DIM];
+    float k_scale[PF_KEYS];
+    float v_scale[PF_KEYS];
+};
+
+// Shared memory of either cache type: two bf16 stages, or two raw fp8 stages and the bf16 stage
+// they are widened into.
+union PrefillShared {
+    PrefillStage bf16_stages[2];
+    struct {
+        PrefillStage wide;
+        PrefillRawStage raw[2];
+    } fp8;
 };
 
 // Starts the copies of keys j0 .. j0 + PF_KEYS - 1 of KV head kvh into `st` (keys past the
@@ -700,19 +721,56 @@ __device__ __forceinline__ void prefill_stage_load(PrefillStage& st, const bf16*
         cp_async16((is_v ? st.v[key] : st.k[key]) + c * 8, (is_v ? v_cache : k_cache) + vec * HEAD_DIM + c * 8, 16);
     }
 }
+
+// The same for an fp8 cache: the e4m3 vectors in 16-byte pieces, then the scales.
+__device__ __forceinline__ void prefill_raw_load(PrefillRawStage& st, const unsigned char* __restrict__ k_cache,
+                                                 const unsigned char* __restrict__ v_cache,
+                                                 const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+                                                 const int* __restrict__ table, int j0, int ctx, int kvh, int n_kv,
+                                                 int block_size) {
+    constexpr int CH = HEAD_DIM / 16, VECTORS = 2 * PF_KEYS * CH;
+    for (int i = threadIdx.x; i < VECTORS + 2 * PF_KEYS; i += blockDim.x) {
+        const int r = i < VECTORS ? i % (PF_KEYS * CH) : i - VECTORS;
+        const bool is_v = i < VECTORS ? i >= PF_KEYS * CH : r >= PF_KEYS;
+        const int key = i < VECTORS ? r / CH : r % PF_KEYS;
+        const size_t vec = cache_vec(table, min(j0 + key, ctx - 1), kvh, n_kv, block_size);
+        if (i < VECTORS) {
+            const int c = r % CH;
+            cp_async16((is_v ? st.v[key] : st.k[key]) + c * 16, (is_v ? v_cache : k_cache) + vec * HEAD_DIM + c * 16, 16);
+        } else {
+            cp_async4((is_v ? st.v_scale : st.k_scale) + key, (is_v ? v_scale : k_scale) + vec, 4);
+        }
+    }
+}
+
+// Widens a raw fp8 slice into `st`: K to bf16 pairs, V to f16 pairs (exact), four values a step.
+__device__ __forceinline__ void prefill_widen(PrefillStage& st, const PrefillRawStage& raw) {
+    constexpr int W = HEAD_DIM / 4;
+    for (int i = threadIdx.x; i < 2 * PF_KEYS * W; i += blockDim.x) {
+        const bool is_v = i >= PF_KEYS * W;
+        const int r = is_v ? i - PF_KEYS * W : i;
+        const int key = r / W, w = r % W;
+        float f[4];
+        e4m3x4_to_f32(*(const u32*)((is_v ? raw.v[key] : raw.k[key]) + 4 * w), f);
+        const uint2 pairs = is_v ? make_uint2(pack_pair<true>(f[0], f[1]), pack_pair<true>(f[2], f[3]))
+                                 : make_uint2(pack_pair<false>(f[0], f[1]), pack_pair<false>(f[2], f[3]));
+        *(uint2*)((is_v ? st.v[key] : st.k[key]) + 4 * w) = pairs;
+    }
+}
 #endif
 
 // q: [tokens, q_stride] (heads at h * HEAD_DIM), out [tokens, n_heads * HEAD_DIM]; a tile's tokens
 // have consecutive positions, its last the largest. Grid (tiles, n_kv), GROUP warps a block.
-extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill_bf16(
-    const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ token_seq,
-    const int* __restrict__ positions, bf16* __restrict__ out, int n_kv, int block_size, float scale,
-    const int* __restrict__ tiles) {
-    wait_for_previous_kernel();
+template <bool FP8>
+__device__ void prompt_attention(const bf16* __restrict__ q, int q_stride, const void* __restrict__ k_cache,
+                                 const void* __restrict__ v_cache, const float* __restrict__ k_scale,
+                                 const float* __restrict__ v_scale, const int* __restrict__ block_tables,
+                                 int max_blocks, const int* __restrict__ token_seq, const int* __restrict__ positions,
+                                 bf16* __restrict__ out, int n_kv, int block_size, float scale,
+                                 const int* __restrict__ tiles) {
 #if __CUDA_ARCH__ >= 800 && PF_ENABLED
     constexpr int KS = HEAD_DIM / 16, NT = HEAD_DIM / 8, KT = PF_KEYS / 8;
-    __shared__ __align__(16) PrefillStage st[2];
+    __shared__ __align__(16) PrefillShared sh;
     const int tile = tiles[blockIdx.x];
     const int tok0 = tile >> 5, count = tile & 31;
     const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -725,7 +783,17 @@ extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill
     const int pos0 = positions[t0], pos1 = positions[t1];
     const int ctx = positions[tok0 + count - 1] + 1;
     const int slices = (ctx + PF_KEYS - 1) / PF_KEYS;
-    prefill_stage_load(st[0], k_cache, v_cache, table, 0, ctx, kvh, n_kv, block_size);
+    // Starts slice sl's copies into its stage.
+    auto load = [&](int sl) {
+        if (FP8) {
+            prefill_raw_load(sh.fp8.raw[sl & 1], (const unsigned char*)k_cache, (const unsigned char*)v_cache, k_scale,
+                             v_scale, table, sl * PF_KEYS, ctx, kvh, n_kv, block_size);
+        } else {
+            prefill_stage_load(sh.bf16_stages[sl & 1], (const bf16*)k_cache, (const bf16*)v_cache, table, sl * PF_KEYS,
+                               ctx, kvh, n_kv, block_size);
+        }
+    };
+    load(0);
     cp_async_commit();
 
     // Q's A fragments: rows g and g + 8, dims 16s + 2c (+ 1) and 16s + 8 + 2c (+ 1).
@@ -748,13 +816,18 @@ extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill
     const int mtx = lane >> 3, row = lane & 7;
 
     for (int sl = 0; sl < slices; sl++) {
-        if (sl + 1 < slices)
-            prefill_stage_load(st[(sl + 1) & 1], k_cache, v_cache, table, (sl + 1) * PF_KEYS, ctx, kvh, n_kv,
-                               block_size);
+        if (sl + 1 < slices) load(sl + 1);
         cp_async_commit();
         cp_async_wait(1);
         __syncthreads();
-        const PrefillStage& sg = st[sl & 1];
+        if (FP8) {
+            prefill_widen(sh.fp8.wide, sh.fp8.raw[sl & 1]);
+            __syncthreads();
+        }
+        const PrefillStage& sg = FP8 ? sh.fp8.wide : sh.bf16_stages[sl & 1];
+        // The slice's scales (fp8; the raw stage is not refilled before the barrier at the end).
+        const float* ks = sh.fp8.raw[sl & 1].k_scale;
+        const float* vs = sh.fp8.raw[sl & 1].v_scale;
         // S: 16 rows by PF_KEYS keys, KT n-tiles of 8 keys; B from K's rows (key-major = col-major B).
         float sc[KT][4];
 #pragma unroll
@@ -776,9 +849,10 @@ extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill
         for (int n = 0; n < KT; n++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int j = j0 + 8 * n + 2 * c + e;
-                sc[n][e] = j <= pos0 ? sc[n][e] * scale2 : NEG_INF;
-                sc[n][2 + e] = j <= pos1 ? sc[n][2 + e] * scale2 : NEG_INF;
+                const int key = 8 * n + 2 * c + e, j = j0 + key;
+                const float kscale = FP8 ? scale2 * ks[key] : scale2;
+                sc[n][e] = j <= pos0 ? sc[n][e] * kscale : NEG_INF;
+                sc[n][2 + e] = j <= pos1 ? sc[n][2 + e] * kscale : NEG_INF;
                 mx0 = fmaxf(mx0, sc[n][e]);
                 mx1 = fmaxf(mx1, sc[n][2 + e]);
             }
@@ -802,7 +876,8 @@ extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill
             o[n][3] *= corr1;
         }
         // P as A fragments (the accumulators of n-tiles 2np and 2np + 1 are the m16n8k16 A layout
-        // of keys 16np..), then O += P V with V's B fragments by transposed ldmatrix.
+        // of keys 16np..), then O += P V with V's B fragments by transposed ldmatrix. The
+        // denominators sum P as computed; only P V's operand carries the V scales.
 #pragma unroll
         for (int np = 0; np < KT / 2; np++) {
             float p[2][4];
@@ -814,18 +889,26 @@ extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill
                 p[h][3] = exp2f(sc[2 * np + h][3] - m1);
                 l0 += p[h][0] + p[h][1];
                 l1 += p[h][2] + p[h][3];
+                if (FP8) {
+                    const float v0 = vs[16 * np + 8 * h + 2 * c], v1 = vs[16 * np + 8 * h + 2 * c + 1];
+                    p[h][0] *= v0;
+                    p[h][1] *= v1;
+                    p[h][2] *= v0;
+                    p[h][3] *= v1;
+                }
             }
-            const u32 a0 = pack_pair<false>(p[0][0], p[0][1]), a1 = pack_pair<false>(p[0][2], p[0][3]);
-            const u32 a2 = pack_pair<false>(p[1][0], p[1][1]), a3 = pack_pair<false>(p[1][2], p[1][3]);
+            const u32 a0 = pack_pair<FP8>(p[0][0], p[0][1]), a1 = pack_pair<FP8>(p[0][2], p[0][3]);
+            const u32 a2 = pack_pair<FP8>(p[1][0], p[1][1]), a3 = pack_pair<FP8>(p[1][2], p[1][3]);
 #pragma unroll
             for (int dp = 0; dp < NT / 2; dp++) {
                 // Matrices: keys 16np.. and 16np + 8.. by dims 16dp.., then both by dims 16dp + 8...
                 const uint4 b = ldmatrix_x4_trans(&sg.v[16 * np + (mtx & 1) * 8 + row][16 * dp + (mtx >> 1) * 8]);
-                mma_16x8x16<false>(o[2 * dp], a0, a1, a2, a3, b.x, b.y);
-                mma_16x8x16<false>(o[2 * dp + 1], a0, a1, a2, a3, b.z, b.w);
+                mma_16x8x16<FP8>(o[2 * dp], a0, a1, a2, a3, b.x, b.y);
+                mma_16x8x16<FP8>(o[2 * dp + 1], a0, a1, a2, a3, b.z, b.w);
             }
         }
-        // Every warp is done with this stage before the next slice's copies overwrite it.
+        // Every warp is done with this stage before the next slice's copies (or widening)
+        // overwrite it.
         __syncthreads();
     }
 #pragma unroll
@@ -842,6 +925,24 @@ extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill
         if (g + 8 < count) *(u32*)(out + (size_t)(tok0 + g + 8) * n_heads * HEAD_DIM + d) = pack_pair<false>(o[n][2] * inv1, o[n][3] * inv1);
     }
 #endif
+}
+
+#define PROMPT_ATTENTION_ARGS                                                                                     \
+    const bf16 *__restrict__ q, int q_stride, const void *__restrict__ k_cache, const void *__restrict__ v_cache, \
+        const float *__restrict__ k_scale, const float *__restrict__ v_scale, const int *__restrict__ block_tables, \
+        int max_blocks, const int *__restrict__ token_seq, const int *__restrict__ positions, bf16 *__restrict__ out, \
+        int n_kv, int block_size, float scale, const int *__restrict__ tiles
+#define PROMPT_ATTENTION_CALL \
+    q, q_stride, k_cache, v_cache, k_scale, v_scale, block_tables, max_blocks, token_seq, positions, out, n_kv, \
+        block_size, scale, tiles
+
+extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill_bf16(PROMPT_ATTENTION_ARGS) {
+    wait_for_previous_kernel();
+    prompt_attention<false>(PROMPT_ATTENTION_CALL);
+}
+extern "C" __global__ void __launch_bounds__(GROUP * 32) paged_attention_prefill_fp8(PROMPT_ATTENTION_ARGS) {
+    wait_for_previous_kernel();
+    prompt_attention<true>(PROMPT_ATTENTION_CALL);
 }
 
 // Merges the context parts of each (token, head) into out as T. Up to 32 parts, each warp loads

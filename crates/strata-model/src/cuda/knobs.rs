@@ -72,8 +72,8 @@ pub struct GpuKnobs {
     /// after it instead of a `qgemm_reduce` launch (bench/NOTES.md v40); `STRATA_FOLD_SPLIT_SUMS=0`
     /// launches the reduce.
     pub fold_split_sums: bool,
-    /// Prompt steps' attention over a bf16 cache by tiles of 16 query tokens a block
-    /// (`paged_attention_prefill_bf16`: each context slice read once a tile, not once a token;
+    /// Prompt steps' attention by tiles of 16 query tokens a block
+    /// (`paged_attention_prefill_*`: each context slice read once a tile, not once a token;
     /// bench/NOTES.md, prompt attention); `STRATA_PREFILL_ATTENTION=0` keeps a block a token.
     pub prefill_attention: bool,
 }

@@ -35,8 +35,8 @@ pub(super) struct AttentionKernels {
     /// Decode steps of more than [`SPLIT_MAX_TOKENS`] tokens run the tensor-core kernel with its
     /// tiles staged through shared memory (`paged_attention_staged_*`), this many stages a warp.
     staged: Option<(&'static str, usize)>,
-    /// Prompt steps over a bf16 cache may take `paged_attention_prefill_bf16` (tiles of query
-    /// tokens: mma.sync, ldmatrix and cp.async, sm_80 on; head_dim a multiple of 16 up to 128).
+    /// Prompt steps may take `paged_attention_prefill_bf16` or `_fp8` (tiles of query tokens:
+    /// mma.sync, ldmatrix and cp.async, sm_80 on; head_dim a multiple of 16 up to 128).
     prompt_tiles: bool,
 }
 
@@ -61,7 +61,6 @@ impl AttentionKernels {
             (name, knobs.attention_stages)
         });
         let prompt_tiles = bf16
-            && !fp8
             && cc >= (8, 0)
             && prefill_attention_fits(c.head_dim)
             && knobs.prefill_attention

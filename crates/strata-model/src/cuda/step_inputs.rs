@@ -84,7 +84,7 @@ pub(super) struct InputLayout {
     /// Per logits row, SAMPLING_WORDS words (sampling.cu's): 1 / temperature (f32 bits, 0 for an
     /// argmax), the seed's two words, top_k, top_p and min_p (f32 bits).
     pub sampling: usize,
-    /// `paged_attention_prefill_bf16`'s tiles (`prompt_tiles`), at most one a token.
+    /// `paged_attention_prefill_*`'s tiles (`prompt_tiles`), at most one a token.
     pub tiles: usize,
     pub tables: usize,
     pub len: usize,

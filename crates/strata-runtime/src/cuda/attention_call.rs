@@ -129,9 +129,9 @@ impl AttentionCall {
     }
 }
 
-/// One `paged_attention_prefill_bf16` call: a block for each tile of up to
-/// [`PREFILL_ATTENTION_TOKENS`] consecutive query tokens of one sequence and each KV head, over
-/// a bf16 cache (the other fields as in [`AttentionCall`], whose parts and scales it ignores).
+/// One prompt-attention call (`paged_attention_prefill_bf16`, or `_fp8` over an fp8 cache): a
+/// block for each tile of up to [`PREFILL_ATTENTION_TOKENS`] consecutive query tokens of one
+/// sequence and each KV head (the other fields as in [`AttentionCall`], whose parts it ignores).
 #[derive(Debug, Clone, Copy)]
 pub struct PrefillAttentionCall {
     pub attention: AttentionCall,
@@ -141,7 +141,14 @@ pub struct PrefillAttentionCall {
 }
 
 impl PrefillAttentionCall {
-    pub const KERNEL: &'static str = "paged_attention_prefill_bf16";
+    /// The kernel for the cache's type.
+    pub fn kernel(&self) -> &'static str {
+        if self.attention.fp8 {
+            "paged_attention_prefill_fp8"
+        } else {
+            "paged_attention_prefill_bf16"
+        }
+    }
 
     /// Grid (tiles, KV heads), a warp for each query head of a KV head's group.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
@@ -158,6 +165,8 @@ impl PrefillAttentionCall {
             a.q_stride,
             a.k_cache,
             a.v_cache,
+            a.k_scale,
+            a.v_scale,
             a.block_tables,
             a.max_blocks,
             a.token_seq,
@@ -178,7 +187,7 @@ impl PrefillAttentionCall {
         mut launch: impl FnMut(&str, (u32, u32, u32), u32, u32, &mut [*mut c_void]) -> Result<(), E>,
     ) -> Result<(), E> {
         let (grid, threads, shared) = self.shape();
-        launch(Self::KERNEL, grid, threads, shared, &mut self.args())
+        launch(self.kernel(), grid, threads, shared, &mut self.args())
     }
 
     /// [`Self::launch_with`] straight on `gpu`'s stream.
@@ -194,7 +203,7 @@ impl PrefillAttentionCall {
     }
 }
 
-/// The tiles of `paged_attention_prefill_bf16` for sequences whose query tokens lie end to end
+/// The tiles of `paged_attention_prefill_*` for sequences whose query tokens lie end to end
 /// (`(tokens, first position)` each, in order): each sequence's tokens in runs of up to
 /// [`PREFILL_ATTENTION_TOKENS`], encoded first token << 5 | count. Tiles that see more keys come
 /// first, so the last wave holds the shortest.
@@ -310,6 +319,8 @@ mod tests {
             at(&a.q_stride),
             at(&a.k_cache),
             at(&a.v_cache),
+            at(&a.k_scale),
+            at(&a.v_scale),
             at(&a.block_tables),
             at(&a.max_blocks),
             at(&a.token_seq),
@@ -321,6 +332,15 @@ mod tests {
             at(&p.tiles),
         ];
         assert_eq!(p.args(), want);
+        assert_eq!(p.kernel(), "paged_attention_prefill_bf16");
+        let fp8 = PrefillAttentionCall {
+            attention: AttentionCall {
+                fp8: true,
+                ..call(0, 1)
+            },
+            ..p
+        };
+        assert_eq!(fp8.kernel(), "paged_attention_prefill_fp8");
     }
 
     #[test]

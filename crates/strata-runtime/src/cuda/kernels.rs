@@ -81,6 +81,7 @@ pub const FAMILIES: [(&str, &str, &[&str]); 9] = [
             "paged_attention_f32",
             "attention_reduce_f32",
             "paged_attention_prefill_bf16",
+            "paged_attention_prefill_fp8",
         ],
     ),
     (
@@ -176,10 +177,10 @@ pub const STAGED_ATTENTION_MAX_STAGES: usize = 4;
 /// Warps of an attention block (attention.cu's ATTN_WARPS).
 pub const ATTENTION_WARPS: usize = 4;
 
-/// Query tokens of a `paged_attention_prefill_bf16` tile (attention.cu's PF_TOKENS).
+/// Query tokens of a `paged_attention_prefill_*` tile (attention.cu's PF_TOKENS).
 pub const PREFILL_ATTENTION_TOKENS: usize = 16;
 
-/// Whether `paged_attention_prefill_bf16` is built for heads of `head_dim` (attention.cu's
+/// Whether `paged_attention_prefill_*` are built for heads of `head_dim` (attention.cu's
 /// PF_ENABLED: a multiple of 16 up to 128; its body is empty otherwise).
 pub fn prefill_attention_fits(head_dim: usize) -> bool {
     head_dim.is_multiple_of(16) && head_dim <= 128

@@ -1,6 +1,6 @@
 //! attention.cu's tensor-core and staged kernels, split over context parts or not, against the
-//! CUDA-core kernel, on bf16 and fp8 caches; the prompt kernel's tiles of query tokens against it
-//! on a bf16 cache.
+//! CUDA-core kernel, on bf16 and fp8 caches; the prompt kernels' tiles of query tokens against it
+//! on both.
 
 use strata_runtime::cuda::kernels::STAGED_ATTENTION_MAX_STAGES;
 use strata_runtime::cuda::{prompt_tiles, AttentionCall, DeviceBuffer, Gpu, KernelSpec, Kernels, PrefillAttentionCall};
@@ -12,6 +12,35 @@ struct TestCache {
     k: DeviceBuffer,
     v: DeviceBuffer,
     scales: Option<(DeviceBuffer, DeviceBuffer)>,
+}
+
+/// A bf16 cache and an fp8 one of `vectors` random K and V vectors each (seeds from `seed` on).
+/// fp8: random e4m3 bytes with the exponent's top bit clear (|x| < 2, no NaN codes), scales in
+/// [0.5, 1.5).
+fn random_caches(gpu: &Gpu, vectors: usize, head_dim: usize, seed: u64) -> [TestCache; 2] {
+    let len = vectors * head_dim;
+    let fp8 = |seed| -> Vec<u8> { random_bf16(len, seed).iter().map(|b| (b >> 3) as u8 & 0xbf).collect() };
+    let scales = |seed| -> Vec<f32> {
+        random_bf16(vectors, seed)
+            .iter()
+            .map(|&b| 1.0 + 0.5 * bf16_value(b))
+            .collect()
+    };
+    [
+        TestCache {
+            k: gpu.upload(&random_bf16(len, seed), "k").unwrap(),
+            v: gpu.upload(&random_bf16(len, seed + 1), "v").unwrap(),
+            scales: None,
+        },
+        TestCache {
+            k: gpu.upload(&fp8(seed + 2), "k").unwrap(),
+            v: gpu.upload(&fp8(seed + 3), "v").unwrap(),
+            scales: Some((
+                gpu.upload(&scales(seed + 4), "k scales").unwrap(),
+                gpu.upload(&scales(seed + 5), "v scales").unwrap(),
+            )),
+        },
+    ]
 }
 
 /// Runs one attention kernel (and the part merge when `parts` > 1) over the given cache and
@@ -91,35 +120,7 @@ fn check_tensor_core_attention(
     (num_blocks, max_blocks): (usize, usize),
 ) {
     let (head_dim, group, n_kv, block_size) = shape;
-    let vectors = num_blocks * n_kv * block_size;
-    let cache_len = vectors * head_dim;
-    let bf16_cache = TestCache {
-        k: gpu.upload(&random_bf16(cache_len, 11), "k").unwrap(),
-        v: gpu.upload(&random_bf16(cache_len, 12), "v").unwrap(),
-        scales: None,
-    };
-    // fp8: random e4m3 bytes with the exponent's top bit clear (|x| < 2, no NaN codes),
-    // scales in [0.5, 1.5).
-    let fp8 = |seed| -> Vec<u8> {
-        random_bf16(cache_len, seed)
-            .iter()
-            .map(|b| (b >> 3) as u8 & 0xbf)
-            .collect()
-    };
-    let scales = |seed| -> Vec<f32> {
-        random_bf16(vectors, seed)
-            .iter()
-            .map(|&b| 1.0 + 0.5 * bf16_value(b))
-            .collect()
-    };
-    let fp8_cache = TestCache {
-        k: gpu.upload(&fp8(21), "k").unwrap(),
-        v: gpu.upload(&fp8(22), "v").unwrap(),
-        scales: Some((
-            gpu.upload(&scales(23), "k scales").unwrap(),
-            gpu.upload(&scales(24), "v scales").unwrap(),
-        )),
-    };
+    let [bf16_cache, fp8_cache] = random_caches(gpu, num_blocks * n_kv * block_size, head_dim, 11);
     // Contexts that end mid-block, on a block edge, in the first key, and long ones; each
     // sequence's blocks are scattered over the cache.
     let contexts = [1usize, 5, 16, 17, 100, 333, 512, 639];
@@ -215,12 +216,7 @@ fn prompt_tiles_attend_as_the_cuda_core_kernel() {
         let kernels = Kernels::load(&gpu, KernelSpec { head_dim, group }).unwrap();
         for block_size in [16usize, 8] {
             let (num_blocks, max_blocks) = (1280 / block_size, 640 / block_size);
-            let cache_len = num_blocks * n_kv * block_size * head_dim;
-            let cache = TestCache {
-                k: gpu.upload(&random_bf16(cache_len, 31), "k").unwrap(),
-                v: gpu.upload(&random_bf16(cache_len, 32), "v").unwrap(),
-                scales: None,
-            };
+            let caches = random_caches(&gpu, num_blocks * n_kv * block_size, head_dim, 31);
             let mut tables = vec![0i32; chunks.len() * max_blocks];
             for (si, row) in tables.chunks_mut(max_blocks).enumerate() {
                 for (b, slot) in row.iter_mut().enumerate() {
@@ -237,60 +233,56 @@ fn prompt_tiles_attend_as_the_cuda_core_kernel() {
             );
             let shape = (head_dim, group, n_kv, block_size);
             let bufs = (&q, &tb, &ts, &ps);
-            let want = run_attention(
-                &gpu,
-                &kernels,
-                "paged_attention_bf16",
-                shape,
-                &cache,
-                bufs,
-                (tokens, max_blocks, 1),
-                0,
-            );
-            let out = gpu.alloc(tokens * width * 2, "out").unwrap();
-            let call = PrefillAttentionCall {
-                attention: AttentionCall {
-                    q: q.ptr(),
-                    q_stride: width as i32,
-                    k_cache: cache.k.ptr(),
-                    v_cache: cache.v.ptr(),
-                    k_scale: 0,
-                    v_scale: 0,
-                    block_tables: tb.ptr(),
-                    max_blocks: max_blocks as i32,
-                    token_seq: ts.ptr(),
-                    positions: ps.ptr(),
-                    out: out.ptr(),
-                    part_acc: 0,
-                    part_ml: 0,
-                    n_kv: n_kv as i32,
-                    block_size: block_size as i32,
-                    scale: 0.3,
-                    stages: 0,
-                    tokens,
-                    parts: 1,
-                    n_heads: n_kv * group,
-                    head_dim,
-                    fp8: false,
-                },
-                tiles: tl.ptr(),
-                n_tiles: tiles.len(),
-            };
-            // SAFETY: buffers sized above; each tile's tokens are one chunk's, positions consecutive.
-            unsafe { call.launch(&gpu, &kernels) }.unwrap();
-            let got = read_bf16(&gpu, &out, tokens * width);
-            let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            assert!(largest > 0.0, "the reference attended to nothing");
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                // P is rounded to bf16 before P·V on tensor cores; outputs are bf16 either way.
-                assert!(
-                    (a - b).abs() <= 4e-3 * largest + 1e-2 * b.abs(),
-                    "prompt tiles, head_dim {head_dim} group {group} block size {block_size}: token {} \
-                     (position {}) element {}: {a} vs {b}",
-                    i / width,
-                    positions[i / width],
-                    i % width
-                );
+            for (cache, simt) in caches.iter().zip(["paged_attention_bf16", "paged_attention_fp8"]) {
+                let want = run_attention(&gpu, &kernels, simt, shape, cache, bufs, (tokens, max_blocks, 1), 0);
+                let out = gpu.alloc(tokens * width * 2, "out").unwrap();
+                let (k_scale, v_scale) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
+                let call = PrefillAttentionCall {
+                    attention: AttentionCall {
+                        q: q.ptr(),
+                        q_stride: width as i32,
+                        k_cache: cache.k.ptr(),
+                        v_cache: cache.v.ptr(),
+                        k_scale,
+                        v_scale,
+                        block_tables: tb.ptr(),
+                        max_blocks: max_blocks as i32,
+                        token_seq: ts.ptr(),
+                        positions: ps.ptr(),
+                        out: out.ptr(),
+                        part_acc: 0,
+                        part_ml: 0,
+                        n_kv: n_kv as i32,
+                        block_size: block_size as i32,
+                        scale: 0.3,
+                        stages: 0,
+                        tokens,
+                        parts: 1,
+                        n_heads: n_kv * group,
+                        head_dim,
+                        fp8: cache.scales.is_some(),
+                    },
+                    tiles: tl.ptr(),
+                    n_tiles: tiles.len(),
+                };
+                // SAFETY: buffers sized above; each tile's tokens are one chunk's, positions consecutive.
+                unsafe { call.launch(&gpu, &kernels) }.unwrap();
+                let got = read_bf16(&gpu, &out, tokens * width);
+                let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                assert!(largest > 0.0, "the reference attended to nothing");
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    // P is rounded to bf16 (f16 for fp8) before P·V on tensor cores; outputs
+                    // are bf16 either way.
+                    assert!(
+                        (a - b).abs() <= 4e-3 * largest + 1e-2 * b.abs(),
+                        "{}, head_dim {head_dim} group {group} block size {block_size}: token {} \
+                         (position {}) element {}: {a} vs {simt} {b}",
+                        call.kernel(),
+                        i / width,
+                        positions[i / width],
+                        i % width
+                    );
+                }
             }
         }
     }
