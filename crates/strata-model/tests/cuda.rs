@@ -490,6 +490,50 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     );
 }
 
+/// A prompt step of more than 64 tokens takes the prompt tiles (`paged_attention_prefill_bf16`,
+/// `_fp8` over an fp8 cache): a 100-token prompt beside two short ones, then 24 decode steps, on
+/// the GPU against the CPU backend, as the short prompts above are.
+#[test]
+fn a_long_prompt_through_the_prompt_tiles_matches_the_cpu_backend() {
+    let Some(mut bf16_cache) = gpu_executor(|_| {}) else {
+        return;
+    };
+    let mut fp8_cache = gpu_executor(|o| o.kv_cache_dtype = KvCacheDtype::Fp8E4m3).unwrap();
+    let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
+    let story = "The river ran past the mill, the school and the old stone bridge, and every spring it \
+                 rose to the doors of the houses on the low street. ";
+    let mut long = model.tokenizer.encode(&story.repeat(8), true, false).unwrap();
+    long.truncate(100);
+    let prompts: Vec<Vec<u32>> = std::iter::once(long)
+        .chain(
+            PROMPTS[..2]
+                .iter()
+                .map(|p| model.tokenizer.encode(p, true, false).unwrap()),
+        )
+        .collect();
+    let tokens: usize = prompts.iter().map(Vec::len).sum();
+    assert!(
+        prompts[0].len() == 100 && tokens > 64,
+        "the prompt step must be long enough for the tiles ({tokens} tokens)"
+    );
+    let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 2);
+    let rows = run_lockstep(&mut [&mut cpu, &mut bf16_cache, &mut fp8_cache], &prompts, 24);
+    let n = rows[0].len();
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    eprintln!("long prompt, GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
+    assert!(
+        rel < 0.05,
+        "GPU logits differ from the CPU's by {rel} of the row's scale"
+    );
+    assert!(top1 * 100 >= n * 95, "top-1 agrees on only {top1} of {n} rows");
+    let (rel8, mean8, top8) = compare(&rows[1], &rows[2]);
+    eprintln!("long prompt, fp8 KV vs bf16 KV: max rel {rel8:.5}, mean abs {mean8:.5}, top-1 equal {top8}/{n}");
+    assert!(
+        top8 * 100 >= n * 90,
+        "fp8 KV changes top-1 on too many rows: {top8}/{n}"
+    );
+}
+
 /// `--quantization fp8` (every layer matrix E4M3 with a scale per row, converted at load) against
 /// the bf16 path (`none`) on SmolLM2, over 100 rows: prompts through FP8 tensor cores on sm_89+
 /// (weight-only bf16 products below, and under STRATA_GPU_CAPABILITY=8.0, which the GPU script
