@@ -109,7 +109,7 @@ pub struct GpuTransformer {
     /// (a row-parallel product that split k, without TP): the next norm adds them itself, which
     /// saves `qgemm_reduce`'s launch and a round trip of `proj` through memory.
     pub(super) proj_split_sums: Option<(u64, i32)>,
-    /// Tiles of `paged_attention_prefill_bf16` the staged step's inputs hold.
+    /// Tiles of `paged_attention_prefill_*` the staged step's inputs hold.
     pub(super) prompt_tiles: usize,
 }
 

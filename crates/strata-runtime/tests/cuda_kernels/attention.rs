@@ -43,28 +43,22 @@ fn random_caches(gpu: &Gpu, vectors: usize, head_dim: usize, seed: u64) -> [Test
     ]
 }
 
-/// Runs one attention kernel (and the part merge when `parts` > 1) over the given cache and
-/// queries; returns the bf16 output as f32.
-#[allow(clippy::too_many_arguments)]
-fn run_attention(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    kernel: &str,
+/// The call of one test's attention over `cache` and the queries into `out`, its context parts
+/// merged through `(part_acc, part_ml)` (0 for none).
+fn test_call(
     (head_dim, group, n_kv, block_size): (usize, usize, usize, usize),
     cache: &TestCache,
     (q, tables, token_seq, positions): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
     (tokens, max_blocks, parts): (usize, usize, usize),
     stages: usize,
-) -> Vec<f32> {
+    out: &DeviceBuffer,
+    (part_acc, part_ml): (u64, u64),
+) -> AttentionCall {
     let n_heads = n_kv * group;
-    let width = n_heads * head_dim;
-    let out = gpu.alloc(tokens * width * 2, "out").unwrap();
-    let part_acc = gpu.alloc(tokens * n_heads * parts * head_dim * 4, "partials").unwrap();
-    let part_ml = gpu.alloc(tokens * n_heads * parts * 2 * 4, "partials").unwrap();
     let (k_scale, v_scale) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
-    let call = AttentionCall {
+    AttentionCall {
         q: q.ptr(),
-        q_stride: width as i32,
+        q_stride: (n_heads * head_dim) as i32,
         k_cache: cache.k.ptr(),
         v_cache: cache.v.ptr(),
         k_scale,
@@ -74,8 +68,8 @@ fn run_attention(
         token_seq: token_seq.ptr(),
         positions: positions.ptr(),
         out: out.ptr(),
-        part_acc: part_acc.ptr(),
-        part_ml: part_ml.ptr(),
+        part_acc,
+        part_ml,
         n_kv: n_kv as i32,
         block_size: block_size as i32,
         scale: 0.3,
@@ -85,7 +79,37 @@ fn run_attention(
         n_heads,
         head_dim,
         fp8: cache.scales.is_some(),
-    };
+    }
+}
+
+/// Runs one attention kernel (and the part merge when `parts` > 1) over the given cache and
+/// queries; returns the bf16 output as f32.
+#[allow(clippy::too_many_arguments)]
+fn run_attention(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    kernel: &str,
+    shape: (usize, usize, usize, usize),
+    cache: &TestCache,
+    bufs: (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer, &DeviceBuffer),
+    (tokens, max_blocks, parts): (usize, usize, usize),
+    stages: usize,
+) -> Vec<f32> {
+    let (head_dim, group, n_kv, _) = shape;
+    let n_heads = n_kv * group;
+    let width = n_heads * head_dim;
+    let out = gpu.alloc(tokens * width * 2, "out").unwrap();
+    let part_acc = gpu.alloc(tokens * n_heads * parts * head_dim * 4, "partials").unwrap();
+    let part_ml = gpu.alloc(tokens * n_heads * parts * 2 * 4, "partials").unwrap();
+    let call = test_call(
+        shape,
+        cache,
+        bufs,
+        (tokens, max_blocks, parts),
+        stages,
+        &out,
+        (part_acc.ptr(), part_ml.ptr()),
+    );
     // SAFETY: buffers sized by the caller for these shapes.
     unsafe { call.launch(gpu, kernels, kernel) }.unwrap();
     read_bf16(gpu, &out, tokens * width)
@@ -236,32 +260,8 @@ fn prompt_tiles_attend_as_the_cuda_core_kernel() {
             for (cache, simt) in caches.iter().zip(["paged_attention_bf16", "paged_attention_fp8"]) {
                 let want = run_attention(&gpu, &kernels, simt, shape, cache, bufs, (tokens, max_blocks, 1), 0);
                 let out = gpu.alloc(tokens * width * 2, "out").unwrap();
-                let (k_scale, v_scale) = cache.scales.as_ref().map_or((0, 0), |(k, v)| (k.ptr(), v.ptr()));
                 let call = PrefillAttentionCall {
-                    attention: AttentionCall {
-                        q: q.ptr(),
-                        q_stride: width as i32,
-                        k_cache: cache.k.ptr(),
-                        v_cache: cache.v.ptr(),
-                        k_scale,
-                        v_scale,
-                        block_tables: tb.ptr(),
-                        max_blocks: max_blocks as i32,
-                        token_seq: ts.ptr(),
-                        positions: ps.ptr(),
-                        out: out.ptr(),
-                        part_acc: 0,
-                        part_ml: 0,
-                        n_kv: n_kv as i32,
-                        block_size: block_size as i32,
-                        scale: 0.3,
-                        stages: 0,
-                        tokens,
-                        parts: 1,
-                        n_heads: n_kv * group,
-                        head_dim,
-                        fp8: cache.scales.is_some(),
-                    },
+                    attention: test_call(shape, cache, bufs, (tokens, max_blocks, 1), 0, &out, (0, 0)),
                     tiles: tl.ptr(),
                     n_tiles: tiles.len(),
                 };
