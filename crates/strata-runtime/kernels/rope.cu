@@ -5,7 +5,9 @@
 // `qkv_rope_kv_write_f32`: the same for `--dtype float32`, qkv and cache in f32 (no scales, no
 // rounding to bf16 anywhere).
 
-// qkv: [tokens, (n_heads + 2 * n_kv) * head_dim] of T (bf16 or f32), rewritten in place. bias:
+// qkv: [tokens, (n_heads + 2 * n_kv) * head_dim] of T (bf16 or f32), rewritten in place. When
+// splits > 0 the projection is still the k splits a quantized GEMM left in parts ([splits, tokens,
+// width] f32): summed in order and rounded to T here, as qgemm_reduce would into qkv. bias:
 // f32 of that width, or null. q_norm / k_norm: f32 [head_dim] or null. rope_table:
 // [position][rot_dim / 2] (cos, sin) of each rotated pair. neox: 1 for halves, 0 for adjacent
 // pairs. slots[t] = block * block_size + slot.
@@ -15,7 +17,8 @@
 // the host checks is whole (rot_dim a multiple of 2 * per); nothing goes through shared memory.
 // The cache holds T unless FP8.
 template <typename T, bool FP8>
-__device__ void qkv_rope_kv_write(T* __restrict__ qkv, const float* __restrict__ bias,
+__device__ void qkv_rope_kv_write(T* __restrict__ qkv, const float* __restrict__ parts, int splits,
+                                  const float* __restrict__ bias,
                                   const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                   const int* __restrict__ positions, const float2* __restrict__ rope_table, int n_heads,
                                   int n_kv, int head_dim, int rot_dim, int neox, float eps,
@@ -34,7 +37,21 @@ __device__ void qkv_rope_kv_write(T* __restrict__ qkv, const float* __restrict__
     const float* b = bias ? bias + h * head_dim + lane * per : nullptr;
 
     float v[8];
-    load_vals(x, per, v);
+    if (splits > 0) {
+        const size_t count = (size_t)gridDim.x * width;
+        const float* p = parts + (size_t)t * width + h * head_dim + lane * per;
+        load_vals(p, per, v);
+        for (int z = 1; z < splits; z++) {
+            float pz[8];
+            load_vals(p + z * count, per, pz);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] += pz[e];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = held_as<T>(v[e]);
+    } else {
+        load_vals(x, per, v);
+    }
     if (b) {
 #pragma unroll
         for (int e = 0; e < 8; e++)
@@ -44,7 +61,8 @@ __device__ void qkv_rope_kv_write(T* __restrict__ qkv, const float* __restrict__
         // v as the cache and attention will see it: rounded once (bf16), after the bias.
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = held_as<T>(v[e]);
-        if (b) store_vals(x, per, v);
+        // qkv's v as the reduce would leave it (attention reads v from the cache).
+        if (b || splits > 0) store_vals(x, per, v);
     } else {
         const float* w = is_k ? k_norm : q_norm;
         if (w) {
@@ -115,12 +133,13 @@ __device__ void qkv_rope_kv_write(T* __restrict__ qkv, const float* __restrict__
 
 // The kernels' arguments, qkv of element type T.
 #define ROPE_ARGS(T)                                                                                           \
-    T *qkv, const float *bias, const float *q_norm, const float *k_norm, const int *positions,             \
-        const float2 *rope_table, int n_heads, int n_kv, int head_dim, int rot_dim, int neox, float eps,          \
-        const int *slots, void *k_cache, void *v_cache, float *k_scale, float *v_scale, int block_size
+    T *qkv, const float *parts, int splits, const float *bias, const float *q_norm, const float *k_norm,       \
+        const int *positions, const float2 *rope_table, int n_heads, int n_kv, int head_dim, int rot_dim,      \
+        int neox, float eps, const int *slots, void *k_cache, void *v_cache, float *k_scale, float *v_scale,   \
+        int block_size
 #define ROPE_CALL                                                                                              \
-    qkv, bias, q_norm, k_norm, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, neox, eps, slots,      \
-        k_cache, v_cache, k_scale, v_scale, block_size
+    qkv, parts, splits, bias, q_norm, k_norm, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, neox,   \
+        eps, slots, k_cache, v_cache, k_scale, v_scale, block_size
 
 // Grid (tokens, n_kv), (n_heads / n_kv + 2) * 32 threads, no shared memory.
 extern "C" __global__ void qkv_rope_kv_write_bf16(ROPE_ARGS(bf16)) {

@@ -105,12 +105,21 @@ pub struct GpuTransformer {
     /// the kernel before the FP8 product that reads them (a norm, `silu_mul_fp8`); taken by
     /// that product, which then quantizes nothing.
     pub(super) fp8_rows_ready: Option<(u64, usize, usize)>,
-    /// Where `proj` is still `splits` unsummed partial sums in the quantized GEMMs' parts buffer
-    /// (a row-parallel product that split k, without TP): the next norm adds them itself, which
-    /// saves `qgemm_reduce`'s launch and a round trip of `proj` through memory.
-    pub(super) proj_split_sums: Option<(u64, i32)>,
+    /// An output still in the quantized GEMMs' parts buffer as unsummed k splits: `proj` (a
+    /// row-parallel product without TP; the next norm adds them) or `qkv` (rope.cu adds them).
+    /// It saves `qgemm_reduce`'s launch and a round trip of the output through memory.
+    pub(super) split_sums: Option<SplitSums>,
     /// Tiles of `paged_attention_prefill_*` the staged step's inputs hold.
     pub(super) prompt_tiles: usize,
+}
+
+/// A product's output left as `splits` partial sums at `parts` (`[splits, t, n]` f32) instead
+/// of at `y`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SplitSums {
+    pub y: u64,
+    pub parts: u64,
+    pub splits: i32,
 }
 
 impl Drop for GpuTransformer {
@@ -233,7 +242,7 @@ impl GpuTransformer {
             fp8_gemm,
             fp8_outer_scales: knobs.fp8_outer_scales,
             fp8_rows_ready: None,
-            proj_split_sums: None,
+            split_sums: None,
             prompt_tiles: 0,
         })
     }

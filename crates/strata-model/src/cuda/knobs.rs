@@ -69,8 +69,8 @@ pub struct GpuKnobs {
     /// bench/NOTES.md v41); `STRATA_QUANT_WIDE_TAIL=0` runs those tiles whole.
     pub quant_wide_tail: bool,
     /// The k splits of a quantized GEMM into `proj` (o and down, without TP) summed by the norm
-    /// after it instead of a `qgemm_reduce` launch (bench/NOTES.md v40); `STRATA_FOLD_SPLIT_SUMS=0`
-    /// launches the reduce.
+    /// after it, and a one-segment QKV's by rope.cu, instead of a `qgemm_reduce` launch
+    /// (bench/NOTES.md v40, v43); `STRATA_FOLD_SPLIT_SUMS=0` launches the reduce.
     pub fold_split_sums: bool,
     /// Prompt steps' attention by tiles of 16 query tokens a block
     /// (`paged_attention_prefill_*`: each context slice read once a tile, not once a token;

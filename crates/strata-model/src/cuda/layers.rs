@@ -14,7 +14,7 @@ use strata_runtime::cuda::{
 use crate::config::ModelConfig;
 use crate::kv_cache::KvCacheDtype;
 
-use super::forward::GpuTransformer;
+use super::forward::{GpuTransformer, SplitSums};
 use super::knobs::GpuKnobs;
 use super::weights::{ComputeDtype, GpuMatrix, MatrixView};
 use strata_runtime::cuda::gemm_call::NORM_SUMS_BYTES;
@@ -142,6 +142,8 @@ impl GpuTransformer {
     /// first `t` staged tokens; leaves the residual in `x` and hands it to the next stage.
     pub(super) fn layers(&mut self, t: usize, parts: usize) -> Result<(), CudaError> {
         let path = self.step_path(t);
+        // Sums a failed step left pending belong to no reader.
+        self.split_sums = None;
         self.embed_or_receive(t)?;
         if path.carried_norms {
             self.gpu.zero(&self.bufs.norm_sums, 0, self.bufs.norm_sums.bytes())?;
@@ -353,9 +355,22 @@ impl GpuTransformer {
     }
 
     /// The previous block's output for the residual add: `proj`, or the unsummed partial sums
-    /// the quantized GEMM left in its parts buffer (`proj_split_sums`), with their count.
+    /// the quantized GEMM left in its parts buffer (`split_sums`), with their count.
     fn take_proj(&mut self) -> (u64, i32) {
-        self.proj_split_sums.take().unwrap_or((self.bufs.proj.ptr(), 1))
+        let proj = self.bufs.proj.ptr();
+        self.take_split_sums(proj).unwrap_or((proj, 1))
+    }
+
+    /// The parts buffer and count of the k splits a quantized GEMM left unsummed for output `y`,
+    /// if it did.
+    fn take_split_sums(&mut self, y: u64) -> Option<(u64, i32)> {
+        match self.split_sums.take() {
+            Some(s) if s.y == y => Some((s.parts, s.splits)),
+            other => {
+                self.split_sums = other;
+                None
+            }
+        }
     }
 
     /// A norm.cu call over the residual `x` of `t` tokens into `xn`, with `weight` (0: none).
@@ -489,8 +504,15 @@ impl GpuTransformer {
                 MatrixView::Quant(_) => {}
             }
         }
+        let shape = (width, c.hidden, t);
+        self.matmul(wqkv, xn, qkv, shape, GemmOut::Bf16, path, norm_in)?;
+        // rope.cu sums QKV's k splits when the GEMM left them (splits 0: it reads qkv).
+        let (parts, splits) = self.take_split_sums(qkv).unwrap_or((0, 0));
+        let lw = &self.weights.layers[li];
         let rope = RopeCall {
             qkv,
+            parts,
+            splits,
             bias,
             q_norm: lw.q_norm.as_ref().map_or(0, |b| b.ptr()),
             k_norm: lw.k_norm.as_ref().map_or(0, |b| b.ptr()),
@@ -515,8 +537,6 @@ impl GpuTransformer {
                 (false, _) => RopeKernel::Bf16,
             },
         };
-        let shape = (width, c.hidden, t);
-        self.matmul(wqkv, xn, qkv, shape, GemmOut::Bf16, path, norm_in)?;
         rope.launch_with(self.launcher())
     }
 
@@ -629,7 +649,6 @@ impl GpuTransformer {
     ) -> Result<(), CudaError> {
         let proj = self.bufs.proj.ptr();
         let tp = self.shard.tp_size;
-        self.proj_split_sums = None;
         if !self.deterministic {
             self.matmul(w, x, proj, (n, k, t), GemmOut::F32, path, 0)?;
             return self.all_reduce(&self.bufs.proj, t * n);
@@ -826,10 +845,12 @@ impl GpuTransformer {
             && tile != QuantGemmTile::Registers
             && t > QuantGemmTile::Shared.tokens()
             && self.kernels.wide_tiles();
-        // A row-parallel product into `proj`, with nothing between it and the next norm but the
-        // GEMM (no TP all-reduce), leaves its k splits to that norm.
-        let norm_sums_splits =
-            y == self.bufs.proj.ptr() && out == GemmOut::F32 && self.comms.tp.is_none() && self.knobs.fold_split_sums;
+        // A product whose next reader sums its k splits leaves them to it: QKV's (rope.cu), and a
+        // row-parallel one into `proj` with nothing but the GEMM before the next norm (no TP
+        // all-reduce).
+        let reader_sums_splits = self.knobs.fold_split_sums
+            && (y == self.bufs.qkv.ptr()
+                || (y == self.bufs.proj.ptr() && out == GemmOut::F32 && self.comms.tp.is_none()));
         for seg in w.segments() {
             let tile = if wide && seg.format.wide_kernel().is_some() {
                 QuantGemmTile::Wide
@@ -860,10 +881,14 @@ impl GpuTransformer {
             }
             call.launch_with(self.shaped_launcher((seg.rows, k)))?;
             match call.reduce() {
-                // Only sums of all n rows: the norm reads them as `proj`'s. A segment of part of
+                // Only sums of all n rows: the reader takes them for `y`'s. A segment of part of
                 // the rows (the next one reuses the parts buffer) or a tail's reduce launches.
-                Some(reduce) if norm_sums_splits && reduce.n as usize == n => {
-                    self.proj_split_sums = Some((reduce.parts, reduce.splits))
+                Some(reduce) if reader_sums_splits && reduce.n as usize == n => {
+                    self.split_sums = Some(SplitSums {
+                        y,
+                        parts: reduce.parts,
+                        splits: reduce.splits,
+                    })
                 }
                 Some(reduce) => reduce.launch_with(self.shaped_launcher((seg.rows, k)))?,
                 None => {}

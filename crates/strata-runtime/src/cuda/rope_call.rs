@@ -32,6 +32,10 @@ impl RopeKernel {
 pub struct RopeCall {
     /// `[tokens, (n_heads + 2 * n_kv) * head_dim]`, rewritten in place.
     pub qkv: u64,
+    /// The projection's k splits a quantized GEMM left unsummed (`[splits, tokens, width]` f32),
+    /// summed and rounded here as `qgemm_reduce` would into `qkv`; `splits` 0 reads `qkv`.
+    pub parts: u64,
+    pub splits: i32,
     /// f32 of the row's width, or 0 (Qwen2 has one).
     pub bias: u64,
     /// f32 `[head_dim]` per-head norms of q and k, or 0 (Qwen3 has them).
@@ -77,6 +81,8 @@ impl RopeCall {
     fn args(&self) -> Vec<*mut c_void> {
         kernel_args!(
             self.qkv,
+            self.parts,
+            self.splits,
             self.bias,
             self.q_norm,
             self.k_norm,
@@ -110,6 +116,8 @@ mod tests {
     fn the_arguments_come_in_rope_cu_order() {
         let c = RopeCall {
             qkv: 1,
+            parts: 20,
+            splits: 21,
             bias: 2,
             q_norm: 3,
             k_norm: 4,
@@ -132,6 +140,8 @@ mod tests {
         };
         let want = vec![
             at(&c.qkv),
+            at(&c.parts),
+            at(&c.splits),
             at(&c.bias),
             at(&c.q_norm),
             at(&c.k_norm),

@@ -1,11 +1,12 @@
 //! rope.cu's bias, q/k norms, rotation and cache write against the CPU backend's rotation, and
 //! the QKV GEMVs with the RoPE folded in (gemm.cu's over bf16 rows, fp8.cu's over E4M3 rows)
-//! against the plain GEMV then rope.cu.
+//! against the plain GEMV then rope.cu, and rope.cu summing a quantized QKV product's k splits
+//! against `qgemm_reduce` then rope.cu.
 
 use strata_runtime::cpu::ops::{rms_norm_inplace, rope, RopeLayout};
 use strata_runtime::cuda::{
-    DeviceBuffer, Fp8Gemv, Fp8GemvCall, Fp8GemvQkvRopeCall, GemvCall, GemvQkvRopeCall, KernelSpec, Kernels, RopeCall,
-    RopeKernel,
+    DeviceBuffer, Fp8Gemv, Fp8GemvCall, Fp8GemvQkvRopeCall, GemvCall, GemvQkvRopeCall, KernelSpec, Kernels,
+    QuantGemmReduceCall, RopeCall, RopeKernel,
 };
 
 use crate::common::{
@@ -82,6 +83,8 @@ fn qkv_gemv_with_rope_equals_the_gemv_then_the_rope_kernel() {
             };
             let then_rope = RopeCall {
                 qkv: outs[0].ptr(),
+                parts: 0,
+                splits: 0,
                 bias: bp,
                 q_norm: 0,
                 k_norm: 0,
@@ -309,6 +312,8 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             };
             let call = RopeCall {
                 qkv: qkv.ptr(),
+                parts: 0,
+                splits: 0,
                 bias: if with_bias { b_buf.ptr() } else { 0 },
                 q_norm: q_norm_at,
                 k_norm: k_norm_at,
@@ -371,6 +376,114 @@ fn rope_and_cache_write_match_the_cpu_rotation() {
             for (what, got, want) in [("k cache", &cache_k, &want_k), ("v cache", &cache_v, &want_v)] {
                 let rel = worst_relative(got, want);
                 assert!(rel <= tol, "{shape}, fp8 {fp8}: {what} off by {rel}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_sums_the_k_splits_as_qgemm_reduce_does() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    // A quantized QKV product that split k leaves [splits, t, width] f32 sums, which rope.cu adds
+    // itself. It must leave the bits qgemm_reduce into qkv then rope.cu leave: qkv (v included),
+    // both caches and the fp8 scales. Qwen2.5-7B's heads, with its bias.
+    let (n_heads, n_kv, hd, bs, blocks) = (28usize, 4usize, 128usize, 16usize, 9usize);
+    let width = (n_heads + 2 * n_kv) * hd;
+    let bias = gpu.upload(&random_f32(width, 81), "bias").unwrap();
+    let table = gpu
+        .upload(&rope_cos_sin_table(&inv_freq(hd), 4096), "rope table")
+        .unwrap();
+    for (t, splits) in [(1usize, 2usize), (7, 4), (130, 3)] {
+        // Parts of mixed magnitudes, so the order of the additions shows in the bits.
+        let parts: Vec<f32> = random_f32(splits * t * width, 82 + t as u64)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * [1.0, 3e4, 1e-3, 7.0][i % 4])
+            .collect();
+        let p = gpu.upload(&parts, "parts").unwrap();
+        let positions: Vec<i32> = (0..t as i32).map(|j| 3 + 29 * j).collect();
+        let slots: Vec<i32> = (0..t as i32).map(|j| 5 + j).collect();
+        let (pos, sl) = (
+            gpu.upload(&positions, "positions").unwrap(),
+            gpu.upload(&slots, "slots").unwrap(),
+        );
+        for kernel in [RopeKernel::Bf16, RopeKernel::Fp8, RopeKernel::F32] {
+            let (elem, cache_elem) = match kernel {
+                RopeKernel::Bf16 => (2, 2),
+                RopeKernel::Fp8 => (2, 1),
+                RopeKernel::F32 => (4, 4),
+            };
+            let vectors = blocks * n_kv * bs;
+            let run = |reduce_first: bool| {
+                let qkv = gpu.alloc(t * width * elem, "qkv").unwrap();
+                let cache = vec![0u8; vectors * hd * cache_elem];
+                let bufs = [
+                    qkv,
+                    gpu.upload(&cache, "k cache").unwrap(),
+                    gpu.upload(&cache, "v cache").unwrap(),
+                    gpu.upload(&vec![0f32; vectors], "k scales").unwrap(),
+                    gpu.upload(&vec![0f32; vectors], "v scales").unwrap(),
+                ];
+                let reduce = QuantGemmReduceCall {
+                    parts: p.ptr(),
+                    y: bufs[0].ptr(),
+                    n: width as i32,
+                    t: t as i32,
+                    ld: width as i32,
+                    splits: splits as i32,
+                    out_f32: (kernel == RopeKernel::F32) as i32,
+                };
+                let (parts, splits) = if reduce_first { (0, 0) } else { (p.ptr(), splits as i32) };
+                let fp8 = kernel == RopeKernel::Fp8;
+                let call = RopeCall {
+                    qkv: bufs[0].ptr(),
+                    parts,
+                    splits,
+                    bias: bias.ptr(),
+                    q_norm: 0,
+                    k_norm: 0,
+                    positions: pos.ptr(),
+                    rope_table: table.ptr(),
+                    n_heads: n_heads as i32,
+                    n_kv: n_kv as i32,
+                    head_dim: hd as i32,
+                    rot_dim: hd as i32,
+                    neox: 1,
+                    eps: 1e-6,
+                    slots: sl.ptr(),
+                    k_cache: bufs[1].ptr(),
+                    v_cache: bufs[2].ptr(),
+                    k_scale: if fp8 { bufs[3].ptr() } else { 0 },
+                    v_scale: if fp8 { bufs[4].ptr() } else { 0 },
+                    block_size: bs as i32,
+                    tokens: t,
+                    kernel,
+                };
+                // SAFETY: parts holds splits x t x width f32, qkv t x width elements, the caches
+                // and scales `vectors` vectors of hd elements and one f32 each.
+                unsafe {
+                    if reduce_first {
+                        reduce.launch(&gpu, &kernels).unwrap();
+                    }
+                    call.launch(&gpu, &kernels).unwrap();
+                }
+                bufs.map(|b| {
+                    let mut v = vec![0u8; b.bytes()];
+                    gpu.read(&b, 0, &mut v).unwrap();
+                    v
+                })
+            };
+            let (want, got) = (run(true), run(false));
+            let case = format!("t {t}, {splits} splits, {kernel:?}");
+            assert!(want[1].iter().any(|&b| b != 0), "{case}: nothing written to the cache");
+            for (what, (g, w)) in ["qkv", "k cache", "v cache", "k scales", "v scales"]
+                .iter()
+                .zip(got.iter().zip(&want))
+            {
+                assert!(g == w, "{case}: {what} differs from qgemm_reduce's then rope.cu's");
             }
         }
     }
