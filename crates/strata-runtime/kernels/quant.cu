@@ -195,6 +195,21 @@ __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u
     w1 = u & 1 ? h.w : h.y;
 }
 
+// The wide tiles' stages hold a step's bytes of 128 rows in planes, one per field, rows WIDTH
+// bytes apart. Byte `at` of row r sits where TMA's swizzle for that width (none, 32B, 64B) puts
+// it: the 16-byte piece's index XOR bit 2 (32-byte rows) or bits 2..1 (64-byte rows) of r, so a
+// warp's reads of 8 rows hit distinct banks. The lanes' copies place bytes the same way.
+template <int WIDTH>
+__device__ __forceinline__ int plane_at(int r, int at) {
+    if constexpr (WIDTH == 64) {
+        return r * 64 + (at ^ (((r >> 1) & 3) << 4));
+    } else if constexpr (WIDTH == 32) {
+        return r * 32 + (at ^ (((r >> 2) & 1) << 4));
+    } else {
+        return r * WIDTH + at;
+    }
+}
+
 // Q4_0: f16 d, 16 bytes of nibbles; value i = d * (nibble - 8), low nibbles first.
 struct FmtQ4_0 {
     static constexpr int BLOCK = 32, UNIT = 32, BODY = 16, FIELDS = 2;
@@ -524,34 +539,38 @@ struct FmtQ4_K {
         four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
 
-    // The wide tiles (qgemm_wide): a stage holds a row's 16-byte head and the 32 nibble bytes of
-    // the step's 64 columns (48 bytes). `wide_copy` copies half `half` of them for step s into
-    // `dst` from the row whose first block is at `row` (block index `blk0` in the segment).
-    static constexpr int WIDE_ROW = 48, WIDE_BLOCK_BYTES = BYTES;
+    // The wide tiles (qgemm_wide): a stage holds the rows' 16-byte heads (plane 0) and the 32
+    // nibble bytes of the step's 64 columns (plane 1, 32-byte swizzle). Plane p's bytes of row r
+    // for step s start at byte WIDE_COL(p, s) of the row; `wide_copy` copies half `half` of them
+    // into `stage` from the row at `row` (lanes' copies; TMA boxes take the same bytes).
+    static constexpr int WIDE_BLOCK_BYTES = BYTES, WIDE_PLANES = 2;
     static constexpr bool WIDE_WORD = false;
-    __device__ static void wide_copy(u8* dst, u8*, const u8*, int, int, size_t, const u8* row, int s, int half) {
-        const u8* blk = row + (s >> 2) * BYTES;
-        const u8* q = blk + 16 + 32 * (s & 3);
+    static constexpr int WIDE_WIDTH[3] = {16, 32, 0}, WIDE_PLANE_AT[3] = {0, 2048, 0}, WIDE_WORDS_AT = 0;
+    __device__ static int wide_col(int p, int s) { return (s >> 2) * BYTES + (p == 0 ? 0 : 16 + 32 * (s & 3)); }
+    __device__ static void wide_copy(u8* stage, int crow, const u8*, int, int, size_t, const u8* row, int s,
+                                     int half) {
+        const u8* q = row + wide_col(1, s);
         if (half == 0) {
-            cp_async16(dst, blk, 16);
-            cp_async16(dst + 16, q, 16);
+            cp_async16(stage + 16 * crow, row + wide_col(0, s), 16);
+            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 0), q, 16);
         } else {
-            cp_async16(dst + 32, q + 16, 16);
+            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 16), q + 16, 16);
         }
     }
-    // Lane (g, c)'s A fragment registers for one row of step s (ri 0: row g, 1: row g + 8): the
+    // Lane (g, c)'s A fragment registers for row r of step s (ri 0: row g, 1: row g + 8): the
     // values at columns 16 kk + 2c (+ 1) and + 8 of k16 step kk. Those are the low nibbles of
     // bytes 2c, 2c + 1 of each 8-byte group m (kk = m / 2, + 8 where m is odd; sub-block 2 (s % 4))
     // and their high nibbles (kk + 2, the next sub-block). Same f32 arithmetic as `eight_of`.
-    __device__ static void wide_fragment(const u8* row, u32, int s, int c, int ri, u32 (&a)[4][4], int) {
-        const uint4 head = *(const uint4*)row;
+    __device__ static void wide_fragment(const u8* stage, int r, u32, int s, int c, int ri, u32 (&a)[4][4], int) {
+        const uint4 head = *(const uint4*)(stage + 16 * r);
+        const u8* const q = stage + WIDE_PLANE_AT[1];
 #if QWIDE_BF16X2
         // Bytes 2c, 2c + 1 of a word pair into halves 0 and 1 (bits 0-7 and 16-23).
         const u32 spread = c & 1 ? 0x4342u : 0x4140u;
         const PairScales k = k4_pair_scales(head, s & 3);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            const u32 p = __byte_perm(*(const u32*)(row + 16 + 8 * m + 4 * (c >> 1)), 0u, spread);
+            const u32 p = __byte_perm(*(const u32*)(q + plane_at<32>(r, 8 * m + 4 * (c >> 1))), 0u, spread);
             const u32 lo = bf16x2_fma(and_or<0x000F000Fu>(p, 0x43004300u), BF16X2_ONE, 0xC300C300u);
             const u32 hi = bf16x2_fma(and_or<0x000F000Fu>(p >> 4, 0x43004300u), BF16X2_ONE, 0xC300C300u);
             a[m >> 1][ri + 2 * (m & 1)] = bf16x2_fma(lo, k.s_lo, k.b_lo);
@@ -562,7 +581,7 @@ struct FmtQ4_K {
         const Scales32 lo = k4_sub_scales(head, sub), hi = k4_sub_scales(head, sub + 1);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            const u32 pair = *(const u32*)(row + 16 + 8 * m + 4 * (c >> 1)) >> (16 * (c & 1));
+            const u32 pair = *(const u32*)(q + plane_at<32>(r, 8 * m + 4 * (c >> 1))) >> (16 * (c & 1));
             float v[4], u[4];
             four_values(pair & 0x0F0Fu, 0.0f, lo.a, lo.b, v);
             four_values((pair >> 4) & 0x0F0Fu, 0.0f, hi.a, hi.b, u);
@@ -816,35 +835,46 @@ struct FmtQ6_K {
         four_values(((lo1 >> shift) & 0x0F0F0F0Fu) | (((hi1 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
 
-    // The wide tiles (qgemm_wide): a stage holds a row's 64 low-bit bytes and 32 high-bit bytes of
-    // the step's half-block and the block's 16 scales (112 bytes, pieces of 16), and the 4-byte
-    // word of the fields that holds the block's d.
-    static constexpr int WIDE_ROW = 112, WIDE_BLOCK_BYTES = BODY;
+    // The wide tiles (qgemm_wide): a stage holds the rows' 64 low-bit bytes of the step's
+    // half-block (plane 0, 64-byte swizzle), their 32 high-bit bytes (plane 1, 32-byte swizzle),
+    // the block's 16 scales (plane 2), and after them the 4-byte word of the fields that holds
+    // each row's d. WIDE_COL and `wide_copy` as FmtQ4_K's: half 0 the low bits, half 1 the rest.
+    static constexpr int WIDE_BLOCK_BYTES = BODY, WIDE_PLANES = 3;
     static constexpr bool WIDE_WORD = true;
-    // As FmtQ4_K's: half 0 the low bits, half 1 the high bits, the scales and the word of d.
-    __device__ static void wide_copy(u8* dst, u8* word, const u8* w, int n, int kb, size_t blk0, const u8* row, int s,
-                                     int half) {
-        const u8* body = row + (s >> 2) * BODY;
+    static constexpr int WIDE_WIDTH[3] = {64, 32, 16}, WIDE_PLANE_AT[3] = {0, 8192, 12288}, WIDE_WORDS_AT = 14336;
+    __device__ static int wide_col(int p, int s) {
         const int h = 64 * ((s >> 1) & 1);
+        return (s >> 2) * BODY + (p == 0 ? h : p == 1 ? 128 + h / 2 : 192);
+    }
+    __device__ static void wide_copy(u8* stage, int crow, const u8* w, int n, int kb, size_t blk0, const u8* row, int s,
+                                     int half) {
         if (half == 0) {
+            const u8* lo = row + wide_col(0, s);
 #pragma unroll
-            for (int p = 0; p < 4; p++) cp_async16(dst + 16 * p, body + h + 16 * p, 16);
+            for (int p = 0; p < 4; p++) cp_async16(stage + plane_at<64>(crow, 16 * p), lo + 16 * p, 16);
         } else {
-            cp_async16(dst + 64, body + 128 + h / 2, 16);
-            cp_async16(dst + 80, body + 144 + h / 2, 16);
-            cp_async16(dst + 96, body + 192, 16);
-            const size_t blk = blk0 + (s >> 2);
-            cp_async4(word, w + (size_t)n * kb * BODY + ((blk * FIELDS) & ~(size_t)3), 4);
+            const u8* hi = row + wide_col(1, s);
+            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 0), hi, 16);
+            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 16), hi + 16, 16);
+            cp_async16(stage + WIDE_PLANE_AT[2] + 16 * crow, row + wide_col(2, s), 16);
+            wide_copy_word(stage, crow, w, n, kb, blk0, s);
         }
     }
-    // Lane (g, c)'s A fragment registers for one row of step s (ri 0: row g, 1: row g + 8), as
+    // The word of the fields holding row crow's d for step s (4-byte aligned, so it holds the d
+    // of a pair of blocks: `dhalf` picks it).
+    __device__ static void wide_copy_word(u8* stage, int crow, const u8* w, int n, int kb, size_t blk0, int s) {
+        const size_t blk = blk0 + (s >> 2);
+        cp_async4(stage + WIDE_WORDS_AT + 4 * crow, w + (size_t)n * kb * BODY + ((blk * FIELDS) & ~(size_t)3), 4);
+    }
+    // Lane (g, c)'s A fragment registers for row r of step s (ri 0: row g, 1: row g + 8), as
     // FmtQ4_K's: column 8 m + 2c (+ 1) of the step from low-bit bytes 8 m + 2c.. and high-bit
     // bytes 8 m + 2c.. (bits 4 (s % 2)), column 32 + 8 m + 2c from low-bit bytes 32 + 8 m + 2c..
     // and the same high-bit bytes (bits 4 (s % 2) + 2); k16 step kk takes scale 4 (s % 4) + kk.
     // `word` holds d in its half `dhalf`. Same f32 arithmetic as `eight_of`.
-    __device__ static void wide_fragment(const u8* row, u32 word, int s, int c, int ri, u32 (&a)[4][4], int dhalf) {
+    __device__ static void wide_fragment(const u8* stage, int r, u32 word, int s, int c, int ri, u32 (&a)[4][4],
+                                         int dhalf) {
         const float d = half_to_f32(word >> (16 * dhalf));
-        const u32 scales = *(const u32*)(row + 96 + 4 * (s & 3));
+        const u32 scales = *(const u32*)(stage + WIDE_PLANE_AT[2] + 16 * r + 4 * (s & 3));
         float dl[4];
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) dl[kk] = d * (float)(signed char)(scales >> (8 * kk));
@@ -857,10 +887,10 @@ struct FmtQ6_K {
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const int at = 8 * m + 4 * (c >> 1);
-            const u32 lo0 = __byte_perm(*(const u32*)(row + at), 0u, spread) >> odd;
-            const u32 lo1 = __byte_perm(*(const u32*)(row + 32 + at), 0u, spread) >> odd;
+            const u32 lo0 = __byte_perm(*(const u32*)(stage + plane_at<64>(r, at)), 0u, spread) >> odd;
+            const u32 lo1 = __byte_perm(*(const u32*)(stage + plane_at<64>(r, 32 + at)), 0u, spread) >> odd;
             // The high bits of both halves moved to bits 4-5: 4 (s % 2) and 4 (s % 2) + 2 down.
-            const u32 hi = __byte_perm(*(const u32*)(row + 64 + at), 0u, spread);
+            const u32 hi = __byte_perm(*(const u32*)(stage + WIDE_PLANE_AT[1] + plane_at<32>(r, at)), 0u, spread);
             const u32 v0 = and_or<0x000F000Fu>(lo0, and_or<0x00300030u>(hi << 4 >> odd, 0x43004300u));
             const u32 v1 = and_or<0x000F000Fu>(lo1, and_or<0x00300030u>(hi << 2 >> odd, 0x43004300u));
             // (128 + q) - 160 = q - 32, exact; times the scale, rounded once.
@@ -872,8 +902,9 @@ struct FmtQ6_K {
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const int at = 8 * m + 4 * (c >> 1);
-            const u32 lo0 = *(const u32*)(row + at) >> shift, lo1 = *(const u32*)(row + 32 + at) >> shift;
-            const u32 hi = *(const u32*)(row + 64 + at) >> shift;
+            const u32 lo0 = *(const u32*)(stage + plane_at<64>(r, at)) >> shift;
+            const u32 lo1 = *(const u32*)(stage + plane_at<64>(r, 32 + at)) >> shift;
+            const u32 hi = *(const u32*)(stage + WIDE_PLANE_AT[1] + plane_at<32>(r, at)) >> shift;
             float v[4], u[4];
             four_values(((lo0 >> odd) & 0x0F0Fu) | (((hi >> odd) & 0x0303u) << 4), 32.0f, dl[m >> 1], 0.0f, v);
             four_values(((lo1 >> odd) & 0x0F0Fu) | (((hi >> (odd + 2)) & 0x0303u) << 4), 32.0f, dl[2 + (m >> 1)], 0.0f,
@@ -1637,6 +1668,19 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #ifndef QWIDE_TMA
 #define QWIDE_TMA 1
 #endif
+// 1 (STRATA_KERNEL_DEFINES="QWIDE_W_TMA=1", opt-in until timed): one thread copies each step's
+// weight planes by TMA too (the kernel's w_maps: plane p of the segment's rows as bytes, boxes of
+// the plane's width x 128 rows, swizzled as plane_at places them, rows past n as zeros), on the
+// stage's mbarrier, instead of each lane's two to four 16-byte cp.async of half a row, which ncu
+// found half-using their sectors and throttling the MIO queue (bench/NOTES.md v41, v42). Q6_K's
+// words of d stay the lanes' copies (their rows are not 16-byte strided).
+#ifndef QWIDE_W_TMA
+#define QWIDE_W_TMA 0
+#endif
+#if QWIDE_W_TMA
+// kernels.rs reads this name in the PTX: the wide tiles then need their weight maps.
+extern "C" __constant__ int qwide_weights_by_tma = 1;
+#endif
 
 #if QTILE_ON_WGMMA
 // One block's product: tile rows row0.. by QWIDE_TOKENS tokens from tok0, k steps [first, last)
@@ -1645,28 +1689,44 @@ template <class F>
 __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const bf16* __restrict__ x,
                                                  void* __restrict__ y, float* __restrict__ parts, int n, int k, int t,
                                                  int ld, int out_f32, int first, int last, int row0, int tok0,
-                                                 const TmaMap& x_map, u8* const base, int z, int prow0) {
+                                                 const TmaMap& x_map, const TmaMap* const (&w_maps)[3], u8* const base,
+                                                 int z, int prow0) {
     constexpr int NT = QWIDE_TOKENS;
-    constexpr bool tma = QWIDE_TMA;
+    constexpr bool tma = QWIDE_TMA, w_tma = QWIDE_W_TMA;
+    // The bytes a stage's mbarrier waits for: the x tile's and the weight planes' by TMA.
+    constexpr unsigned W_TMA_BYTES = QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
+    constexpr unsigned STAGE_TX = (tma ? QWIDE_X_BYTES : 0) + (w_tma ? W_TMA_BYTES : 0);
     auto x_stage = [&](int b) { return (bf16*)(base + b * QWIDE_X_BYTES); };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int live = min(NT, t - tok0);
     const int kb = k / F::BLOCK;
     // The raw bytes of step s: thread i copies half i / 128 of tile row i % 128's (a row past n
-    // copies row 0, never stored); Q6_K's words of d go after the rows.
+    // copies row 0, never stored); Q6_K's words of d go after the planes.
     const int crow = threadIdx.x & (QWIDE_ROWS - 1), chalf = threadIdx.x / QWIDE_ROWS;
     const size_t cblk = (size_t)(row0 + crow < n ? row0 + crow : 0) * kb;
     const u8* const crow_bytes = w + cblk * F::WIDE_BLOCK_BYTES;
+    // x tile of step s by TMA into stage b, completing on x_full + 8 b (the map's 128-byte
+    // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes), and under
+    // QWIDE_W_TMA the weight planes on the same mbarrier.
+    const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES));
     auto load_weights = [&](int s, int b) {
         u8* const stage = w_stage(b);
-        F::wide_copy(stage + crow * F::WIDE_ROW, stage + QWIDE_ROWS * F::WIDE_ROW + 4 * crow, w, n, kb, cblk,
-                     crow_bytes, s, chalf);
+        if constexpr (w_tma) {
+            if (threadIdx.x == 0) {
+                mbarrier_expect_tx(x_full + 8 * b, STAGE_TX);
+#pragma unroll
+                for (int p = 0; p < F::WIDE_PLANES; p++)
+                    tma_load_2d(stage + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, x_full + 8 * b);
+            }
+            if constexpr (F::WIDE_WORD) {
+                if (chalf == 1) F::wide_copy_word(stage, crow, w, n, kb, cblk, s);
+            }
+        } else {
+            F::wide_copy(stage, crow, w, n, kb, cblk, crow_bytes, s, chalf);
+        }
     };
-    // x tile of step s by TMA into stage b, completing on x_full + 8 b (the map's 128-byte
-    // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes).
-    const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES));
-    if constexpr (tma) {
+    if constexpr (tma || w_tma) {
         if (threadIdx.x == 0) {
             for (int b = 0; b < QWIDE_STAGES; b++) mbarrier_init(x_full + 8 * b, 1);
             fence_mbarrier_init();
@@ -1688,7 +1748,8 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     auto load_x = [&](int s, int b) {
         if constexpr (tma) {
             if (threadIdx.x == 0) {
-                mbarrier_expect_tx(x_full + 8 * b, QWIDE_X_BYTES);
+                // Under QWIDE_W_TMA the stage's weights, loaded first, set the whole count.
+                if constexpr (!w_tma) mbarrier_expect_tx(x_full + 8 * b, STAGE_TX);
                 tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, x_full + 8 * b);
             }
         } else {
@@ -1718,17 +1779,17 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         cp_async_wait(QWIDE_STAGES - 3);
         fence_proxy_async();
         __syncthreads();
-        if constexpr (tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
+        if constexpr (tma || w_tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
         if (s + QWIDE_STAGES - 2 < last) {
             load_weights(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
             load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
         }
         cp_async_commit();
         const u8* stage = w_stage(b);
-        const u32* words = (const u32*)(stage + QWIDE_ROWS * F::WIDE_ROW);
+        const u32* words = (const u32*)(stage + F::WIDE_WORDS_AT);
         const int sb = (s >> 2) & 1;
-        F::wide_fragment(stage + ra * F::WIDE_ROW, F::WIDE_WORD ? words[ra] : 0u, s, c, 0, a, half_a ^ sb);
-        F::wide_fragment(stage + rb * F::WIDE_ROW, F::WIDE_WORD ? words[rb] : 0u, s, c, 1, a, half_b ^ sb);
+        F::wide_fragment(stage, ra, F::WIDE_WORD ? words[ra] : 0u, s, c, 0, a, half_a ^ sb);
+        F::wide_fragment(stage, rb, F::WIDE_WORD ? words[rb] : 0u, s, c, 1, a, half_b ^ sb);
         const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
         wgmma_fence();
 #pragma unroll
@@ -1765,7 +1826,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
 template <class F>
 __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                            float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split,
-                           int tail, int tail_splits, const TmaMap& x_map) {
+                           int tail, int tail_splits, const TmaMap& x_map, const TmaMap* const (&w_maps)[3]) {
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qwide_dynamic[];
     u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
@@ -1775,14 +1836,14 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
     if ((int)blockIdx.x < whole) {
         const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
         qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0, x_map,
-                            base, grid_split(), 0);
+                            w_maps, base, grid_split(), 0);
         return;
     }
     const int piece = blockIdx.x - whole, z = piece % tail_splits;
     const int per = (steps + tail_splits - 1) / tail_splits;
     const int first = min(steps, z * per), last = min(steps, first + per);
     qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, (whole + piece / tail_splits) * QWIDE_ROWS,
-                        tok0, x_map, base, z, whole * QWIDE_ROWS);
+                        tok0, x_map, w_maps, base, z, whole * QWIDE_ROWS);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
     __trap();
@@ -1793,8 +1854,10 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1)                                             \
         qgemm_wide_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
                           int out_f32, int steps, int tail, int tail_splits,                                    \
-                          const __grid_constant__ TmaMap x_map) {                                               \
-        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, tail_splits, x_map);                  \
+                          const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map0,          \
+                          const __grid_constant__ TmaMap w_map1, const __grid_constant__ TmaMap w_map2) {       \
+        const TmaMap* const w_maps[3] = {&w_map0, &w_map1, &w_map2};                                          \
+        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, tail_splits, x_map, w_maps);          \
     }
 
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.

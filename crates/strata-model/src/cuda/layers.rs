@@ -871,10 +871,12 @@ impl GpuTransformer {
                 out_f32: (out == GemmOut::F32) as i32,
                 steps_per_split: tile.steps_per_split_for(seg.rows, k, t, sms, capacity),
                 x_map: TmaMap::NONE,
+                w_maps: [TmaMap::NONE; 3],
                 tail: 0,
                 tail_splits: 1,
             };
             call.x_map = call.x_map_for(self.kernels.wide_tma())?;
+            call.w_maps = call.w_maps_for(self.kernels.wide_weights_by_tma())?;
             if self.knobs.quant_wide_tail {
                 (call.tail, call.tail_splits) =
                     tile.wide_tail_for((seg.rows, k, t), call.grid_splits() as usize, sms, capacity);

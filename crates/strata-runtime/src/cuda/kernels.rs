@@ -402,6 +402,8 @@ pub struct Kernels {
     wide_tiles: bool,
     /// Whether those tiles copy x by TMA (QWIDE_TMA), so their calls need an x map.
     wide_tma: bool,
+    /// Whether they copy their weight planes by TMA too (QWIDE_W_TMA): their calls need maps.
+    wide_weights_by_tma: bool,
 }
 
 /// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
@@ -433,6 +435,7 @@ impl Kernels {
         let mut specialized_tiles = false;
         let mut wide_tiles = false;
         let mut wide_tma = false;
+        let mut wide_weights_by_tma = false;
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
@@ -441,6 +444,7 @@ impl Kernels {
             // The wide tiles' only wgmma shape: absent where quant.cu compiled without wgmma.
             wide_tiles |= family == "quant" && ptx.contains("m64n256k16");
             wide_tma |= family == "quant" && ptx.contains("cp.async.bulk.tensor");
+            wide_weights_by_tma |= family == "quant" && ptx.contains("qwide_weights_by_tma");
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -480,6 +484,7 @@ impl Kernels {
             specialized_tiles,
             wide_tiles,
             wide_tma,
+            wide_weights_by_tma,
         })
     }
 
@@ -502,6 +507,12 @@ impl Kernels {
     /// ([`super::QuantGemmCall::x_map_for`]).
     pub fn wide_tma(&self) -> bool {
         self.wide_tma
+    }
+
+    /// Whether those tiles copy their weight planes by TMA (QWIDE_W_TMA), so their calls need
+    /// the planes' maps.
+    pub fn wide_weights_by_tma(&self) -> bool {
+        self.wide_weights_by_tma
     }
 
     /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more

@@ -307,6 +307,7 @@ mod tests {
                 out_f32: 0,
                 steps_per_split: 2,
                 x_map: TmaMap::NONE,
+                w_maps: [TmaMap::NONE; 3],
                 tail: 0,
                 tail_splits: 1,
             };

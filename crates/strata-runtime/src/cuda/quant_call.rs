@@ -9,7 +9,7 @@ use strata_formats::GgmlType;
 use super::gemm_call::{gemv_kernels, GEMV_KERNEL_TOKENS, GEMV_THREADS};
 use super::kernels::FAMILIES;
 use super::norm_call::ROW_THREADS;
-use super::tma::{encode_bf16_matrix_map, TmaMap};
+use super::tma::{encode_bf16_matrix_map, encode_byte_rows_map, TmaMap};
 use super::CudaError;
 use crate::kernel_args;
 
@@ -171,6 +171,16 @@ impl QuantFormat {
         };
         let format = QUANT_FORMATS.iter().position(|&f| f == self).unwrap_or_default();
         quant_kernels()[format * KERNELS_PER_FORMAT + offset]
+    }
+
+    /// The widths in bytes of the planes the wide tiles' stages hold a step's bytes in (quant.cu's
+    /// `WIDE_WIDTH`), and the bytes of a block in a row of the segment's body (`WIDE_BLOCK_BYTES`).
+    pub fn wide_planes(self) -> (&'static [u32], usize) {
+        match self {
+            QuantFormat::Q4K => (&[16, 32], 144),
+            QuantFormat::Q6K => (&[64, 32, 16], 208),
+            _ => (&[], self.block_bytes()),
+        }
     }
 
     /// quant.cu's wide-tile GEMM for this format (`qgemm_wide_*`), where it has one.
@@ -528,6 +538,8 @@ pub struct QuantGemmCall {
     pub steps_per_split: i32,
     /// The wide tiles' TMA map of x ([`Self::x_map_for`]); [`TmaMap::NONE`] elsewhere.
     pub x_map: TmaMap,
+    /// The wide tiles' TMA maps of the weight planes ([`Self::w_maps_for`]); NONE elsewhere.
+    pub w_maps: [TmaMap; 3],
     /// The wide tiles' last row tiles whose k is split `tail_splits` ways
     /// ([`QuantGemmTile::wide_tail_for`]); 0 elsewhere (and `tail_splits` 1).
     pub tail: i32,
@@ -554,6 +566,22 @@ impl QuantGemmCall {
         }
         let tokens = QuantGemmTile::Wide.tokens() as u32;
         encode_bf16_matrix_map(self.x, self.t as usize, self.k as usize, 64, tokens)
+    }
+
+    /// The TMA maps of the weight planes the call's kernel reads where the wide tiles copy their
+    /// weights by TMA (`tma`, [`super::Kernels::wide_weights_by_tma`]): the segment's rows as
+    /// bytes, boxes of each plane's width x 128 rows; none otherwise.
+    pub fn w_maps_for(&self, tma: bool) -> Result<[TmaMap; 3], CudaError> {
+        let mut maps = [TmaMap::NONE; 3];
+        if self.tile != QuantGemmTile::Wide || !tma {
+            return Ok(maps);
+        }
+        let (planes, block_bytes) = self.format.wide_planes();
+        let row_bytes = (self.k as usize / self.format.block_len()) * block_bytes;
+        for (map, &width) in maps.iter_mut().zip(planes) {
+            *map = encode_byte_rows_map(self.w, self.n as usize, row_bytes, width, QGEMM_ROWS as u32)?;
+        }
+        Ok(maps)
     }
 
     /// Blocks per tile along k (1: no split, y written directly).
@@ -627,9 +655,16 @@ impl QuantGemmCall {
             self.steps_per_split
         )
         .to_vec();
-        // The wide tiles' last parameters: the tail and its splits, and the map by value.
+        // The wide tiles' last parameters: the tail and its splits, and the maps by value.
         if self.tile == QuantGemmTile::Wide {
-            args.extend(kernel_args!(self.tail, self.tail_splits, self.x_map));
+            args.extend(kernel_args!(
+                self.tail,
+                self.tail_splits,
+                self.x_map,
+                self.w_maps[0],
+                self.w_maps[1],
+                self.w_maps[2]
+            ));
         }
         args
     }
@@ -823,6 +858,7 @@ mod tests {
             out_f32: 0,
             steps_per_split: 15,
             x_map: TmaMap::NONE,
+            w_maps: [TmaMap::NONE; 3],
             tail: 0,
             tail_splits: 1,
         };
@@ -896,10 +932,11 @@ mod tests {
             (wide_call.name(), wide_call.shape()),
             ("qgemm_wide_q4_k", ((28, 1, 4), 256, 0))
         );
-        // Their kernel takes the tail and its splits, then x's TMA map by value (unused unless
-        // built with QWIDE_TMA).
+        // Their kernel takes the tail and its splits, then the TMA maps of x and of the weight
+        // planes by value (unused unless built with QWIDE_TMA, QWIDE_W_TMA).
         let mut want = fields(&wide_call);
         want.extend([at(&wide_call.tail), at(&wide_call.tail_splits), at(&wide_call.x_map)]);
+        want.extend(wide_call.w_maps.iter().map(at));
         assert_eq!(wide_call.args(), want);
         // Gate/up at 256 tokens: 296 tiles, two whole waves, then 32 tiles whose k splits 4 ways
         // (128 blocks), their [4, 256, 4096] sums filling the 4 M values of parts exactly.
@@ -934,6 +971,11 @@ mod tests {
         assert_eq!(tail(264 * 128, 3584, 256, 1, 4 << 20), (0, 1));
         assert_eq!(shared.wide_tail_for((37888, 3584, 256), 1, 132, 4 << 20), (0, 1));
         assert_eq!(wide_call.x_map_for(false).unwrap(), TmaMap::NONE);
+        assert_eq!(wide_call.w_maps_for(false).unwrap(), [TmaMap::NONE; 3]);
+        assert_eq!(tiled.w_maps_for(true).unwrap(), [TmaMap::NONE; 3]);
+        // The planes: Q4_K's heads and nibbles, Q6_K's low bits, high bits and scales.
+        assert_eq!(QuantFormat::Q4K.wide_planes(), (&[16u32, 32][..], 144));
+        assert_eq!(QuantFormat::Q6K.wide_planes(), (&[64u32, 32, 16][..], 208));
         assert_eq!(tiled.x_map_for(true).unwrap(), TmaMap::NONE);
     }
 

@@ -33,13 +33,57 @@ pub fn encode_bf16_matrix_map(
     box_rows: u32,
 ) -> Result<TmaMap, CudaError> {
     let (dims, strides, boxes) = bf16_matrix_geometry(rows, cols, box_cols, box_rows);
+    encode_2d(
+        ptr,
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        (dims, strides, boxes),
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+    )
+}
+
+/// The map of `rows` rows of `row_bytes` bytes each (a multiple of 16) at `ptr`, as bytes, for
+/// boxes of `box_bytes` (16, 32 or 64) x `box_rows` laid out with the swizzle of their width
+/// (none, 32 B, 64 B: quant.cu's `plane_at`), zeros where a box reaches past the rows.
+pub fn encode_byte_rows_map(
+    ptr: u64,
+    rows: usize,
+    row_bytes: usize,
+    box_bytes: u32,
+    box_rows: u32,
+) -> Result<TmaMap, CudaError> {
+    let swizzle = match box_bytes {
+        64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+    };
+    let geometry = (
+        [row_bytes as u64, rows as u64],
+        [row_bytes as u64],
+        [box_bytes, box_rows],
+    );
+    encode_2d(
+        ptr,
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        geometry,
+        swizzle,
+    )
+}
+
+/// `cuTensorMapEncodeTiled` of a 2D tensor: (dimensions, row stride in bytes, box), innermost
+/// first, no OOB fill value but zeros.
+fn encode_2d(
+    ptr: u64,
+    dtype: sys::CUtensorMapDataType,
+    (dims, strides, boxes): ([u64; 2], [u64; 1], [u32; 2]),
+    swizzle: sys::CUtensorMapSwizzle,
+) -> Result<TmaMap, CudaError> {
     let unit = [1u32, 1];
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     // SAFETY: the arrays hold the rank's (2) entries; the driver only writes `map`.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            dtype,
             2,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
@@ -47,7 +91,7 @@ pub fn encode_bf16_matrix_map(
             boxes.as_ptr(),
             unit.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            swizzle,
             sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )

@@ -115,7 +115,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     // Each variant's define, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
     type Shows = fn(&str) -> bool;
-    let variants: [(&str, &str, Shows, &str); 4] = [
+    let variants: [(&str, &str, Shows, &str); 5] = [
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
             "QTILE_SPECIALIZED=1",
@@ -130,6 +130,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             "quant_wide_lanes.ptx",
             |ptx| ptx.contains("m64n256k16") && !ptx.contains("cp.async.bulk.tensor.2d"),
             "the wide tiles still copy x by TMA",
+        ),
+        // The wide tiles' weight planes copied by TMA too (Kernels::load recognizes the marker).
+        (
+            "QWIDE_W_TMA=1",
+            "quant_wide_w_tma.ptx",
+            |ptx| ptx.contains("m64n256k16") && ptx.contains("qwide_weights_by_tma"),
+            "the wide tiles do not copy their weights by TMA",
         ),
         // The wide tiles' f32 decode (the default decodes in bf16 pairs).
         (

@@ -465,11 +465,13 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     out_f32: 1,
                     steps_per_split: steps as i32,
                     x_map: TmaMap::NONE,
+                    w_maps: [TmaMap::NONE; 3],
                     tail: 0,
                     tail_splits: 1,
                 };
                 let whole = QuantGemmCall {
                     x_map: whole.x_map_for(kernels.wide_tma()).unwrap(),
+                    w_maps: whole.w_maps_for(kernels.wide_weights_by_tma()).unwrap(),
                     ..whole
                 };
                 // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
