@@ -210,6 +210,18 @@ __device__ __forceinline__ int plane_at(int r, int at) {
     }
 }
 
+// A lane's reads of row r of a WIDTH-byte plane: the word at byte 16 j + w of the row (w past the
+// lane's byte within a 16-byte piece) is at at0 + ((16 j) ^ x) + w. plane_at's XOR touches only
+// the piece index, so a piece's address takes one LOP and one add, and w is the load's immediate.
+template <int WIDTH>
+struct PlaneRow {
+    const u8* at0;
+    int x;
+    __device__ __forceinline__ PlaneRow(const u8* plane, int r, int lane_byte)
+        : at0(plane + r * WIDTH + lane_byte), x(plane_at<WIDTH>(r, 0) - r * WIDTH) {}
+    __device__ __forceinline__ u32 word(int j, int w) const { return *(const u32*)(at0 + ((16 * j) ^ x) + w); }
+};
+
 // Q4_0: f16 d, 16 bytes of nibbles; value i = d * (nibble - 8), low nibbles first.
 struct FmtQ4_0 {
     static constexpr int BLOCK = 32, UNIT = 32, BODY = 16, FIELDS = 2;
@@ -563,14 +575,14 @@ struct FmtQ4_K {
     // and their high nibbles (kk + 2, the next sub-block). Same f32 arithmetic as `eight_of`.
     __device__ static void wide_fragment(const u8* stage, int r, u32, int s, int c, int ri, u32 (&a)[4][4], int) {
         const uint4 head = *(const uint4*)(stage + 16 * r);
-        const u8* const q = stage + WIDE_PLANE_AT[1];
+        const PlaneRow<32> q(stage + WIDE_PLANE_AT[1], r, 4 * (c >> 1));
 #if QWIDE_BF16X2
         // Bytes 2c, 2c + 1 of a word pair into halves 0 and 1 (bits 0-7 and 16-23).
         const u32 spread = c & 1 ? 0x4342u : 0x4140u;
         const PairScales k = k4_pair_scales(head, s & 3);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            const u32 p = __byte_perm(*(const u32*)(q + plane_at<32>(r, 8 * m + 4 * (c >> 1))), 0u, spread);
+            const u32 p = __byte_perm(q.word(m >> 1, 8 * (m & 1)), 0u, spread);
             const u32 lo = bf16x2_fma(and_or<0x000F000Fu>(p, 0x43004300u), BF16X2_ONE, 0xC300C300u);
             const u32 hi = bf16x2_fma(and_or<0x000F000Fu>(p >> 4, 0x43004300u), BF16X2_ONE, 0xC300C300u);
             a[m >> 1][ri + 2 * (m & 1)] = bf16x2_fma(lo, k.s_lo, k.b_lo);
@@ -581,7 +593,7 @@ struct FmtQ4_K {
         const Scales32 lo = k4_sub_scales(head, sub), hi = k4_sub_scales(head, sub + 1);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            const u32 pair = *(const u32*)(q + plane_at<32>(r, 8 * m + 4 * (c >> 1))) >> (16 * (c & 1));
+            const u32 pair = q.word(m >> 1, 8 * (m & 1)) >> (16 * (c & 1));
             float v[4], u[4];
             four_values(pair & 0x0F0Fu, 0.0f, lo.a, lo.b, v);
             four_values((pair >> 4) & 0x0F0Fu, 0.0f, hi.a, hi.b, u);
@@ -875,6 +887,8 @@ struct FmtQ6_K {
                                          int dhalf) {
         const float d = half_to_f32(word >> (16 * dhalf));
         const u32 scales = *(const u32*)(stage + WIDE_PLANE_AT[2] + 16 * r + 4 * (s & 3));
+        const PlaneRow<64> lo(stage, r, 4 * (c >> 1));
+        const PlaneRow<32> hb(stage + WIDE_PLANE_AT[1], r, 4 * (c >> 1));
         float dl[4];
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) dl[kk] = d * (float)(signed char)(scales >> (8 * kk));
@@ -886,11 +900,10 @@ struct FmtQ6_K {
         for (int kk = 0; kk < 4; kk++) sl[kk] = pack_pair<false>(dl[kk], dl[kk]);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            const int at = 8 * m + 4 * (c >> 1);
-            const u32 lo0 = __byte_perm(*(const u32*)(stage + plane_at<64>(r, at)), 0u, spread) >> odd;
-            const u32 lo1 = __byte_perm(*(const u32*)(stage + plane_at<64>(r, 32 + at)), 0u, spread) >> odd;
+            const u32 lo0 = __byte_perm(lo.word(m >> 1, 8 * (m & 1)), 0u, spread) >> odd;
+            const u32 lo1 = __byte_perm(lo.word(2 + (m >> 1), 8 * (m & 1)), 0u, spread) >> odd;
             // The high bits of both halves moved to bits 4-5: 4 (s % 2) and 4 (s % 2) + 2 down.
-            const u32 hi = __byte_perm(*(const u32*)(stage + WIDE_PLANE_AT[1] + plane_at<32>(r, at)), 0u, spread);
+            const u32 hi = __byte_perm(hb.word(m >> 1, 8 * (m & 1)), 0u, spread);
             const u32 v0 = and_or<0x000F000Fu>(lo0, and_or<0x00300030u>(hi << 4 >> odd, 0x43004300u));
             const u32 v1 = and_or<0x000F000Fu>(lo1, and_or<0x00300030u>(hi << 2 >> odd, 0x43004300u));
             // (128 + q) - 160 = q - 32, exact; times the scale, rounded once.
@@ -901,10 +914,9 @@ struct FmtQ6_K {
         const int shift = 16 * (c & 1);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            const int at = 8 * m + 4 * (c >> 1);
-            const u32 lo0 = *(const u32*)(stage + plane_at<64>(r, at)) >> shift;
-            const u32 lo1 = *(const u32*)(stage + plane_at<64>(r, 32 + at)) >> shift;
-            const u32 hi = *(const u32*)(stage + WIDE_PLANE_AT[1] + plane_at<32>(r, at)) >> shift;
+            const u32 lo0 = lo.word(m >> 1, 8 * (m & 1)) >> shift;
+            const u32 lo1 = lo.word(2 + (m >> 1), 8 * (m & 1)) >> shift;
+            const u32 hi = hb.word(m >> 1, 8 * (m & 1)) >> shift;
             float v[4], u[4];
             four_values(((lo0 >> odd) & 0x0F0Fu) | (((hi >> odd) & 0x0303u) << 4), 32.0f, dl[m >> 1], 0.0f, v);
             four_values(((lo1 >> odd) & 0x0F0Fu) | (((hi >> (odd + 2)) & 0x0303u) << 4), 32.0f, dl[2 + (m >> 1)], 0.0f,
