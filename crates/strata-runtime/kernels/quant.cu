@@ -195,10 +195,20 @@ __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u
     w1 = u & 1 ? h.w : h.y;
 }
 
-// The wide tiles' stages hold a step's bytes of 128 rows in planes, one per field, rows WIDTH
-// bytes apart. Byte `at` of row r sits where TMA's swizzle for that width (none, 32B, 64B) puts
-// it: the 16-byte piece's index XOR bit 2 (32-byte rows) or bits 2..1 (64-byte rows) of r, so a
-// warp's reads of 8 rows hit distinct banks. The lanes' copies place bytes the same way.
+// 1 (STRATA_KERNEL_DEFINES="QWIDE_W_TMA=1", opt-in until timed): the wide tiles' weights in
+// planes, one thread copying each step's planes by TMA (the kernel's w_maps: plane p of the
+// segment's rows as bytes, boxes of the plane's width x 128 rows, rows past n as zeros) on the
+// stage's mbarrier, instead of each lane's two to four 16-byte cp.async of half a row, which ncu
+// found half-using their sectors and throttling the MIO queue (bench/NOTES.md v41, v42). Q6_K's
+// words of d stay the lanes' copies (their rows are not 16-byte strided).
+#ifndef QWIDE_W_TMA
+#define QWIDE_W_TMA 0
+#endif
+
+// Under QWIDE_W_TMA the wide tiles' stages hold a step's bytes of 128 rows in planes, one per
+// field, rows WIDTH bytes apart. Byte `at` of row r sits where TMA's swizzle for that width (none,
+// 32B, 64B) puts it: the 16-byte piece's index XOR bit 2 (32-byte rows) or bits 2..1 (64-byte rows)
+// of r, so a warp's reads of 8 rows hit distinct banks.
 template <int WIDTH>
 __device__ __forceinline__ int plane_at(int r, int at) {
     if constexpr (WIDTH == 64) {
@@ -210,15 +220,29 @@ __device__ __forceinline__ int plane_at(int r, int at) {
     }
 }
 
-// A lane's reads of row r of a WIDTH-byte plane: the word at byte 16 j + w of the row (w past the
-// lane's byte within a 16-byte piece) is at at0 + ((16 j) ^ x) + w. plane_at's XOR touches only
-// the piece index, so a piece's address takes one LOP and one add, and w is the load's immediate.
-template <int WIDTH>
-struct PlaneRow {
+// Where byte `at` of field P of row r sits in a wide tile's stage: in the row (the lanes' copies,
+// F::WIDE_ROW bytes a row) or, under QWIDE_W_TMA, in the field's plane.
+template <class F, int P>
+__device__ __forceinline__ int wide_at(int r, int at) {
+#if QWIDE_W_TMA
+    return F::WIDE_PLANE_AT[P] + plane_at<F::WIDE_WIDTH[P]>(r, at);
+#else
+    return r * F::WIDE_ROW + F::WIDE_FIELD_AT[P] + at;
+#endif
+}
+
+// A lane's reads of field P of row r: the word at byte 16 j + w of the field (w past the lane's
+// byte within a 16-byte piece) is at at0 + ((16 j) ^ x) + w, x the plane's swizzle of row r (0 in
+// rows). The swizzle touches only the piece index, so a piece's address is one LOP and an add,
+// and w is the load's immediate.
+template <class F, int P>
+struct FieldRow {
     const u8* at0;
     int x;
-    __device__ __forceinline__ PlaneRow(const u8* plane, int r, int lane_byte)
-        : at0(plane + r * WIDTH + lane_byte), x(plane_at<WIDTH>(r, 0) - r * WIDTH) {}
+    __device__ __forceinline__ FieldRow(const u8* stage, int r, int lane_byte) {
+        x = QWIDE_W_TMA ? plane_at<F::WIDE_WIDTH[P]>(r, 0) - r * F::WIDE_WIDTH[P] : 0;
+        at0 = stage + wide_at<F, P>(r, 0) - x + lane_byte;
+    }
     __device__ __forceinline__ u32 word(int j, int w) const { return *(const u32*)(at0 + ((16 * j) ^ x) + w); }
 };
 
@@ -551,22 +575,22 @@ struct FmtQ4_K {
         four_values((w1 >> shift) & 0x0F0F0F0Fu, 0.0f, k.a, k.b, v + 4);
     }
 
-    // The wide tiles (qgemm_wide): a stage holds the rows' 16-byte heads (plane 0) and the 32
-    // nibble bytes of the step's 64 columns (plane 1, 32-byte swizzle). Plane p's bytes of row r
-    // for step s start at byte WIDE_COL(p, s) of the row; `wide_copy` copies half `half` of them
-    // into `stage` from the row at `row` (lanes' copies; TMA boxes take the same bytes).
-    static constexpr int WIDE_BLOCK_BYTES = BYTES, WIDE_PLANES = 2;
+    // The wide tiles (qgemm_wide): a stage holds a row's 16-byte head (field 0) and the 32 nibble
+    // bytes of the step's 64 columns (field 1), 48 bytes a row, or (QWIDE_W_TMA) the fields in
+    // planes. Field p of row r for step s starts at byte wide_col(p, s) of the row's blocks.
+    // `wide_copy` copies half `half` of a row for step s into `dst` from the row whose first block
+    // is at `row` (block index `blk0` in the segment).
+    static constexpr int WIDE_BLOCK_BYTES = BYTES, WIDE_ROW = 48, WIDE_FIELDS = 2, WIDE_WORDS_AT = 0;
     static constexpr bool WIDE_WORD = false;
-    static constexpr int WIDE_WIDTH[3] = {16, 32, 0}, WIDE_PLANE_AT[3] = {0, 2048, 0}, WIDE_WORDS_AT = 0;
+    static constexpr int WIDE_WIDTH[3] = {16, 32, 0}, WIDE_FIELD_AT[3] = {0, 16, 0}, WIDE_PLANE_AT[3] = {0, 2048, 0};
     __device__ static int wide_col(int p, int s) { return (s >> 2) * BYTES + (p == 0 ? 0 : 16 + 32 * (s & 3)); }
-    __device__ static void wide_copy(u8* stage, int crow, const u8*, int, int, size_t, const u8* row, int s,
-                                     int half) {
+    __device__ static void wide_copy(u8* dst, u8*, const u8*, int, int, size_t, const u8* row, int s, int half) {
         const u8* q = row + wide_col(1, s);
         if (half == 0) {
-            cp_async16(stage + 16 * crow, row + wide_col(0, s), 16);
-            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 0), q, 16);
+            cp_async16(dst, row + wide_col(0, s), 16);
+            cp_async16(dst + 16, q, 16);
         } else {
-            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 16), q + 16, 16);
+            cp_async16(dst + 32, q + 16, 16);
         }
     }
     // Lane (g, c)'s A fragment registers for row r of step s (ri 0: row g, 1: row g + 8): the
@@ -574,8 +598,8 @@ struct FmtQ4_K {
     // bytes 2c, 2c + 1 of each 8-byte group m (kk = m / 2, + 8 where m is odd; sub-block 2 (s % 4))
     // and their high nibbles (kk + 2, the next sub-block). Same f32 arithmetic as `eight_of`.
     __device__ static void wide_fragment(const u8* stage, int r, u32, int s, int c, int ri, u32 (&a)[4][4], int) {
-        const uint4 head = *(const uint4*)(stage + 16 * r);
-        const PlaneRow<32> q(stage + WIDE_PLANE_AT[1], r, 4 * (c >> 1));
+        const uint4 head = *(const uint4*)(stage + wide_at<FmtQ4_K, 0>(r, 0));
+        const FieldRow<FmtQ4_K, 1> q(stage, r, 4 * (c >> 1));
 #if QWIDE_BF16X2
         // Bytes 2c, 2c + 1 of a word pair into halves 0 and 1 (bits 0-7 and 16-23).
         const u32 spread = c & 1 ? 0x4342u : 0x4140u;
@@ -847,36 +871,37 @@ struct FmtQ6_K {
         four_values(((lo1 >> shift) & 0x0F0F0F0Fu) | (((hi1 >> (2 * j)) & 0x03030303u) << 4), 32.0f, dl, 0.0f, v + 4);
     }
 
-    // The wide tiles (qgemm_wide): a stage holds the rows' 64 low-bit bytes of the step's
-    // half-block (plane 0, 64-byte swizzle), their 32 high-bit bytes (plane 1, 32-byte swizzle),
-    // the block's 16 scales (plane 2), and after them the 4-byte word of the fields that holds
-    // each row's d. WIDE_COL and `wide_copy` as FmtQ4_K's: half 0 the low bits, half 1 the rest.
-    static constexpr int WIDE_BLOCK_BYTES = BODY, WIDE_PLANES = 3;
+    // The wide tiles (qgemm_wide): a stage holds a row's 64 low-bit bytes of the step's half-block
+    // (field 0), their 32 high-bit bytes (field 1) and the block's 16 scales (field 2), 112 bytes
+    // a row, or (QWIDE_W_TMA) the fields in planes; then the 4-byte words of the fields that hold
+    // the rows' d. wide_col and `wide_copy` as FmtQ4_K's: half 0 the low bits, half 1 the rest.
+    static constexpr int WIDE_BLOCK_BYTES = BODY, WIDE_ROW = 112, WIDE_FIELDS = 3, WIDE_WORDS_AT = 128 * 112;
     static constexpr bool WIDE_WORD = true;
-    static constexpr int WIDE_WIDTH[3] = {64, 32, 16}, WIDE_PLANE_AT[3] = {0, 8192, 12288}, WIDE_WORDS_AT = 14336;
+    static constexpr int WIDE_WIDTH[3] = {64, 32, 16}, WIDE_FIELD_AT[3] = {0, 64, 96};
+    static constexpr int WIDE_PLANE_AT[3] = {0, 8192, 12288};
     __device__ static int wide_col(int p, int s) {
         const int h = 64 * ((s >> 1) & 1);
         return (s >> 2) * BODY + (p == 0 ? h : p == 1 ? 128 + h / 2 : 192);
     }
-    __device__ static void wide_copy(u8* stage, int crow, const u8* w, int n, int kb, size_t blk0, const u8* row, int s,
+    __device__ static void wide_copy(u8* dst, u8* word, const u8* w, int n, int kb, size_t blk0, const u8* row, int s,
                                      int half) {
         if (half == 0) {
             const u8* lo = row + wide_col(0, s);
 #pragma unroll
-            for (int p = 0; p < 4; p++) cp_async16(stage + plane_at<64>(crow, 16 * p), lo + 16 * p, 16);
+            for (int p = 0; p < 4; p++) cp_async16(dst + 16 * p, lo + 16 * p, 16);
         } else {
             const u8* hi = row + wide_col(1, s);
-            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 0), hi, 16);
-            cp_async16(stage + WIDE_PLANE_AT[1] + plane_at<32>(crow, 16), hi + 16, 16);
-            cp_async16(stage + WIDE_PLANE_AT[2] + 16 * crow, row + wide_col(2, s), 16);
-            wide_copy_word(stage, crow, w, n, kb, blk0, s);
+            cp_async16(dst + 64, hi, 16);
+            cp_async16(dst + 80, hi + 16, 16);
+            cp_async16(dst + 96, row + wide_col(2, s), 16);
+            wide_copy_word(word, w, n, kb, blk0, s);
         }
     }
-    // The word of the fields holding row crow's d for step s (4-byte aligned, so it holds the d
-    // of a pair of blocks: `dhalf` picks it).
-    __device__ static void wide_copy_word(u8* stage, int crow, const u8* w, int n, int kb, size_t blk0, int s) {
+    // Into `word`, the word of the fields holding the d of the row's block for step s (4-byte
+    // aligned, so it holds the d of a pair of blocks: `dhalf` picks it).
+    __device__ static void wide_copy_word(u8* word, const u8* w, int n, int kb, size_t blk0, int s) {
         const size_t blk = blk0 + (s >> 2);
-        cp_async4(stage + WIDE_WORDS_AT + 4 * crow, w + (size_t)n * kb * BODY + ((blk * FIELDS) & ~(size_t)3), 4);
+        cp_async4(word, w + (size_t)n * kb * BODY + ((blk * FIELDS) & ~(size_t)3), 4);
     }
     // Lane (g, c)'s A fragment registers for row r of step s (ri 0: row g, 1: row g + 8), as
     // FmtQ4_K's: column 8 m + 2c (+ 1) of the step from low-bit bytes 8 m + 2c.. and high-bit
@@ -886,9 +911,9 @@ struct FmtQ6_K {
     __device__ static void wide_fragment(const u8* stage, int r, u32 word, int s, int c, int ri, u32 (&a)[4][4],
                                          int dhalf) {
         const float d = half_to_f32(word >> (16 * dhalf));
-        const u32 scales = *(const u32*)(stage + WIDE_PLANE_AT[2] + 16 * r + 4 * (s & 3));
-        const PlaneRow<64> lo(stage, r, 4 * (c >> 1));
-        const PlaneRow<32> hb(stage + WIDE_PLANE_AT[1], r, 4 * (c >> 1));
+        const u32 scales = *(const u32*)(stage + wide_at<FmtQ6_K, 2>(r, 4 * (s & 3)));
+        const FieldRow<FmtQ6_K, 0> lo(stage, r, 4 * (c >> 1));
+        const FieldRow<FmtQ6_K, 1> hb(stage, r, 4 * (c >> 1));
         float dl[4];
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) dl[kk] = d * (float)(signed char)(scales >> (8 * kk));
@@ -1680,15 +1705,7 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #ifndef QWIDE_TMA
 #define QWIDE_TMA 1
 #endif
-// 1 (STRATA_KERNEL_DEFINES="QWIDE_W_TMA=1", opt-in until timed): one thread copies each step's
-// weight planes by TMA too (the kernel's w_maps: plane p of the segment's rows as bytes, boxes of
-// the plane's width x 128 rows, swizzled as plane_at places them, rows past n as zeros), on the
-// stage's mbarrier, instead of each lane's two to four 16-byte cp.async of half a row, which ncu
-// found half-using their sectors and throttling the MIO queue (bench/NOTES.md v41, v42). Q6_K's
-// words of d stay the lanes' copies (their rows are not 16-byte strided).
-#ifndef QWIDE_W_TMA
-#define QWIDE_W_TMA 0
-#endif
+// QWIDE_W_TMA: see wide_at.
 #if QWIDE_W_TMA
 // kernels.rs reads this name in the PTX: the wide tiles then need their weight maps.
 extern "C" __constant__ int qwide_weights_by_tma = 1;
@@ -1728,14 +1745,15 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
             if (threadIdx.x == 0) {
                 mbarrier_expect_tx(x_full + 8 * b, STAGE_TX);
 #pragma unroll
-                for (int p = 0; p < F::WIDE_PLANES; p++)
+                for (int p = 0; p < F::WIDE_FIELDS; p++)
                     tma_load_2d(stage + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, x_full + 8 * b);
             }
             if constexpr (F::WIDE_WORD) {
-                if (chalf == 1) F::wide_copy_word(stage, crow, w, n, kb, cblk, s);
+                if (chalf == 1) F::wide_copy_word(stage + F::WIDE_WORDS_AT + 4 * crow, w, n, kb, cblk, s);
             }
         } else {
-            F::wide_copy(stage, crow, w, n, kb, cblk, crow_bytes, s, chalf);
+            F::wide_copy(stage + crow * F::WIDE_ROW, stage + F::WIDE_WORDS_AT + 4 * crow, w, n, kb, cblk, crow_bytes,
+                         s, chalf);
         }
     };
     if constexpr (tma || w_tma) {
