@@ -195,14 +195,15 @@ __device__ __forceinline__ void unit_words(const uint4& a, const uint4& b, int u
     w1 = u & 1 ? h.w : h.y;
 }
 
-// 1 (STRATA_KERNEL_DEFINES="QWIDE_W_TMA=1", opt-in until timed): the wide tiles' weights in
-// planes, one thread copying each step's planes by TMA (the kernel's w_maps: plane p of the
-// segment's rows as bytes, boxes of the plane's width x 128 rows, rows past n as zeros) on the
-// stage's mbarrier, instead of each lane's two to four 16-byte cp.async of half a row, which ncu
-// found half-using their sectors and throttling the MIO queue (bench/NOTES.md v41, v42). Q6_K's
-// words of d stay the lanes' copies (their rows are not 16-byte strided).
+// 1 (the default): the wide tiles' weights in planes, one thread copying each step's planes by
+// TMA (the kernel's w_maps: plane p of the segment's rows as bytes, boxes of the plane's width x
+// 128 rows, rows past n as zeros) on the stage's mbarrier, instead of each lane's two to four
+// 16-byte cp.async of half a row, which ncu found half-using their sectors and throttling the MIO
+// queue (bench/NOTES.md v41, v42: 0.8 ms off the 256-user decode step). Q6_K's words of d stay
+// the lanes' copies (their rows are not 16-byte strided). 0 (STRATA_KERNEL_DEFINES=
+// "QWIDE_W_TMA=0"): the lanes' copies into interleaved rows.
 #ifndef QWIDE_W_TMA
-#define QWIDE_W_TMA 0
+#define QWIDE_W_TMA 1
 #endif
 
 // Under QWIDE_W_TMA the wide tiles' stages hold a step's bytes of 128 rows in planes, one per
@@ -1705,13 +1706,13 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #ifndef QWIDE_TMA
 #define QWIDE_TMA 1
 #endif
+#if QTILE_ON_WGMMA
 // QWIDE_W_TMA: see wide_at.
 #if QWIDE_W_TMA
 // kernels.rs reads this name in the PTX: the wide tiles then need their weight maps.
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 
-#if QTILE_ON_WGMMA
 // One block's product: tile rows row0.. by QWIDE_TOKENS tokens from tok0, k steps [first, last)
 // (none: zeros), stored as qgemm_store_to's z and prow0 say.
 template <class F>

@@ -88,6 +88,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                 ),
                 "{family}.cu for {arch}: wgmma {wgmma}, TMA {tma}"
             );
+            // The wide tiles copy their weight planes by TMA by default (Kernels::load finds
+            // the marker); nowhere else is the marker.
+            assert_eq!(
+                text.contains("qwide_weights_by_tma"),
+                *family == "quant" && arch == "compute_90a",
+                "{family}.cu for {arch}: the weight planes' marker"
+            );
             // Kernels::load takes the tiles as warp-specialized only where they are opted into.
             assert!(
                 *family != "quant" || !has_specialized_tiles(text),
@@ -112,50 +119,51 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
         head_dim: 128,
         group: 7,
     };
-    // Each variant's define, the file ptxas assembles, what its PTX must show and what is
+    // Each variant's defines, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
     type Shows = fn(&str) -> bool;
-    let variants: [(&str, &str, Shows, &str); 5] = [
+    let variants: [(&[&str], &str, Shows, &str); 5] = [
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
-            "QTILE_SPECIALIZED=1",
+            &["QTILE_SPECIALIZED=1"],
             "quant_specialized.ptx",
             |ptx| ptx.contains("mbarrier.try_wait") && has_specialized_tiles(ptx),
             "no warp-specialized tiles in the PTX",
         ),
-        // The wide tiles' x copied by the lanes (the default copies it by TMA, which
-        // Kernels::load recognizes).
+        // The wide tiles' x and weights copied by the lanes (the default copies both by TMA,
+        // which Kernels::load recognizes).
         (
-            "QWIDE_TMA=0",
+            &["QWIDE_TMA=0", "QWIDE_W_TMA=0"],
             "quant_wide_lanes.ptx",
             |ptx| ptx.contains("m64n256k16") && !ptx.contains("cp.async.bulk.tensor.2d"),
             "the wide tiles still copy x by TMA",
         ),
-        // The wide tiles' weight planes copied by TMA too (Kernels::load recognizes the marker).
+        // The wide tiles' weights copied by the lanes into interleaved rows (the default copies
+        // their planes by TMA, which Kernels::load recognizes by a marker).
         (
-            "QWIDE_W_TMA=1",
-            "quant_wide_w_tma.ptx",
-            |ptx| ptx.contains("m64n256k16") && ptx.contains("qwide_weights_by_tma"),
-            "the wide tiles do not copy their weights by TMA",
+            &["QWIDE_W_TMA=0"],
+            "quant_wide_w_lanes.ptx",
+            |ptx| ptx.contains("m64n256k16") && !ptx.contains("qwide_weights_by_tma"),
+            "the wide tiles still copy their weights by TMA",
         ),
         // The wide tiles' f32 decode (the default decodes in bf16 pairs).
         (
-            "QWIDE_BF16X2=0",
+            &["QWIDE_BF16X2=0"],
             "quant_wide_f32.ptx",
             |ptx| ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
             "not the wide tiles' f32 decode",
         ),
         // The SiLU GEMVs' gate and up rows in one pass (quantized.sh single times it).
         (
-            "QGEMV_SILU_PAIRS=1",
+            &["QGEMV_SILU_PAIRS=1"],
             "quant_silu_pairs.ptx",
             |ptx| ptx.contains(".entry qgemv_silu_q4_k_t1("),
             "no qgemv_silu_q4_k_t1",
         ),
     ];
-    for (define, file, shows, missing) in variants {
-        let ptx = compile_variant("quant", quant, spec, "compute_90a", &[define]).unwrap();
-        assert!(shows(&ptx), "quant.cu with {define}: {missing}");
+    for (defines, file, shows, missing) in variants {
+        let ptx = compile_variant("quant", quant, spec, "compute_90a", defines).unwrap();
+        assert!(shows(&ptx), "quant.cu with {defines:?}: {missing}");
         if let Some(p) = &ptxas {
             running.push(assemble(p, &ptx, "compute_90a", dir.join(file)));
         }
