@@ -13,6 +13,10 @@ const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
 const DEFAULT_QUANT_GEMM_MAX_TOKENS: usize = 256;
 /// Of those, products of at least this many tokens take the shared-memory tiles of 128 tokens.
 const DEFAULT_QUANT_GEMM_TILE_MIN_TOKENS: usize = 128;
+/// Products whose every segment has wide tiles take them up to this many tokens by default: a
+/// 512-token prompt of a 7B Q4_K_M gets its first token 8-10 % sooner than dequantized for
+/// cuBLASLt on an H100, the 256-user mix even (bench/NOTES.md v44).
+const DEFAULT_QUANT_WIDE_MAX_TOKENS: usize = 1024;
 
 /// What the environment turns on or off; the defaults are what strata runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +68,10 @@ pub struct GpuKnobs {
     /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
     /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
     pub quant_wide: bool,
+    /// `STRATA_QUANT_WIDE_MAX_TOKENS=N`: products whose segments all have wide tiles stay on them
+    /// up to N tokens, past `quant_gemm_max_tokens` (where that is not 0), instead of being
+    /// dequantized for cuBLASLt (bench/NOTES.md v44).
+    pub quant_wide_max_tokens: usize,
     /// The wide tiles' partial last wave with k split to fill the SMs, and its sums added by
     /// `qgemm_reduce` (gate/up at up to 256 tokens; 0.35 ms off a 256-user Q4_K_M step,
     /// bench/NOTES.md v41); `STRATA_QUANT_WIDE_TAIL=0` runs those tiles whole.
@@ -114,6 +122,7 @@ impl GpuKnobs {
             },
             fp8_qkv_rope: !off("STRATA_FP8_QKV_ROPE"),
             quant_wide: !off("STRATA_QUANT_WIDE"),
+            quant_wide_max_tokens: number("STRATA_QUANT_WIDE_MAX_TOKENS").unwrap_or(DEFAULT_QUANT_WIDE_MAX_TOKENS),
             quant_wide_tail: !off("STRATA_QUANT_WIDE_TAIL"),
             fold_split_sums: !off("STRATA_FOLD_SPLIT_SUMS"),
             prefill_attention: !off("STRATA_PREFILL_ATTENTION"),
@@ -152,6 +161,7 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Lanes,
                 fp8_qkv_rope: true,
                 quant_wide: true,
+                quant_wide_max_tokens: 1024,
                 quant_wide_tail: true,
                 fold_split_sums: true,
                 prefill_attention: true,
@@ -175,6 +185,7 @@ mod tests {
             ("STRATA_FP8_GEMV", "mma"),
             ("STRATA_FP8_QKV_ROPE", "0"),
             ("STRATA_QUANT_WIDE", "0"),
+            ("STRATA_QUANT_WIDE_MAX_TOKENS", "2048"),
             ("STRATA_QUANT_WIDE_TAIL", "0"),
             ("STRATA_FOLD_SPLIT_SUMS", "0"),
             ("STRATA_PREFILL_ATTENTION", "0"),
@@ -199,6 +210,7 @@ mod tests {
                 fp8_gemv: Fp8Gemv::Mma,
                 fp8_qkv_rope: false,
                 quant_wide: false,
+                quant_wide_max_tokens: 2048,
                 quant_wide_tail: false,
                 fold_split_sums: false,
                 prefill_attention: false,

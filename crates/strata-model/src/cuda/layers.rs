@@ -756,7 +756,8 @@ impl GpuTransformer {
     /// at a time, for a step on the GEMV path, for steps of up to `STRATA_QUANT_GEMV_MAX_TOKENS`
     /// (a pass over the matrix per 8 tokens can cost less than dequantizing it), and under
     /// `--deterministic` for a matrix larger than the scratch (a row's result then never
-    /// depends on the batch); for steps of up to `STRATA_QUANT_GEMM_MAX_TOKENS`, quant.cu's
+    /// depends on the batch); for steps of up to `STRATA_QUANT_GEMM_MAX_TOKENS` (of up to
+    /// `STRATA_QUANT_WIDE_MAX_TOKENS` where every segment has wide tiles), quant.cu's
     /// tensor-core GEMM over the blocks; otherwise the matrix dequantized into the scratch, slab
     /// by slab when it is larger (an LM head), and dense products of it.
     #[allow(clippy::too_many_arguments)]
@@ -801,10 +802,16 @@ impl GpuTransformer {
             }
             return Ok(());
         }
-        let tensor_cores = !self.deterministic
-            && self.weights.dtype == ComputeDtype::Bf16
-            && k.is_multiple_of(QGEMM_K)
-            && t <= self.knobs.quant_gemm_max_tokens;
+        // Products of only wide-tiled formats stay on the tiles longer (NOTES v44).
+        let wide_only = self.knobs.quant_wide
+            && self.kernels.wide_tiles()
+            && w.segments().all(|seg| seg.format.wide_kernel().is_some());
+        let most = match wide_only && self.knobs.quant_gemm_max_tokens > 0 {
+            true => self.knobs.quant_gemm_max_tokens.max(self.knobs.quant_wide_max_tokens),
+            false => self.knobs.quant_gemm_max_tokens,
+        };
+        let tensor_cores =
+            !self.deterministic && self.weights.dtype == ComputeDtype::Bf16 && k.is_multiple_of(QGEMM_K) && t <= most;
         if tensor_cores {
             return self.quantized_gemm(w, x, y, (n, k, t), out);
         }
