@@ -69,8 +69,9 @@ __device__ __forceinline__ void fp8x16_to_f32(uint4 q, float (&v)[16]) {
 // before the wait for the previous kernel.
 
 // acc[r][j] = (w[rows[r]] · x[j]) / FP8_DECODED for j < t, summed over the block (valid in
-// thread 0). after_wait() runs right after the wait for the previous kernel.
-template <int T, int R, typename AfterWait>
+// thread 0). after_wait() runs right after the wait for the previous kernel. LOADS pieces a row
+// are in flight a thread; a thread's pieces and the order it sums them do not depend on LOADS.
+template <int T, int R, int LOADS = FP8_LOADS, typename AfterWait>
 __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const bf16* __restrict__ x, int t,
                                          const int (&rows)[R], float (&acc)[R][T], AfterWait&& after_wait) {
     const int pieces = k >> 4;
@@ -79,10 +80,10 @@ __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const 
 #pragma unroll
         for (int j = 0; j < T; j++) acc[r][j] = 0.0f;
     bool waited = false;
-    for (int base = threadIdx.x; base < pieces; base += GEMV_THREADS * FP8_LOADS) {
-        uint4 q[R][FP8_LOADS];
+    for (int base = threadIdx.x; base < pieces; base += GEMV_THREADS * LOADS) {
+        uint4 q[R][LOADS];
 #pragma unroll
-        for (int u = 0; u < FP8_LOADS; u++) {
+        for (int u = 0; u < LOADS; u++) {
             const int i = base + GEMV_THREADS * u;
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -90,7 +91,7 @@ __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const 
         }
         wait_once(waited, after_wait);
 #pragma unroll
-        for (int u = 0; u < FP8_LOADS; u++) {
+        for (int u = 0; u < LOADS; u++) {
             const int i = base + GEMV_THREADS * u;
             if (i >= pieces) break;
             float v[R][16];
@@ -207,35 +208,44 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
     }
 }
 
+// Rows a residual GEMV block computes (fp8_call.rs: FP8_RESIDUAL_BLOCK_ROWS), with half the
+// loads a row in flight of the pairs': o's 3,584 rows are then 896 blocks, all resident at once
+// on an H100 (8 an SM), so every block's weight loads start before the wait for attention.
+#define FP8_RES_ROWS 4
+
 // The o and down projections on one GPU, as quant.cu's qgemv_residual: res += x · wᵀ (f32), the
 // new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
-// `next_norm` (the input of the FP8 matrix after it). Grid ceil(n / FP8_ROWS).
+// `next_norm` (the input of the FP8 matrix after it). Grid ceil(n / FP8_RES_ROWS).
 template <int T>
 __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restrict__ scales,
                                   const bf16* __restrict__ x, float* __restrict__ res, bf16* __restrict__ res_bf16,
                                   u64* __restrict__ norm_out, const float* __restrict__ next_norm, int n, int k,
                                   int t) {
-    const int row = blockIdx.x * FP8_ROWS;
+    constexpr int R = FP8_RES_ROWS;
+    const int row = blockIdx.x * R;
     if (row >= n) return;
-    const bool pair = row + 1 < n;
-    const int rows[FP8_ROWS] = {row, pair ? row + 1 : row};
+    // Rows past n repeat the first (their sums are not stored).
+    int rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rows[r] = row + r < n ? row + r : row;
     const bool first = threadIdx.x == 0;
-    float acc[FP8_ROWS][T], before[FP8_ROWS][T];
-    fp8_rows<T, FP8_ROWS>(w, k, x, t, rows, acc, [&] {
+    float acc[R][T], before[R][T];
+    auto load_before = [&] {
         if (!first) return;
 #pragma unroll
-        for (int r = 0; r < FP8_ROWS; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int j = 0; j < T; j++)
                 if (j < t) before[r][j] = res[(size_t)j * n + rows[r]];
-    });
+    };
+    fp8_rows<T, R, FP8_LOADS * 2 / R>(w, k, x, t, rows, acc, load_before);
     if (!first) return;
     float ss[T];
 #pragma unroll
     for (int j = 0; j < T; j++) ss[j] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < FP8_ROWS; r++) {
-        if (r == 1 && !pair) break;
+    for (int r = 0; r < R; r++) {
+        if (row + r >= n) break;
         const float ws = scales[row + r] * FP8_DECODED;
         const float g = next_norm ? next_norm[row + r] : 1.0f;
 #pragma unroll

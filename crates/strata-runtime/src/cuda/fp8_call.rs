@@ -10,6 +10,8 @@ use crate::kernel_args;
 
 /// Rows an FP8 GEMV block computes (fp8.cu's FP8_ROWS), its warps splitting k.
 const FP8_BLOCK_ROWS: u32 = 2;
+/// Rows an `fp8_gemv_residual_*` block computes (fp8.cu's FP8_RES_ROWS).
+const FP8_RESIDUAL_BLOCK_ROWS: u32 = 4;
 /// Gate/up row pairs (or RoPE row pairs) an `fp8_gemv_silu_*` (`fp8_gemv_qkv_rope_*`) block computes.
 const FP8_SILU_BLOCK_ROWS: u32 = 1;
 /// Threads of a tensor-core GEMV block (fp8.cu's FP8M_WARPS warps).
@@ -77,13 +79,24 @@ pub struct Fp8GemvCall {
     pub kind: Fp8Gemv,
 }
 
+/// The GEMV forms whose blocks differ in shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GemvForm {
+    Plain,
+    /// Over gate/up row pairs.
+    Silu,
+    /// Into the residual.
+    Residual,
+}
+
 /// The grid and block of a GEMV over `rows` (row pairs for SiLU), by kind.
-fn gemv_shape(rows: i32, kind: Fp8Gemv, silu: bool) -> ((u32, u32, u32), u32, u32) {
-    let (per_block, threads) = match (kind, silu) {
-        (Fp8Gemv::Lanes, false) => (FP8_BLOCK_ROWS, GEMV_THREADS),
-        (Fp8Gemv::Lanes, true) => (FP8_SILU_BLOCK_ROWS, GEMV_THREADS),
-        (Fp8Gemv::Mma, false) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
-        (Fp8Gemv::Mma, true) => (FP8_MMA_SILU_BLOCK_ROWS, FP8_MMA_THREADS),
+fn gemv_shape(rows: i32, kind: Fp8Gemv, form: GemvForm) -> ((u32, u32, u32), u32, u32) {
+    let (per_block, threads) = match (kind, form) {
+        (Fp8Gemv::Lanes, GemvForm::Plain) => (FP8_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Lanes, GemvForm::Residual) => (FP8_RESIDUAL_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Lanes, GemvForm::Silu) => (FP8_SILU_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Mma, GemvForm::Plain | GemvForm::Residual) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
+        (Fp8Gemv::Mma, GemvForm::Silu) => (FP8_MMA_SILU_BLOCK_ROWS, FP8_MMA_THREADS),
     };
     (((rows.max(0) as u32).div_ceil(per_block), 1, 1), threads, 0)
 }
@@ -94,7 +107,7 @@ impl Fp8GemvCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        gemv_shape(self.n, self.kind, false)
+        gemv_shape(self.n, self.kind, GemvForm::Plain)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -141,7 +154,7 @@ impl Fp8GemvSiluCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        gemv_shape(self.inter, self.kind, true)
+        gemv_shape(self.inter, self.kind, GemvForm::Silu)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -188,7 +201,7 @@ impl Fp8GemvResidualCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        gemv_shape(self.n, self.kind, false)
+        gemv_shape(self.n, self.kind, GemvForm::Residual)
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -471,7 +484,7 @@ mod tests {
             at(&r.t),
         ];
         assert_eq!(r.args(), want);
-        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((9, 1, 1), 128, 0)));
+        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((5, 1, 1), 128, 0)));
         let r = Fp8GemvResidualCall {
             kind: Fp8Gemv::Mma,
             ..r
