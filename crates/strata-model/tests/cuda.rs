@@ -84,8 +84,15 @@ const PROMPTS: [&str; 4] = [
 /// together, feeding `drive`'s tokens to every executor. Returns each executor's logits rows.
 fn run_lockstep(execs: &mut [&mut dyn Executor], prompts: &[Vec<u32>], steps: usize) -> Vec<Vec<Vec<f32>>> {
     let mut out = vec![Vec::new(); execs.len()];
-    let tables: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|i| (i as u32 * 8..i as u32 * 8 + 8).collect())
+    // Each sequence's own run of cache blocks (of 16 tokens), as many as it will fill.
+    let mut next_block = 0u32;
+    let tables: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let blocks = (p.len() + steps + 1).div_ceil(16) as u32;
+            next_block += blocks;
+            (next_block - blocks..next_block).collect()
+        })
         .collect();
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut first = vec![0usize; prompts.len()];
@@ -693,6 +700,56 @@ fn quantized_files_on_the_gpu_match_the_cpu_backend() {
         );
         assert!(top1 * 100 >= n * 98, "{name}: top-1 agrees on only {top1} of {n} rows");
     }
+}
+
+/// A prompt step of more than 256 tokens on a quantized file: the default model as Q4_K_M from
+/// `$STRATA_QUANT_MODELS`, a 400-token prompt beside two short ones, then 24 decode steps, against
+/// the CPU backend with the short prompts' bounds. Its down projections (Q4_K and Q6_K, the only
+/// matrices with whole 256-value blocks) take the wide tiles on sm_90a up to
+/// `STRATA_QUANT_WIDE_MAX_TOKENS` (bench/NOTES.md v44); the Q8_0 matrices are dequantized.
+#[test]
+fn a_long_prompt_of_a_q4_k_m_file_matches_the_cpu_backend() {
+    let Some(libs) = gpu_libraries() else {
+        return;
+    };
+    let Some(dir) = std::env::var_os("STRATA_QUANT_MODELS") else {
+        eprintln!("skipped: STRATA_QUANT_MODELS is not set (scripts/gpu/quantized.sh makes the files)");
+        return;
+    };
+    let path = std::path::Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_K_M.gguf");
+    if !path.is_file() {
+        eprintln!("skipped: no {path:?} (scripts/make_quant_models.sh Q4_K_M makes it)");
+        return;
+    }
+    let gpu_model = load_model(&path, &|_, _| {}).expect("the quantized file loads");
+    let mut gpu = GpuExecutor::new(gpu_model.transformer, &test_options(), &libs, &|_, _| {}).expect("GPU executor");
+    let model = load_model(&path, &|_, _| {}).unwrap();
+    let story = "The river ran past the mill, the school and the old stone bridge, and every spring it \
+                 rose to the doors of the houses on the low street. ";
+    let mut long = model.tokenizer.encode(&story.repeat(24), true, false).unwrap();
+    long.truncate(400);
+    let prompts: Vec<Vec<u32>> = std::iter::once(long)
+        .chain(
+            PROMPTS[..2]
+                .iter()
+                .map(|p| model.tokenizer.encode(p, true, false).unwrap()),
+        )
+        .collect();
+    let tokens: usize = prompts.iter().map(Vec::len).sum();
+    assert!(
+        prompts[0].len() == 400 && tokens > 256 && tokens <= test_options().max_num_batched_tokens,
+        "the prompt step must be one step past 256 tokens ({tokens} tokens)"
+    );
+    let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 2);
+    let rows = run_lockstep(&mut [&mut cpu, &mut gpu], &prompts, 24);
+    let n = rows[0].len();
+    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
+    eprintln!("Q4_K_M, a {tokens}-token prompt step, GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
+    assert!(
+        rel < 0.05,
+        "GPU logits differ from the CPU's by {rel} of the row's scale"
+    );
+    assert!(top1 * 100 >= n * 95, "top-1 agrees on only {top1} of {n} rows");
 }
 
 /// Greedy decoding of `PROMPTS` on `exec`, `steps` steps after the prompts, sequence 2 leaving
