@@ -208,20 +208,21 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
     }
 }
 
-// Rows a residual GEMV block computes (fp8_call.rs: FP8_RESIDUAL_BLOCK_ROWS), with half the
-// loads a row in flight of the pairs': o's 3,584 rows are then 896 blocks, all resident at once
-// on an H100 (8 an SM), so every block's weight loads start before the wait for attention.
-#define FP8_RES_ROWS 4
+// Rows a residual GEMV block of T tokens computes (fp8_call.rs: residual_block_rows). At one
+// token 4, with half the loads a row in flight of the pairs': o's 3,584 rows are then 896
+// blocks, all resident at once on an H100 (8 an SM), so every block's weight loads start before
+// the wait for attention. Pairs past one token, where 4 rows took 159 registers, not 92, at 2.
+#define FP8_RES_ROWS(T) ((T) == 1 ? 4 : 2)
 
 // The o and down projections on one GPU, as quant.cu's qgemv_residual: res += x · wᵀ (f32), the
 // new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
-// `next_norm` (the input of the FP8 matrix after it). Grid ceil(n / FP8_RES_ROWS).
+// `next_norm` (the input of the FP8 matrix after it). Grid ceil(n / FP8_RES_ROWS(T)).
 template <int T>
 __device__ void fp8_gemv_residual(const u8* __restrict__ w, const float* __restrict__ scales,
                                   const bf16* __restrict__ x, float* __restrict__ res, bf16* __restrict__ res_bf16,
                                   u64* __restrict__ norm_out, const float* __restrict__ next_norm, int n, int k,
                                   int t) {
-    constexpr int R = FP8_RES_ROWS;
+    constexpr int R = FP8_RES_ROWS(T);
     const int row = blockIdx.x * R;
     if (row >= n) return;
     // Rows past n repeat the first (their sums are not stored).

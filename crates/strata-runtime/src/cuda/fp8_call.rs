@@ -10,8 +10,15 @@ use crate::kernel_args;
 
 /// Rows an FP8 GEMV block computes (fp8.cu's FP8_ROWS), its warps splitting k.
 const FP8_BLOCK_ROWS: u32 = 2;
-/// Rows an `fp8_gemv_residual_*` block computes (fp8.cu's FP8_RES_ROWS).
-const FP8_RESIDUAL_BLOCK_ROWS: u32 = 4;
+/// Rows an `fp8_gemv_residual_t{T}` block computes (fp8.cu's FP8_RES_ROWS(T)): 4 at one token,
+/// pairs past it.
+fn residual_block_rows(t: i32) -> u32 {
+    if t == 1 {
+        4
+    } else {
+        FP8_BLOCK_ROWS
+    }
+}
 /// Gate/up row pairs (or RoPE row pairs) an `fp8_gemv_silu_*` (`fp8_gemv_qkv_rope_*`) block computes.
 const FP8_SILU_BLOCK_ROWS: u32 = 1;
 /// Threads of a tensor-core GEMV block (fp8.cu's FP8M_WARPS warps).
@@ -85,17 +92,17 @@ enum GemvForm {
     Plain,
     /// Over gate/up row pairs.
     Silu,
-    /// Into the residual.
-    Residual,
+    /// Into the residual, over `t` tokens.
+    Residual(i32),
 }
 
 /// The grid and block of a GEMV over `rows` (row pairs for SiLU), by kind.
 fn gemv_shape(rows: i32, kind: Fp8Gemv, form: GemvForm) -> ((u32, u32, u32), u32, u32) {
     let (per_block, threads) = match (kind, form) {
         (Fp8Gemv::Lanes, GemvForm::Plain) => (FP8_BLOCK_ROWS, GEMV_THREADS),
-        (Fp8Gemv::Lanes, GemvForm::Residual) => (FP8_RESIDUAL_BLOCK_ROWS, GEMV_THREADS),
+        (Fp8Gemv::Lanes, GemvForm::Residual(t)) => (residual_block_rows(t), GEMV_THREADS),
         (Fp8Gemv::Lanes, GemvForm::Silu) => (FP8_SILU_BLOCK_ROWS, GEMV_THREADS),
-        (Fp8Gemv::Mma, GemvForm::Plain | GemvForm::Residual) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
+        (Fp8Gemv::Mma, GemvForm::Plain | GemvForm::Residual(_)) => (FP8_MMA_BLOCK_ROWS, FP8_MMA_THREADS),
         (Fp8Gemv::Mma, GemvForm::Silu) => (FP8_MMA_SILU_BLOCK_ROWS, FP8_MMA_THREADS),
     };
     (((rows.max(0) as u32).div_ceil(per_block), 1, 1), threads, 0)
@@ -201,7 +208,7 @@ impl Fp8GemvResidualCall {
     }
 
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        gemv_shape(self.n, self.kind, GemvForm::Residual)
+        gemv_shape(self.n, self.kind, GemvForm::Residual(self.t))
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -484,7 +491,10 @@ mod tests {
             at(&r.t),
         ];
         assert_eq!(r.args(), want);
-        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((5, 1, 1), 128, 0)));
+        assert_eq!((r.name(), r.shape()), ("fp8_gemv_residual_t8", ((9, 1, 1), 128, 0)));
+        // One token: blocks of 4 rows.
+        let one = Fp8GemvResidualCall { t: 1, ..r };
+        assert_eq!((one.name(), one.shape()), ("fp8_gemv_residual_t1", ((5, 1, 1), 128, 0)));
         let r = Fp8GemvResidualCall {
             kind: Fp8Gemv::Mma,
             ..r
