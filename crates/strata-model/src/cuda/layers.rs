@@ -6,9 +6,9 @@ use strata_runtime::cuda::gemm_call::{FO_MAX_CHUNKS, GEMV_KERNEL_TOKENS};
 use strata_runtime::cuda::{
     gemv_kernels, prefill_attention_fits, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer,
     EmbeddingCall, FixedOrderGemmCall, Fp8Gemv, Fp8GemvQkvRopeCall, GemmOut, GemvCall, GemvQkvRopeCall,
-    GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, PrefillAttentionCall, QuantEmbeddingCall, QuantGemmCall,
-    QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel,
-    SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
+    GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, PrefillAttentionCall, QuantEmbeddingCall, QuantFormat,
+    QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall,
+    RopeKernel, SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
 };
 
 use crate::config::ModelConfig;
@@ -803,9 +803,7 @@ impl GpuTransformer {
             return Ok(());
         }
         // Products of only wide-tiled formats stay on the tiles longer (NOTES v44).
-        let wide_only = self.knobs.quant_wide
-            && self.kernels.wide_tiles()
-            && w.segments().all(|seg| seg.format.wide_kernel().is_some());
+        let wide_only = w.segments().all(|seg| self.runs_wide(seg.format));
         let most = match wide_only && self.knobs.quant_gemm_max_tokens > 0 {
             true => self.knobs.quant_gemm_max_tokens.max(self.knobs.quant_wide_max_tokens),
             false => self.knobs.quant_gemm_max_tokens,
@@ -848,10 +846,7 @@ impl GpuTransformer {
             QuantGemmTile::Registers
         };
         // Past one 128-token tile, the formats with wide tiles take them.
-        let wide = self.knobs.quant_wide
-            && tile != QuantGemmTile::Registers
-            && t > QuantGemmTile::Shared.tokens()
-            && self.kernels.wide_tiles();
+        let wide = tile != QuantGemmTile::Registers && t > QuantGemmTile::Shared.tokens();
         // A product whose next reader sums its k splits leaves them to it: QKV's (rope.cu), and a
         // row-parallel one into `proj` with nothing but the GEMM before the next norm (no TP
         // all-reduce).
@@ -859,7 +854,7 @@ impl GpuTransformer {
             && (y == self.bufs.qkv.ptr()
                 || (y == self.bufs.proj.ptr() && out == GemmOut::F32 && self.comms.tp.is_none()));
         for seg in w.segments() {
-            let tile = if wide && seg.format.wide_kernel().is_some() {
+            let tile = if wide && self.runs_wide(seg.format) {
                 QuantGemmTile::Wide
             } else {
                 tile
@@ -904,6 +899,12 @@ impl GpuTransformer {
             }
         }
         Ok(())
+    }
+
+    /// Whether `format`'s products past one 128-token tile run on the wide tiles here: the format
+    /// has them, quant.cu was compiled with them, and `STRATA_QUANT_WIDE` leaves them on.
+    fn runs_wide(&self, format: QuantFormat) -> bool {
+        self.knobs.quant_wide && self.kernels.wide_tiles() && format.wide_kernel().is_some()
     }
 
     /// `x` (bf16 `[t, k]`, t at most GEMV_KERNEL_TOKENS) as the int8 blocks the quantized GEMVs
