@@ -14,6 +14,7 @@ use strata_model::cuda::forward::sampling_words;
 use strata_model::cuda::{ComputeDtype, GpuExecutor, GpuOptions, GpuQuantization};
 use strata_model::kv_cache::KvCacheDtype;
 use strata_model::loader::{default_model_path, load_model};
+use strata_model::tokenizer::Tokenizer;
 
 use strata_model::{AllowedTokens, CpuExecutor, DeviceSampling, Executor, Logits, LogitsWanted, RowAdjust, SeqChunk};
 use strata_runtime::cpu::ActPrecision;
@@ -497,6 +498,32 @@ fn smollm2_on_the_gpu_matches_the_cpu_backend_and_graphs_match_eager() {
     );
 }
 
+/// A `len`-token prompt (a story repeated, cut to length) beside `PROMPTS`' first two, in
+/// `tokenizer`'s ids: one prompt step longer than the short tests' ones.
+fn long_prompt_beside_two(tokenizer: &Tokenizer, len: usize) -> Vec<Vec<u32>> {
+    let story = "The river ran past the mill, the school and the old stone bridge, and every spring it \
+                 rose to the doors of the houses on the low street. ";
+    let mut long = tokenizer.encode(&story.repeat(len / 12), true, false).unwrap();
+    long.truncate(len);
+    assert_eq!(long.len(), len, "the story is too short for a {len}-token prompt");
+    std::iter::once(long)
+        .chain(PROMPTS[..2].iter().map(|p| tokenizer.encode(p, true, false).unwrap()))
+        .collect()
+}
+
+/// The GPU's rows against the CPU backend's on a long prompt step: the worst difference under 5 %
+/// of the row's largest logit, top-1 on at least 95 of 100 rows.
+fn assert_near_the_cpu(what: &str, cpu: &[Vec<f32>], gpu: &[Vec<f32>]) {
+    let n = cpu.len();
+    let (rel, mean, top1) = compare(cpu, gpu);
+    eprintln!("{what}, GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
+    assert!(
+        rel < 0.05,
+        "{what}: GPU logits differ from the CPU's by {rel} of the row's scale"
+    );
+    assert!(top1 * 100 >= n * 95, "{what}: top-1 agrees on only {top1} of {n} rows");
+}
+
 /// A prompt step of more than 64 tokens takes the prompt tiles (`paged_attention_prefill_bf16`,
 /// `_fp8` over an fp8 cache): a 100-token prompt beside two short ones, then 24 decode steps, on
 /// the GPU against the CPU backend, as the short prompts above are.
@@ -507,32 +534,16 @@ fn a_long_prompt_through_the_prompt_tiles_matches_the_cpu_backend() {
     };
     let mut fp8_cache = gpu_executor(|o| o.kv_cache_dtype = KvCacheDtype::Fp8E4m3).unwrap();
     let model = load_model(&default_model_path(), &|_, _| {}).unwrap();
-    let story = "The river ran past the mill, the school and the old stone bridge, and every spring it \
-                 rose to the doors of the houses on the low street. ";
-    let mut long = model.tokenizer.encode(&story.repeat(8), true, false).unwrap();
-    long.truncate(100);
-    let prompts: Vec<Vec<u32>> = std::iter::once(long)
-        .chain(
-            PROMPTS[..2]
-                .iter()
-                .map(|p| model.tokenizer.encode(p, true, false).unwrap()),
-        )
-        .collect();
+    let prompts = long_prompt_beside_two(&model.tokenizer, 100);
     let tokens: usize = prompts.iter().map(Vec::len).sum();
     assert!(
-        prompts[0].len() == 100 && tokens > 64,
+        tokens > 64,
         "the prompt step must be long enough for the tiles ({tokens} tokens)"
     );
     let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 2);
     let rows = run_lockstep(&mut [&mut cpu, &mut bf16_cache, &mut fp8_cache], &prompts, 24);
     let n = rows[0].len();
-    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
-    eprintln!("long prompt, GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
-    assert!(
-        rel < 0.05,
-        "GPU logits differ from the CPU's by {rel} of the row's scale"
-    );
-    assert!(top1 * 100 >= n * 95, "top-1 agrees on only {top1} of {n} rows");
+    assert_near_the_cpu("long prompt", &rows[0], &rows[1]);
     let (rel8, mean8, top8) = compare(&rows[1], &rows[2]);
     eprintln!("long prompt, fp8 KV vs bf16 KV: max rel {rel8:.5}, mean abs {mean8:.5}, top-1 equal {top8}/{n}");
     assert!(
@@ -724,32 +735,15 @@ fn a_long_prompt_of_a_q4_k_m_file_matches_the_cpu_backend() {
     let gpu_model = load_model(&path, &|_, _| {}).expect("the quantized file loads");
     let mut gpu = GpuExecutor::new(gpu_model.transformer, &test_options(), &libs, &|_, _| {}).expect("GPU executor");
     let model = load_model(&path, &|_, _| {}).unwrap();
-    let story = "The river ran past the mill, the school and the old stone bridge, and every spring it \
-                 rose to the doors of the houses on the low street. ";
-    let mut long = model.tokenizer.encode(&story.repeat(24), true, false).unwrap();
-    long.truncate(400);
-    let prompts: Vec<Vec<u32>> = std::iter::once(long)
-        .chain(
-            PROMPTS[..2]
-                .iter()
-                .map(|p| model.tokenizer.encode(p, true, false).unwrap()),
-        )
-        .collect();
+    let prompts = long_prompt_beside_two(&model.tokenizer, 400);
     let tokens: usize = prompts.iter().map(Vec::len).sum();
     assert!(
-        prompts[0].len() == 400 && tokens > 256 && tokens <= test_options().max_num_batched_tokens,
+        tokens > 256 && tokens <= test_options().max_num_batched_tokens,
         "the prompt step must be one step past 256 tokens ({tokens} tokens)"
     );
     let mut cpu = CpuExecutor::new(model.transformer, KvCacheDtype::Auto, 16, 64, 2);
     let rows = run_lockstep(&mut [&mut cpu, &mut gpu], &prompts, 24);
-    let n = rows[0].len();
-    let (rel, mean, top1) = compare(&rows[0], &rows[1]);
-    eprintln!("Q4_K_M, a {tokens}-token prompt step, GPU vs CPU over {n} rows: max rel {rel:.5}, mean abs {mean:.5}, top-1 equal {top1}/{n}");
-    assert!(
-        rel < 0.05,
-        "GPU logits differ from the CPU's by {rel} of the row's scale"
-    );
-    assert!(top1 * 100 >= n * 95, "top-1 agrees on only {top1} of {n} rows");
+    assert_near_the_cpu(&format!("Q4_K_M, a {tokens}-token prompt step"), &rows[0], &rows[1]);
 }
 
 /// Greedy decoding of `PROMPTS` on `exec`, `steps` steps after the prompts, sequence 2 leaving
