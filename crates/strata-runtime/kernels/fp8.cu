@@ -212,7 +212,7 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
 // token 4, with half the loads a row in flight of the pairs': o's 3,584 rows are then 896
 // blocks, all resident at once on an H100 (8 an SM), so every block's weight loads start before
 // the wait for attention. Pairs past one token, where 4 rows took 159 registers, not 92, at 2.
-#define FP8_RES_ROWS(T) ((T) == 1 ? 4 : 2)
+#define FP8_RES_ROWS(T) ((T) == 1 ? 4 : FP8_ROWS)
 
 // The o and down projections on one GPU, as quant.cu's qgemv_residual: res += x · wᵀ (f32), the
 // new rows' squares into `norm_out`, and res_bf16 = the new rows times the next norm's weights
