@@ -1707,9 +1707,12 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #define QWIDE_TMA 1
 #endif
 #if QTILE_ON_WGMMA
-// QWIDE_W_TMA: see wide_at.
+// kernels.rs reads these names in the PTX: the wide tiles then need their x map, their weight
+// maps (QWIDE_W_TMA: see wide_at). The PTX's TMA instructions alone cannot tell the two apart.
+#if QWIDE_TMA
+extern "C" __constant__ int qwide_x_by_tma = 1;
+#endif
 #if QWIDE_W_TMA
-// kernels.rs reads this name in the PTX: the wide tiles then need their weight maps.
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 

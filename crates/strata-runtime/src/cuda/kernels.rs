@@ -443,7 +443,7 @@ impl Kernels {
             specialized_tiles |= specialized;
             // The wide tiles' only wgmma shape: absent where quant.cu compiled without wgmma.
             wide_tiles |= family == "quant" && ptx.contains("m64n256k16");
-            wide_tma |= family == "quant" && ptx.contains("cp.async.bulk.tensor");
+            wide_tma |= family == "quant" && ptx.contains("qwide_x_by_tma");
             wide_weights_by_tma |= family == "quant" && ptx.contains("qwide_weights_by_tma");
             let module = gpu
                 .ctx

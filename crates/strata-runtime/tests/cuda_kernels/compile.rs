@@ -88,13 +88,15 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                 ),
                 "{family}.cu for {arch}: wgmma {wgmma}, TMA {tma}"
             );
-            // The wide tiles copy their weight planes by TMA by default (Kernels::load finds
-            // the marker); nowhere else is the marker.
-            assert_eq!(
-                text.contains("qwide_weights_by_tma"),
-                *family == "quant" && arch == "compute_90a",
-                "{family}.cu for {arch}: the weight planes' marker"
-            );
+            // The wide tiles copy x and their weight planes by TMA by default (Kernels::load
+            // finds the markers); nowhere else are the markers.
+            for marker in ["qwide_x_by_tma", "qwide_weights_by_tma"] {
+                assert_eq!(
+                    text.contains(marker),
+                    *family == "quant" && arch == "compute_90a",
+                    "{family}.cu for {arch}: the marker {marker}"
+                );
+            }
             // Kernels::load takes the tiles as warp-specialized only where they are opted into.
             assert!(
                 *family != "quant" || !has_specialized_tiles(text),
@@ -135,7 +137,11 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
         (
             &["QWIDE_TMA=0", "QWIDE_W_TMA=0"],
             "quant_wide_lanes.ptx",
-            |ptx| ptx.contains("m64n256k16") && !ptx.contains("cp.async.bulk.tensor.2d"),
+            |ptx| {
+                ptx.contains("m64n256k16")
+                    && !ptx.contains("cp.async.bulk.tensor.2d")
+                    && !ptx.contains("qwide_x_by_tma")
+            },
             "the wide tiles still copy x by TMA",
         ),
         // The wide tiles' weights copied by the lanes into interleaved rows (the default copies
