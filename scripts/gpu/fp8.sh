@@ -8,7 +8,7 @@
 # per-kernel profile of FP8 steps at 1 and 256 tokens. With gpu-bin/cuda-test and the default
 # model staged (stage_model.sh), SmolLM2's FP8 test with each decode GEMV. Carries
 # gpu-bin/strata.gz, cuda-kernels-test.gz and tokenizers-qwen2.5.tgz (QUICK=1: kernel tests and the FP8
-# single stream of each GEMV only; BARS=1: the FP8 bars alone, below). Outputs in $OUT/results_fp8.tgz,
+# single stream of each GEMV only; BARS=1: the FP8 bars alone; AB=DIR: a build against another, below). Outputs in $OUT/results_fp8.tgz,
 # packed again after every step (a call cut off by its limit still brings back what ran).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -27,6 +27,26 @@ bench() {
     grep -o "x[0-9]* (0 constrained).*fnv1a [0-9a-f]*" "$OUT/bench_$name.log" | sed 's/ (0 constrained).*fnv1a/ fnv1a/'
     pack
 }
+# AB=DIR: a change to the FP8 GEMVs against the build in DIR (DIR/strata.gz, carried beside
+# gpu-bin/strata.gz): fp8.cu's and the QKV GEMVs' kernel tests (when cuda-kernels-test.gz is
+# carried), then the 7B's FP8 single stream, the two builds alternated twice (their output hashes
+# side by side), ~8 min.
+if [ -n "${AB:-}" ]; then
+    gunzip -c "$AB/strata.gz" > /tmp/strata_base && chmod +x /tmp/strata_base
+    if [ -x gpu-bin/cuda-kernels-test ]; then
+        echo "== kernel tests: fp8 and rope (the QKV GEMVs with RoPE)"
+        timeout 150 gpu-bin/cuda-kernels-test --nocapture --test-threads 1 --skip compile:: fp8 rope \
+            > "$OUT/cuda_kernels_tests.log" 2>&1
+        grep -E "^test |panicked|result|skipped" "$OUT/cuda_kernels_tests.log"
+        pack
+    fi
+    qwen7b_checkpoint
+    for round in 1 2; do
+        bench "fp8_new_$round" fp8 1
+        S=/tmp/strata_base bench "fp8_base_$round" fp8 1
+    done
+    exit 0
+fi
 # BARS=1: issue 30's two FP8 bars alone, the shortest call that gives them (~6 min): the 7B
 # single stream and 256 users in bf16 and in FP8, no kernel tests and no variants.
 if [ -n "${BARS:-}" ]; then

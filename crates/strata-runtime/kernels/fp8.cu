@@ -60,7 +60,7 @@ __device__ __forceinline__ void fp8x16_to_f32(uint4 q, float (&v)[16]) {
 }
 
 // ---- Decode GEMVs: t <= 8 tokens, bound by reading w once. ----
-// A block computes R rows (gate/up: a gate row and its up row; QKV: the two rows RoPE pairs), as
+// A block computes R rows (gate/up: a gate row and its up row; QKV: rows RoPE pairs), as
 // gemm.cu's bf16 GEMVs do: thread i takes the 16-byte pieces i, i + 128, ... of each row,
 // FP8_LOADS of them a row in flight at once, streamed past L1; x (16 bf16 a piece and token)
 // comes through L1 and is shared by the R rows; the warps meet in shared memory
@@ -118,12 +118,12 @@ __device__ __forceinline__ void fp8_rows(const u8* __restrict__ w, int k, const 
 
 // fp8_rows, and each token's norm scale s from `norm_in` (NormIn; 1 when null), as gemm.cu's
 // gemv_rows_normed. True in thread 0, which holds both; every other thread is done.
-template <int T, int R>
+template <int T, int R, int LOADS = FP8_LOADS>
 __device__ __forceinline__ bool fp8_rows_normed(const u8* __restrict__ w, int k, const bf16* __restrict__ x, int t,
                                                 const int (&rows)[R], const u64* __restrict__ norm_in, float eps,
                                                 float (&acc)[R][T], float (&s)[T]) {
     NormIn<T> norm{norm_in};
-    fp8_rows<T, R>(w, k, x, t, rows, acc, [&] { norm.load(t); });
+    fp8_rows<T, R, LOADS>(w, k, x, t, rows, acc, [&] { norm.load(t); });
     if (threadIdx.x >= 32) return false;
     norm.scales(t, k, eps, s);
     return threadIdx.x == 0;
@@ -182,9 +182,15 @@ __device__ void fp8_gemv_silu(const u8* __restrict__ w, const float* __restrict_
     }
 }
 
+// RoPE pairs a QKV GEMV block of T tokens computes (fp8_call.rs: qkv_block_pairs). At one token
+// 3, with a load a row in flight (6 rows, not 2 x 4): Qwen2.5-7B's 2,304 pairs are then 768
+// blocks, one wave on an H100, so every block's loads start before the wait for the norm, as
+// FP8_RES_ROWS does for o and down. One pair past one token, where the sums take the registers.
+#define FP8_QKV_PAIRS(T) ((T) == 1 ? 3 : 1)
+
 // The QKV projection with rope.cu's work folded in, as gemm.cu's gemv_qkv_rope over FP8 rows: a
-// block computes one pair of rows (gemv.cuh's QkvRopePair), rounds them to bf16 as fp8_gemv
-// would, and rotates and stores them (qkv_rope_store). Grid width / 2.
+// block computes FP8_QKV_PAIRS(T) pairs of rows (gemv.cuh's QkvRopePair), rounds them to bf16 as
+// fp8_gemv would, and rotates and stores them (qkv_rope_store). Grid ceil(width / 2 / pairs).
 template <int T>
 __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restrict__ scales,
                                   const bf16* __restrict__ x, bf16* __restrict__ qkv, int k, int t,
@@ -193,18 +199,31 @@ __device__ void fp8_gemv_qkv_rope(const u8* __restrict__ w, const float* __restr
                                   int rot_dim, int neox, const int* __restrict__ slots, bf16* __restrict__ k_cache,
                                   bf16* __restrict__ v_cache, int block_size, const u64* __restrict__ norm_in,
                                   float eps) {
-    const int pair = blockIdx.x;
-    if (2 * pair >= (n_heads + 2 * n_kv) * head_dim) return;
-    const QkvRopePair p(pair, n_heads, n_kv, head_dim, rot_dim, neox);
-    float acc[2][T], s[T];
-    if (!fp8_rows_normed<T, 2>(w, k, x, t, p.rows, norm_in, eps, acc, s)) return;
-    const float ws0 = scales[p.rows[0]] * FP8_DECODED, ws1 = scales[p.rows[1]] * FP8_DECODED;
+    constexpr int P = FP8_QKV_PAIRS(T);
+    const int pairs = (n_heads + 2 * n_kv) * head_dim / 2, first = blockIdx.x * P;
+    if (first >= pairs) return;
+    // Pairs past the last repeat it (their sums are not stored).
+    int rows[2 * P];
 #pragma unroll
-    for (int j = 0; j < T; j++) {
-        if (j >= t) break;
-        const float v0 = bf2f(f2bf(acc[0][j] * ws0 * s[j])), v1 = bf2f(f2bf(acc[1][j] * ws1 * s[j]));
-        qkv_rope_store(p, j, v0, v1, qkv, bias, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, slots,
-                       k_cache, v_cache, block_size);
+    for (int q = 0; q < P; q++) {
+        const QkvRopePair p(first + q < pairs ? first + q : first, n_heads, n_kv, head_dim, rot_dim, neox);
+        rows[2 * q] = p.rows[0];
+        rows[2 * q + 1] = p.rows[1];
+    }
+    float acc[2 * P][T], s[T];
+    if (!fp8_rows_normed<T, 2 * P, FP8_LOADS * 2 / (2 * P)>(w, k, x, t, rows, norm_in, eps, acc, s)) return;
+#pragma unroll
+    for (int q = 0; q < P; q++) {
+        if (first + q >= pairs) break;
+        const QkvRopePair p(first + q, n_heads, n_kv, head_dim, rot_dim, neox);
+        const float ws0 = scales[p.rows[0]] * FP8_DECODED, ws1 = scales[p.rows[1]] * FP8_DECODED;
+#pragma unroll
+        for (int j = 0; j < T; j++) {
+            if (j >= t) break;
+            const float v0 = bf2f(f2bf(acc[2 * q][j] * ws0 * s[j])), v1 = bf2f(f2bf(acc[2 * q + 1][j] * ws1 * s[j]));
+            qkv_rope_store(p, j, v0, v1, qkv, bias, positions, rope_table, n_heads, n_kv, head_dim, rot_dim, slots,
+                           k_cache, v_cache, block_size);
+        }
     }
 }
 

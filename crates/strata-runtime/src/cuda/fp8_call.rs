@@ -19,8 +19,17 @@ fn residual_block_rows(t: i32) -> u32 {
         FP8_BLOCK_ROWS
     }
 }
-/// Gate/up row pairs (or RoPE row pairs) an `fp8_gemv_silu_*` (`fp8_gemv_qkv_rope_*`) block computes.
+/// Gate/up row pairs an `fp8_gemv_silu_*` block computes.
 const FP8_SILU_BLOCK_ROWS: u32 = 1;
+/// RoPE row pairs an `fp8_gemv_qkv_rope_t{T}` block computes (fp8.cu's FP8_QKV_PAIRS(T)): 3 at
+/// one token, one past it.
+fn qkv_block_pairs(t: i32) -> u32 {
+    if t == 1 {
+        3
+    } else {
+        1
+    }
+}
 /// Threads of a tensor-core GEMV block (fp8.cu's FP8M_WARPS warps).
 const FP8_MMA_THREADS: u32 = 8 * 32;
 /// Rows a tensor-core GEMV block computes (FP8M_ROWS: two tiles of 16).
@@ -245,11 +254,11 @@ impl Fp8GemvQkvRopeCall {
         gemv_name(3, self.rope.t, false)
     }
 
-    /// A block every pair of rows RoPE rotates together, as the SiLU GEMV's gate/up pairs.
+    /// A block every [`qkv_block_pairs`] pairs of rows RoPE rotates together.
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
         let r = &self.rope;
         let pairs = ((r.n_heads + 2 * r.n_kv) * r.head_dim / 2).max(0) as u32;
-        ((pairs.div_ceil(FP8_SILU_BLOCK_ROWS), 1, 1), GEMV_THREADS, 0)
+        ((pairs.div_ceil(qkv_block_pairs(r.t)), 1, 1), GEMV_THREADS, 0)
     }
 
     /// `rope`'s arguments with the scales after the weights.
@@ -562,7 +571,11 @@ mod tests {
             rope: GemvQkvRopeCall { t: 1, ..rope },
             ..c
         };
-        assert_eq!(one.name(), "fp8_gemv_qkv_rope_t1");
+        // One token: 3 pairs a block, 768 blocks.
+        assert_eq!(
+            (one.name(), one.shape()),
+            ("fp8_gemv_qkv_rope_t1", ((768, 1, 1), 128, 0))
+        );
     }
 
     #[test]
