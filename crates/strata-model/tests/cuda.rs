@@ -727,11 +727,18 @@ fn a_long_prompt_of_a_q4_k_m_file_matches_the_cpu_backend() {
         eprintln!("skipped: STRATA_QUANT_MODELS is not set (scripts/gpu/quantized.sh makes the files)");
         return;
     };
-    let path = std::path::Path::new(&dir).join("SmolLM2-135M-Instruct.Q4_K_M.gguf");
-    if !path.is_file() {
-        eprintln!("skipped: no {path:?} (scripts/make_quant_models.sh Q4_K_M makes it)");
+    // make_quant_models.sh names it SmolLM2-135M-Instruct.Q4_K_M.gguf, quantized.sh smollm2-Q4_K_M.gguf.
+    let found = std::fs::read_dir(&dir)
+        .expect("STRATA_QUANT_MODELS is a folder")
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("Q4_K_M.gguf"))
+        });
+    let Some(path) = found else {
+        eprintln!("skipped: no *Q4_K_M.gguf in {dir:?} (scripts/make_quant_models.sh Q4_K_M makes one)");
         return;
-    }
+    };
     let gpu_model = load_model(&path, &|_, _| {}).expect("the quantized file loads");
     let mut gpu = GpuExecutor::new(gpu_model.transformer, &test_options(), &libs, &|_, _| {}).expect("GPU executor");
     let model = load_model(&path, &|_, _| {}).unwrap();
