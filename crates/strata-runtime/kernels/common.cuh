@@ -420,11 +420,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], unsigned l
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(a), "l"(b), "r"(1));
 }
-// Waits until at most N of the warpgroup's committed wgmma groups are still in flight.
-template <int N>
-__device__ __forceinline__ void wgmma_wait_in_flight() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
+// Waits until at most one of the warpgroup's committed wgmma groups is still in flight.
+__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // d += A (64 x 16, bf16, from registers) B (16 x 256, bf16, K-major in shared memory): warp w of
 // the warpgroup gives rows 16 w.. of A as an mma.sync m16n8k16 A fragment (a[0]: row g, columns
 // 2c, 2c + 1; a[1]: row g + 8; a[2], a[3]: the same rows, columns + 8; g = lane / 4, c = lane % 4),

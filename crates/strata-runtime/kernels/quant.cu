@@ -1685,32 +1685,20 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 // each lane decodes its own A fragments (2 rows x 16 columns a step) from the raw block bytes into
 // registers, and wgmma reads them there while x comes from shared memory (bench/NOTES.md v35).
 // A ring of QWIDE_STAGES stages (the step's x tile, by TMA unless QWIDE_TMA=0, and its raw weight
-// bytes, by TMA unless QWIDE_W_TMA=0) fills two steps ahead; the decode of step s runs while the
-// tensor cores multiply step s - 1 (and s - 2 under QWIDE_DEEP). K split into parts as qgemm's;
-// the grid is qgemm_wide's.
+// bytes by cp.async) fills two steps ahead; the decode of step s runs while the tensor cores
+// multiply step s - 1. K split into parts as qgemm's; the grid is qgemm_wide's.
 #define QWIDE_ROWS 128
 #define QWIDE_TOKENS 256
 #define QWIDE_THREADS 256
 #ifndef QWIDE_STAGES
 #define QWIDE_STAGES 4
 #endif
-// 1 (STRATA_KERNEL_DEFINES="QWIDE_DEEP=1", opt-in until timed): a warpgroup keeps two steps'
-// products in flight, not one (wgmma.wait_group 2, three sets of fragment registers), so the
-// decode of step s + 1 starts once step s - 2's products are done and hides behind two steps'
-// products (bench/NOTES.md v45). x then needs a fifth stage: the products read it in place.
-#ifndef QWIDE_DEEP
-#define QWIDE_DEEP 0
-#endif
-#define QWIDE_IN_FLIGHT (QWIDE_DEEP ? 2 : 1)
-// x tiles in the ring: a step's tile is overwritten QWIDE_X_STAGES steps on, two steps after its
-// copy is issued, once the QWIDE_IN_FLIGHT products after it are what may still be running.
-#define QWIDE_X_STAGES (QWIDE_STAGES + QWIDE_IN_FLIGHT - 1)
 #define QWIDE_X_BYTES (QWIDE_TOKENS * QTILE_K * 2)
 // A stage's raw weight bytes, the most any format takes (Q6_K: 128 x 112 + 128 x 4).
 #define QWIDE_W_BYTES 16384
-// kernels.rs: qwide_shared_bytes (every launch gets it): the x tiles, the weight stages with an
-// mbarrier each (the TMA copies'), and 1,024 bytes of slack to align the base.
-#define QWIDE_SHARED (QWIDE_X_STAGES * QWIDE_X_BYTES + QWIDE_STAGES * (QWIDE_W_BYTES + 8) + 1024)
+// kernels.rs: QWIDE_SHARED_BYTES (every launch gets it): the stages, an mbarrier a stage for the
+// TMA path's x tiles, and 1,024 bytes of slack to align the base.
+#define QWIDE_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES + 8) + 1024)
 // 1: one thread copies each step's x tile by TMA (the kernel's x_map, 64 columns x 256 tokens,
 // zeros past t) into the stage, completing on the stage's mbarrier, instead of every lane issuing
 // eight 16-byte cp.async, which ncu found the wide tiles waiting on (bench/NOTES.md v35, v36:
@@ -1727,9 +1715,6 @@ extern "C" __constant__ int qwide_x_by_tma = 1;
 #if QWIDE_W_TMA
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
-#if QWIDE_DEEP
-extern "C" __constant__ int qwide_deep = 1;
-#endif
 
 // One block's product: tile rows row0.. by QWIDE_TOKENS tokens from tok0, k steps [first, last)
 // (none: zeros), stored as qgemm_store_to's z and prow0 say.
@@ -1744,9 +1729,8 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // The bytes a stage's mbarrier waits for: the x tile's and the weight planes' by TMA.
     constexpr unsigned W_TMA_BYTES = QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
     constexpr unsigned STAGE_TX = (tma ? QWIDE_X_BYTES : 0) + (w_tma ? W_TMA_BYTES : 0);
-    // Step i (from first) takes x tile i % QWIDE_X_STAGES and weight stage and mbarrier i % QWIDE_STAGES.
-    auto x_stage = [&](int xb) { return (bf16*)(base + xb * QWIDE_X_BYTES); };
-    auto w_stage = [&](int b) { return base + QWIDE_X_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
+    auto x_stage = [&](int b) { return (bf16*)(base + b * QWIDE_X_BYTES); };
+    auto w_stage = [&](int b) { return base + QWIDE_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int live = min(NT, t - tok0);
     const int kb = k / F::BLOCK;
@@ -1758,8 +1742,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // x tile of step s by TMA into stage b, completing on x_full + 8 b (the map's 128-byte
     // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes), and under
     // QWIDE_W_TMA the weight planes on the same mbarrier.
-    const unsigned x_full =
-        (unsigned)__cvta_generic_to_shared(base + QWIDE_X_STAGES * QWIDE_X_BYTES + QWIDE_STAGES * QWIDE_W_BYTES);
+    const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES));
     auto load_weights = [&](int s, int b) {
         u8* const stage = w_stage(b);
         if constexpr (w_tma) {
@@ -1796,15 +1779,15 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // This thread's tokens within t: p < x_live.
     const int x_live = (live - x_tok + QWIDE_THREADS / 8 - 1) / (QWIDE_THREADS / 8);
     const int x_dst = qtile_at(x_tok, x_col);
-    auto load_x = [&](int s, int xb, int b) {
+    auto load_x = [&](int s, int b) {
         if constexpr (tma) {
             if (threadIdx.x == 0) {
                 // Under QWIDE_W_TMA the stage's weights, loaded first, set the whole count.
                 if constexpr (!w_tma) mbarrier_expect_tx(x_full + 8 * b, STAGE_TX);
-                tma_load_2d(x_stage(xb), &x_map, s * QTILE_K, tok0, x_full + 8 * b);
+                tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, x_full + 8 * b);
             }
         } else {
-            bf16* const dst = x_stage(xb) + x_dst;
+            bf16* const dst = x_stage(b) + x_dst;
             const bf16* src = x_row + s * QTILE_K;
 #pragma unroll
             for (int p = 0; p < X_ROWS; p++) {
@@ -1820,24 +1803,20 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     const int half_a = ((row0 + ra < n ? row0 + ra : 0) * kb) & 1, half_b = ((row0 + rb < n ? row0 + rb : 0) * kb) & 1;
     float acc[NT / 2] = {};
     u32 a0[4][4], a1[4][4];
-#if QWIDE_DEEP
-    u32 a2[4][4];
-#endif
     // Step s: its stage is whole once this thread's copies have landed and every thread has
-    // passed the barrier, which also says each warpgroup has waited for step s - 1 - IN_FLIGHT's
-    // products: its x tile and step s - 2's weights (decoded before then) take step s + 2's
-    // copies. Then decode step s's fragments (the tensor cores are still on the steps before)
-    // and issue its products; wait until at most IN_FLIGHT groups are in flight, so the
-    // fragment registers of step s + 1 are free.
+    // passed the barrier, which also says each warpgroup has waited for step s - 2's products:
+    // their stage takes step s + 2's copies. Then decode step s's fragments (the tensor cores are
+    // still on step s - 1) and issue its products; wait until only those are in flight, so the
+    // other fragment registers are free for step s + 1.
     auto step = [&](int s, u32(&a)[4][4]) {
-        const int i = s - first, b = i % QWIDE_STAGES, xb = i % QWIDE_X_STAGES;
+        const int i = s - first, b = i % QWIDE_STAGES;
         cp_async_wait(QWIDE_STAGES - 3);
         fence_proxy_async();
         __syncthreads();
         if constexpr (tma || w_tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
         if (s + QWIDE_STAGES - 2 < last) {
             load_weights(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
-            load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_X_STAGES, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
+            load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
         }
         cp_async_commit();
         const u8* stage = w_stage(b);
@@ -1845,12 +1824,12 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         const int sb = (s >> 2) & 1;
         F::wide_fragment(stage, ra, F::WIDE_WORD ? words[ra] : 0u, s, c, 0, a, half_a ^ sb);
         F::wide_fragment(stage, rb, F::WIDE_WORD ? words[rb] : 0u, s, c, 1, a, half_b ^ sb);
-        const unsigned long long bx = wgmma_desc_sw128(x_stage(xb));
+        const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n256k16_bf16_rs(acc, a[kk], bx + 2 * kk);
         wgmma_commit();
-        wgmma_wait_in_flight<QWIDE_IN_FLIGHT>();
+        wgmma_wait_one();
     };
     // The first stages' weights load before the wait for the previous kernel (they are not its
     // output); each stage's copies are one commit group, the first holding the early weights.
@@ -1858,26 +1837,15 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         if (first + j < last) load_weights(first + j, j);
     wait_for_previous_kernel();
     for (int j = 0; j < QWIDE_STAGES - 2; j++) {
-        if (first + j < last) load_x(first + j, j, j);
+        if (first + j < last) load_x(first + j, j);
         cp_async_commit();
     }
-    // The fragment sets take turns: a set is written again once its products are done.
     int s = first;
-#if QWIDE_DEEP
-    for (; s + 2 < last; s += 3) {
-        step(s, a0);
-        step(s + 1, a1);
-        step(s + 2, a2);
-    }
-    if (s < last) step(s, a0);
-    if (s + 1 < last) step(s + 1, a1);
-#else
     for (; s + 1 < last; s += 2) {
         step(s, a0);
         step(s + 1, a1);
     }
     if (s < last) step(s, a0);
-#endif
     wgmma_wait_all();
     wgmma_hold(acc);
     store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32, z, prow0);

@@ -412,11 +412,9 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// The same where those tiles are warp-specialized: three stages of a weight and an x tile, the
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
-/// quant.cu's QWIDE_SHARED: the wide tiles' 256 x 64 bf16 x tiles (four, five when `deep`:
-/// QWIDE_DEEP), four stages of 16 KB of raw weight bytes and an mbarrier, and the slack.
-pub fn qwide_shared_bytes(deep: bool) -> u32 {
-    (4 + deep as u32) * (256 * 64 * 2) + 4 * (16384 + 8) + 1024
-}
+/// quant.cu's QWIDE_SHARED: the wide tiles' four stages of a 256 x 64 bf16 x tile, 16 KB of raw
+/// weight bytes and an mbarrier, and the slack.
+pub const QWIDE_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384 + 8) + 1024;
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
 /// kernels, alone in the family, are bounded to 512 threads a block.
@@ -447,7 +445,6 @@ impl Kernels {
             wide_tiles |= family == "quant" && ptx.contains("m64n256k16");
             wide_tma |= family == "quant" && ptx.contains("qwide_x_by_tma");
             wide_weights_by_tma |= family == "quant" && ptx.contains("qwide_weights_by_tma");
-            let wide_deep = family == "quant" && ptx.contains("qwide_deep");
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -465,7 +462,7 @@ impl Kernels {
                 }
                 if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || name.starts_with("qgemm_wide_")) {
                     let tile_bytes = if name.starts_with("qgemm_wide_") {
-                        qwide_shared_bytes(wide_deep)
+                        QWIDE_SHARED_BYTES
                     } else if specialized {
                         QTILE_SPECIALIZED_SHARED_BYTES
                     } else {

@@ -97,10 +97,6 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                     "{family}.cu for {arch}: the marker {marker}"
                 );
             }
-            assert!(
-                !text.contains("qwide_deep"),
-                "{family}.cu for {arch}: the deep wide tiles by default"
-            );
             // Kernels::load takes the tiles as warp-specialized only where they are opted into.
             assert!(
                 *family != "quant" || !has_specialized_tiles(text),
@@ -128,7 +124,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     // Each variant's defines, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
     type Shows = fn(&str) -> bool;
-    let variants: [(&[&str], &str, Shows, &str); 6] = [
+    let variants: [(&[&str], &str, Shows, &str); 5] = [
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
             &["QTILE_SPECIALIZED=1"],
@@ -162,14 +158,6 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             "quant_wide_f32.ptx",
             |ptx| ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
             "not the wide tiles' f32 decode",
-        ),
-        // The wide tiles with two steps' products in flight (Kernels::load sizes their shared
-        // memory by the marker).
-        (
-            &["QWIDE_DEEP=1"],
-            "quant_wide_deep.ptx",
-            |ptx| ptx.contains("qwide_deep") && ptx.contains("wgmma.wait_group.sync.aligned 2"),
-            "no wide tiles with two steps in flight",
         ),
         // The SiLU GEMVs' gate and up rows in one pass (quantized.sh single times it).
         (
