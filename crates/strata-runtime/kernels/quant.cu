@@ -1716,14 +1716,15 @@ extern "C" __constant__ int qwide_x_by_tma = 1;
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 
-// One block's product: tile rows row0.. by QWIDE_TOKENS tokens from tok0, k steps [first, last)
-// (none: zeros), stored as qgemm_store_to's z and prow0 say.
+// One block's product: tile rows row0.. of the n-row segment w by QWIDE_TOKENS tokens from tok0,
+// k steps [first, last) (none: zeros), stored as rows out0 + row0.. of an n_out-row output, as
+// qgemm_store_to's z and prow0 say (out0 0 and n_out n but for a pair's second segment).
 template <class F>
 __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const bf16* __restrict__ x,
                                                  void* __restrict__ y, float* __restrict__ parts, int n, int k, int t,
                                                  int ld, int out_f32, int first, int last, int row0, int tok0,
                                                  const TmaMap& x_map, const TmaMap* const (&w_maps)[3], u8* const base,
-                                                 int z, int prow0) {
+                                                 int z, int prow0, int out0, int n_out) {
     constexpr int NT = QWIDE_TOKENS;
     constexpr bool tma = QWIDE_TMA, w_tma = QWIDE_W_TMA;
     // The bytes a stage's mbarrier waits for: the x tile's and the weight planes' by TMA.
@@ -1848,7 +1849,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     if (s < last) step(s, a0);
     wgmma_wait_all();
     wgmma_hold(acc);
-    store_wgmma_sums(acc, warp, row0, tok0, live, y, parts, n, t, ld, out_f32, z, prow0);
+    store_wgmma_sums(acc, warp, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
 }
 #endif
 
@@ -1870,14 +1871,14 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
     if ((int)blockIdx.x < whole) {
         const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
         qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0, x_map,
-                            w_maps, base, grid_split(), 0);
+                            w_maps, base, grid_split(), 0, 0, n);
         return;
     }
     const int piece = blockIdx.x - whole, z = piece % tail_splits;
     const int per = (steps + tail_splits - 1) / tail_splits;
     const int first = min(steps, z * per), last = min(steps, first + per);
     qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, (whole + piece / tail_splits) * QWIDE_ROWS,
-                        tok0, x_map, w_maps, base, z, whole * QWIDE_ROWS);
+                        tok0, x_map, w_maps, base, z, whole * QWIDE_ROWS, 0, n);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
     __trap();
@@ -1892,6 +1893,46 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
                           const __grid_constant__ TmaMap w_map1, const __grid_constant__ TmaMap w_map2) {       \
         const TmaMap* const w_maps[3] = {&w_map0, &w_map1, &w_map2};                                          \
         qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, tail_splits, x_map, w_maps);          \
+    }
+
+// Two segments of one product in one launch, as qgemm_wide's whole tiles: a layer's QKV whose v
+// rows are Q6_K, which took two launches and two reduces, ~74 us at 224 tokens against ~34 for one
+// segment (bench/NOTES.md v46). Grid (n0 / 128 + ceil(n1 / 128), ceil(t / 256), splits): segment
+// 0's row tiles (n0 a multiple of 128), then segment 1's, whose rows are rows n0.. of y (and of
+// parts, [splits, t, n0 + n1]); every block takes steps_per_split of k's steps.
+template <class F0, class F1>
+__device__ void qgemm_wide_pair(const u8* __restrict__ w0, const u8* __restrict__ w1, const bf16* __restrict__ x,
+                                void* __restrict__ y, float* __restrict__ parts, int n0, int n1, int k, int t, int ld,
+                                int out_f32, int steps_per_split, const TmaMap& x_map,
+                                const TmaMap* const (&w0_maps)[3], const TmaMap* const (&w1_maps)[3]) {
+#if QTILE_ON_WGMMA
+    extern __shared__ unsigned char qwide_dynamic[];
+    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
+    const int steps = k / QTILE_K, tiles0 = n0 / QWIDE_ROWS, tok0 = blockIdx.y * QWIDE_TOKENS;
+    const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
+    if ((int)blockIdx.x < tiles0)
+        qgemm_wide_block<F0>(w0, x, y, parts, n0, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0,
+                             x_map, w0_maps, base, grid_split(), 0, 0, n0 + n1);
+    else
+        qgemm_wide_block<F1>(w1, x, y, parts, n1, k, t, ld, out_f32, first, last,
+                             ((int)blockIdx.x - tiles0) * QWIDE_ROWS, tok0, x_map, w1_maps, base, grid_split(), 0, n0,
+                             n0 + n1);
+#else
+    // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
+    __trap();
+#endif
+}
+
+#define QUANT_WIDE_PAIR_KERNEL(F0, F1, NAME)                                                                    \
+    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1) qgemm_wide_pair_##NAME(                       \
+        const u8* w0, const u8* w1, const bf16* x, void* y, float* parts, int n0, int n1, int k, int t, int ld,    \
+        int out_f32, int steps, const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w0_map0,  \
+        const __grid_constant__ TmaMap w0_map1, const __grid_constant__ TmaMap w0_map2,                       \
+        const __grid_constant__ TmaMap w1_map0, const __grid_constant__ TmaMap w1_map1,                       \
+        const __grid_constant__ TmaMap w1_map2) {                                                              \
+        const TmaMap* const w0_maps[3] = {&w0_map0, &w0_map1, &w0_map2};                                      \
+        const TmaMap* const w1_maps[3] = {&w1_map0, &w1_map1, &w1_map2};                                      \
+        qgemm_wide_pair<F0, F1>(w0, w1, x, y, parts, n0, n1, k, t, ld, out_f32, steps, x_map, w0_maps, w1_maps); \
     }
 
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.
@@ -1957,3 +1998,4 @@ QUANT_KERNELS(FmtQ5_K, q5_k)
 QUANT_KERNELS(FmtQ6_K, q6_k)
 QUANT_WIDE_KERNEL(FmtQ4_K, q4_k)
 QUANT_WIDE_KERNEL(FmtQ6_K, q6_k)
+QUANT_WIDE_PAIR_KERNEL(FmtQ4_K, FmtQ6_K, q4_k_q6_k)

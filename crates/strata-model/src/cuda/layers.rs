@@ -7,8 +7,8 @@ use strata_runtime::cuda::{
     gemv_kernels, prefill_attention_fits, AttentionCall, Communicator, CudaError, DequantCall, DeviceBuffer,
     EmbeddingCall, FixedOrderGemmCall, Fp8Gemv, Fp8GemvQkvRopeCall, GemmOut, GemvCall, GemvQkvRopeCall,
     GemvResidualCall, GemvSiluCall, Gpu, NormCall, NormOp, PrefillAttentionCall, QuantEmbeddingCall, QuantFormat,
-    QuantGemmCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, RopeCall,
-    RopeKernel, SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
+    QuantGemmCall, QuantGemmPairCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall,
+    QuantGemvSiluCall, QuantizeQ8Call, RopeCall, RopeKernel, SiluMulCall, SumRanksCall, TmaMap, QGEMM_K,
 };
 
 use crate::config::ModelConfig;
@@ -16,7 +16,7 @@ use crate::kv_cache::KvCacheDtype;
 
 use super::forward::{GpuTransformer, SplitSums};
 use super::knobs::GpuKnobs;
-use super::weights::{ComputeDtype, GpuMatrix, MatrixView};
+use super::weights::{ComputeDtype, GpuMatrix, MatrixView, SegmentView};
 use strata_runtime::cuda::gemm_call::NORM_SUMS_BYTES;
 
 /// Most parts one token's attention context is split into (flash-decoding style).
@@ -853,7 +853,7 @@ impl GpuTransformer {
         let reader_sums_splits = self.knobs.fold_split_sums
             && (y == self.bufs.qkv.ptr()
                 || (y == self.bufs.proj.ptr() && out == GemmOut::F32 && self.comms.tp.is_none()));
-        for seg in w.segments() {
+        let segment_call = |seg: &SegmentView| -> Result<QuantGemmCall, CudaError> {
             let tile = if wide && self.runs_wide(seg.format) {
                 QuantGemmTile::Wide
             } else {
@@ -883,22 +883,57 @@ impl GpuTransformer {
                 (call.tail, call.tail_splits) =
                     tile.wide_tail_for((seg.rows, k, t), call.grid_splits() as usize, sms, capacity);
             }
-            call.launch_with(self.shaped_launcher((seg.rows, k)))?;
-            match call.reduce() {
-                // Only sums of all n rows: the reader takes them for `y`'s. A segment of part of
-                // the rows (the next one reuses the parts buffer) or a tail's reduce launches.
-                Some(reduce) if reader_sums_splits && reduce.n as usize == n => {
-                    self.split_sums = Some(SplitSums {
-                        y,
-                        parts: reduce.parts,
-                        splits: reduce.splits,
-                    })
+            Ok(call)
+        };
+        let calls = w
+            .segments()
+            .map(|seg| segment_call(&seg))
+            .collect::<Result<Vec<QuantGemmCall>, CudaError>>()?;
+        // Two segments with a wide pair kernel (QKV whose v rows are Q6_K) run as one launch,
+        // k split as one product of all n rows.
+        if let ([first, second], true) = (&calls[..], self.knobs.quant_wide_pairs) {
+            let first = QuantGemmCall {
+                steps_per_split: QuantGemmTile::Wide.steps_per_split_for(n, k, t, sms, capacity),
+                ..*first
+            };
+            if let Some(pair) = QuantGemmPairCall::of(first, *second) {
+                pair.launch_with(self.shaped_launcher((n, k)))?;
+                if let Some(reduce) = pair.reduce() {
+                    self.sum_splits(reduce, y, n, reader_sums_splits, (n, k))?;
                 }
-                Some(reduce) => reduce.launch_with(self.shaped_launcher((seg.rows, k)))?,
-                None => {}
+                return Ok(());
+            }
+        }
+        for call in calls {
+            call.launch_with(self.shaped_launcher((call.n as usize, k)))?;
+            if let Some(reduce) = call.reduce() {
+                self.sum_splits(reduce, y, n, reader_sums_splits, (call.n as usize, k))?;
             }
         }
         Ok(())
+    }
+
+    /// A quantized GEMM's k splits into `y` (`n` rows): left to the next reader where
+    /// `reader_sums` and the reduce covers all n rows, else summed by `reduce` now (a segment of
+    /// part of the rows, whose parts the next segment reuses, or a tail's).
+    fn sum_splits(
+        &mut self,
+        reduce: QuantGemmReduceCall,
+        y: u64,
+        n: usize,
+        reader_sums: bool,
+        shape: (usize, usize),
+    ) -> Result<(), CudaError> {
+        if reader_sums && reduce.n as usize == n {
+            self.split_sums = Some(SplitSums {
+                y,
+                parts: reduce.parts,
+                splits: reduce.splits,
+            });
+            Ok(())
+        } else {
+            reduce.launch_with(self.shaped_launcher(shape))
+        }
     }
 
     /// Whether `format`'s products past one 128-token tile run on the wide tiles here: the format

@@ -15,7 +15,8 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// The kernels quant.cu defines for each block format: its GEMVs for 1, 2, 4 and 8 tokens
 /// (plain, gate/up with SiLU, residual), its dequantization, its embedding lookup and its
 /// tensor-core GEMMs (registers, shared-memory tiles); then the activation quantizer the GEMVs read,
-/// the GEMM's split sum and the wide tiles of the formats that have them (Q4_K, Q6_K).
+/// the GEMM's split sum, the wide tiles of the formats that have them (Q4_K, Q6_K) and the wide
+/// tiles of a Q4_K and a Q6_K segment in one launch.
 macro_rules! quant_kernel_names {
     ($($f:literal),*) => {
         [$(
@@ -27,7 +28,8 @@ macro_rules! quant_kernel_names {
             concat!("qgemv_residual_", $f, "_t4"), concat!("qgemv_residual_", $f, "_t8"),
             concat!("dequant_", $f), concat!("embedding_", $f), concat!("qgemm_", $f),
             concat!("qgemm_tile_", $f),
-        )* "quantize_q8", "qgemm_reduce", "qgemm_wide_q4_k", "qgemm_wide_q6_k"]
+        )* "quantize_q8", "qgemm_reduce", "qgemm_wide_q4_k", "qgemm_wide_q6_k",
+          "qgemm_wide_pair_q4_k_q6_k"]
     };
 }
 

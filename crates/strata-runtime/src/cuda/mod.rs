@@ -75,8 +75,8 @@ pub use kernels::{prefill_attention_fits, KernelSpec, Kernels, STAGED_ATTENTION_
 pub use nccl::{check_nccl, CommAbort, Communicator, NcclId};
 pub use norm_call::{NormCall, NormOp};
 pub use quant_call::{
-    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall,
-    QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
+    DequantCall, QuantEmbeddingCall, QuantFormat, QuantGemmCall, QuantGemmPairCall, QuantGemmReduceCall, QuantGemmTile,
+    QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall, QuantizeQ8Call, Q8_BLOCK, QGEMM_K, QUANT_FORMATS,
 };
 pub use rope_call::{RopeCall, RopeKernel};
 pub use row_adjust_call::{RowAdjustCall, RowAdjustSlot};

@@ -672,6 +672,106 @@ impl QuantGemmCall {
     one_kernel_launch!("quant.cu");
 }
 
+/// Two wide-tile segments of one product in one launch (`qgemm_wide_pair_*`): a layer's QKV
+/// whose v rows are Q6_K, which two launches and two reduces made twice a one-segment QKV's
+/// time (bench/NOTES.md v46). `first` and `second` are the segments' calls as each would launch
+/// alone (format, w, n, weight maps); `first`'s y, parts, k, t, ld, out_f32, x map and
+/// steps_per_split serve both, and `second`'s rows are rows `first.n`.. of y (and of parts).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantGemmPairCall {
+    pub first: QuantGemmCall,
+    pub second: QuantGemmCall,
+}
+
+impl QuantGemmPairCall {
+    /// The pair of two segments, where quant.cu has a kernel for their formats (Q4_K then Q6_K),
+    /// both run on the wide tiles without a tail, and the first's rows are whole 128-row tiles.
+    pub fn of(first: QuantGemmCall, second: QuantGemmCall) -> Option<Self> {
+        let pair = Self { first, second };
+        let fits = first.tile == QuantGemmTile::Wide
+            && second.tile == QuantGemmTile::Wide
+            && first.wide_tail() == 0
+            && second.wide_tail() == 0
+            && (first.n as usize).is_multiple_of(QGEMM_ROWS)
+            && pair.kernel().is_some();
+        fits.then_some(pair)
+    }
+
+    fn kernel(&self) -> Option<&'static str> {
+        let at = QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 4;
+        (self.first.format == QuantFormat::Q4K && self.second.format == QuantFormat::Q6K).then(|| quant_kernels()[at])
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kernel()
+            .unwrap_or_else(|| panic!("no wide pair of {:?} and {:?}", self.first.format, self.second.format))
+    }
+
+    /// The product's rows: both segments'.
+    pub fn rows(&self) -> i32 {
+        self.first.n + self.second.n
+    }
+
+    fn shape(&self) -> ((u32, u32, u32), u32, u32) {
+        let (f, tiles) = (&self.first, |n: i32| (n.max(0) as u32).div_ceil(QGEMM_ROWS as u32));
+        (
+            (
+                tiles(f.n) + tiles(self.second.n),
+                (f.t as u32).div_ceil(f.tile.tokens() as u32),
+                f.grid_splits() as u32,
+            ),
+            f.tile.threads(),
+            0,
+        )
+    }
+
+    fn args(&self) -> Vec<*mut c_void> {
+        let (f, s) = (&self.first, &self.second);
+        let mut args = kernel_args!(
+            f.w,
+            s.w,
+            f.x,
+            f.y,
+            f.parts,
+            f.n,
+            s.n,
+            f.k,
+            f.t,
+            f.ld,
+            f.out_f32,
+            f.steps_per_split
+        )
+        .to_vec();
+        // The maps by value, as the wide tiles take them: x's, then each segment's planes'.
+        args.extend(kernel_args!(
+            f.x_map,
+            f.w_maps[0],
+            f.w_maps[1],
+            f.w_maps[2],
+            s.w_maps[0],
+            s.w_maps[1],
+            s.w_maps[2]
+        ));
+        args
+    }
+
+    /// The sum of the k splits of both segments' rows, as [`QuantGemmCall::reduce`].
+    pub fn reduce(&self) -> Option<QuantGemmReduceCall> {
+        let f = &self.first;
+        (f.grid_splits() > 1).then_some(QuantGemmReduceCall {
+            parts: f.parts,
+            y: f.y,
+            n: self.rows(),
+            t: f.t,
+            ld: f.ld,
+            splits: f.grid_splits(),
+            out_f32: f.out_f32,
+        })
+    }
+
+    one_kernel_launch!("quant.cu");
+}
+
 /// `y[j * ld + row]` = the sum of a [`QuantGemmCall`]'s `splits` partial sums (`qgemm_reduce`).
 #[derive(Debug, Clone, Copy)]
 pub struct QuantGemmReduceCall {
@@ -816,7 +916,7 @@ mod tests {
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
-        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 4);
+        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 5);
         let q = QuantizeQ8Call {
             x: 1,
             xq: 2,
@@ -977,6 +1077,55 @@ mod tests {
         assert_eq!(QuantFormat::Q4K.wide_planes(), (&[16u32, 32][..], 144));
         assert_eq!(QuantFormat::Q6K.wide_planes(), (&[64u32, 32, 16][..], 208));
         assert_eq!(tiled.x_map_for(true).unwrap(), TmaMap::NONE);
+        // A QKV of 4096 Q4_K rows and 512 Q6_K rows at 224 tokens: one launch of 32 + 4 tiles,
+        // k split as a 4608-row product's (3 ways), both segments' rows in one reduce.
+        let q4 = QuantGemmCall {
+            n: 4096,
+            k: 3584,
+            t: 224,
+            steps_per_split: 19,
+            ..wide_call
+        };
+        let q6 = QuantGemmCall {
+            format: QuantFormat::Q6K,
+            w: 20,
+            n: 512,
+            ..q4
+        };
+        let pair = QuantGemmPairCall::of(q4, q6).expect("Q4_K then Q6_K on the wide tiles");
+        assert_eq!(
+            (pair.name(), pair.shape(), pair.rows()),
+            ("qgemm_wide_pair_q4_k_q6_k", ((36, 1, 3), 256, 0), 4608)
+        );
+        // Both segments' bytes and rows, the first's other fields, then the maps by value.
+        let (pf, ps) = (&pair.first, &pair.second);
+        let mut want = vec![
+            at(&pf.w),
+            at(&ps.w),
+            at(&pf.x),
+            at(&pf.y),
+            at(&pf.parts),
+            at(&pf.n),
+            at(&ps.n),
+        ];
+        want.extend([
+            at(&pf.k),
+            at(&pf.t),
+            at(&pf.ld),
+            at(&pf.out_f32),
+            at(&pf.steps_per_split),
+        ]);
+        want.push(at(&pf.x_map));
+        want.extend(pf.w_maps.iter().chain(&ps.w_maps).map(at));
+        assert_eq!(pair.args(), want);
+        let r = pair.reduce().unwrap();
+        assert_eq!((r.y, r.n, r.t, r.ld, r.splits), (q4.y, 4608, 224, 4608, 3));
+        // No pair in the other order, with a first segment of part of a tile, a tail, or off
+        // the wide tiles.
+        assert!(QuantGemmPairCall::of(q6, q4).is_none());
+        assert!(QuantGemmPairCall::of(QuantGemmCall { n: 4000, ..q4 }, q6).is_none());
+        assert!(QuantGemmPairCall::of(QuantGemmCall { tail: 2, ..q4 }, q6).is_none());
+        assert!(QuantGemmPairCall::of(QuantGemmCall { tile: shared, ..q4 }, q6).is_none());
     }
 
     #[test]

@@ -8,8 +8,8 @@
 use strata_formats::quant::{dequantize, scales_and_mins};
 use strata_runtime::cuda::{
     DequantCall, DeviceBuffer, Gpu, KernelSpec, Kernels, NormCall, NormOp, QuantEmbeddingCall, QuantFormat,
-    QuantGemmCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall, QuantGemvSiluCall,
-    QuantizeQ8Call, TmaMap, Q8_BLOCK, QUANT_FORMATS,
+    QuantGemmCall, QuantGemmPairCall, QuantGemmReduceCall, QuantGemmTile, QuantGemvCall, QuantGemvResidualCall,
+    QuantGemvSiluCall, QuantizeQ8Call, TmaMap, Q8_BLOCK, QUANT_FORMATS,
 };
 
 use crate::common::{bf16_bits, bf16_value, first_gpu, random_bf16, random_f32, read_bf16, ResidualCase};
@@ -556,6 +556,106 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn a_wide_pair_computes_what_its_segments_compute_alone() {
+    let Some(gpu) = first_gpu() else {
+        return;
+    };
+    let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
+    if !kernels.wide_tiles() {
+        eprintln!("skipped: quant.cu has no wide tiles on this GPU (they need sm_90a)");
+        return;
+    }
+    // A Q4_K segment of whole tiles, then a Q6_K one of part of a tile (a QKV whose v rows are
+    // Q6_K): one launch of both must give the bits of each launched alone with the same k
+    // steps a block, whole (into an f32 y wider than the product) and split 3 ways (bf16 after
+    // one reduce of all rows against one a segment).
+    let (n0, n1, k) = (256usize, 70usize, 2816usize);
+    let n = n0 + n1;
+    let blocks0 = random_blocks(QuantFormat::Q4K, n0, k, 5);
+    let blocks1 = random_blocks(QuantFormat::Q6K, n1, k, 6);
+    let (seg0, seg1) = (
+        upload_segment(&gpu, QuantFormat::Q4K, &blocks0, n0, k),
+        upload_segment(&gpu, QuantFormat::Q6K, &blocks1, n1, k),
+    );
+    let steps = k / QuantGemmTile::Wide.k_step();
+    for t in [130usize, 300] {
+        let xd = gpu.upload(&random_bf16(t * k, 40 + t as u64), "x").unwrap();
+        let ld = n + 3;
+        for (splits, out_f32) in [(1usize, 1i32), (3, 0)] {
+            let elem = if out_f32 == 1 { 4 } else { 2 };
+            let ys: Vec<DeviceBuffer> = (0..2)
+                .map(|_| {
+                    let y = gpu.alloc(t * ld * elem, "y").unwrap();
+                    gpu.zero(&y, 0, t * ld * elem).unwrap();
+                    y
+                })
+                .collect();
+            let parts = gpu.alloc(splits * t * n * 4, "parts").unwrap();
+            let alone = |y: u64, seg: &DeviceBuffer, format, rows, first_row: usize| {
+                let call = QuantGemmCall {
+                    format,
+                    tile: QuantGemmTile::Wide,
+                    w: seg.ptr(),
+                    x: xd.ptr(),
+                    y: y + (first_row * elem) as u64,
+                    parts: parts.ptr(),
+                    n: rows as i32,
+                    k: k as i32,
+                    t: t as i32,
+                    ld: ld as i32,
+                    out_f32,
+                    steps_per_split: steps.div_ceil(splits) as i32,
+                    x_map: TmaMap::NONE,
+                    w_maps: [TmaMap::NONE; 3],
+                    tail: 0,
+                    tail_splits: 1,
+                };
+                QuantGemmCall {
+                    x_map: call.x_map_for(kernels.wide_tma()).unwrap(),
+                    w_maps: call.w_maps_for(kernels.wide_weights_by_tma()).unwrap(),
+                    ..call
+                }
+            };
+            let (a, b) = (
+                alone(ys[0].ptr(), &seg0, QuantFormat::Q4K, n0, 0),
+                alone(ys[0].ptr(), &seg1, QuantFormat::Q6K, n1, n0),
+            );
+            // SAFETY: segments n0 and n1 x k of their formats, x t x k bf16, y t x ld, parts
+            // splits x t x n f32; each alone call's reduce runs before the next call reuses parts.
+            unsafe {
+                for call in [a, b] {
+                    call.launch(&gpu, &kernels).unwrap();
+                    if let Some(r) = call.reduce() {
+                        r.launch(&gpu, &kernels).unwrap();
+                    }
+                }
+            }
+            let pair = QuantGemmPairCall::of(QuantGemmCall { y: ys[1].ptr(), ..a }, b).expect("a Q4_K, Q6_K pair");
+            assert_eq!(pair.reduce().is_some(), splits > 1);
+            // SAFETY: as above, into the second y.
+            unsafe {
+                pair.launch(&gpu, &kernels).unwrap();
+                if let Some(r) = pair.reduce() {
+                    r.launch(&gpu, &kernels).unwrap();
+                }
+            }
+            let read = |y: &DeviceBuffer| {
+                let mut bytes = vec![0u8; t * ld * elem];
+                gpu.read(y, 0, &mut bytes).unwrap();
+                bytes
+            };
+            let (want, got) = (read(&ys[0]), read(&ys[1]));
+            let first_diff = want.iter().zip(&got).position(|(w, g)| w != g);
+            assert!(
+                first_diff.is_none(),
+                "t {t}, {splits} splits: the pair differs from its segments alone at byte {first_diff:?}"
+            );
+            assert!(want.iter().any(|&v| v != 0), "t {t}, {splits} splits: nothing written");
         }
     }
 }
