@@ -324,6 +324,31 @@ mod tests {
                 names.push(wide.name().to_string());
             }
         }
+        // The one wide pair: a Q4_K segment of a whole tile, then a Q6_K one.
+        let [q4, q6] = [QuantFormat::Q4K, QuantFormat::Q6K].map(|format| QuantGemmCall {
+            format,
+            tile: QuantGemmTile::Wide,
+            w: 1,
+            x: 1,
+            y: 1,
+            parts: 1,
+            n: 128,
+            k: 256,
+            t: 9,
+            ld: 256,
+            out_f32: 0,
+            steps_per_split: 4,
+            x_map: TmaMap::NONE,
+            w_maps: [TmaMap::NONE; 3],
+            tail: 0,
+            tail_splits: 1,
+        });
+        names.push(
+            QuantGemmPairCall::of(q4, q6)
+                .expect("the Q4_K, Q6_K pair")
+                .name()
+                .to_string(),
+        );
         let q = QuantizeQ8Call {
             x: 1,
             xq: 1,
