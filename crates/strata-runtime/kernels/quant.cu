@@ -1718,7 +1718,8 @@ extern "C" __constant__ int qwide_weights_by_tma = 1;
 
 // One block's product: tile rows row0.. of the n-row segment w by QWIDE_TOKENS tokens from tok0,
 // k steps [first, last) (none: zeros), stored as rows out0 + row0.. of an n_out-row output, as
-// qgemm_store_to's z and prow0 say (out0 0 and n_out n but for a pair's second segment).
+// qgemm_store_to's z and prow0 say (out0 0 and n_out n, but in a pair: out0 the segment's first
+// row of the product, n_out both segments' rows).
 template <class F>
 __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const bf16* __restrict__ x,
                                                  void* __restrict__ y, float* __restrict__ parts, int n, int k, int t,
