@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds what the GPU scripts carry into gpu-bin/ (gitignored; the device machine has no Rust
 # toolchain): the strata binary and the CUDA test binaries (release, stripped, gzipped), the real
-# tokenizers as tokenizers-FAMILY.tgz, and the default model gzipped in 40 MiB parts (model.gz.part*)
-# for stage_model.sh, since a call carries at most 64 MiB. `make gpu-bin`; then see each script's
-# header for what its call carries.
+# tokenizers as tokenizers-FAMILY.tgz, the default model gzipped in 40 MiB parts (model.gz.part*)
+# for stage_model.sh, since a call carries at most 64 MiB, and llama.cpp's source as
+# llama-src.tar.xz (the convert script that gives the Q4_K_M files their vocabulary). `make
+# gpu-bin`; then see each script's header for what its call carries.
 set -eu
 cd "$(dirname "$0")/../.."
 CACHE=${STRATA_CACHE:-$HOME/.cache/strata}
@@ -35,4 +36,5 @@ rm -f gpu-bin/tokenizers.tgz
 for fam in qwen2.5 llama3; do tar czf "gpu-bin/tokenizers-$fam.tgz" -C "$CACHE" "tokenizers/$fam"; done
 rm -f gpu-bin/model.part* gpu-bin/model.gz.part*
 gzip -9 -c "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" | split -b 40M - gpu-bin/model.gz.part
+SRC_ONLY=1 scripts/gpu/build_llama_bin.sh
 ls -la gpu-bin

@@ -4,7 +4,8 @@
 # together from pinned CUDA 13.0 pip wheels, the pinned llama-cpp-python 0.3.36 sdist's llama.cpp;
 # out come gpu-bin/llama-bin.tar.xz.part* (15 MB parts of build/bin) and gpu-bin/llama-src.tar.xz.
 # About 35 minutes here (2 cores, nice'd, beside a Rust build; 31 of them nvcc); a rerun redoes only
-# what changed (seconds). JOBS sets the parallel jobs (default 2).
+# what changed (seconds). JOBS sets the parallel jobs (default 2); SRC_ONLY=1 makes only
+# llama-src.tar.xz (seconds; `make gpu-bin` does).
 set -eu
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -108,6 +109,28 @@ tools_venv() {
     "$VENV/bin/python" -m pip install -q --no-index --no-deps "${files[@]}"
 }
 
+# The source the device needs: convert_hf_to_gguf.py with what it imports (gguf-py, conversion)
+# and what a CUDA build there needs (quantized.sh builds from it when no parts are carried).
+pack_source() {
+    local other_backends excludes d
+    other_backends=$(cd "$SRC/ggml/src" && ls -d ggml-*/ | tr -d / | grep -vxE 'ggml-cpu|ggml-cuda')
+    excludes=(--exclude=./.strata-fetched)
+    for d in docs models tests examples pocs benches media ci skills .git .github .devops .gemini .pi; do
+        excludes+=("--exclude=./$d")
+    done
+    for d in $other_backends; do excludes+=("--exclude=./ggml/src/$d"); done
+    tar -C "$SRC" "${excludes[@]}" -cf - . | xz -9 -T"$JOBS" > gpu-bin/llama-src.tar.xz
+}
+
+# SRC_ONLY=1: the source archive alone (seconds; build_bin.sh makes it so), no toolkit or build.
+if [ -n "${SRC_ONLY:-}" ]; then
+    mkdir -p gpu-bin
+    python3 scripts/fetch.py llama-cpp-source
+    pack_source
+    ls -la gpu-bin/llama-src.tar.xz
+    exit 0
+fi
+
 fetch_wheels "${WHEEL_LIST[@]}" "${TOOL_LIST[@]}"
 assemble_toolkit
 tools_venv
@@ -167,13 +190,5 @@ else
     split -b 15M "$PKG/llama-bin.tar.xz" gpu-bin/llama-bin.tar.xz.part
 fi
 
-# The source the device needs: convert_hf_to_gguf.py with what it imports (gguf-py, conversion)
-# and what a CUDA build there needs (quantized.sh builds from it when no parts are carried).
-other_backends=$(cd "$SRC/ggml/src" && ls -d ggml-*/ | tr -d / | grep -vxE 'ggml-cpu|ggml-cuda')
-excludes=(--exclude=./.strata-fetched)
-for d in docs models tests examples pocs benches media ci skills .git .github .devops .gemini .pi; do
-    excludes+=("--exclude=./$d")
-done
-for d in $other_backends; do excludes+=("--exclude=./ggml/src/$d"); done
-tar -C "$SRC" "${excludes[@]}" -cf - . | xz -9 -T"$JOBS" > gpu-bin/llama-src.tar.xz
+pack_source
 ls -la gpu-bin/llama-bin.tar.xz.part* gpu-bin/llama-src.tar.xz
