@@ -876,9 +876,8 @@ impl GpuTransformer {
                 w_maps: [TmaMap::NONE; 3],
                 tail: 0,
                 tail_splits: 1,
-            };
-            call.x_map = call.x_map_for(self.kernels.wide_tma())?;
-            call.w_maps = call.w_maps_for(self.kernels.wide_weights_by_tma())?;
+            }
+            .with_maps(&self.kernels)?;
             if self.knobs.quant_wide_tail {
                 (call.tail, call.tail_splits) =
                     tile.wide_tail_for((seg.rows, k, t), call.grid_splits() as usize, sms, capacity);

@@ -228,6 +228,7 @@ mod tests {
             .iter()
             .flat_map(|g| [g.plain, g.silu, g.qkv_rope, g.residual]);
         names.extend(rope.into_iter().chain(gemvs).map(String::from));
+        let mut wides = Vec::new();
         for format in QUANT_FORMATS {
             for t in [1, 2, 4, 8] {
                 let g = QuantGemvCall {
@@ -322,33 +323,15 @@ mod tests {
                     ..m
                 };
                 names.push(wide.name().to_string());
+                wides.push(wide);
             }
         }
-        // The one wide pair: a Q4_K segment of a whole tile, then a Q6_K one.
-        let [q4, q6] = [QuantFormat::Q4K, QuantFormat::Q6K].map(|format| QuantGemmCall {
-            format,
-            tile: QuantGemmTile::Wide,
-            w: 1,
-            x: 1,
-            y: 1,
-            parts: 1,
-            n: 128,
-            k: 256,
-            t: 9,
-            ld: 256,
-            out_f32: 0,
-            steps_per_split: 4,
-            x_map: TmaMap::NONE,
-            w_maps: [TmaMap::NONE; 3],
-            tail: 0,
-            tail_splits: 1,
-        });
-        names.push(
-            QuantGemmPairCall::of(q4, q6)
-                .expect("the Q4_K, Q6_K pair")
-                .name()
-                .to_string(),
-        );
+        // The one wide pair: the Q4_K wide call over a whole tile, then the Q6_K one.
+        let pair = match wides[..] {
+            [q4, q6] => QuantGemmPairCall::of(QuantGemmCall { n: 128, ..q4 }, q6),
+            _ => None,
+        };
+        names.push(pair.expect("the Q4_K, Q6_K pair").name().to_string());
         let q = QuantizeQ8Call {
             x: 1,
             xq: 1,

@@ -584,6 +584,16 @@ impl QuantGemmCall {
         Ok(maps)
     }
 
+    /// The call with the TMA maps its kernel reads as `kernels` compiled it ([`Self::x_map_for`],
+    /// [`Self::w_maps_for`]).
+    pub fn with_maps(self, kernels: &super::Kernels) -> Result<Self, CudaError> {
+        Ok(QuantGemmCall {
+            x_map: self.x_map_for(kernels.wide_tma())?,
+            w_maps: self.w_maps_for(kernels.wide_weights_by_tma())?,
+            ..self
+        })
+    }
+
     /// Blocks per tile along k (1: no split, y written directly).
     pub fn grid_splits(&self) -> i32 {
         let steps = (self.k / self.tile.k_step() as i32).max(1);
@@ -712,17 +722,17 @@ impl QuantGemmPairCall {
         self.first.n + self.second.n
     }
 
+    /// `first` over both segments' rows: the first's rows being whole tiles and neither having a
+    /// tail ([`Self::of`]), its grid and reduce are the pair's.
+    fn as_one(&self) -> QuantGemmCall {
+        QuantGemmCall {
+            n: self.rows(),
+            ..self.first
+        }
+    }
+
     fn shape(&self) -> ((u32, u32, u32), u32, u32) {
-        let (f, tiles) = (&self.first, |n: i32| (n.max(0) as u32).div_ceil(QGEMM_ROWS as u32));
-        (
-            (
-                tiles(f.n) + tiles(self.second.n),
-                (f.t as u32).div_ceil(f.tile.tokens() as u32),
-                f.grid_splits() as u32,
-            ),
-            f.tile.threads(),
-            0,
-        )
+        self.as_one().shape()
     }
 
     fn args(&self) -> Vec<*mut c_void> {
@@ -755,18 +765,9 @@ impl QuantGemmPairCall {
         args
     }
 
-    /// The sum of the k splits of both segments' rows, as [`QuantGemmCall::reduce`].
+    /// The sum of the k splits of both segments' rows.
     pub fn reduce(&self) -> Option<QuantGemmReduceCall> {
-        let f = &self.first;
-        (f.grid_splits() > 1).then_some(QuantGemmReduceCall {
-            parts: f.parts,
-            y: f.y,
-            n: self.rows(),
-            t: f.t,
-            ld: f.ld,
-            splits: f.grid_splits(),
-            out_f32: f.out_f32,
-        })
+        self.as_one().reduce()
     }
 
     one_kernel_launch!("quant.cu");

@@ -469,11 +469,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                     tail: 0,
                     tail_splits: 1,
                 };
-                let whole = QuantGemmCall {
-                    x_map: whole.x_map_for(kernels.wide_tma()).unwrap(),
-                    w_maps: whole.w_maps_for(kernels.wide_weights_by_tma()).unwrap(),
-                    ..whole
-                };
+                let whole = whole.with_maps(&kernels).unwrap();
                 // SAFETY: seg n x k of `format`, x t x k bf16, y t x ld f32.
                 unsafe { whole.launch(&gpu, &kernels) }.unwrap();
                 let split = QuantGemmCall {
@@ -615,11 +611,7 @@ fn a_wide_pair_computes_what_its_segments_compute_alone() {
                     tail: 0,
                     tail_splits: 1,
                 };
-                QuantGemmCall {
-                    x_map: call.x_map_for(kernels.wide_tma()).unwrap(),
-                    w_maps: call.w_maps_for(kernels.wide_weights_by_tma()).unwrap(),
-                    ..call
-                }
+                call.with_maps(&kernels).unwrap()
             };
             let (a, b) = (
                 alone(ys[0].ptr(), &seg0, QuantFormat::Q4K, n0, 0),
