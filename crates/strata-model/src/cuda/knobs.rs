@@ -76,9 +76,9 @@ pub struct GpuKnobs {
     /// `qgemm_reduce` (gate/up at up to 256 tokens; 0.35 ms off a 256-user Q4_K_M step,
     /// bench/NOTES.md v41); `STRATA_QUANT_WIDE_TAIL=0` runs those tiles whole.
     pub quant_wide_tail: bool,
-    /// `STRATA_QUANT_WIDE_PAIRS=1` (opt-in until a GPU has run it): a product of two wide-tile
-    /// segments with a pair kernel (a QKV of Q4_K q/k rows and Q6_K v rows) in one launch and
-    /// one k split (`qgemm_wide_pair_*`, bench/NOTES.md v46), not each segment alone.
+    /// A product of two wide-tile segments with a pair kernel (a QKV of Q4_K q/k rows and Q6_K
+    /// v rows) in one launch and one k split (`qgemm_wide_pair_*`; ~0.2 ms off the 256-user
+    /// Q4_K_M step, bench/NOTES.md v46); `STRATA_QUANT_WIDE_PAIRS=0` launches each segment alone.
     pub quant_wide_pairs: bool,
     /// The k splits of a quantized GEMM into `proj` (o and down, without TP) summed by the norm
     /// after it, and a one-segment QKV's by rope.cu, instead of a `qgemm_reduce` launch
@@ -128,7 +128,7 @@ impl GpuKnobs {
             quant_wide: !off("STRATA_QUANT_WIDE"),
             quant_wide_max_tokens: number("STRATA_QUANT_WIDE_MAX_TOKENS").unwrap_or(DEFAULT_QUANT_WIDE_MAX_TOKENS),
             quant_wide_tail: !off("STRATA_QUANT_WIDE_TAIL"),
-            quant_wide_pairs: var("STRATA_QUANT_WIDE_PAIRS").is_some_and(|v| v == "1"),
+            quant_wide_pairs: !off("STRATA_QUANT_WIDE_PAIRS"),
             fold_split_sums: !off("STRATA_FOLD_SPLIT_SUMS"),
             prefill_attention: !off("STRATA_PREFILL_ATTENTION"),
         }
@@ -168,7 +168,7 @@ mod tests {
                 quant_wide: true,
                 quant_wide_max_tokens: 1024,
                 quant_wide_tail: true,
-                quant_wide_pairs: false,
+                quant_wide_pairs: true,
                 fold_split_sums: true,
                 prefill_attention: true,
             }
@@ -193,7 +193,7 @@ mod tests {
             ("STRATA_QUANT_WIDE", "0"),
             ("STRATA_QUANT_WIDE_MAX_TOKENS", "2048"),
             ("STRATA_QUANT_WIDE_TAIL", "0"),
-            ("STRATA_QUANT_WIDE_PAIRS", "1"),
+            ("STRATA_QUANT_WIDE_PAIRS", "0"),
             ("STRATA_FOLD_SPLIT_SUMS", "0"),
             ("STRATA_PREFILL_ATTENTION", "0"),
         ]);
@@ -219,7 +219,7 @@ mod tests {
                 quant_wide: false,
                 quant_wide_max_tokens: 2048,
                 quant_wide_tail: false,
-                quant_wide_pairs: true,
+                quant_wide_pairs: false,
                 fold_split_sums: false,
                 prefill_attention: false,
             }
