@@ -1716,6 +1716,54 @@ extern "C" __constant__ int qwide_x_by_tma = 1;
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 
+// The wide tiles' sums: the fragments store_wgmma_sums takes (warp w's rows, tokens from tok0,
+// `live` of them; rows row0.. of an n-row output, as qgemm_store_to's z and prow0 say) staged in
+// shared memory `tile` (QWIDE_TOKENS x QWIDE_STAGED_STRIDE floats, which the caller is done with),
+// then stored by a short loop, a token's 128 rows a warp. Unrolled per accumulator, the stores
+// were most of the kernel's code, which every block fetched cold, and wrote 32-byte pieces
+// (bench/NOTES.md v47). The same values, so the same bits.
+#define QWIDE_STAGED_STRIDE (QWIDE_ROWS + 4)
+static_assert(QWIDE_TOKENS * QWIDE_STAGED_STRIDE * 4 <= QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES),
+              "the staged sums fit the stages");
+template <int N>
+__device__ __forceinline__ void store_wide_sums(const float (&acc)[N], float* const tile, int w, int row0, int tok0,
+                                                int live, void* __restrict__ y, float* __restrict__ parts, int n,
+                                                int t, int ld, int out_f32, int z, int prow0) {
+    constexpr int S = QWIDE_STAGED_STRIDE;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    // Lane (g, c)'s 4 tokens of a chunk fall 8 banks apart (2 S = 8 mod 32), its rows g on: no
+    // two lanes of a store share a bank.
+    float* const mine = tile + 2 * c * S + 16 * w + g;
+#pragma unroll
+    for (int j = 0; j < N / 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mine[(8 * j + (e & 1)) * S + 8 * (e >> 1)] = acc[4 * j + e];
+    __syncthreads();
+    // Lane l takes rows 4l..4l + 3 of tokens warp, warp + 8, ...: one 16-byte (f32) or 8-byte
+    // (bf16) store where the output's rows and address allow it, else one by one.
+    const int r = 4 * lane, row = row0 + r;
+    const size_t width = z >= 0 ? (size_t)(n - prow0) : (size_t)ld;
+    const bool whole = width % 4 == 0 && (row0 - prow0) % 4 == 0 &&
+                       (z >= 0 || ((size_t)y & (out_f32 ? 15 : 7)) == 0);
+    for (int tok = threadIdx.x >> 5; tok < live; tok += QWIDE_THREADS / 32) {
+        const float4 v = *(const float4*)(tile + tok * S + r);
+        if (whole && row + 3 < n) {
+            if (z >= 0) {
+                *(float4*)(parts + ((size_t)z * t + tok0 + tok) * width + row - prow0) = v;
+            } else if (out_f32) {
+                *(float4*)((float*)y + (size_t)(tok0 + tok) * ld + row) = v;
+            } else {
+                *(uint2*)((bf16*)y + (size_t)(tok0 + tok) * ld + row) = make_uint2(f2bf2(v.x, v.y), f2bf2(v.z, v.w));
+            }
+        } else {
+            const float one[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (row + i < n) qgemm_store_to(one[i], y, parts, n, t, ld, out_f32, row + i, tok0 + tok, z, prow0);
+        }
+    }
+}
+
 // One block's product: tile rows row0.. of the n-row segment w by QWIDE_TOKENS tokens from tok0,
 // k steps [first, last) (none: zeros), stored as rows out0 + row0.. of an n_out-row output, as
 // qgemm_store_to's z and prow0 say (out0 0 and n_out n, but in a pair: out0 the segment's first
@@ -1850,7 +1898,9 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     if (s < last) step(s, a0);
     wgmma_wait_all();
     wgmma_hold(acc);
-    store_wgmma_sums(acc, warp, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
+    // Every warp is done with the stages (its products waited for) before the sums reuse them.
+    __syncthreads();
+    store_wide_sums(acc, (float*)base, warp, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
 }
 #endif
 
