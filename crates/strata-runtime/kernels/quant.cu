@@ -1296,6 +1296,43 @@ __device__ __forceinline__ void store_wgmma_sums(const float (&acc)[N], int w, i
         }
 }
 
+// A tile GEMM's sums staged in shared memory, then stored by a short loop: `tile` holds
+// value (tile row r, token j) at j * QSTAGED_STRIDE + r, rows row0.. of an n-row output, `live`
+// tokens from tok0, as qgemm_store_to's z and prow0 say. Unrolled per accumulator (the
+// fragments' rows and tokens), the stores were most of qgemm's and the wide tiles' code, which
+// every block fetched cold at its end, and wrote 32-byte pieces (bench/NOTES.md v47); here lane
+// l of a warp takes rows 4l..4l + 3 of a token, one 16-byte (f32) or 8-byte (bf16) store where
+// the output's rows and address allow, else one by one. The same values, so the same bits.
+#define QSTAGED_ROWS 128
+// 4 floats of padding a token: a fragment's tokens 2c (c = 0..3) fall 8 banks apart.
+#define QSTAGED_STRIDE (QSTAGED_ROWS + 4)
+template <int WARPS>
+__device__ __forceinline__ void store_staged_sums(const float* tile, int row0, int tok0, int live,
+                                                  void* __restrict__ y, float* __restrict__ parts, int n, int t,
+                                                  int ld, int out_f32, int z, int prow0) {
+    const int lane = threadIdx.x & 31, r = 4 * lane, row = row0 + r;
+    const size_t width = z >= 0 ? (size_t)(n - prow0) : (size_t)ld;
+    const bool whole = width % 4 == 0 && (row0 - prow0) % 4 == 0 &&
+                       (z >= 0 || ((size_t)y & (out_f32 ? 15 : 7)) == 0);
+    for (int tok = threadIdx.x >> 5; tok < live; tok += WARPS) {
+        const float4 v = *(const float4*)(tile + tok * QSTAGED_STRIDE + r);
+        if (whole && row + 3 < n) {
+            if (z >= 0) {
+                *(float4*)(parts + ((size_t)z * t + tok0 + tok) * width + row - prow0) = v;
+            } else if (out_f32) {
+                *(float4*)((float*)y + (size_t)(tok0 + tok) * ld + row) = v;
+            } else {
+                *(uint2*)((bf16*)y + (size_t)(tok0 + tok) * ld + row) = make_uint2(f2bf2(v.x, v.y), f2bf2(v.z, v.w));
+            }
+        } else {
+            const float one[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (row + i < n) qgemm_store_to(one[i], y, parts, n, t, ld, out_f32, row + i, tok0 + tok, z, prow0);
+        }
+    }
+}
+
 template <class F>
 __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                       float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split) {
@@ -1382,16 +1419,21 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
         // The next step loads step s + 2 into this buffer: only once every warp has read it.
         __syncthreads();
     }
-    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1.
+    // Lane (g, c) holds rows g (e 0, 1) and g + 8 (e 2, 3) of each m16 tile, tokens 2c, 2c + 1,
+    // staged in the x buffers, which every warp is done with (the last step's barrier).
+    static_assert(QGEMM_ROWS == QSTAGED_ROWS && QGEMM_TOKENS * QSTAGED_STRIDE * 4 <= sizeof(xs),
+                  "the staged sums fit the x buffers");
+    float* const tile = (float*)&xs[0][0];
+    float* const mine = tile + 2 * c * QSTAGED_STRIDE + 32 * warp + g;
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + 16 * m + g + 8 * (e >> 1), tok = 8 * j + 2 * c + (e & 1);
-                if (row < n && tok < live) qgemm_store(acc[m][j][e], y, parts, n, t, ld, out_f32, row, tok0 + tok);
-            }
+            for (int e = 0; e < 4; e++) mine[(8 * j + (e & 1)) * QSTAGED_STRIDE + 16 * m + 8 * (e >> 1)] = acc[m][j][e];
+    __syncthreads();
+    store_staged_sums<QGEMM_WARPS>(tile, blockIdx.x * QGEMM_ROWS, tok0, live, y, parts, n, t, ld, out_f32,
+                                   grid_split(), 0);
 #endif
 }
 
@@ -1716,53 +1758,8 @@ extern "C" __constant__ int qwide_x_by_tma = 1;
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 
-// The wide tiles' sums: the fragments store_wgmma_sums takes (warp w's rows, tokens from tok0,
-// `live` of them; rows row0.. of an n-row output, as qgemm_store_to's z and prow0 say) staged in
-// shared memory `tile` (QWIDE_TOKENS x QWIDE_STAGED_STRIDE floats, which the caller is done with),
-// then stored by a short loop, a token's 128 rows a warp. Unrolled per accumulator, the stores
-// were most of the kernel's code, which every block fetched cold, and wrote 32-byte pieces
-// (bench/NOTES.md v47). The same values, so the same bits.
-#define QWIDE_STAGED_STRIDE (QWIDE_ROWS + 4)
-static_assert(QWIDE_TOKENS * QWIDE_STAGED_STRIDE * 4 <= QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES),
+static_assert(QWIDE_ROWS == QSTAGED_ROWS && QWIDE_TOKENS * QSTAGED_STRIDE * 4 <= QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES),
               "the staged sums fit the stages");
-template <int N>
-__device__ __forceinline__ void store_wide_sums(const float (&acc)[N], float* const tile, int w, int row0, int tok0,
-                                                int live, void* __restrict__ y, float* __restrict__ parts, int n,
-                                                int t, int ld, int out_f32, int z, int prow0) {
-    constexpr int S = QWIDE_STAGED_STRIDE;
-    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    // Lane (g, c)'s 4 tokens of a chunk fall 8 banks apart (2 S = 8 mod 32), its rows g on: no
-    // two lanes of a store share a bank.
-    float* const mine = tile + 2 * c * S + 16 * w + g;
-#pragma unroll
-    for (int j = 0; j < N / 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) mine[(8 * j + (e & 1)) * S + 8 * (e >> 1)] = acc[4 * j + e];
-    __syncthreads();
-    // Lane l takes rows 4l..4l + 3 of tokens warp, warp + 8, ...: one 16-byte (f32) or 8-byte
-    // (bf16) store where the output's rows and address allow it, else one by one.
-    const int r = 4 * lane, row = row0 + r;
-    const size_t width = z >= 0 ? (size_t)(n - prow0) : (size_t)ld;
-    const bool whole = width % 4 == 0 && (row0 - prow0) % 4 == 0 &&
-                       (z >= 0 || ((size_t)y & (out_f32 ? 15 : 7)) == 0);
-    for (int tok = threadIdx.x >> 5; tok < live; tok += QWIDE_THREADS / 32) {
-        const float4 v = *(const float4*)(tile + tok * S + r);
-        if (whole && row + 3 < n) {
-            if (z >= 0) {
-                *(float4*)(parts + ((size_t)z * t + tok0 + tok) * width + row - prow0) = v;
-            } else if (out_f32) {
-                *(float4*)((float*)y + (size_t)(tok0 + tok) * ld + row) = v;
-            } else {
-                *(uint2*)((bf16*)y + (size_t)(tok0 + tok) * ld + row) = make_uint2(f2bf2(v.x, v.y), f2bf2(v.z, v.w));
-            }
-        } else {
-            const float one[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                if (row + i < n) qgemm_store_to(one[i], y, parts, n, t, ld, out_f32, row + i, tok0 + tok, z, prow0);
-        }
-    }
-}
 
 // One block's product: tile rows row0.. of the n-row segment w by QWIDE_TOKENS tokens from tok0,
 // k steps [first, last) (none: zeros), stored as rows out0 + row0.. of an n_out-row output, as
@@ -1898,9 +1895,18 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     if (s < last) step(s, a0);
     wgmma_wait_all();
     wgmma_hold(acc);
-    // Every warp is done with the stages (its products waited for) before the sums reuse them.
+    // Every warp is done with the stages (its products waited for) before its sums are staged
+    // there: lane (g, c) holds tile rows 16 warp + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c
+    // (+ 1).
     __syncthreads();
-    store_wide_sums(acc, (float*)base, warp, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
+    float* const tile = (float*)base;
+    float* const mine = tile + 2 * c * QSTAGED_STRIDE + 16 * warp + g;
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mine[(8 * j + (e & 1)) * QSTAGED_STRIDE + 8 * (e >> 1)] = acc[4 * j + e];
+    __syncthreads();
+    store_staged_sums<QWIDE_THREADS / 32>(tile, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
 }
 #endif
 
