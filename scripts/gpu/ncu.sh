@@ -9,7 +9,8 @@
 # tensor-core GEMM over Q4_K/Q6_K blocks in eager 256-user decode steps of the 7B-shaped Q4_K_M
 # (every step on it: STRATA_QUANT_GEMM_MAX_TOKENS=512); NCU_RUN=fp8: the FP8 decode GEMVs of one
 # stream on the 7B checkpoint under --quantization fp8. Clocks are left as they are
-# (--clock-control none), so durations are comparable with the benchmarks'.
+# (--clock-control none), so durations are comparable with the benchmarks'. NCU_DURATIONS=1 (below)
+# records only each launch's duration.
 set -u
 OUT=${OUT:-/tmp/out}
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
@@ -43,11 +44,23 @@ fi
 # device memory around each kernel (ncu failed that way on the FP8 GEMVs of a 7B model).
 # NCU_STALLS=1 adds each stall reason's warps per issued instruction (the WarpStateStats section
 # prints only their total): what a warp waits on, e.g. a barrier, a wgmma group or a load.
+# NCU_DURATIONS=1 collects only each launch's duration (one pass, no memory saved and restored),
+# so NCU_COUNT can cover every kernel of a step (NCU_KERNELS=. and a count of ~1,000 for a
+# 28-layer eager step), and prints a line a launch: name, grid, microseconds.
+WHAT=(--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy
+    --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis)
+[ -n "${NCU_DURATIONS:-}" ] && WHAT=(--metrics gpu__time_duration.sum)
 STALLS=()
 [ -n "${NCU_STALLS:-}" ] && STALLS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
 timeout ${NCU_TIMEOUT:-400} "$NCU" --clock-control none ${NCU_REPLAY:+--replay-mode $NCU_REPLAY} -k "regex:${KERNELS:-${NCU_KERNELS:-paged_attention_staged_bf16}}" -s "$SKIP" -c "${NCU_COUNT:-1}" \
-    --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-    --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis "${STALLS[@]}" $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
+    "${WHAT[@]}" "${STALLS[@]}" $S $ARGS --out /tmp/ncu_$NAME.json 2>&1 | grep -v "^\[" \
     > "$OUT/ncu_$NAME.log"
+if [ -n "${NCU_DURATIONS:-}" ]; then
+    awk '/^  [a-z_].*\(/ { launch = $0; sub(/^ +/, "", launch); sub(/, Context.*/, "", launch) }
+        /gpu__time_duration.sum/ { print launch ": " $NF " " $(NF-1) }' \
+        "$OUT/ncu_$NAME.log" > "$OUT/ncu_${NAME}_durations.txt"
+    head -${NCU_SUMMARY_LINES:-80} "$OUT/ncu_${NAME}_durations.txt"
+    exit 0
+fi
 grep -E "^  [a-z_]+.*\(|Duration|Pipe|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Grid Size|Block Size|issue_stalled" \
     "$OUT/ncu_$NAME.log" | head -${NCU_SUMMARY_LINES:-80}
