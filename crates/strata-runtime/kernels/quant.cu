@@ -1306,6 +1306,17 @@ __device__ __forceinline__ void store_wgmma_sums(const float (&acc)[N], int w, i
 #define QSTAGED_ROWS 128
 // 4 floats of padding a token: a fragment's tokens 2c (c = 0..3) fall 8 banks apart.
 #define QSTAGED_STRIDE (QSTAGED_ROWS + 4)
+// Lane (g, c)'s mma or wgmma fragment sums into the staged tile: acc[j][e] is tile row row + g +
+// 8 (e >> 1), token 8 j + 2c + (e & 1). A store's lanes fall in distinct banks.
+template <int J>
+__device__ __forceinline__ void stage_fragment_sums(const float (&acc)[J][4], float* const tile, int row) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    float* const at = tile + 2 * c * QSTAGED_STRIDE + row + g;
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) at[(8 * j + (e & 1)) * QSTAGED_STRIDE + 8 * (e >> 1)] = acc[j][e];
+}
 template <int WARPS>
 __device__ __forceinline__ void store_staged_sums(const float* tile, int row0, int tok0, int live,
                                                   void* __restrict__ y, float* __restrict__ parts, int n, int t,
@@ -1424,13 +1435,8 @@ __device__ void qgemm(const u8* __restrict__ w, const bf16* __restrict__ x, void
     static_assert(QGEMM_ROWS == QSTAGED_ROWS && QGEMM_TOKENS * QSTAGED_STRIDE * 4 <= sizeof(xs),
                   "the staged sums fit the x buffers");
     float* const tile = (float*)&xs[0][0];
-    float* const mine = tile + 2 * c * QSTAGED_STRIDE + 32 * warp + g;
 #pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) mine[(8 * j + (e & 1)) * QSTAGED_STRIDE + 16 * m + 8 * (e >> 1)] = acc[m][j][e];
+    for (int m = 0; m < 2; m++) stage_fragment_sums(acc[m], tile, 32 * warp + 16 * m);
     __syncthreads();
     store_staged_sums<QGEMM_WARPS>(tile, blockIdx.x * QGEMM_ROWS, tok0, live, y, parts, n, t, ld, out_f32,
                                    grid_split(), 0);
@@ -1896,15 +1902,10 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     wgmma_wait_all();
     wgmma_hold(acc);
     // Every warp is done with the stages (its products waited for) before its sums are staged
-    // there: lane (g, c) holds tile rows 16 warp + g (e 0, 1) and + 8 (e 2, 3), tokens 8 j + 2c
-    // (+ 1).
+    // there: acc[4 j + e] is the fragment's [j][e] (store_wgmma_sums' layout), from row 16 warp.
     __syncthreads();
     float* const tile = (float*)base;
-    float* const mine = tile + 2 * c * QSTAGED_STRIDE + 16 * warp + g;
-#pragma unroll
-    for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) mine[(8 * j + (e & 1)) * QSTAGED_STRIDE + 8 * (e >> 1)] = acc[4 * j + e];
+    stage_fragment_sums(reinterpret_cast<const float(&)[NT / 8][4]>(acc), tile, 16 * warp);
     __syncthreads();
     store_staged_sums<QWIDE_THREADS / 32>(tile, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
 }
