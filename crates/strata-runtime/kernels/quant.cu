@@ -1728,26 +1728,26 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 }
 
 // ---- Wide tiles: the weights as wgmma's register operand (sm_90a; Q4_K and Q6_K) ----
-// A block of two warpgroups multiplies 128 rows by 256 tokens, k in steps of 64 columns, so a step
-// of up to 256 tokens decodes each weight once. No decoded weight passes through shared memory:
+// A block of two warpgroups multiplies 128 rows by NT tokens (256; 64, 128 or 192 for products of
+// fewer tokens, bench/NOTES.md v49), k in steps of 64 columns, so a step of up to NT tokens
+// decodes each weight once. No decoded weight passes through shared memory:
 // each lane decodes its own A fragments (2 rows x 16 columns a step) from the raw block bytes into
 // registers, and wgmma reads them there while x comes from shared memory (bench/NOTES.md v35).
 // A ring of QWIDE_STAGES stages (the step's x tile, by TMA unless QWIDE_TMA=0, and its raw weight
 // bytes by cp.async) fills two steps ahead; the decode of step s runs while the tensor cores
 // multiply step s - 1. K split into parts as qgemm's; the grid is qgemm_wide's.
 #define QWIDE_ROWS 128
-#define QWIDE_TOKENS 256
 #define QWIDE_THREADS 256
 #ifndef QWIDE_STAGES
 #define QWIDE_STAGES 4
 #endif
-#define QWIDE_X_BYTES (QWIDE_TOKENS * QTILE_K * 2)
+#define QWIDE_X_BYTES(NT) ((NT) * QTILE_K * 2)
 // A stage's raw weight bytes, the most any format takes (Q6_K: 128 x 112 + 128 x 4).
 #define QWIDE_W_BYTES 16384
-// kernels.rs: QWIDE_SHARED_BYTES (every launch gets it): the stages, an mbarrier a stage for the
+// kernels.rs: wide_shared_bytes (every launch gets it): the stages, an mbarrier a stage for the
 // TMA path's x tiles, and 1,024 bytes of slack to align the base.
-#define QWIDE_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES + 8) + 1024)
-// 1: one thread copies each step's x tile by TMA (the kernel's x_map, 64 columns x 256 tokens,
+#define QWIDE_SHARED(NT) (QWIDE_STAGES * (QWIDE_X_BYTES(NT) + QWIDE_W_BYTES + 8) + 1024)
+// 1: one thread copies each step's x tile by TMA (the kernel's x_map, 64 columns x NT tokens,
 // zeros past t) into the stage, completing on the stage's mbarrier, instead of every lane issuing
 // eight 16-byte cp.async, which ncu found the wide tiles waiting on (bench/NOTES.md v35, v36:
 // 3.4 % off the 256-user step). 0 (STRATA_KERNEL_DEFINES="QWIDE_TMA=0"): the lanes' copies.
@@ -1764,26 +1764,26 @@ extern "C" __constant__ int qwide_x_by_tma = 1;
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 
-static_assert(QWIDE_ROWS == QSTAGED_ROWS && QWIDE_TOKENS * QSTAGED_STRIDE * 4 <= QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES),
-              "the staged sums fit the stages");
-
-// One block's product: tile rows row0.. of the n-row segment w by QWIDE_TOKENS tokens from tok0,
+// One block's product: tile rows row0.. of the n-row segment w by NT tokens from tok0,
 // k steps [first, last) (none: zeros), stored as rows out0 + row0.. of an n_out-row output, as
 // qgemm_store_to's z and prow0 say (out0 0 and n_out n, but in a pair: out0 the segment's first
 // row of the product, n_out both segments' rows).
-template <class F>
+template <class F, int NT>
 __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const bf16* __restrict__ x,
                                                  void* __restrict__ y, float* __restrict__ parts, int n, int k, int t,
                                                  int ld, int out_f32, int first, int last, int row0, int tok0,
                                                  const TmaMap& x_map, const TmaMap* const (&w_maps)[3], u8* const base,
                                                  int z, int prow0, int out0, int n_out) {
-    constexpr int NT = QWIDE_TOKENS;
+    static_assert(QWIDE_ROWS == QSTAGED_ROWS &&
+                      NT * QSTAGED_STRIDE * 4 <= QWIDE_STAGES * (QWIDE_X_BYTES(NT) + QWIDE_W_BYTES),
+                  "the staged sums fit the stages");
+    constexpr unsigned X_BYTES = QWIDE_X_BYTES(NT);
     constexpr bool tma = QWIDE_TMA, w_tma = QWIDE_W_TMA;
     // The bytes a stage's mbarrier waits for: the x tile's and the weight planes' by TMA.
     constexpr unsigned W_TMA_BYTES = QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
-    constexpr unsigned STAGE_TX = (tma ? QWIDE_X_BYTES : 0) + (w_tma ? W_TMA_BYTES : 0);
-    auto x_stage = [&](int b) { return (bf16*)(base + b * QWIDE_X_BYTES); };
-    auto w_stage = [&](int b) { return base + QWIDE_STAGES * QWIDE_X_BYTES + b * QWIDE_W_BYTES; };
+    constexpr unsigned STAGE_TX = (tma ? X_BYTES : 0) + (w_tma ? W_TMA_BYTES : 0);
+    auto x_stage = [&](int b) { return (bf16*)(base + b * X_BYTES); };
+    auto w_stage = [&](int b) { return base + QWIDE_STAGES * X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int live = min(NT, t - tok0);
     const int kb = k / F::BLOCK;
@@ -1795,7 +1795,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // x tile of step s by TMA into stage b, completing on x_full + 8 b (the map's 128-byte
     // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes), and under
     // QWIDE_W_TMA the weight planes on the same mbarrier.
-    const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (QWIDE_X_BYTES + QWIDE_W_BYTES));
+    const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (X_BYTES + QWIDE_W_BYTES));
     auto load_weights = [&](int s, int b) {
         u8* const stage = w_stage(b);
         if constexpr (w_tma) {
@@ -1880,7 +1880,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_m64n256k16_bf16_rs(acc, a[kk], bx + 2 * kk);
+        for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_bf16_rs<NT>(acc, a[kk], bx + 2 * kk);
         wgmma_commit();
         wgmma_wait_one();
     };
@@ -1916,26 +1916,26 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
 // blocks that split its steps evenly into the tail's parts ([tail_splits, t, rows of the tail]),
 // so the last wave of a product of more tiles than SMs is not left mostly empty; qgemm_reduce adds
 // them after (bench/NOTES.md v41).
-template <class F>
+template <class F, int NT>
 __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x, void* __restrict__ y,
                            float* __restrict__ parts, int n, int k, int t, int ld, int out_f32, int steps_per_split,
                            int tail, int tail_splits, const TmaMap& x_map, const TmaMap* const (&w_maps)[3]) {
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qwide_dynamic[];
-    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
+    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED(NT), QWIDE_THREADS);
     const int steps = k / QTILE_K;
     const int whole = (n + QWIDE_ROWS - 1) / QWIDE_ROWS - tail;
-    const int tok0 = blockIdx.y * QWIDE_TOKENS;
+    const int tok0 = blockIdx.y * NT;
     if ((int)blockIdx.x < whole) {
         const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
-        qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0, x_map,
+        qgemm_wide_block<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0, x_map,
                             w_maps, base, grid_split(), 0, 0, n);
         return;
     }
     const int piece = blockIdx.x - whole, z = piece % tail_splits;
     const int per = (steps + tail_splits - 1) / tail_splits;
     const int first = min(steps, z * per), last = min(steps, first + per);
-    qgemm_wide_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, (whole + piece / tail_splits) * QWIDE_ROWS,
+    qgemm_wide_block<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, first, last, (whole + piece / tail_splits) * QWIDE_ROWS,
                         tok0, x_map, w_maps, base, z, whole * QWIDE_ROWS, 0, n);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
@@ -1943,36 +1943,40 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
 #endif
 }
 
-#define QUANT_WIDE_KERNEL(F, NAME)                                                                              \
-    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1)                                             \
-        qgemm_wide_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
+// Blocks an SM holds of the NT-token wide tiles (quant_call.rs: QuantGemmTile::blocks_per_sm).
+#define QWIDE_MIN_BLOCKS(NT) ((NT) == 64 ? 2 : 1)
+
+// qgemm_wide{WIDTH}_{NAME} over NT tokens a tile (WIDTH empty for 256).
+#define QUANT_WIDE_KERNEL(F, NAME, NT, WIDTH)                                                                   \
+    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, QWIDE_MIN_BLOCKS(NT))                          \
+        qgemm_wide##WIDTH##_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
                           int out_f32, int steps, int tail, int tail_splits,                                    \
                           const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map0,          \
                           const __grid_constant__ TmaMap w_map1, const __grid_constant__ TmaMap w_map2) {       \
         const TmaMap* const w_maps[3] = {&w_map0, &w_map1, &w_map2};                                          \
-        qgemm_wide<F>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, tail_splits, x_map, w_maps);          \
+        qgemm_wide<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, steps, tail, tail_splits, x_map, w_maps);      \
     }
 
 // Two segments of one product in one launch, as qgemm_wide's whole tiles: a layer's QKV whose v
 // rows are Q6_K, which took two launches and two reduces, ~74 us at 224 tokens against ~34 for one
-// segment (bench/NOTES.md v46). Grid (n0 / 128 + ceil(n1 / 128), ceil(t / 256), splits): segment
+// segment (bench/NOTES.md v46). Grid (n0 / 128 + ceil(n1 / 128), ceil(t / NT), splits): segment
 // 0's row tiles (n0 a multiple of 128), then segment 1's, whose rows are rows n0.. of y (and of
 // parts, [splits, t, n0 + n1]); every block takes steps_per_split of k's steps.
-template <class F0, class F1>
+template <class F0, class F1, int NT>
 __device__ void qgemm_wide_pair(const u8* __restrict__ w0, const u8* __restrict__ w1, const bf16* __restrict__ x,
                                 void* __restrict__ y, float* __restrict__ parts, int n0, int n1, int k, int t, int ld,
                                 int out_f32, int steps_per_split, const TmaMap& x_map,
                                 const TmaMap* const (&w0_maps)[3], const TmaMap* const (&w1_maps)[3]) {
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qwide_dynamic[];
-    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED, QWIDE_THREADS);
-    const int steps = k / QTILE_K, tiles0 = n0 / QWIDE_ROWS, tok0 = blockIdx.y * QWIDE_TOKENS;
+    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED(NT), QWIDE_THREADS);
+    const int steps = k / QTILE_K, tiles0 = n0 / QWIDE_ROWS, tok0 = blockIdx.y * NT;
     const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
     if ((int)blockIdx.x < tiles0)
-        qgemm_wide_block<F0>(w0, x, y, parts, n0, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0,
+        qgemm_wide_block<F0, NT>(w0, x, y, parts, n0, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0,
                              x_map, w0_maps, base, grid_split(), 0, 0, n0 + n1);
     else
-        qgemm_wide_block<F1>(w1, x, y, parts, n1, k, t, ld, out_f32, first, last,
+        qgemm_wide_block<F1, NT>(w1, x, y, parts, n1, k, t, ld, out_f32, first, last,
                              ((int)blockIdx.x - tiles0) * QWIDE_ROWS, tok0, x_map, w1_maps, base, grid_split(), 0, n0,
                              n0 + n1);
 #else
@@ -1981,8 +1985,9 @@ __device__ void qgemm_wide_pair(const u8* __restrict__ w0, const u8* __restrict_
 #endif
 }
 
-#define QUANT_WIDE_PAIR_KERNEL(F0, F1, NAME)                                                                    \
-    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, 1) qgemm_wide_pair_##NAME(                       \
+#define QUANT_WIDE_PAIR_KERNEL(F0, F1, NAME, NT, WIDTH)                                                         \
+    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, QWIDE_MIN_BLOCKS(NT))                          \
+        qgemm_wide##WIDTH##_pair_##NAME(                                                                        \
         const u8* w0, const u8* w1, const bf16* x, void* y, float* parts, int n0, int n1, int k, int t, int ld,    \
         int out_f32, int steps, const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w0_map0,  \
         const __grid_constant__ TmaMap w0_map1, const __grid_constant__ TmaMap w0_map2,                       \
@@ -1990,7 +1995,8 @@ __device__ void qgemm_wide_pair(const u8* __restrict__ w0, const u8* __restrict_
         const __grid_constant__ TmaMap w1_map2) {                                                              \
         const TmaMap* const w0_maps[3] = {&w0_map0, &w0_map1, &w0_map2};                                      \
         const TmaMap* const w1_maps[3] = {&w1_map0, &w1_map1, &w1_map2};                                      \
-        qgemm_wide_pair<F0, F1>(w0, w1, x, y, parts, n0, n1, k, t, ld, out_f32, steps, x_map, w0_maps, w1_maps); \
+        qgemm_wide_pair<F0, F1, NT>(w0, w1, x, y, parts, n0, n1, k, t, ld, out_f32, steps, x_map, w0_maps,     \
+                                    w1_maps);                                                                  \
     }
 
 // y[j * ld + row] = the sum over splits of parts[split][j][row], for qgemm's split steps.
@@ -2054,6 +2060,16 @@ QUANT_KERNELS(FmtQ8_0, q8_0)
 QUANT_KERNELS(FmtQ4_K, q4_k)
 QUANT_KERNELS(FmtQ5_K, q5_k)
 QUANT_KERNELS(FmtQ6_K, q6_k)
-QUANT_WIDE_KERNEL(FmtQ4_K, q4_k)
-QUANT_WIDE_KERNEL(FmtQ6_K, q6_k)
-QUANT_WIDE_PAIR_KERNEL(FmtQ4_K, FmtQ6_K, q4_k_q6_k)
+// The wide tiles of 256 tokens, then 64, 128 and 192 (quant_call.rs: QuantGemmTile::WIDE's order).
+QUANT_WIDE_KERNEL(FmtQ4_K, q4_k, 256, )
+QUANT_WIDE_KERNEL(FmtQ6_K, q6_k, 256, )
+QUANT_WIDE_PAIR_KERNEL(FmtQ4_K, FmtQ6_K, q4_k_q6_k, 256, )
+QUANT_WIDE_KERNEL(FmtQ4_K, q4_k, 64, 64)
+QUANT_WIDE_KERNEL(FmtQ6_K, q6_k, 64, 64)
+QUANT_WIDE_PAIR_KERNEL(FmtQ4_K, FmtQ6_K, q4_k_q6_k, 64, 64)
+QUANT_WIDE_KERNEL(FmtQ4_K, q4_k, 128, 128)
+QUANT_WIDE_KERNEL(FmtQ6_K, q6_k, 128, 128)
+QUANT_WIDE_PAIR_KERNEL(FmtQ4_K, FmtQ6_K, q4_k_q6_k, 128, 128)
+QUANT_WIDE_KERNEL(FmtQ4_K, q4_k, 192, 192)
+QUANT_WIDE_KERNEL(FmtQ6_K, q6_k, 192, 192)
+QUANT_WIDE_PAIR_KERNEL(FmtQ4_K, FmtQ6_K, q4_k_q6_k, 192, 192)

@@ -17,6 +17,7 @@ const DEFAULT_QUANT_GEMM_TILE_MIN_TOKENS: usize = 128;
 /// 512-token prompt of a 7B Q4_K_M gets its first token 8-10 % sooner than dequantized for
 /// cuBLASLt on an H100, the 256-user mix even (bench/NOTES.md v44).
 const DEFAULT_QUANT_WIDE_MAX_TOKENS: usize = 1024;
+const DEFAULT_QUANT_WIDE_NARROW: usize = 192;
 
 /// What the environment turns on or off; the defaults are what strata runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,12 @@ pub struct GpuKnobs {
     /// v rows) in one launch and one k split (`qgemm_wide_pair_*`; ~0.2 ms off the 256-user
     /// Q4_K_M step, bench/NOTES.md v46); `STRATA_QUANT_WIDE_PAIRS=0` launches each segment alone.
     pub quant_wide_pairs: bool,
+    /// `STRATA_QUANT_WIDE_NARROW=N`: quantized products of up to N tokens (192 by default) on
+    /// the narrowest wide tile that holds them, of 64, 128 or 192 tokens, where those run
+    /// (`qgemm_wide64_*` ...), instead of qgemm's mma.sync tiles (up to 128 tokens), which
+    /// decoded each weight once per 64 tokens at a fraction of the tensor cores' rate, or the
+    /// 256-token wide tiles (bench/NOTES.md v49); 0 keeps those.
+    pub quant_wide_narrow: usize,
     /// The k splits of a quantized GEMM into `proj` (o and down, without TP) summed by the norm
     /// after it, and a one-segment QKV's by rope.cu, instead of a `qgemm_reduce` launch
     /// (bench/NOTES.md v40, v43); `STRATA_FOLD_SPLIT_SUMS=0` launches the reduce.
@@ -129,6 +136,7 @@ impl GpuKnobs {
             quant_wide_max_tokens: number("STRATA_QUANT_WIDE_MAX_TOKENS").unwrap_or(DEFAULT_QUANT_WIDE_MAX_TOKENS),
             quant_wide_tail: !off("STRATA_QUANT_WIDE_TAIL"),
             quant_wide_pairs: !off("STRATA_QUANT_WIDE_PAIRS"),
+            quant_wide_narrow: number("STRATA_QUANT_WIDE_NARROW").unwrap_or(DEFAULT_QUANT_WIDE_NARROW),
             fold_split_sums: !off("STRATA_FOLD_SPLIT_SUMS"),
             prefill_attention: !off("STRATA_PREFILL_ATTENTION"),
         }
@@ -169,6 +177,7 @@ mod tests {
                 quant_wide_max_tokens: 1024,
                 quant_wide_tail: true,
                 quant_wide_pairs: true,
+                quant_wide_narrow: 192,
                 fold_split_sums: true,
                 prefill_attention: true,
             }
@@ -194,6 +203,7 @@ mod tests {
             ("STRATA_QUANT_WIDE_MAX_TOKENS", "2048"),
             ("STRATA_QUANT_WIDE_TAIL", "0"),
             ("STRATA_QUANT_WIDE_PAIRS", "0"),
+            ("STRATA_QUANT_WIDE_NARROW", "0"),
             ("STRATA_FOLD_SPLIT_SUMS", "0"),
             ("STRATA_PREFILL_ATTENTION", "0"),
         ]);
@@ -220,6 +230,7 @@ mod tests {
                 quant_wide_max_tokens: 2048,
                 quant_wide_tail: false,
                 quant_wide_pairs: false,
+                quant_wide_narrow: 0,
                 fold_split_sums: false,
                 prefill_attention: false,
             }

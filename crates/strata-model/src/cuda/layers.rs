@@ -821,7 +821,7 @@ impl GpuTransformer {
     }
 
     /// [`Self::quantized_matmul`] on one of quant.cu's tensor-core GEMMs (the shared-memory tiles
-    /// from `quant_gemm_tile_min_tokens` on, the wide ones past 128 tokens unless
+    /// from `quant_gemm_tile_min_tokens` on, the wide ones of 64, 128 or 256 tokens unless
     /// `STRATA_QUANT_WIDE=0`), segment by segment, k split
     /// (and the splits summed) where the segment's tiles would not fill the GPU twice.
     fn quantized_gemm(
@@ -845,8 +845,15 @@ impl GpuTransformer {
         } else {
             QuantGemmTile::Registers
         };
-        // Past one 128-token tile, the formats with wide tiles take them.
-        let wide = tile != QuantGemmTile::Registers && t > QuantGemmTile::Shared.tokens();
+        // The formats with wide tiles take them: the narrowest that holds t up to
+        // `quant_wide_narrow` tokens (NOTES v49), else the 256-token ones past one 128-token tile.
+        let wide = if t <= self.knobs.quant_wide_narrow {
+            Some(QuantGemmTile::wide_for(t))
+        } else if t > QuantGemmTile::Shared.tokens() && tile != QuantGemmTile::Registers {
+            Some(QuantGemmTile::Wide256)
+        } else {
+            None
+        };
         // A product whose next reader sums its k splits leaves them to it: QKV's (rope.cu), and a
         // row-parallel one into `proj` with nothing but the GEMM before the next norm (no TP
         // all-reduce).
@@ -854,10 +861,9 @@ impl GpuTransformer {
             && (y == self.bufs.qkv.ptr()
                 || (y == self.bufs.proj.ptr() && out == GemmOut::F32 && self.comms.tp.is_none()));
         let segment_call = |seg: &SegmentView| -> Result<QuantGemmCall, CudaError> {
-            let tile = if wide && self.runs_wide(seg.format) {
-                QuantGemmTile::Wide
-            } else {
-                tile
+            let tile = match wide {
+                Some(wide) if self.runs_wide(seg.format) => wide,
+                _ => tile,
             };
             let mut call = QuantGemmCall {
                 format: seg.format,
@@ -892,7 +898,7 @@ impl GpuTransformer {
         // k split as one product of all n rows.
         if let ([first, second], true) = (&calls[..], self.knobs.quant_wide_pairs) {
             let first = QuantGemmCall {
-                steps_per_split: QuantGemmTile::Wide.steps_per_split_for(n, k, t, sms, capacity),
+                steps_per_split: first.tile.steps_per_split_for(n, k, t, sms, capacity),
                 ..*first
             };
             if let Some(pair) = QuantGemmPairCall::of(first, *second) {
@@ -938,7 +944,7 @@ impl GpuTransformer {
     /// Whether `format`'s products past one 128-token tile run on the wide tiles here: the format
     /// has them, quant.cu was compiled with them, and `STRATA_QUANT_WIDE` leaves them on.
     fn runs_wide(&self, format: QuantFormat) -> bool {
-        self.knobs.quant_wide && self.kernels.wide_tiles() && format.wide_kernel().is_some()
+        self.knobs.quant_wide && self.kernels.wide_tiles() && format.has_wide_tiles()
     }
 
     /// `x` (bf16 `[t, k]`, t at most GEMV_KERNEL_TOKENS) as the int8 blocks the quantized GEMVs

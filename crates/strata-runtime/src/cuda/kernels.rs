@@ -29,7 +29,10 @@ macro_rules! quant_kernel_names {
             concat!("dequant_", $f), concat!("embedding_", $f), concat!("qgemm_", $f),
             concat!("qgemm_tile_", $f),
         )* "quantize_q8", "qgemm_reduce", "qgemm_wide_q4_k", "qgemm_wide_q6_k",
-          "qgemm_wide_pair_q4_k_q6_k"]
+          "qgemm_wide_pair_q4_k_q6_k", "qgemm_wide64_q4_k", "qgemm_wide64_q6_k",
+          "qgemm_wide64_pair_q4_k_q6_k", "qgemm_wide128_q4_k", "qgemm_wide128_q6_k",
+          "qgemm_wide128_pair_q4_k_q6_k", "qgemm_wide192_q4_k", "qgemm_wide192_q6_k",
+          "qgemm_wide192_pair_q4_k_q6_k"]
     };
 }
 
@@ -414,9 +417,18 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// The same where those tiles are warp-specialized: three stages of a weight and an x tile, the
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
-/// quant.cu's QWIDE_SHARED: the wide tiles' four stages of a 256 x 64 bf16 x tile, 16 KB of raw
-/// weight bytes and an mbarrier, and the slack.
-pub const QWIDE_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384 + 8) + 1024;
+/// quant.cu's QWIDE_SHARED(NT) for the wide kernel `name` (`qgemm_wide{64,128,192,}_*`, NT 64,
+/// 128, 192 or 256 tokens): four stages of an NT x 64 bf16 x tile, 16 KB of raw weight bytes and
+/// an mbarrier, and the slack.
+pub fn wide_shared_bytes(name: &str) -> u32 {
+    let width = name
+        .trim_start_matches("qgemm_wide")
+        .split('_')
+        .next()
+        .unwrap_or_default();
+    let tokens: u32 = width.parse().unwrap_or(256);
+    4 * (tokens * 64 * 2 + 16384 + 8) + 1024
+}
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
 /// kernels, alone in the family, are bounded to 512 threads a block.
@@ -462,9 +474,9 @@ impl Kernels {
                     )
                     .map_err(driver("cuFuncSetAttribute"))?;
                 }
-                if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || name.starts_with("qgemm_wide_")) {
-                    let tile_bytes = if name.starts_with("qgemm_wide_") {
-                        QWIDE_SHARED_BYTES
+                if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || name.starts_with("qgemm_wide")) {
+                    let tile_bytes = if name.starts_with("qgemm_wide") {
+                        wide_shared_bytes(name)
                     } else if specialized {
                         QTILE_SPECIALIZED_SHARED_BYTES
                     } else {
@@ -500,7 +512,7 @@ impl Kernels {
         }
     }
 
-    /// Whether quant.cu's wide tiles ([`QuantGemmTile::Wide`]) run here: compiled with wgmma.
+    /// Whether quant.cu's wide tiles ([`QuantGemmTile::Wide256`]) run here: compiled with wgmma.
     pub fn wide_tiles(&self) -> bool {
         self.wide_tiles
     }

@@ -317,21 +317,22 @@ mod tests {
                 ..m
             };
             names.extend([d.name(), e.name(), m.name(), tiled.name()].map(String::from));
-            if format.wide_kernel().is_some() {
-                let wide = QuantGemmCall {
-                    tile: QuantGemmTile::Wide,
-                    ..m
-                };
-                names.push(wide.name().to_string());
-                wides.push(wide);
+            if format.has_wide_tiles() {
+                for tile in QuantGemmTile::WIDE {
+                    let wide = QuantGemmCall { tile, ..m };
+                    names.push(wide.name().to_string());
+                    wides.push(wide);
+                }
             }
         }
-        // The one wide pair: the Q4_K wide call over a whole tile, then the Q6_K one.
-        let pair = match wides[..] {
-            [q4, q6] => QuantGemmPairCall::of(QuantGemmCall { n: 128, ..q4 }, q6),
-            _ => None,
-        };
-        names.push(pair.expect("the Q4_K, Q6_K pair").name().to_string());
+        // The wide pairs, a width each: the Q4_K wide call over a whole tile, then the Q6_K one.
+        for tile in QuantGemmTile::WIDE {
+            let pair = match wides.iter().filter(|w| w.tile == tile).collect::<Vec<_>>()[..] {
+                [q4, q6] => QuantGemmPairCall::of(QuantGemmCall { n: 128, ..*q4 }, *q6),
+                _ => None,
+            };
+            names.push(pair.expect("the Q4_K, Q6_K pair").name().to_string());
+        }
         let q = QuantizeQ8Call {
             x: 1,
             xq: 1,

@@ -183,15 +183,29 @@ impl QuantFormat {
         }
     }
 
-    /// quant.cu's wide-tile GEMM for this format (`qgemm_wide_*`), where it has one.
-    pub fn wide_kernel(self) -> Option<&'static str> {
-        let first = QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2;
+    /// Whether quant.cu has wide tiles (`qgemm_wide*`) for this format.
+    pub fn has_wide_tiles(self) -> bool {
+        matches!(self, QuantFormat::Q4K | QuantFormat::Q6K)
+    }
+
+    /// quant.cu's GEMM on the wide tile `tile` for this format (`qgemm_wide{64,128,192,}_*`), where
+    /// it has one.
+    pub fn wide_kernel(self, tile: QuantGemmTile) -> Option<&'static str> {
+        let at = wide_kernels_at(tile)?;
         match self {
-            QuantFormat::Q4K => Some(quant_kernels()[first]),
-            QuantFormat::Q6K => Some(quant_kernels()[first + 1]),
+            QuantFormat::Q4K => Some(quant_kernels()[at]),
+            QuantFormat::Q6K => Some(quant_kernels()[at + 1]),
             _ => None,
         }
     }
+}
+
+/// Where `tile`'s wide kernels start in quant.cu's names: after the formats' kernels,
+/// quantize_q8 and qgemm_reduce, three a width (Q4_K, Q6_K, their pair) in
+/// [`QuantGemmTile::WIDE`]'s order; `None` for the other tiles.
+fn wide_kernels_at(tile: QuantGemmTile) -> Option<usize> {
+    let width = QuantGemmTile::WIDE.iter().position(|&w| w == tile)?;
+    Some(QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2 + 3 * width)
 }
 
 /// quant.cu's kernel names (its entry in [`FAMILIES`]).
@@ -420,16 +434,46 @@ pub enum QuantGemmTile {
     /// `qgemm_wide_*` (Q4_K and Q6_K where quant.cu has wgmma, [`super::Kernels::wide_tiles`]):
     /// 128 rows x 256 tokens a block of 8 warps, one block an SM, k in steps of 64 columns, each
     /// lane decoding its wgmma A fragments in registers.
-    Wide,
+    Wide256,
+    /// `qgemm_wide64_*`: the same over 64 tokens, two blocks an SM (bench/NOTES.md v49).
+    Wide64,
+    /// `qgemm_wide128_*`: the same over 128 tokens, one block an SM.
+    Wide128,
+    /// `qgemm_wide192_*`: the same over 192 tokens, one block an SM.
+    Wide192,
 }
 
 impl QuantGemmTile {
+    /// The wide tiles, in quant.cu's order of their kernels.
+    pub const WIDE: [QuantGemmTile; 4] = [
+        QuantGemmTile::Wide256,
+        QuantGemmTile::Wide64,
+        QuantGemmTile::Wide128,
+        QuantGemmTile::Wide192,
+    ];
+
+    /// The narrowest wide tile that takes `t` tokens in one block (the 256-token one past 192).
+    pub fn wide_for(t: usize) -> QuantGemmTile {
+        match t {
+            0..=64 => QuantGemmTile::Wide64,
+            65..=128 => QuantGemmTile::Wide128,
+            129..=192 => QuantGemmTile::Wide192,
+            _ => QuantGemmTile::Wide256,
+        }
+    }
+
+    /// Whether this is one of the wide tiles (`qgemm_wide*`).
+    pub fn is_wide(self) -> bool {
+        Self::WIDE.contains(&self)
+    }
+
     /// Tokens a block's tile takes.
     pub fn tokens(self) -> usize {
         match self {
-            QuantGemmTile::Registers => 64,
-            QuantGemmTile::Shared | QuantGemmTile::Specialized => 128,
-            QuantGemmTile::Wide => 256,
+            QuantGemmTile::Registers | QuantGemmTile::Wide64 => 64,
+            QuantGemmTile::Shared | QuantGemmTile::Specialized | QuantGemmTile::Wide128 => 128,
+            QuantGemmTile::Wide192 => 192,
+            QuantGemmTile::Wide256 => 256,
         }
     }
 
@@ -437,14 +481,19 @@ impl QuantGemmTile {
     pub fn k_step(self) -> usize {
         match self {
             QuantGemmTile::Registers => QGEMM_K,
-            QuantGemmTile::Shared | QuantGemmTile::Specialized | QuantGemmTile::Wide => 64,
+            QuantGemmTile::Shared | QuantGemmTile::Specialized => 64,
+            QuantGemmTile::Wide256 | QuantGemmTile::Wide64 | QuantGemmTile::Wide128 | QuantGemmTile::Wide192 => 64,
         }
     }
 
     fn threads(self) -> u32 {
         match self {
             QuantGemmTile::Registers => 128,
-            QuantGemmTile::Shared | QuantGemmTile::Wide => 256,
+            QuantGemmTile::Shared
+            | QuantGemmTile::Wide256
+            | QuantGemmTile::Wide64
+            | QuantGemmTile::Wide128
+            | QuantGemmTile::Wide192 => 256,
             QuantGemmTile::Specialized => 512,
         }
     }
@@ -452,8 +501,8 @@ impl QuantGemmTile {
     /// Blocks an SM holds at once (quant.cu's launch bounds).
     fn blocks_per_sm(self) -> usize {
         match self {
-            QuantGemmTile::Registers | QuantGemmTile::Shared => 2,
-            QuantGemmTile::Specialized | QuantGemmTile::Wide => 1,
+            QuantGemmTile::Registers | QuantGemmTile::Shared | QuantGemmTile::Wide64 => 2,
+            QuantGemmTile::Specialized | QuantGemmTile::Wide256 | QuantGemmTile::Wide128 | QuantGemmTile::Wide192 => 1,
         }
     }
 
@@ -480,10 +529,10 @@ impl QuantGemmTile {
 
     /// The wide tiles' tail of an `n` x `k` product of `t` tokens: how many of its last row
     /// tiles split k, and how many ways, so that the last wave of a product of more tiles than
-    /// `multiprocessors` is not left mostly empty: the partial wave's tiles, each split as many
+    /// the SMs hold at once is not left mostly empty: the partial wave's tiles, each split as many
     /// ways as fill one wave (gate/up at 256 tokens on 132 SMs: 32 of 296 tiles, 4 ways), while
     /// their `[ways, t, rows]` f32 sums fit `parts_capacity`. `(0, 1)` for other tiles, for more
-    /// than 256 tokens, where k is split (`splits` > 1), and where fewer than 2 ways fit.
+    /// tokens than a tile's, where k is split (`splits` > 1), and where fewer than 2 ways fit.
     pub fn wide_tail_for(
         self,
         (n, k, t): (usize, usize, usize),
@@ -492,12 +541,13 @@ impl QuantGemmTile {
         parts_capacity: usize,
     ) -> (i32, i32) {
         let tiles = n.div_ceil(QGEMM_ROWS);
-        let rest = tiles % multiprocessors;
-        if self != QuantGemmTile::Wide || t > self.tokens() || splits > 1 || tiles <= multiprocessors || rest == 0 {
+        let slots = self.blocks_per_sm() * multiprocessors;
+        let rest = tiles % slots;
+        if !self.is_wide() || t > self.tokens() || splits > 1 || tiles <= slots || rest == 0 {
             return (0, 1);
         }
         let rest_rows = n - (tiles - rest) * QGEMM_ROWS;
-        let ways = (multiprocessors / rest)
+        let ways = (slots / rest)
             .min(parts_capacity / (rest_rows * t).max(1))
             .min(k / self.k_step())
             .min(8);
@@ -551,20 +601,20 @@ impl QuantGemmCall {
         match self.tile {
             QuantGemmTile::Registers => self.format.kernel(Kind::Gemm, 0),
             QuantGemmTile::Shared | QuantGemmTile::Specialized => self.format.kernel(Kind::GemmTile, 0),
-            QuantGemmTile::Wide => self
+            QuantGemmTile::Wide256 | QuantGemmTile::Wide64 | QuantGemmTile::Wide128 | QuantGemmTile::Wide192 => self
                 .format
-                .wide_kernel()
+                .wide_kernel(self.tile)
                 .unwrap_or_else(|| panic!("{:?} has no wide tiles", self.format)),
         }
     }
 
-    /// The TMA map of x the call's kernel reads: x's boxes of 64 columns x 256 tokens where the
-    /// wide tiles copy x by TMA (`tma`, [`super::Kernels::wide_tma`]), none otherwise.
+    /// The TMA map of x the call's kernel reads: x's boxes of 64 columns x the tile's tokens
+    /// where the wide tiles copy x by TMA (`tma`, [`super::Kernels::wide_tma`]), none otherwise.
     pub fn x_map_for(&self, tma: bool) -> Result<TmaMap, CudaError> {
-        if self.tile != QuantGemmTile::Wide || !tma {
+        if !self.tile.is_wide() || !tma {
             return Ok(TmaMap::NONE);
         }
-        let tokens = QuantGemmTile::Wide.tokens() as u32;
+        let tokens = self.tile.tokens() as u32;
         encode_bf16_matrix_map(self.x, self.t as usize, self.k as usize, 64, tokens)
     }
 
@@ -573,7 +623,7 @@ impl QuantGemmCall {
     /// bytes, boxes of each plane's width x 128 rows; none otherwise.
     pub fn w_maps_for(&self, tma: bool) -> Result<[TmaMap; 3], CudaError> {
         let mut maps = [TmaMap::NONE; 3];
-        if self.tile != QuantGemmTile::Wide || !tma {
+        if !self.tile.is_wide() || !tma {
             return Ok(maps);
         }
         let (planes, block_bytes) = self.format.wide_planes();
@@ -602,7 +652,7 @@ impl QuantGemmCall {
 
     /// The wide tiles' tail, as launched: 0 for other tiles.
     fn wide_tail(&self) -> i32 {
-        if self.tile == QuantGemmTile::Wide {
+        if self.tile.is_wide() {
             self.tail.max(0)
         } else {
             0
@@ -666,7 +716,7 @@ impl QuantGemmCall {
         )
         .to_vec();
         // The wide tiles' last parameters: the tail and its splits, and the maps by value.
-        if self.tile == QuantGemmTile::Wide {
+        if self.tile.is_wide() {
             args.extend(kernel_args!(
                 self.tail,
                 self.tail_splits,
@@ -698,8 +748,8 @@ impl QuantGemmPairCall {
     /// both run on the wide tiles without a tail, and the first's rows are whole 128-row tiles.
     pub fn of(first: QuantGemmCall, second: QuantGemmCall) -> Option<Self> {
         let pair = Self { first, second };
-        let fits = first.tile == QuantGemmTile::Wide
-            && second.tile == QuantGemmTile::Wide
+        let fits = first.tile.is_wide()
+            && second.tile == first.tile
             && first.wide_tail() == 0
             && second.wide_tail() == 0
             && (first.n as usize).is_multiple_of(QGEMM_ROWS)
@@ -708,7 +758,7 @@ impl QuantGemmPairCall {
     }
 
     fn kernel(&self) -> Option<&'static str> {
-        let at = QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 4;
+        let at = wide_kernels_at(self.first.tile)? + 2;
         (self.first.format == QuantFormat::Q4K && self.second.format == QuantFormat::Q6K).then(|| quant_kernels()[at])
     }
 
@@ -912,12 +962,19 @@ mod tests {
             assert_eq!(f.kernel(Kind::Embedding, 0), format!("embedding_{}", f.name()));
             assert_eq!(f.kernel(Kind::Gemm, 0), format!("qgemm_{}", f.name()));
             assert_eq!(f.kernel(Kind::GemmTile, 0), format!("qgemm_tile_{}", f.name()));
-            let wide = matches!(f, QuantFormat::Q4K | QuantFormat::Q6K).then(|| format!("qgemm_wide_{}", f.name()));
-            assert_eq!(f.wide_kernel().map(str::to_string), wide);
+            for (tile, width) in QuantGemmTile::WIDE.into_iter().zip(["", "64", "128", "192"]) {
+                let wide = f.has_wide_tiles().then(|| format!("qgemm_wide{width}_{}", f.name()));
+                assert_eq!(f.wide_kernel(tile).map(str::to_string), wide);
+                assert!(tile.is_wide() && tile.tokens() >= 64);
+            }
+            assert_eq!(f.wide_kernel(QuantGemmTile::Registers), None);
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
-        assert_eq!(quant_kernels().len(), QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 5);
+        assert_eq!(
+            quant_kernels().len(),
+            QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2 + 3 * 4
+        );
         let q = QuantizeQ8Call {
             x: 1,
             xq: 2,
@@ -1019,7 +1076,7 @@ mod tests {
         // the SMs as they are; the down projection's 28 split 4 ways (74 of 296 steps a block:
         // 112 blocks, where 5 ways made 140, a second wave of 8), at 224 tokens too (the
         // scratch would hold 5 shares), and QKV's 36 tiles 3 ways (108 blocks, not 144).
-        let wide = QuantGemmTile::Wide;
+        let wide = QuantGemmTile::Wide256;
         assert_eq!(wide.steps_per_split_for(37888, 3584, 256, 132, 8 << 20), 56);
         assert_eq!(wide.steps_per_split_for(3584, 18944, 256, 132, 8 << 20), 74);
         assert_eq!(wide.steps_per_split_for(3584, 18944, 224, 132, 4 << 20), 74);
@@ -1071,6 +1128,28 @@ mod tests {
         assert_eq!(tail(3584, 3584, 256, 1, 4 << 20), (0, 1));
         assert_eq!(tail(264 * 128, 3584, 256, 1, 4 << 20), (0, 1));
         assert_eq!(shared.wide_tail_for((37888, 3584, 256), 1, 132, 4 << 20), (0, 1));
+        // The narrow wide tiles (NOTES v49) take products of up to 128 tokens: 64-token tiles two
+        // blocks an SM, 128-token ones one. At 32 tokens o's 28 tiles split k 9 ways (7 of 56
+        // steps a block: 8 blocks a tile, 224 of 264 slots; 4 ways on the 128-token tiles), and
+        // gate/up's 296 tiles leave 32
+        // past the 264 slots, split 8 ways.
+        let wide_for: Vec<QuantGemmTile> = [9, 64, 65, 128, 129, 192, 193].map(QuantGemmTile::wide_for).to_vec();
+        use QuantGemmTile::{Wide128, Wide192, Wide256, Wide64};
+        assert_eq!(wide_for, [Wide64, Wide64, Wide128, Wide128, Wide192, Wide192, Wide256]);
+        assert_eq!(Wide64.steps_per_split_for(3584, 3584, 32, 132, 4 << 20), 7);
+        assert_eq!(Wide128.steps_per_split_for(3584, 3584, 100, 132, 4 << 20), 14);
+        assert_eq!(Wide64.wide_tail_for((37888, 3584, 32), 1, 132, 4 << 20), (32, 8));
+        assert_eq!(Wide64.wide_tail_for((37888, 3584, 65), 1, 132, 4 << 20), (0, 1));
+        let narrow = QuantGemmCall {
+            tile: Wide64,
+            t: 32,
+            tail: 32,
+            tail_splits: 8,
+            ..gate_up
+        };
+        assert_eq!(narrow.name(), "qgemm_wide64_q4_k");
+        assert_eq!(narrow.shape(), ((264 + 256, 1, 1), 256, 0));
+        assert_eq!(narrow.args().len(), wide_call.args().len());
         assert_eq!(wide_call.x_map_for(false).unwrap(), TmaMap::NONE);
         assert_eq!(wide_call.w_maps_for(false).unwrap(), [TmaMap::NONE; 3]);
         assert_eq!(tiled.w_maps_for(true).unwrap(), [TmaMap::NONE; 3]);

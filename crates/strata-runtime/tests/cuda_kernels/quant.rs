@@ -392,7 +392,7 @@ fn the_wide_tile_decode_model_follows_the_cpu_dequantizer() {
         let mut w = vec![0f32; n * k];
         dequantize(format.ggml_type(), &blocks, &mut w).unwrap();
         let Some(parts) = wide_value_parts(format, &blocks) else {
-            assert!(format.wide_kernel().is_none(), "{format:?} has wide tiles but no model");
+            assert!(!format.has_wide_tiles(), "{format:?} has wide tiles but no model");
             continue;
         };
         assert_eq!(parts.len(), w.len());
@@ -417,9 +417,12 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     // quant.cu's tensor-core GEMMs over quantized blocks: the tiles as compiled here, and the wide
-    // tiles of the formats that have them where quant.cu has wgmma.
+    // tiles (of 256, 64 and 128 tokens) of the formats that have them where quant.cu has wgmma.
     for format in QUANT_FORMATS {
-        let wide = (kernels.wide_tiles() && format.wide_kernel().is_some()).then_some(QuantGemmTile::Wide);
+        let wide = match kernels.wide_tiles() && format.has_wide_tiles() {
+            true => QuantGemmTile::WIDE.to_vec(),
+            false => Vec::new(),
+        };
         let tiles: Vec<QuantGemmTile> = [QuantGemmTile::Registers, kernels.shared_tile()]
             .into_iter()
             .chain(wide)
@@ -492,7 +495,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 // The wide tiles again with k split 3 ways in their last two row tiles (or the
                 // only one), and 5 ways (the last share empty where k has few steps); the tail's
                 // sums added into y by the reduce.
-                let tails: Vec<Vec<f32>> = if tile == QuantGemmTile::Wide {
+                let tails: Vec<Vec<f32>> = if tile.is_wide() {
                     [3, 5]
                         .into_iter()
                         .map(|ways| {
@@ -520,7 +523,7 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
                 };
                 let ctx = format!("{format:?} {tile:?} n {n} k {k} t {t}");
                 let weights = match (&wide_weights, tile) {
-                    (Some(ww), QuantGemmTile::Wide) => ww,
+                    (Some(ww), tile) if tile.is_wide() => ww,
                     _ => &wb,
                 };
                 for j in 0..t {
@@ -569,7 +572,7 @@ fn a_wide_pair_computes_what_its_segments_compute_alone() {
     // A Q4_K segment of whole tiles, then a Q6_K one of part of a tile (a QKV whose v rows are
     // Q6_K): one launch of both must give the bits of each launched alone with the same k
     // steps a block, whole (into an f32 y wider than the product) and split 3 ways (bf16 after
-    // one reduce of all rows against one a segment).
+    // one reduce of all rows against one a segment), on each wide tile.
     let (n0, n1, k) = (256usize, 70usize, 2816usize);
     let n = n0 + n1;
     let blocks0 = random_blocks(QuantFormat::Q4K, n0, k, 5);
@@ -578,8 +581,11 @@ fn a_wide_pair_computes_what_its_segments_compute_alone() {
         upload_segment(&gpu, QuantFormat::Q4K, &blocks0, n0, k),
         upload_segment(&gpu, QuantFormat::Q6K, &blocks1, n1, k),
     );
-    let steps = k / QuantGemmTile::Wide.k_step();
-    for t in [130usize, 300] {
+    let steps = k / QuantGemmTile::Wide256.k_step();
+    for (t, tile) in [40usize, 130, 300]
+        .into_iter()
+        .flat_map(|t| QuantGemmTile::WIDE.map(|tile| (t, tile)))
+    {
         let xd = gpu.upload(&random_bf16(t * k, 40 + t as u64), "x").unwrap();
         let ld = n + 3;
         for (splits, out_f32) in [(1usize, 1i32), (3, 0)] {
@@ -595,7 +601,7 @@ fn a_wide_pair_computes_what_its_segments_compute_alone() {
             let alone = |y: u64, seg: &DeviceBuffer, format, rows, first_row: usize| {
                 let call = QuantGemmCall {
                     format,
-                    tile: QuantGemmTile::Wide,
+                    tile,
                     w: seg.ptr(),
                     x: xd.ptr(),
                     y: y + (first_row * elem) as u64,
@@ -645,9 +651,12 @@ fn a_wide_pair_computes_what_its_segments_compute_alone() {
             let first_diff = want.iter().zip(&got).position(|(w, g)| w != g);
             assert!(
                 first_diff.is_none(),
-                "t {t}, {splits} splits: the pair differs from its segments alone at byte {first_diff:?}"
+                "{tile:?} t {t}, {splits} splits: the pair differs from its segments alone at byte {first_diff:?}"
             );
-            assert!(want.iter().any(|&v| v != 0), "t {t}, {splits} splits: nothing written");
+            assert!(
+                want.iter().any(|&v| v != 0),
+                "{tile:?} t {t}, {splits} splits: nothing written"
+            );
         }
     }
 }
