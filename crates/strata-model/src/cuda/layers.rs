@@ -845,15 +845,8 @@ impl GpuTransformer {
         } else {
             QuantGemmTile::Registers
         };
-        // The formats with wide tiles take them: the narrowest that holds t up to
-        // `quant_wide_narrow` tokens (NOTES v49), else the 256-token ones past one 128-token tile.
-        let wide = if t <= self.knobs.quant_wide_narrow {
-            Some(QuantGemmTile::wide_for(t))
-        } else if t > QuantGemmTile::Shared.tokens() && tile != QuantGemmTile::Registers {
-            Some(QuantGemmTile::Wide256)
-        } else {
-            None
-        };
+        // The formats with wide tiles take the one for t (NOTES v49).
+        let wide = tile.wide_choice(t, self.knobs.quant_wide_narrow);
         // A product whose next reader sums its k splits leaves them to it: QKV's (rope.cu), and a
         // row-parallel one into `proj` with nothing but the GEMM before the next norm (no TP
         // all-reduce).

@@ -462,6 +462,19 @@ impl QuantGemmTile {
         }
     }
 
+    /// The wide tile a product of `t` tokens takes where its format has wide tiles: the narrowest
+    /// that holds t up to `narrow_most` tokens (bench/NOTES.md v49), else the 256-token one past
+    /// one 128-token tile unless the GEMM's own choice (`self`) is qgemm's; `None`: `self`.
+    pub fn wide_choice(self, t: usize, narrow_most: usize) -> Option<QuantGemmTile> {
+        if t <= narrow_most {
+            Some(QuantGemmTile::wide_for(t))
+        } else if t > QuantGemmTile::Shared.tokens() && self != QuantGemmTile::Registers {
+            Some(QuantGemmTile::Wide256)
+        } else {
+            None
+        }
+    }
+
     /// Whether this is one of the wide tiles (`qgemm_wide*`).
     pub fn is_wide(self) -> bool {
         Self::WIDE.contains(&self)
@@ -1136,6 +1149,19 @@ mod tests {
         let wide_for: Vec<QuantGemmTile> = [9, 64, 65, 128, 129, 192, 193].map(QuantGemmTile::wide_for).to_vec();
         use QuantGemmTile::{Wide128, Wide192, Wide256, Wide64};
         assert_eq!(wide_for, [Wide64, Wide64, Wide128, Wide128, Wide192, Wide192, Wide256]);
+        // The routing (STRATA_QUANT_WIDE_NARROW): up to 192 tokens by default; 0 keeps qgemm to
+        // 128 tokens and the 256-token tiles past them (none where the GEMM stays on qgemm);
+        // 128 sends 129-192 tokens to the 256-token tiles.
+        let (registers, shared) = (QuantGemmTile::Registers, QuantGemmTile::Shared);
+        assert_eq!(registers.wide_choice(9, 192), Some(Wide64));
+        assert_eq!(registers.wide_choice(100, 192), Some(Wide128));
+        assert_eq!(shared.wide_choice(150, 192), Some(Wide192));
+        assert_eq!(shared.wide_choice(200, 192), Some(Wide256));
+        assert_eq!(registers.wide_choice(100, 0), None);
+        assert_eq!(shared.wide_choice(128, 0), None);
+        assert_eq!(shared.wide_choice(129, 0), Some(Wide256));
+        assert_eq!(registers.wide_choice(200, 0), None);
+        assert_eq!(shared.wide_choice(150, 128), Some(Wide256));
         assert_eq!(Wide64.steps_per_split_for(3584, 3584, 32, 132, 4 << 20), 7);
         assert_eq!(Wide128.steps_per_split_for(3584, 3584, 100, 132, 4 << 20), 14);
         assert_eq!(Wide64.wide_tail_for((37888, 3584, 32), 1, 132, 4 << 20), (32, 8));
