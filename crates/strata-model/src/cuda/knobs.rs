@@ -65,9 +65,10 @@ pub struct GpuKnobs {
     /// An FP8 QKV GEMV applies RoPE and writes the cache itself (`fp8_gemv_qkv_rope_t*`), as
     /// the bf16 one does (bench/NOTES.md, FP8 v6); `STRATA_FP8_QKV_ROPE=0` runs rope.cu after it.
     pub fp8_qkv_rope: bool,
-    /// Quantized products of more than 128 tokens on quant.cu's wide tiles where they run
-    /// (`qgemm_wide_*`, Q4_K and Q6_K, wgmma with the weights decoded in registers; 12 % off the
-    /// 256-user Q4_K_M step, bench/NOTES.md v36); `STRATA_QUANT_WIDE=0` keeps the 128-token tiles.
+    /// Quantized products on quant.cu's wide tiles where they run (`qgemm_wide*`, Q4_K and Q6_K,
+    /// wgmma with the weights decoded in registers; 12 % off the 256-user Q4_K_M step,
+    /// bench/NOTES.md v36; of 9-192 tokens too since v49); `STRATA_QUANT_WIDE=0` keeps every
+    /// product on qgemm's tiles (mma.sync to 128 tokens, the 128-token tiles past them).
     pub quant_wide: bool,
     /// `STRATA_QUANT_WIDE_MAX_TOKENS=N`: products whose segments all have wide tiles stay on them
     /// up to N tokens, past `quant_gemm_max_tokens` (where that is not 0), instead of being
