@@ -821,7 +821,7 @@ impl GpuTransformer {
     }
 
     /// [`Self::quantized_matmul`] on one of quant.cu's tensor-core GEMMs (the shared-memory tiles
-    /// from `quant_gemm_tile_min_tokens` on, the wide ones of 64, 128 or 256 tokens unless
+    /// from `quant_gemm_tile_min_tokens` on, the wide ones of 64, 128, 192 or 256 tokens unless
     /// `STRATA_QUANT_WIDE=0`), segment by segment, k split
     /// (and the splits summed) where the segment's tiles would not fill the GPU twice.
     fn quantized_gemm(

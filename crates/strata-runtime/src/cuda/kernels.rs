@@ -417,17 +417,11 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// The same where those tiles are warp-specialized: three stages of a weight and an x tile, the
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
-/// quant.cu's QWIDE_SHARED(NT) for the wide kernel `name` (`qgemm_wide{64,128,192,}_*`, NT 64,
-/// 128, 192 or 256 tokens): four stages of an NT x 64 bf16 x tile, 16 KB of raw weight bytes and
-/// an mbarrier, and the slack.
-pub fn wide_shared_bytes(name: &str) -> u32 {
-    let width = name
-        .trim_start_matches("qgemm_wide")
-        .split('_')
-        .next()
-        .unwrap_or_default();
-    let tokens: u32 = width.parse().unwrap_or(256);
-    4 * (tokens * 64 * 2 + 16384 + 8) + 1024
+/// quant.cu's QWIDE_SHARED(NT) for the wide tile `tile` (NT its tokens: 64, 128, 192 or 256):
+/// four stages of an NT x 64 bf16 x tile, 16 KB of raw weight bytes and an mbarrier, and the
+/// slack.
+pub fn wide_shared_bytes(tile: QuantGemmTile) -> u32 {
+    4 * (tile.tokens() as u32 * 64 * 2 + 16384 + 8) + 1024
 }
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
@@ -474,9 +468,10 @@ impl Kernels {
                     )
                     .map_err(driver("cuFuncSetAttribute"))?;
                 }
-                if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || name.starts_with("qgemm_wide")) {
-                    let tile_bytes = if name.starts_with("qgemm_wide") {
-                        wide_shared_bytes(name)
+                let wide = QuantGemmTile::of_wide_kernel(name);
+                if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || wide.is_some()) {
+                    let tile_bytes = if let Some(tile) = wide {
+                        wide_shared_bytes(tile)
                     } else if specialized {
                         QTILE_SPECIALIZED_SHARED_BYTES
                     } else {
@@ -512,7 +507,7 @@ impl Kernels {
         }
     }
 
-    /// Whether quant.cu's wide tiles ([`QuantGemmTile::Wide256`]) run here: compiled with wgmma.
+    /// Whether quant.cu's wide tiles ([`QuantGemmTile::WIDE`]) run here: compiled with wgmma.
     pub fn wide_tiles(&self) -> bool {
         self.wide_tiles
     }

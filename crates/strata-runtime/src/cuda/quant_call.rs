@@ -475,6 +475,13 @@ impl QuantGemmTile {
         }
     }
 
+    /// The wide tile whose kernel quant.cu's `name` is (`qgemm_wide{64,128,192,}_*`), if any.
+    pub fn of_wide_kernel(name: &str) -> Option<QuantGemmTile> {
+        let first = wide_kernels_at(QuantGemmTile::Wide256)?;
+        let at = quant_kernels().iter().position(|&k| k == name)?;
+        Self::WIDE.get(at.checked_sub(first)? / 3).copied()
+    }
+
     /// Whether this is one of the wide tiles (`qgemm_wide*`).
     pub fn is_wide(self) -> bool {
         Self::WIDE.contains(&self)
@@ -490,24 +497,19 @@ impl QuantGemmTile {
         }
     }
 
-    /// Columns a block takes per step (quant.cu: QGEMM_K, QTILE_K).
+    /// Columns a block takes per step (quant.cu: QGEMM_K; QTILE_K for the other tiles).
     pub fn k_step(self) -> usize {
         match self {
             QuantGemmTile::Registers => QGEMM_K,
-            QuantGemmTile::Shared | QuantGemmTile::Specialized => 64,
-            QuantGemmTile::Wide256 | QuantGemmTile::Wide64 | QuantGemmTile::Wide128 | QuantGemmTile::Wide192 => 64,
+            _ => 64,
         }
     }
 
     fn threads(self) -> u32 {
         match self {
             QuantGemmTile::Registers => 128,
-            QuantGemmTile::Shared
-            | QuantGemmTile::Wide256
-            | QuantGemmTile::Wide64
-            | QuantGemmTile::Wide128
-            | QuantGemmTile::Wide192 => 256,
             QuantGemmTile::Specialized => 512,
+            _ => 256,
         }
     }
 
@@ -515,7 +517,7 @@ impl QuantGemmTile {
     fn blocks_per_sm(self) -> usize {
         match self {
             QuantGemmTile::Registers | QuantGemmTile::Shared | QuantGemmTile::Wide64 => 2,
-            QuantGemmTile::Specialized | QuantGemmTile::Wide256 | QuantGemmTile::Wide128 | QuantGemmTile::Wide192 => 1,
+            _ => 1,
         }
     }
 
@@ -614,9 +616,9 @@ impl QuantGemmCall {
         match self.tile {
             QuantGemmTile::Registers => self.format.kernel(Kind::Gemm, 0),
             QuantGemmTile::Shared | QuantGemmTile::Specialized => self.format.kernel(Kind::GemmTile, 0),
-            QuantGemmTile::Wide256 | QuantGemmTile::Wide64 | QuantGemmTile::Wide128 | QuantGemmTile::Wide192 => self
+            wide => self
                 .format
-                .wide_kernel(self.tile)
+                .wide_kernel(wide)
                 .unwrap_or_else(|| panic!("{:?} has no wide tiles", self.format)),
         }
     }
@@ -981,9 +983,17 @@ mod tests {
                 assert!(tile.is_wide() && tile.tokens() >= 64);
             }
             assert_eq!(f.wide_kernel(QuantGemmTile::Registers), None);
+            assert_eq!(QuantGemmTile::of_wide_kernel(&format!("qgemm_{}", f.name())), None);
             assert_eq!(QuantFormat::of(f.ggml_type()), Some(f));
             assert!(f.block_len().is_multiple_of(f.unit_len()));
         }
+        // Each wide kernel's name gives back its tile (kernels.rs sizes its shared memory by it).
+        for (tile, width) in QuantGemmTile::WIDE.into_iter().zip(["", "64", "128", "192"]) {
+            for name in ["q4_k", "q6_k", "pair_q4_k_q6_k"].map(|f| format!("qgemm_wide{width}_{f}")) {
+                assert_eq!(QuantGemmTile::of_wide_kernel(&name), Some(tile), "{name}");
+            }
+        }
+        assert_eq!(QuantGemmTile::of_wide_kernel("qgemm_reduce"), None);
         assert_eq!(
             quant_kernels().len(),
             QUANT_FORMATS.len() * KERNELS_PER_FORMAT + 2 + 3 * 4
@@ -1141,11 +1151,10 @@ mod tests {
         assert_eq!(tail(3584, 3584, 256, 1, 4 << 20), (0, 1));
         assert_eq!(tail(264 * 128, 3584, 256, 1, 4 << 20), (0, 1));
         assert_eq!(shared.wide_tail_for((37888, 3584, 256), 1, 132, 4 << 20), (0, 1));
-        // The narrow wide tiles (NOTES v49) take products of up to 128 tokens: 64-token tiles two
-        // blocks an SM, 128-token ones one. At 32 tokens o's 28 tiles split k 9 ways (7 of 56
-        // steps a block: 8 blocks a tile, 224 of 264 slots; 4 ways on the 128-token tiles), and
-        // gate/up's 296 tiles leave 32
-        // past the 264 slots, split 8 ways.
+        // The narrow wide tiles (NOTES v49) take products of up to 192 tokens: 64-token tiles two
+        // blocks an SM, 128- and 192-token ones one. At 32 tokens o's 28 tiles split k 9 ways (7
+        // of 56 steps a block: 8 blocks a tile, 224 of 264 slots; 4 ways on the 128-token tiles),
+        // and gate/up's 296 tiles leave 32 past the 264 slots, split 8 ways.
         let wide_for: Vec<QuantGemmTile> = [9, 64, 65, 128, 129, 192, 193].map(QuantGemmTile::wide_for).to_vec();
         use QuantGemmTile::{Wide128, Wide192, Wide256, Wide64};
         assert_eq!(wide_for, [Wide64, Wide64, Wide128, Wide128, Wide192, Wide192, Wide256]);

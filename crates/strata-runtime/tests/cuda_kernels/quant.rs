@@ -417,7 +417,8 @@ fn quantized_gemm_matches_the_bf16_rounded_weights() {
     };
     let kernels = Kernels::load(&gpu, KernelSpec { head_dim: 64, group: 3 }).unwrap();
     // quant.cu's tensor-core GEMMs over quantized blocks: the tiles as compiled here, and the wide
-    // tiles (of 256, 64 and 128 tokens) of the formats that have them where quant.cu has wgmma.
+    // tiles (of 256, 64, 128 and 192 tokens) of the formats that have them where quant.cu has
+    // wgmma.
     for format in QUANT_FORMATS {
         let wide = match kernels.wide_tiles() && format.has_wide_tiles() {
             true => QuantGemmTile::WIDE.to_vec(),
