@@ -2,9 +2,9 @@
 # Twenty-seventh sitting, v50 (the wide tiles' stages as many as their shared memory holds: the
 # copies 5 steps ahead for the 64-token Q4_K tiles, 6 for the 128-token ones, where all were 2):
 # the quant kernel tests, then the random Qwen2.5-7B as Q4_K_M at 32, 64 and 256 users (512 tokens
-# in, 128 out), this build against v49's, alternated, bf16 between. Not run in the twenty-seventh
-# sitting (its device time ran out): build gpu-bin from branch v50-wide-stages (64ac8b7) and
-# gpu-bin/v49/strata.gz from main (e09e4ae) first.
+# in, 128 out), this build against v49's, alternated, bf16 between. Written in the twenty-seventh
+# sitting, run in the twenty-eighth: gpu-bin from branch v50-wide-stages (64ac8b7),
+# gpu-bin/v49/strata.gz from e09e4ae.
 # Carries strata.gz, v49/strata.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz, llama-src.tar.xz.
 set -u
 OUT=${OUT:-/tmp/out}
