@@ -55,6 +55,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             eprintln!("not assembled: {why}");
         }
     }
+    let variants = std::thread::spawn(compile_quant_variants);
     let dir = std::env::temp_dir().join(format!("strata-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut running = Vec::new();
@@ -115,7 +116,25 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             }
         }
     }
-    // The variants of quant.cu the GPU scripts time.
+    // The variants' PTX, compiled on their own thread meanwhile (NVRTC takes one core).
+    for (defines, file, shows, missing, ptx) in variants.join().unwrap() {
+        assert!(shows(&ptx), "quant.cu with {defines:?}: {missing}");
+        if let Some(p) = &ptxas {
+            running.push(assemble(p, &ptx, "compute_90a", dir.join(file)));
+        }
+    }
+    finish(&mut running);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a variant's PTX must show.
+type Shows = fn(&str) -> bool;
+/// A variant of quant.cu: its defines, the file ptxas assembles, what its PTX must show, what is
+/// missing otherwise, and its PTX.
+type Variant = (&'static [&'static str], &'static str, Shows, &'static str, String);
+
+/// The variants of quant.cu the GPU scripts time, compiled for compute_90a.
+fn compile_quant_variants() -> Vec<Variant> {
     let (_, quant, _) = FAMILIES.iter().find(|(family, _, _)| *family == "quant").unwrap();
     let spec = KernelSpec {
         head_dim: 128,
@@ -123,7 +142,6 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
     };
     // Each variant's defines, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
-    type Shows = fn(&str) -> bool;
     let variants: [(&[&str], &str, Shows, &str); 5] = [
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
@@ -167,15 +185,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
             "no qgemv_silu_q4_k_t1",
         ),
     ];
-    for (defines, file, shows, missing) in variants {
-        let ptx = compile_variant("quant", quant, spec, "compute_90a", defines).unwrap();
-        assert!(shows(&ptx), "quant.cu with {defines:?}: {missing}");
-        if let Some(p) = &ptxas {
-            running.push(assemble(p, &ptx, "compute_90a", dir.join(file)));
-        }
-    }
-    finish(&mut running);
-    let _ = std::fs::remove_dir_all(&dir);
+    variants
+        .into_iter()
+        .map(|(defines, file, shows, missing)| {
+            let ptx = compile_variant("quant", quant, spec, "compute_90a", defines).unwrap();
+            (defines, file, shows, missing, ptx)
+        })
+        .collect()
 }
 
 /// Waits for the started ptxas runs; each must have assembled its PTX.
