@@ -4,8 +4,8 @@
 # define, then the random Qwen2.5-7B as Q4_K_M at 32, 64 and 256 users (512 tokens in, 128 out),
 # the define against the default of the same build, alternated, bf16 between; then both with
 # every prompt chunk on the wide tiles (STRATA_QUANT_WIDE_MAX_TOKENS=4096) at 256 users. Build
-# gpu-bin from main first. Carries strata.gz, cuda-kernels-test.gz, tokenizers-qwen2.5.tgz,
-# llama-src.tar.xz.
+# gpu-bin from main first; LIMIT=N (default 450) starts no bench past N s. Carries strata.gz,
+# cuda-kernels-test.gz, tokenizers-qwen2.5.tgz, llama-src.tar.xz.
 set -u
 OUT=${OUT:-/tmp/out}
 source scripts/gpu/libs.sh
@@ -20,7 +20,7 @@ STRATA_KERNEL_DEFINES=QWIDE_DESYNC=1 timeout 200 gpu-bin/cuda-kernels-test --ski
 grep -hE "^test |panicked|test result|skipped" "$OUT/kernels.log" | cut -c1-300
 wait $PREP; tail -1 "$OUT/prepare.log"
 bench() {  # name defines model levels
-    [ $SECONDS -lt 450 ] || { echo "-- $1 skipped (t=$SECONDS)"; return; }
+    [ $SECONDS -lt ${LIMIT:-450} ] || { echo "-- $1 skipped (t=$SECONDS)"; return; }
     STRATA_KERNEL_DEFINES="$2" timeout 110 env ${ENVS:-} $S bench-gpu --model $3 --levels $4 --kv-cache-dtypes auto \
         --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_$1.json" 2>&1 |
         grep -v "outside the vocabulary" > "$OUT/bench_$1.log"
