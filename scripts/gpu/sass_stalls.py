@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Where a kernel's warps wait, instruction by instruction, from Nsight Compute's source page.
 
-Reads `ncu --import R.ncu-rep --page source --csv --print-source sass` (plain or gzipped; one
-kernel) and prints the stall reasons summed over the kernel, then the instructions with the
-most warp samples and each one's top reasons, then the samples by opcode.
+Reads `ncu --import R.ncu-rep --page source --csv --print-source sass` (plain or gzipped) and
+prints, for each profiled launch in it, the stall reasons summed over the launch, then the
+instructions with the most warp samples and each one's top reasons, then the samples by opcode.
 Usage: sass_stalls.py FILE.csv[.gz] [--top N]
 """
 import argparse

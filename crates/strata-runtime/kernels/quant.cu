@@ -1884,27 +1884,23 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     auto step = [&](int s, u32(&a)[4][4]) {
         const int i = s - first, b = i % QWIDE_STAGES;
         const int refill = s + QWIDE_STAGES - 2, fill_b = (i + QWIDE_STAGES - 2) % QWIDE_STAGES;
-        if constexpr (desync) {
-            mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
-            // The refilled stage held step i - 2: its writers (the TMA issuer, Q6_K's word
-            // copiers) wait until every warp has released it.
-            const bool writer = threadIdx.x == 0 || (F::WIDE_WORD && chalf == 1);
-            if (refill < last) {
-                if (writer && i >= 2) mbarrier_wait(w_empty + 8 * fill_b, ((i - 2) / QWIDE_STAGES) & 1);
-                load_weights(refill, fill_b);
-                load_x(refill, fill_b);
-            }
-        } else {
+        if constexpr (!desync) {
             cp_async_wait(QWIDE_STAGES - 3);
             fence_proxy_async();
             __syncthreads();
-            if constexpr (tma || w_tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
-            if (refill < last) {
-                load_weights(refill, fill_b);
-                load_x(refill, fill_b);
-            }
-            cp_async_commit();
         }
+        if constexpr (tma || w_tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
+        if (refill < last) {
+            // Under desync the refilled stage held step i - 2: its writers (the TMA issuer, Q6_K's
+            // word copiers) wait until every warp has released it.
+            if constexpr (desync) {
+                const bool writer = threadIdx.x == 0 || (F::WIDE_WORD && chalf == 1);
+                if (writer && i >= 2) mbarrier_wait(w_empty + 8 * fill_b, ((i - 2) / QWIDE_STAGES) & 1);
+            }
+            load_weights(refill, fill_b);
+            load_x(refill, fill_b);
+        }
+        cp_async_commit();
         const u8* stage = w_stage(b);
         const u32* words = (const u32*)(stage + F::WIDE_WORDS_AT);
         const int sb = (s >> 2) & 1;
