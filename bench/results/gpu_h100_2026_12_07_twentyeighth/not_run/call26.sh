@@ -3,7 +3,8 @@
 # (STRATA_KERNEL_DEFINES=QWIDE_DESYNC=1, opt-in on main): the quant kernel tests under the
 # define, then the random Qwen2.5-7B as Q4_K_M at 32, 64 and 256 users (512 tokens in, 128 out),
 # the define against the default of the same build, alternated, bf16 between; then both with
-# every prompt chunk on the wide tiles (STRATA_QUANT_WIDE_MAX_TOKENS=4096) at 256 users. Build
+# every prompt chunk on the wide tiles (STRATA_QUANT_WIDE_MAX_TOKENS=4096) at 256 users, then
+# main and bf16 with 8,192-token steps at 256 users. Build
 # gpu-bin from main first; LIMIT=N (default 450) starts no bench past N s. Carries strata.gz,
 # cuda-kernels-test.gz, tokenizers-qwen2.5.tgz, llama-src.tar.xz.
 set -u
@@ -22,7 +23,7 @@ wait $PREP; tail -1 "$OUT/prepare.log"
 bench() {  # name defines model levels
     [ $SECONDS -lt ${LIMIT:-450} ] || { echo "-- $1 skipped (t=$SECONDS)"; return; }
     STRATA_KERNEL_DEFINES="$2" timeout 110 env ${ENVS:-} $S bench-gpu --model $3 --levels $4 --kv-cache-dtypes auto \
-        --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_$1.json" 2>&1 |
+        --prompt-tokens 512 --output-tokens 128 ${ARGS:-} --out "$OUT/bench_$1.json" 2>&1 |
         grep -v "outside the vocabulary" > "$OUT/bench_$1.log"
     echo "-- $1 (t=$SECONDS)"; grep -E "decode-only" "$OUT/bench_$1.log" | cut -c1-200
 }
@@ -35,5 +36,8 @@ bench v52_b QWIDE_DESYNC=1 $Q4KM 32,64,256
 # Every prompt chunk on the wide tiles too (no dequantization for cuBLASLt), with and without.
 ENVS=STRATA_QUANT_WIDE_MAX_TOKENS=4096 bench v52_wide4096 QWIDE_DESYNC=1 $Q4KM 256
 ENVS=STRATA_QUANT_WIDE_MAX_TOKENS=4096 bench v49_wide4096 "" $Q4KM 256
+# 8,192-token steps: half as many prompt chunks, so half the dequantization, for both.
+ARGS="--max-num-batched-tokens 8192" bench v49_8192 "" $Q4KM 256
+ARGS="--max-num-batched-tokens 8192" bench bf16_8192 "" $Q7 256
 echo "end t=$SECONDS"
 packer_stop
