@@ -1744,23 +1744,15 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #define QWIDE_X_BYTES(NT) ((NT) * QTILE_K * 2)
 // A stage's raw weight bytes, the most any format takes (Q6_K: 128 x 112 + 128 x 4).
 #define QWIDE_W_BYTES 16384
-// kernels.rs: wide_shared_bytes (every launch gets it): the stages, two mbarriers a stage (its
-// copies landed; QWIDE_DESYNC: every warp done with it), and 1,024 bytes of slack to align the
-// base.
-#define QWIDE_SHARED(NT) (QWIDE_STAGES * (QWIDE_X_BYTES(NT) + QWIDE_W_BYTES + 16) + 1024)
+// kernels.rs: wide_shared_bytes (every launch gets it): the stages, an mbarrier a stage for the
+// TMA path's x tiles, and 1,024 bytes of slack to align the base.
+#define QWIDE_SHARED(NT) (QWIDE_STAGES * (QWIDE_X_BYTES(NT) + QWIDE_W_BYTES + 8) + 1024)
 // 1: one thread copies each step's x tile by TMA (the kernel's x_map, 64 columns x NT tokens,
 // zeros past t) into the stage, completing on the stage's mbarrier, instead of every lane issuing
 // eight 16-byte cp.async, which ncu found the wide tiles waiting on (bench/NOTES.md v35, v36:
 // 3.4 % off the 256-user step). 0 (STRATA_KERNEL_DEFINES="QWIDE_TMA=0"): the lanes' copies.
 #ifndef QWIDE_TMA
 #define QWIDE_TMA 1
-#endif
-// 1 (opt-in, bench/NOTES.md v52): no block barrier a step. A stage's copies complete on its
-// mbarrier (Q6_K's d words too, by cp.async's arrive), each warp releases a stage on a second
-// mbarrier once its products of it are done, and whoever refills the stage waits for all eight,
-// so one warpgroup can decode while the other's products run. Needs x and weights by TMA.
-#ifndef QWIDE_DESYNC
-#define QWIDE_DESYNC 0
 #endif
 #if QTILE_ON_WGMMA
 // kernels.rs reads these names in the PTX: the wide tiles then need their x map, their weight
@@ -1790,10 +1782,6 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // The bytes a stage's mbarrier waits for: the x tile's and the weight planes' by TMA.
     constexpr unsigned W_TMA_BYTES = QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
     constexpr unsigned STAGE_TX = (tma ? X_BYTES : 0) + (w_tma ? W_TMA_BYTES : 0);
-    constexpr bool desync = QWIDE_DESYNC && tma && w_tma;
-    // Under desync the threads that copy a stage's d words (Q6_K: the second warpgroup) arrive on
-    // its full barrier as their copies land, beside the TMA issuer's one arrival.
-    constexpr unsigned FULL_ARRIVALS = 1 + (desync && F::WIDE_WORD ? QWIDE_THREADS / 2 : 0);
     auto x_stage = [&](int b) { return (bf16*)(base + b * X_BYTES); };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -1808,8 +1796,6 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // swizzle is qtile_at's; rows past t arrive as zeros and count in the bytes), and under
     // QWIDE_W_TMA the weight planes on the same mbarrier.
     const unsigned x_full = (unsigned)__cvta_generic_to_shared(base + QWIDE_STAGES * (X_BYTES + QWIDE_W_BYTES));
-    // Under desync, stage b's release: one arrival a warp once its products of the stage are done.
-    const unsigned w_empty = x_full + 8 * QWIDE_STAGES;
     auto load_weights = [&](int s, int b) {
         u8* const stage = w_stage(b);
         if constexpr (w_tma) {
@@ -1820,10 +1806,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
                     tma_load_2d(stage + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, x_full + 8 * b);
             }
             if constexpr (F::WIDE_WORD) {
-                if (chalf == 1) {
-                    F::wide_copy_word(stage + F::WIDE_WORDS_AT + 4 * crow, w, n, kb, cblk, s);
-                    if constexpr (desync) mbarrier_arrive_after_copies(x_full + 8 * b);
-                }
+                if (chalf == 1) F::wide_copy_word(stage + F::WIDE_WORDS_AT + 4 * crow, w, n, kb, cblk, s);
             }
         } else {
             F::wide_copy(stage + crow * F::WIDE_ROW, stage + F::WIDE_WORDS_AT + 4 * crow, w, n, kb, cblk, crow_bytes,
@@ -1832,10 +1815,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     };
     if constexpr (tma || w_tma) {
         if (threadIdx.x == 0) {
-            for (int b = 0; b < QWIDE_STAGES; b++) {
-                mbarrier_init(x_full + 8 * b, FULL_ARRIVALS);
-                if constexpr (desync) mbarrier_init(w_empty + 8 * b, QWIDE_THREADS / 32);
-            }
+            for (int b = 0; b < QWIDE_STAGES; b++) mbarrier_init(x_full + 8 * b, 1);
             fence_mbarrier_init();
         }
         __syncthreads();
@@ -1883,22 +1863,13 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     // other fragment registers are free for step s + 1.
     auto step = [&](int s, u32(&a)[4][4]) {
         const int i = s - first, b = i % QWIDE_STAGES;
-        const int refill = s + QWIDE_STAGES - 2, fill_b = (i + QWIDE_STAGES - 2) % QWIDE_STAGES;
-        if constexpr (!desync) {
-            cp_async_wait(QWIDE_STAGES - 3);
-            fence_proxy_async();
-            __syncthreads();
-        }
+        cp_async_wait(QWIDE_STAGES - 3);
+        fence_proxy_async();
+        __syncthreads();
         if constexpr (tma || w_tma) mbarrier_wait(x_full + 8 * b, (i / QWIDE_STAGES) & 1);
-        if (refill < last) {
-            // Under desync the refilled stage held step i - 2: its writers (the TMA issuer, Q6_K's
-            // word copiers) wait until every warp has released it.
-            if constexpr (desync) {
-                const bool writer = threadIdx.x == 0 || (F::WIDE_WORD && chalf == 1);
-                if (writer && i >= 2) mbarrier_wait(w_empty + 8 * fill_b, ((i - 2) / QWIDE_STAGES) & 1);
-            }
-            load_weights(refill, fill_b);
-            load_x(refill, fill_b);
+        if (s + QWIDE_STAGES - 2 < last) {
+            load_weights(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
+            load_x(s + QWIDE_STAGES - 2, (i + QWIDE_STAGES - 2) % QWIDE_STAGES);
         }
         cp_async_commit();
         const u8* stage = w_stage(b);
@@ -1912,10 +1883,6 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_bf16_rs<NT>(acc, a[kk], bx + 2 * kk);
         wgmma_commit();
         wgmma_wait_one();
-        // Step i - 1's products are done: this warp releases its stage.
-        if constexpr (desync) {
-            if (lane == 0 && i >= 1) mbarrier_arrive(w_empty + 8 * ((i - 1) % QWIDE_STAGES));
-        }
     };
     // The first stages' weights load before the wait for the previous kernel (they are not its
     // output); each stage's copies are one commit group, the first holding the early weights.

@@ -418,10 +418,10 @@ pub const QTILE_WGMMA_SHARED_BYTES: u32 = 4 * 128 * 64 * 2 + 1024;
 /// slack, and two mbarriers a stage.
 pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16 * 3;
 /// quant.cu's QWIDE_SHARED(NT) for the wide tile `tile` (NT its tokens: 64, 128, 192 or 256):
-/// four stages of an NT x 64 bf16 x tile, 16 KB of raw weight bytes and two mbarriers, and the
+/// four stages of an NT x 64 bf16 x tile, 16 KB of raw weight bytes and an mbarrier, and the
 /// slack.
 pub fn wide_shared_bytes(tile: QuantGemmTile) -> u32 {
-    4 * (tile.tokens() as u32 * 64 * 2 + 16384 + 16) + 1024
+    4 * (tile.tokens() as u32 * 64 * 2 + 16384 + 8) + 1024
 }
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile

@@ -142,7 +142,7 @@ fn compile_quant_variants() -> Vec<Variant> {
     };
     // Each variant's defines, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
-    let variants: [(&[&str], &str, Shows, &str); 6] = [
+    let variants: [(&[&str], &str, Shows, &str); 5] = [
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
             &["QTILE_SPECIALIZED=1"],
@@ -176,14 +176,6 @@ fn compile_quant_variants() -> Vec<Variant> {
             "quant_wide_f32.ptx",
             |ptx| ptx.contains("m64n256k16") && !ptx.contains("fma.rn.bf16x2"),
             "not the wide tiles' f32 decode",
-        ),
-        // The wide tiles without a block barrier a step: stages handed over by mbarriers, Q6_K's
-        // d words arriving by cp.async's own arrive.
-        (
-            &["QWIDE_DESYNC=1"],
-            "quant_wide_desync.ptx",
-            |ptx| ptx.contains("m64n256k16") && ptx.contains("cp.async.mbarrier.arrive"),
-            "the wide tiles still meet at a block barrier each step",
         ),
         // The SiLU GEMVs' gate and up rows in one pass (quantized.sh single times it).
         (
