@@ -16,21 +16,14 @@ PREP=$!
 timeout 200 gpu-bin/cuda-kernels-test --skip compile:: --test-threads 1 quant:: > "$OUT/kernels.log" 2>&1
 grep -hE "^test |panicked|test result" "$OUT/kernels.log" | cut -c1-300
 wait $PREP; tail -1 "$OUT/prepare.log"
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-sample() {  # name kernel-regex users skip
+# call25's sampling, by ncu.sh (NCU_RUN=wide NCU_SASS=1): two launches each, from the same skips.
+sample() {  # name kernel-regex skip
     [ $SECONDS -lt 420 ] || { echo "-- $1 skipped (t=$SECONDS)"; return; }
-    timeout 150 "$NCU" --clock-control none -k "regex:$2" -s "$4" -c 2 --section SpeedOfLight \
-        --section WarpStateStats --section SourceCounters --import-source no -o "/tmp/ncu_$1" -f \
-        $S bench-gpu --model $Q4KM --enforce-eager --gpu-memory-limit 24GiB --levels "$3" \
-        --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 64 --decode-tokens 32 \
-        --out /tmp/ncu.json 2>&1 | grep -v "outside the vocabulary" > "$OUT/ncu_run_$1.log"
-    "$NCU" --import "/tmp/ncu_$1.ncu-rep" --print-summary none > "$OUT/ncu_$1.log" 2>&1
-    "$NCU" --import "/tmp/ncu_$1.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_$1_sass.csv.gz"
-    echo "-- $1 (t=$SECONDS)"; grep -E "Duration|Compute \(SM\)|Warp Cycles Per Issued" "$OUT/ncu_$1.log" | head -6
-    python3 scripts/gpu/sass_stalls.py "$OUT/ncu_$1_sass.csv.gz" --top 30 > "$OUT/stalls_$1.txt"
-    head -25 "$OUT/stalls_$1.txt"
+    echo "-- $1 (t=$SECONDS)"
+    OUT=$OUT NCU_RUN=wide NCU_SASS=1 NCU_NAME=$1 NCU_KERNELS=$2 NCU_SKIP=$3 NCU_COUNT=2 NCU_TIMEOUT=150 \
+        NCU_SUMMARY_LINES=8 bash scripts/gpu/ncu.sh
 }
-sample q4_k_256 'qgemm_wide_q4_k$' 256 300
-sample q6_k_256 'qgemm_wide_q6_k$' 256 100
+sample q4_k_256 'qgemm_wide_q4_k$' 300
+sample q6_k_256 'qgemm_wide_q6_k$' 100
 echo "end t=$SECONDS"
 packer_stop
