@@ -1754,6 +1754,12 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #ifndef QWIDE_TMA
 #define QWIDE_TMA 1
 #endif
+// Measurement only, wrong sums (bench/NOTES.md v54): 1 skips the fragments' decode (each lane
+// loads one word of its row's stage bytes, masked to a small bf16 pair, for all 16 registers), 2
+// skips the products (the decode folded into one sum so it stays). 0, the default: neither.
+#ifndef QWIDE_PROBE
+#define QWIDE_PROBE 0
+#endif
 #if QTILE_ON_WGMMA
 // kernels.rs reads these names in the PTX: the wide tiles then need their x map, their weight
 // maps (QWIDE_W_TMA: see wide_at). The PTX's TMA instructions alone cannot tell the two apart.
@@ -1875,12 +1881,29 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         const u8* stage = w_stage(b);
         const u32* words = (const u32*)(stage + F::WIDE_WORDS_AT);
         const int sb = (s >> 2) & 1;
+#if QWIDE_PROBE == 1
+        const u32 raw = *(const u32*)(stage + 16 * ra + 4 * c) & 0x3E7F3E7Fu;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) a[kk][j] = raw + kk + j;
+#else
         F::wide_fragment(stage, ra, F::WIDE_WORD ? words[ra] : 0u, s, c, 0, a, half_a ^ sb);
         F::wide_fragment(stage, rb, F::WIDE_WORD ? words[rb] : 0u, s, c, 1, a, half_b ^ sb);
+#endif
         const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
         wgmma_fence();
+#if QWIDE_PROBE == 2
+        u32 folded = 0;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) folded ^= a[kk][j];
+        acc[0] += __uint_as_float(folded & 0x3E7F3E7Fu) + (float)bx;
+#else
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_bf16_rs<NT>(acc, a[kk], bx + 2 * kk);
+#endif
         wgmma_commit();
         wgmma_wait_one();
     };
