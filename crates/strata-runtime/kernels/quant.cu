@@ -1756,7 +1756,9 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #endif
 // Measurement only, wrong sums (bench/NOTES.md v54): 1 skips the fragments' decode (each lane
 // loads one word of its row's stage bytes, masked to a small bf16 pair, for all 16 registers), 2
-// skips the products (the decode folded into one sum so it stays). 0, the default: neither.
+// skips the products (the decode folded into one sum so it stays), 3 skips the decode and takes
+// A from shared memory (the x tile's rows: wgmma's SS form; 256-token tiles, the others as 1).
+// 0, the default: none of them.
 #ifndef QWIDE_PROBE
 #define QWIDE_PROBE 0
 #endif
@@ -1881,7 +1883,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         const u8* stage = w_stage(b);
         const u32* words = (const u32*)(stage + F::WIDE_WORDS_AT);
         const int sb = (s >> 2) & 1;
-#if QWIDE_PROBE == 1
+#if QWIDE_PROBE == 1 || QWIDE_PROBE == 3
         const u32 raw = *(const u32*)(stage + 16 * ra + 4 * c) & 0x3E7F3E7Fu;
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
@@ -1900,6 +1902,15 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
 #pragma unroll
             for (int j = 0; j < 4; j++) folded ^= a[kk][j];
         acc[0] += __uint_as_float(folded & 0x3E7F3E7Fu) + (float)bx;
+#elif QWIDE_PROBE == 3
+        if constexpr (NT == 256) {
+#pragma unroll
+            for (int kk = 0; kk < QTILE_K / 16; kk++)
+                wgmma_m64n256k16_bf16(acc, bx + (warp >> 2) * 512 + 2 * kk, bx + 2 * kk);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_bf16_rs<NT>(acc, a[kk], bx + 2 * kk);
+        }
 #else
 #pragma unroll
         for (int kk = 0; kk < QTILE_K / 16; kk++) wgmma_bf16_rs<NT>(acc, a[kk], bx + 2 * kk);
