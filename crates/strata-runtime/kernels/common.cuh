@@ -420,8 +420,10 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], unsigned l
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(a), "l"(b), "r"(1));
 }
-// d += A (64 x 16) B (16 x 256), both bf16 K-major in shared memory, d as wgmma_m64n256k16_bf16_rs.
-__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], unsigned long long a, unsigned long long b) {
+// d = A (64 x 16) B (16 x 256) + (accumulate ? d : 0), both bf16 K-major in shared memory, d as
+// wgmma_m64n256k16_bf16_rs.
+__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], unsigned long long a, unsigned long long b,
+                                                      int accumulate = 1) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -449,7 +451,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], unsigned 
                    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(a), "l"(b), "r"(1));
+                 : "l"(a), "l"(b), "r"(accumulate));
 }
 // Waits until at most one of the warpgroup's committed wgmma groups is still in flight.
 __device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }

@@ -1762,6 +1762,37 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #ifndef QWIDE_PROBE
 #define QWIDE_PROBE 0
 #endif
+// v54 (opt-in, STRATA_KERNEL_DEFINES=QWIDE_SS=1): Q4_K's 256-token wide tiles warp-specialized.
+// The same block (128 rows x 256 tokens, 64-column steps, x and the weight planes by TMA into a
+// ring of QWIDE_STAGES stages), but three warpgroups: the first two only multiply, each 64 rows
+// by wgmma's SS form (A and x from shared memory), and the third only decodes, a thread a row,
+// its 64 values into a bf16 A tile (the 128-byte swizzle wgmma reads) in a ring of two. Stages pass
+// between them by mbarriers, never a block barrier, so the decode of later steps runs while the
+// tensor cores multiply (bench/NOTES.md v54). The decoders' first thread issues the copies.
+#ifndef QWIDE_SS
+#define QWIDE_SS 0
+#endif
+#if QWIDE_SS && !(QWIDE_TMA && QWIDE_W_TMA)
+#error "QWIDE_SS needs x and the weights by TMA"
+#endif
+#define QWIDE_SS_THREADS 384
+#define QWIDE_SS_A_BYTES (QWIDE_ROWS * QTILE_K * 2)
+// kernels.rs: wide_ss_shared_bytes. The stages, the two A tiles, twelve mbarriers (full and empty
+// a stage, full and empty an A tile) and the slack.
+#define QWIDE_SS_SHARED (QWIDE_STAGES * (QWIDE_X_BYTES(256) + QWIDE_W_BYTES) + 2 * QWIDE_SS_A_BYTES + 96 + 1024)
+template <class F>
+struct WideSs {
+    static constexpr bool value = false;
+};
+template <>
+struct WideSs<FmtQ4_K> {
+    static constexpr bool value = true;
+};
+// Whether qgemm_wide<F, NT> runs warp-specialized: Q4_K's 256-token tiles, on wgmma, under QWIDE_SS.
+template <class F, int NT>
+__host__ __device__ constexpr bool wide_ss() {
+    return QWIDE_SS && QTILE_ON_WGMMA && NT == 256 && WideSs<F>::value;
+}
 #if QTILE_ON_WGMMA
 // kernels.rs reads these names in the PTX: the wide tiles then need their x map, their weight
 // maps (QWIDE_W_TMA: see wide_at). The PTX's TMA instructions alone cannot tell the two apart.
@@ -1943,6 +1974,144 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     __syncthreads();
     store_staged_sums<QWIDE_THREADS / 32>(tile, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
 }
+
+
+// Q4_K row r's 64 values of step s from stage `stage` as bf16, stored in the A tile `a` (row r of
+// half r / 64): the low nibbles of the step's 32 bytes are columns 0-31, the high ones 32-63, by
+// the same arithmetic as FmtQ4_K::wide_fragment, so the products see the same values.
+__device__ __forceinline__ void wide_ss_decode_q4_k(const u8* stage, int r, int s, u8* a) {
+    const uint4 head = *(const uint4*)(stage + wide_at<FmtQ4_K, 0>(r, 0));
+    const uint4 q0 = *(const uint4*)(stage + wide_at<FmtQ4_K, 1>(r, 0));
+    const uint4 q1 = *(const uint4*)(stage + wide_at<FmtQ4_K, 1>(r, 16));
+    const PairScales k = k4_pair_scales(head, s & 3);
+    const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    u8* const row = a + (r >> 6) * (QWIDE_SS_A_BYTES / 2) + (r & 63) * 128;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        u32 lo[4], hi[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            // Bytes 2 (h & 1), + 1 of word 2m + h / 2 into the pair's halves.
+            const u32 p = __byte_perm(q[2 * m + (h >> 1)], 0u, h & 1 ? 0x4342u : 0x4140u);
+            lo[h] = bf16x2_fma(bf16x2_fma(and_or<0x000F000Fu>(p, 0x43004300u), BF16X2_ONE, 0xC300C300u), k.s_lo, k.b_lo);
+            hi[h] =
+                bf16x2_fma(bf16x2_fma(and_or<0x000F000Fu>(p >> 4, 0x43004300u), BF16X2_ONE, 0xC300C300u), k.s_hi, k.b_hi);
+        }
+        *(uint4*)(row + ((m ^ (r & 7)) << 4)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *(uint4*)(row + (((4 + m) ^ (r & 7)) << 4)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
+}
+
+// qgemm_wide_block's product (same arguments) on the warp-specialized tiles, for Q4_K and 256 tokens.
+__device__ __forceinline__ void qgemm_wide_ss_block(const u8* __restrict__ w, const bf16* __restrict__ x,
+                                                    void* __restrict__ y, float* __restrict__ parts, int n, int k,
+                                                    int t, int ld, int out_f32, int first, int last, int row0,
+                                                    int tok0, const TmaMap& x_map, const TmaMap* const (&w_maps)[3],
+                                                    u8* const base, int z, int prow0, int out0, int n_out) {
+    using F = FmtQ4_K;
+    constexpr unsigned X_BYTES = QWIDE_X_BYTES(256);
+    constexpr unsigned STAGE_TX = X_BYTES + QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1]);
+    auto x_stage = [&](int b) { return base + b * X_BYTES; };
+    auto w_stage = [&](int b) { return base + QWIDE_STAGES * X_BYTES + b * QWIDE_W_BYTES; };
+    u8* const a_tiles = base + QWIDE_STAGES * (X_BYTES + QWIDE_W_BYTES);
+    // mbarriers: full[b] (the copies' bytes), empty[b] (the decoders' 4 warps and the 8 multiplying
+    // warps are done with stage b), a_full[j] (4 decoding warps stored A tile j), a_empty[j] (the
+    // 8 multiplying warps' products of it are done).
+    const unsigned bars = (unsigned)__cvta_generic_to_shared(a_tiles + 2 * QWIDE_SS_A_BYTES);
+    auto full = [&](int b) { return bars + 8 * b; };
+    auto empty = [&](int b) { return bars + 8 * (QWIDE_STAGES + b); };
+    auto a_full = [&](int j) { return bars + 8 * (2 * QWIDE_STAGES + j); };
+    auto a_empty = [&](int j) { return bars + 8 * (2 * QWIDE_STAGES + 2 + j); };
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int live = min(256, t - tok0);
+    const bool decoder = warp >= 8, issuer = threadIdx.x == 256;
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < QWIDE_STAGES; b++) {
+            mbarrier_init(full(b), 1);
+            mbarrier_init(empty(b), 12);
+        }
+        for (int j = 0; j < 2; j++) {
+            mbarrier_init(a_full(j), 4);
+            mbarrier_init(a_empty(j), 8);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    auto load_weights = [&](int s, int b) {
+        mbarrier_expect_tx(full(b), STAGE_TX);
+#pragma unroll
+        for (int p = 0; p < F::WIDE_FIELDS; p++)
+            tma_load_2d(w_stage(b) + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, full(b));
+    };
+    auto load_x = [&](int s, int b) { tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, full(b)); };
+    // The first steps' weights before the wait for the previous kernel (they are not its output).
+    if (issuer)
+        for (int j = 0; j < QWIDE_STAGES - 1; j++)
+            if (first + j < last) load_weights(first + j, j);
+    wait_for_previous_kernel();
+    if (issuer)
+        for (int j = 0; j < QWIDE_STAGES - 1; j++)
+            if (first + j < last) load_x(first + j, j);
+    float* const tile = (float*)base;
+    if (decoder) {
+        const int r = threadIdx.x - 256;
+        for (int s = first; s < last; s++) {
+            const int i = s - first, b = i % QWIDE_STAGES, j = i & 1;
+            mbarrier_wait(full(b), (i / QWIDE_STAGES) & 1);
+            if (i >= 2) mbarrier_wait(a_empty(j), ((i - 2) >> 1) & 1);
+            wide_ss_decode_q4_k(w_stage(b), r, s, a_tiles + j * QWIDE_SS_A_BYTES);
+            fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) {
+                mbarrier_arrive(a_full(j));
+                mbarrier_arrive(empty(b));
+            }
+            // Stage i + STAGES - 1's copies go where step i - 1's were, once all are done with it.
+            const int next = i + QWIDE_STAGES - 1;
+            if (issuer && first + next < last) {
+                const int nb = next % QWIDE_STAGES;
+                if (i >= 1) mbarrier_wait(empty(nb), ((i - 1) / QWIDE_STAGES) & 1);
+                load_weights(first + next, nb);
+                load_x(first + next, nb);
+            }
+        }
+    } else {
+        const int half = warp >> 2;
+        // No zeros written before the products (ptxas then serializes them): the first step's
+        // products overwrite acc, and a block of no steps zeroes it after.
+        float acc[128];
+        for (int s = first; s < last; s++) {
+            const int i = s - first, b = i % QWIDE_STAGES, j = i & 1;
+            mbarrier_wait(full(b), (i / QWIDE_STAGES) & 1);
+            mbarrier_wait(a_full(j), (i >> 1) & 1);
+            const unsigned long long ax = wgmma_desc_sw128(a_tiles + j * QWIDE_SS_A_BYTES) + half * 512;
+            const unsigned long long bx = wgmma_desc_sw128(x_stage(b));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < QTILE_K / 16; kk++)
+                wgmma_m64n256k16_bf16(acc, ax + 2 * kk, bx + 2 * kk, i > 0 || kk > 0);
+            wgmma_commit();
+            wgmma_wait_one();
+            // Step i - 1's products are done: its A tile and stage are free.
+            if (i >= 1 && lane == 0) {
+                mbarrier_arrive(a_empty((i - 1) & 1));
+                mbarrier_arrive(empty((i - 1) % QWIDE_STAGES));
+            }
+        }
+        wgmma_wait_all();
+        wgmma_hold(acc);
+        if (first >= last)
+#pragma unroll
+            for (int e = 0; e < 128; e++) acc[e] = 0.0f;
+        // Both warpgroups' products are done (the decoders' last reads and every copy came before
+        // them): the stages take the sums, acc[4 j + e] the fragment's [j][e], from row 16 warp.
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        stage_fragment_sums(reinterpret_cast<const float(&)[32][4]>(acc), tile, 16 * warp);
+    }
+    // All twelve warps store the sums.
+    __syncthreads();
+    store_staged_sums<QWIDE_SS_THREADS / 32>(tile, out0 + row0, tok0, live, y, parts, n_out, t, ld, out_f32, z, prow0);
+}
 #endif
 
 // Grid (ceil(n / 128) - tail + tail x tail_splits, ceil(t / 256), splits): the first row tiles
@@ -1956,21 +2125,35 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
                            int tail, int tail_splits, const TmaMap& x_map, const TmaMap* const (&w_maps)[3]) {
 #if QTILE_ON_WGMMA
     extern __shared__ unsigned char qwide_dynamic[];
-    u8* const base = aligned_dynamic_shared(qwide_dynamic, QWIDE_SHARED(NT), QWIDE_THREADS);
+    constexpr bool ss = wide_ss<F, NT>();
+    u8* const base = aligned_dynamic_shared(qwide_dynamic, ss ? QWIDE_SS_SHARED : QWIDE_SHARED(NT),
+                                            ss ? QWIDE_SS_THREADS : QWIDE_THREADS);
     const int steps = k / QTILE_K;
     const int whole = (n + QWIDE_ROWS - 1) / QWIDE_ROWS - tail;
     const int tok0 = blockIdx.y * NT;
+    // A block's rows, steps and where its sums go: a whole tile (k split as the grid's z says) or a
+    // tail piece.
+    int first, last, row0, z, prow0;
     if ((int)blockIdx.x < whole) {
-        const int first = blockIdx.z * steps_per_split, last = min(steps, first + steps_per_split);
-        qgemm_wide_block<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, first, last, blockIdx.x * QWIDE_ROWS, tok0, x_map,
-                            w_maps, base, grid_split(), 0, 0, n);
-        return;
+        first = blockIdx.z * steps_per_split;
+        last = min(steps, first + steps_per_split);
+        row0 = blockIdx.x * QWIDE_ROWS;
+        z = grid_split();
+        prow0 = 0;
+    } else {
+        const int piece = blockIdx.x - whole, per = (steps + tail_splits - 1) / tail_splits;
+        z = piece % tail_splits;
+        first = min(steps, z * per);
+        last = min(steps, first + per);
+        row0 = (whole + piece / tail_splits) * QWIDE_ROWS;
+        prow0 = whole * QWIDE_ROWS;
     }
-    const int piece = blockIdx.x - whole, z = piece % tail_splits;
-    const int per = (steps + tail_splits - 1) / tail_splits;
-    const int first = min(steps, z * per), last = min(steps, first + per);
-    qgemm_wide_block<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, first, last, (whole + piece / tail_splits) * QWIDE_ROWS,
-                        tok0, x_map, w_maps, base, z, whole * QWIDE_ROWS, 0, n);
+    if constexpr (ss)
+        qgemm_wide_ss_block(w, x, y, parts, n, k, t, ld, out_f32, first, last, row0, tok0, x_map, w_maps, base, z, prow0,
+                            0, n);
+    else
+        qgemm_wide_block<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, first, last, row0, tok0, x_map, w_maps, base, z,
+                                prow0, 0, n);
 #else
     // Compiled without wgmma: the host never launches it (Kernels::wide_tiles).
     __trap();
@@ -1980,9 +2163,11 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
 // Blocks an SM holds of the NT-token wide tiles (quant_call.rs: QuantGemmTile::blocks_per_sm).
 #define QWIDE_MIN_BLOCKS(NT) ((NT) == 64 ? 2 : 1)
 
-// qgemm_wide{WIDTH}_{NAME} over NT tokens a tile (WIDTH empty for 256).
+// qgemm_wide{WIDTH}_{NAME} over NT tokens a tile (WIDTH empty for 256); warp-specialized (384
+// threads, which Kernels::load reads from the PTX's .maxntid) where wide_ss says.
 #define QUANT_WIDE_KERNEL(F, NAME, NT, WIDTH)                                                                   \
-    extern "C" __global__ void __launch_bounds__(QWIDE_THREADS, QWIDE_MIN_BLOCKS(NT))                          \
+    extern "C" __global__ void __launch_bounds__(wide_ss<F, NT>() ? QWIDE_SS_THREADS : QWIDE_THREADS,          \
+                                                 QWIDE_MIN_BLOCKS(NT))                                          \
         qgemm_wide##WIDTH##_##NAME(const u8* w, const bf16* x, void* y, float* parts, int n, int k, int t, int ld,      \
                           int out_f32, int steps, int tail, int tail_splits,                                    \
                           const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map0,          \

@@ -409,6 +409,9 @@ pub struct Kernels {
     wide_tma: bool,
     /// Whether they copy their weight planes by TMA too (QWIDE_W_TMA): their calls need maps.
     wide_weights_by_tma: bool,
+    /// Threads a block of a wide kernel has as compiled: 384 where it is warp-specialized
+    /// (QWIDE_SS), whatever its call asks.
+    block_threads: HashMap<&'static str, u32>,
 }
 
 /// quant.cu's QTILE_WGMMA_SHARED: the tile GEMM's two weight and two x tiles of 128 x 64 bf16 and
@@ -422,6 +425,19 @@ pub const QTILE_SPECIALIZED_SHARED_BYTES: u32 = 3 * 2 * 128 * 64 * 2 + 1024 + 16
 /// slack.
 pub fn wide_shared_bytes(tile: QuantGemmTile) -> u32 {
     4 * (tile.tokens() as u32 * 64 * 2 + 16384 + 8) + 1024
+}
+
+/// quant.cu's QWIDE_SS_SHARED: the warp-specialized wide tiles' (QWIDE_SS, 384 threads) four
+/// stages of a 256 x 64 bf16 x tile and 16 KB of raw weight bytes, two 128 x 64 bf16 A tiles,
+/// twelve mbarriers and the slack.
+pub const WIDE_SS_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384) + 2 * 128 * 64 * 2 + 96 + 1024;
+
+/// The threads a block of kernel `name` in `ptx` is bounded to (its entry's `.maxntid`), if any.
+pub fn entry_max_threads(ptx: &str, name: &str) -> Option<u32> {
+    let entry = ptx.split(&format!(".entry {name}(")).nth(1)?;
+    let header = entry.split('{').next()?;
+    let bound = header.split(".maxntid").nth(1)?;
+    bound.split(',').next()?.trim().parse().ok()
 }
 
 /// Whether quant.cu's `ptx` holds the warp-specialized tile GEMM (QTILE_SPECIALIZED): its tile
@@ -444,6 +460,7 @@ impl Kernels {
         let mut wide_tiles = false;
         let mut wide_tma = false;
         let mut wide_weights_by_tma = false;
+        let mut block_threads = HashMap::new();
         for (family, src, names) in FAMILIES {
             let arch = arch_to_compile(gpu.info.compute_capability, requested.as_deref(), family)?;
             let ptx = compile(family, src, spec, arch)?;
@@ -453,6 +470,13 @@ impl Kernels {
             wide_tiles |= family == "quant" && ptx.contains("m64n256k16");
             wide_tma |= family == "quant" && ptx.contains("qwide_x_by_tma");
             wide_weights_by_tma |= family == "quant" && ptx.contains("qwide_weights_by_tma");
+            // The wide kernels' block sizes as compiled, read before the PTX goes to the driver.
+            let bounded: Vec<(&str, u32)> = names
+                .iter()
+                .filter(|name| QuantGemmTile::of_wide_kernel(name).is_some())
+                .filter_map(|name| entry_max_threads(&ptx, name).map(|threads| (*name, threads)))
+                .collect();
+            block_threads.extend(bounded);
             let module = gpu
                 .ctx
                 .load_module(Ptx::from_src(ptx))
@@ -470,7 +494,9 @@ impl Kernels {
                 }
                 let wide = QuantGemmTile::of_wide_kernel(name);
                 if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || wide.is_some()) {
-                    let tile_bytes = if let Some(tile) = wide {
+                    let tile_bytes = if block_threads.get(name) == Some(&384) {
+                        WIDE_SS_SHARED_BYTES
+                    } else if let Some(tile) = wide {
                         wide_shared_bytes(tile)
                     } else if specialized {
                         QTILE_SPECIALIZED_SHARED_BYTES
@@ -494,6 +520,7 @@ impl Kernels {
             wide_tiles,
             wide_tma,
             wide_weights_by_tma,
+            block_threads,
         })
     }
 
@@ -525,7 +552,8 @@ impl Kernels {
     }
 
     /// Launches kernel `name` on `gpu`'s stream with `shared` dynamic shared bytes, or the more
-    /// that the kernel needs as compiled.
+    /// that the kernel needs as compiled, and `threads` a block unless a wide kernel was compiled
+    /// for another count.
     ///
     /// # Safety
     /// `args` are the kernel's arguments in its .cu file's order, pointing into device buffers
@@ -540,6 +568,7 @@ impl Kernels {
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<(), CudaError> {
         let shared = shared.max(self.shared.get(name).copied().unwrap_or(0));
+        let threads = self.block_threads.get(name).copied().unwrap_or(threads);
         // SAFETY: the caller's promise.
         unsafe { gpu.launch(self.get(name), grid, threads, shared, args) }
     }

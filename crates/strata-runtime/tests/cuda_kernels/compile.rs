@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use strata_runtime::cuda::kernels::{
-    arch_to_compile, compile_all, compile_variant, has_specialized_tiles, nvrtc_available, KernelSpec, FAMILIES,
+    arch_to_compile, compile_all, compile_variant, entry_max_threads, has_specialized_tiles, nvrtc_available,
+    KernelSpec, FAMILIES,
 };
 
 /// ptxas from `STRATA_PTXAS` (`make test` passes the fetched one), if it is there.
@@ -98,6 +99,14 @@ fn every_kernel_compiles_with_nvrtc_for_sm90_sm86_and_sm80() {
                     "{family}.cu for {arch}: the marker {marker}"
                 );
             }
+            // The wide tiles are warp-specialized (384 threads) only where they are opted into.
+            if *family == "quant" && arch == "compute_90a" {
+                assert_eq!(
+                    entry_max_threads(text, "qgemm_wide_q4_k"),
+                    Some(256),
+                    "quant.cu's wide tiles"
+                );
+            }
             // Kernels::load takes the tiles as warp-specialized only where they are opted into.
             assert!(
                 *family != "quant" || !has_specialized_tiles(text),
@@ -142,7 +151,19 @@ fn compile_quant_variants() -> Vec<Variant> {
     };
     // Each variant's defines, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
-    let variants: [(&[&str], &str, Shows, &str); 5] = [
+    let variants: [(&[&str], &str, Shows, &str); 6] = [
+        // Q4_K's 256-token wide tiles warp-specialized (v54): 384 threads, SS products; the
+        // narrower tiles and Q6_K's keep 256.
+        (
+            &["QWIDE_SS=1"],
+            "quant_wide_ss.ptx",
+            |ptx| {
+                entry_max_threads(ptx, "qgemm_wide_q4_k") == Some(384)
+                    && entry_max_threads(ptx, "qgemm_wide_q6_k") == Some(256)
+                    && entry_max_threads(ptx, "qgemm_wide128_q4_k") == Some(256)
+            },
+            "qgemm_wide_q4_k is not bounded to 384 threads",
+        ),
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
             &["QTILE_SPECIALIZED=1"],
