@@ -130,3 +130,36 @@ wait_up() {
     done
     return 1
 }
+# bench_gpu NAME BIN MODEL LEVELS [VAR=VALUE ...]: BIN's bench-gpu on MODEL at LEVELS (512 tokens in,
+# 128 out) with the variables set, into $OUT/bench_NAME.json and .log; prints the decode-only lines.
+# None starts past LIMIT seconds of the script (default 400), so a call ends within its limit.
+bench_gpu() {
+    local name=$1 bin=$2 model=$3 levels=$4
+    shift 4
+    [ $SECONDS -lt ${LIMIT:-400} ] || { echo "-- $name skipped (t=$SECONDS)"; return; }
+    env "$@" timeout 150 $bin bench-gpu --model $model --levels $levels --kv-cache-dtypes auto \
+        --prompt-tokens 512 --output-tokens 128 --out "$OUT/bench_$name.json" 2>&1 |
+        grep -v "outside the vocabulary" > "$OUT/bench_$name.log"
+    echo "-- $name${*:+ ($*)} (t=$SECONDS)"
+    grep -E "decode-only" "$OUT/bench_$name.log" | cut -c1-170
+}
+# profile_gpu NAME MODEL [VAR=VALUE ...]: the eager per-kernel GPU profile of $S at 256 users (512
+# tokens in, 32 out) on MODEL with the variables set, into $OUT/profile_NAME.log; prints the wide
+# tiles' lines at 192-256 tokens. LIMIT as bench_gpu's.
+profile_gpu() {
+    local name=$1 model=$2
+    shift 2
+    [ $SECONDS -lt ${LIMIT:-400} ] || { echo "-- $name skipped (t=$SECONDS)"; return; }
+    env "$@" STRATA_GPU_PROFILE=1 timeout 150 $S bench-gpu --model $model --enforce-eager --levels 256 \
+        --kv-cache-dtypes auto --prompt-tokens 512 --output-tokens 32 --decode-tokens 32 \
+        --out "$OUT/profile_$name.json" 2>&1 | grep -v "outside the vocabulary" > "$OUT/profile_$name.log"
+    echo "-- $name${*:+ ($*)} (t=$SECONDS)"
+    grep -E "qgemm_wide.*x(19|2[0-9])[0-9]\)" "$OUT/profile_$name.log" | sort -k2,2 | head -16 | cut -c1-110
+}
+# begin_call NAME: a call script's start: its outputs to results_NAME.tgz, packed every 10 s, and
+# the GPU's name, memory and driver in gpu.txt (and on the call's output).
+begin_call() {
+    start_results "$1"
+    pack_every 10
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+}
