@@ -1762,13 +1762,15 @@ __device__ void qgemm_tile(const u8* __restrict__ w, const bf16* __restrict__ x,
 #ifndef QWIDE_PROBE
 #define QWIDE_PROBE 0
 #endif
-// v54 (opt-in, STRATA_KERNEL_DEFINES=QWIDE_SS=1): Q4_K's 256-token wide tiles warp-specialized.
+// v54 (opt-in, STRATA_KERNEL_DEFINES=QWIDE_SS=1): the 256-token wide tiles warp-specialized.
 // The same block (128 rows x 256 tokens, 64-column steps, x and the weight planes by TMA into a
 // ring of QWIDE_STAGES stages), but three warpgroups: the first two only multiply, each 64 rows
 // by wgmma's SS form (A and x from shared memory), and the third only decodes, a thread a row,
 // its 64 values into a bf16 A tile (the 128-byte swizzle wgmma reads) in a ring of two. Stages pass
 // between them by mbarriers, never a block barrier, so the decode of later steps runs while the
-// tensor cores multiply (bench/NOTES.md v54). The decoders' first thread issues the copies.
+// tensor cores multiply (bench/NOTES.md v54). The decoders' first thread issues the TMA copies;
+// each decoder copies its row's Q6_K d word itself (wide_copy_word), counted on the stage's
+// mbarrier. The pairs (a QKV of Q4_K and Q6_K rows) and the narrower tiles stay as they are.
 #ifndef QWIDE_SS
 #define QWIDE_SS 0
 #endif
@@ -1788,7 +1790,12 @@ template <>
 struct WideSs<FmtQ4_K> {
     static constexpr bool value = true;
 };
-// Whether qgemm_wide<F, NT> runs warp-specialized: Q4_K's 256-token tiles, on wgmma, under QWIDE_SS.
+template <>
+struct WideSs<FmtQ6_K> {
+    static constexpr bool value = true;
+};
+// Whether qgemm_wide<F, NT> runs warp-specialized: Q4_K's and Q6_K's 256-token tiles, on wgmma,
+// under QWIDE_SS.
 template <class F, int NT>
 __host__ __device__ constexpr bool wide_ss() {
     return QWIDE_SS && QTILE_ON_WGMMA && NT == 256 && WideSs<F>::value;
@@ -1976,10 +1983,14 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
 }
 
 
-// Q4_K row r's 64 values of step s from stage `stage` as bf16, stored in the A tile `a` (row r of
-// half r / 64): the low nibbles of the step's 32 bytes are columns 0-31, the high ones 32-63, by
-// the same arithmetic as FmtQ4_K::wide_fragment, so the products see the same values.
-__device__ __forceinline__ void wide_ss_decode_q4_k(const u8* stage, int r, int s, u8* a) {
+// Row r's 64 values of step s from stage `stage` as bf16, stored in the A tile `a` (row r of half
+// r / 64, 16-byte chunk c at c ^ (r % 8)), by the same arithmetic as F::wide_fragment, so the
+// products see the same values. Q4_K: the low nibbles of the step's 32 bytes are columns 0-31,
+// the high ones 32-63.
+template <class F>
+__device__ __forceinline__ void wide_ss_decode(const u8* stage, int r, int s, u8* a, u32, int);
+template <>
+__device__ __forceinline__ void wide_ss_decode<FmtQ4_K>(const u8* stage, int r, int s, u8* a, u32, int) {
     const uint4 head = *(const uint4*)(stage + wide_at<FmtQ4_K, 0>(r, 0));
     const uint4 q0 = *(const uint4*)(stage + wide_at<FmtQ4_K, 1>(r, 0));
     const uint4 q1 = *(const uint4*)(stage + wide_at<FmtQ4_K, 1>(r, 16));
@@ -2001,20 +2012,67 @@ __device__ __forceinline__ void wide_ss_decode_q4_k(const u8* stage, int r, int 
         *(uint4*)(row + (((4 + m) ^ (r & 7)) << 4)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     }
 }
+// Q6_K: column j < 32 from low-bit byte j (bits 4 (s % 2)..) and high-bit byte j (bits 4 (s % 2),
+// + 1), column 32 + j from low-bit byte 32 + j and the same high-bit byte (bits 4 (s % 2) + 2, + 3);
+// 16-column piece kk takes scale 4 (s % 4) + kk; `word` holds d in its half `dhalf`.
+template <>
+__device__ __forceinline__ void wide_ss_decode<FmtQ6_K>(const u8* stage, int r, int s, u8* a, u32 word, int dhalf) {
+    const float d = half_to_f32(word >> (16 * dhalf));
+    const u32 scales = *(const u32*)(stage + wide_at<FmtQ6_K, 2>(r, 4 * (s & 3)));
+    u32 sl[4];
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const float dl = d * (float)(signed char)(scales >> (8 * kk));
+        sl[kk] = pack_pair<false>(dl, dl);
+    }
+    u32 ql[16], qh[8];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const uint4 v = *(const uint4*)(stage + wide_at<FmtQ6_K, 0>(r, 16 * p));
+        ql[4 * p] = v.x, ql[4 * p + 1] = v.y, ql[4 * p + 2] = v.z, ql[4 * p + 3] = v.w;
+    }
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        const uint4 v = *(const uint4*)(stage + wide_at<FmtQ6_K, 1>(r, 16 * p));
+        qh[4 * p] = v.x, qh[4 * p + 1] = v.y, qh[4 * p + 2] = v.z, qh[4 * p + 3] = v.w;
+    }
+    const int odd = 4 * (s & 1);
+    u8* const row = a + (r >> 6) * (QWIDE_SS_A_BYTES / 2) + (r & 63) * 128;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        u32 lo[4], hi[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const u32 sel = h & 1 ? 0x4342u : 0x4140u;
+            const int at = 2 * m + (h >> 1);
+            const u32 lo0 = __byte_perm(ql[at], 0u, sel) >> odd;
+            const u32 lo1 = __byte_perm(ql[8 + at], 0u, sel) >> odd;
+            const u32 hb = __byte_perm(qh[at], 0u, sel);
+            const u32 v0 = and_or<0x000F000Fu>(lo0, and_or<0x00300030u>(hb << 4 >> odd, 0x43004300u));
+            const u32 v1 = and_or<0x000F000Fu>(lo1, and_or<0x00300030u>(hb << 2 >> odd, 0x43004300u));
+            // (128 + q) - 160 = q - 32, exact; times the scale, rounded once.
+            lo[h] = bf16x2_fma(bf16x2_fma(v0, BF16X2_ONE, 0xC320C320u), sl[m >> 1], 0u);
+            hi[h] = bf16x2_fma(bf16x2_fma(v1, BF16X2_ONE, 0xC320C320u), sl[2 + (m >> 1)], 0u);
+        }
+        *(uint4*)(row + ((m ^ (r & 7)) << 4)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *(uint4*)(row + (((4 + m) ^ (r & 7)) << 4)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
+}
 
-// qgemm_wide_block's product (same arguments) on the warp-specialized tiles, for Q4_K and 256 tokens.
+// qgemm_wide_block's product (same arguments) on the warp-specialized tiles, for 256 tokens.
+template <class F>
 __device__ __forceinline__ void qgemm_wide_ss_block(const u8* __restrict__ w, const bf16* __restrict__ x,
                                                     void* __restrict__ y, float* __restrict__ parts, int n, int k,
                                                     int t, int ld, int out_f32, int first, int last, int row0,
                                                     int tok0, const TmaMap& x_map, const TmaMap* const (&w_maps)[3],
                                                     u8* const base, int z, int prow0, int out0, int n_out) {
-    using F = FmtQ4_K;
     constexpr unsigned X_BYTES = QWIDE_X_BYTES(256);
-    constexpr unsigned STAGE_TX = X_BYTES + QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1]);
+    constexpr unsigned STAGE_TX = X_BYTES + QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
     auto x_stage = [&](int b) { return base + b * X_BYTES; };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * X_BYTES + b * QWIDE_W_BYTES; };
     u8* const a_tiles = base + QWIDE_STAGES * (X_BYTES + QWIDE_W_BYTES);
-    // mbarriers: full[b] (the copies' bytes), empty[b] (the decoders' 4 warps and the 8 multiplying
+    // mbarriers: full[b] (the TMA copies' bytes, and for Q6_K the 128 decoders' word copies),
+    // empty[b] (the decoders' 4 warps and the 8 multiplying
     // warps are done with stage b), a_full[j] (4 decoding warps stored A tile j), a_empty[j] (the
     // 8 multiplying warps' products of it are done).
     const unsigned bars = (unsigned)__cvta_generic_to_shared(a_tiles + 2 * QWIDE_SS_A_BYTES);
@@ -2027,7 +2085,7 @@ __device__ __forceinline__ void qgemm_wide_ss_block(const u8* __restrict__ w, co
     const bool decoder = warp >= 8, issuer = threadIdx.x == 256;
     if (threadIdx.x == 0) {
         for (int b = 0; b < QWIDE_STAGES; b++) {
-            mbarrier_init(full(b), 1);
+            mbarrier_init(full(b), F::WIDE_WORD ? 1 + 128 : 1);
             mbarrier_init(empty(b), 12);
         }
         for (int j = 0; j < 2; j++) {
@@ -2045,29 +2103,46 @@ __device__ __forceinline__ void qgemm_wide_ss_block(const u8* __restrict__ w, co
     };
     auto load_x = [&](int s, int b) { tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, full(b)); };
     // The first steps' weights before the wait for the previous kernel (they are not its output).
+    // A decoder's row and the first block of its bytes (a row past n copies row 0, never stored),
+    // for Q6_K's words of d: each decoder copies its row's, counted on the stage's mbarrier.
+    const int r = threadIdx.x - 256;
+    const size_t rblk = (size_t)(row0 + r < n ? row0 + r : 0) * (k / F::BLOCK);
+    auto load_word = [&](int s, int b) {
+        if constexpr (F::WIDE_WORD) {
+            F::wide_copy_word(w_stage(b) + F::WIDE_WORDS_AT + 4 * r, w, n, k / F::BLOCK, rblk, s);
+            mbarrier_arrive_after_copies(full(b));
+        }
+    };
     if (issuer)
         for (int j = 0; j < QWIDE_STAGES - 1; j++)
             if (first + j < last) load_weights(first + j, j);
+    if (decoder)
+        for (int j = 0; j < QWIDE_STAGES - 1; j++)
+            if (first + j < last) load_word(first + j, j);
     wait_for_previous_kernel();
     if (issuer)
         for (int j = 0; j < QWIDE_STAGES - 1; j++)
             if (first + j < last) load_x(first + j, j);
     float* const tile = (float*)base;
     if (decoder) {
-        const int r = threadIdx.x - 256;
+        // Which half of its word holds the row's d: the parity of its block's index (Q6_K).
+        const int dhalf = rblk & 1;
         for (int s = first; s < last; s++) {
             const int i = s - first, b = i % QWIDE_STAGES, j = i & 1;
             mbarrier_wait(full(b), (i / QWIDE_STAGES) & 1);
             if (i >= 2) mbarrier_wait(a_empty(j), ((i - 2) >> 1) & 1);
-            wide_ss_decode_q4_k(w_stage(b), r, s, a_tiles + j * QWIDE_SS_A_BYTES);
+            const u32 word = F::WIDE_WORD ? *(const u32*)(w_stage(b) + F::WIDE_WORDS_AT + 4 * r) : 0u;
+            wide_ss_decode<F>(w_stage(b), r, s, a_tiles + j * QWIDE_SS_A_BYTES, word, dhalf ^ ((s >> 2) & 1));
             fence_proxy_async();
             __syncwarp();
             if (lane == 0) {
                 mbarrier_arrive(a_full(j));
                 mbarrier_arrive(empty(b));
             }
-            // Stage i + STAGES - 1's copies go where step i - 1's were, once all are done with it.
+            // Stage i + STAGES - 1's copies go where step i - 1's were, once all are done with it
+            // (a decoder's word copy only waits for its own reads of step i - 1's).
             const int next = i + QWIDE_STAGES - 1;
+            if (first + next < last) load_word(first + next, next % QWIDE_STAGES);
             if (issuer && first + next < last) {
                 const int nb = next % QWIDE_STAGES;
                 if (i >= 1) mbarrier_wait(empty(nb), ((i - 1) / QWIDE_STAGES) & 1);
@@ -2149,7 +2224,7 @@ __device__ void qgemm_wide(const u8* __restrict__ w, const bf16* __restrict__ x,
         prow0 = whole * QWIDE_ROWS;
     }
     if constexpr (ss)
-        qgemm_wide_ss_block(w, x, y, parts, n, k, t, ld, out_f32, first, last, row0, tok0, x_map, w_maps, base, z, prow0,
+        qgemm_wide_ss_block<F>(w, x, y, parts, n, k, t, ld, out_f32, first, last, row0, tok0, x_map, w_maps, base, z, prow0,
                             0, n);
     else
         qgemm_wide_block<F, NT>(w, x, y, parts, n, k, t, ld, out_f32, first, last, row0, tok0, x_map, w_maps, base, z,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Thirtieth sitting (not run: no GPU was lent), v54: where a 256-token wide step's time goes, and
-# Q4_K's wide tiles warp-specialized. The quant kernel tests on main's build and again with
+# the 256-token wide tiles warp-specialized. The quant kernel tests on main's build and again with
 # QWIDE_SS=1 while the random Qwen2.5-7B and its Q4_K_M (strata quantize) are made; then the eager
 # per-kernel profile at 256 users with the wide tiles as built (QWIDE_PROBE=0), without their
 # fragments' decode (1), without it and with A from shared memory (3: wgmma's SS form), without

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth sitting (not run), v54 at 256 users and issue 30's bars: on the machine call30 left
 # (its checkpoint and Q4_K_M reused), the 7B Q4_K_M at 256 users (512 tokens in, 128 out) as built
-# and with Q4_K's wide tiles warp-specialized (QWIDE_SS=1) alternated, bf16 between; then
+# and with the 256-token wide tiles warp-specialized (QWIDE_SS=1) alternated, bf16 between; then
 # `quantized.sh decode` at 1 and 256 users (llama.cpp's pp512/tg128 beside strata's Q4_K_M, bf16
 # and FP8) while the call's limit allows. Carries strata.gz, cuda-kernels-test.gz,
 # tokenizers-qwen2.5.tgz, llama-src.tar.xz and llama-bin.tar.xz.part*.

@@ -152,17 +152,18 @@ fn compile_quant_variants() -> Vec<Variant> {
     // Each variant's defines, the file ptxas assembles, what its PTX must show and what is
     // missing otherwise.
     let variants: [(&[&str], &str, Shows, &str); 6] = [
-        // Q4_K's 256-token wide tiles warp-specialized (v54): 384 threads, SS products; the
-        // narrower tiles and Q6_K's keep 256.
+        // The 256-token wide tiles warp-specialized (v54): 384 threads, SS products; the
+        // narrower tiles and the pairs keep 256.
         (
             &["QWIDE_SS=1"],
             "quant_wide_ss.ptx",
             |ptx| {
                 entry_max_threads(ptx, "qgemm_wide_q4_k") == Some(384)
-                    && entry_max_threads(ptx, "qgemm_wide_q6_k") == Some(256)
+                    && entry_max_threads(ptx, "qgemm_wide_q6_k") == Some(384)
+                    && entry_max_threads(ptx, "qgemm_wide_pair_q4_k_q6_k") == Some(256)
                     && entry_max_threads(ptx, "qgemm_wide128_q4_k") == Some(256)
             },
-            "qgemm_wide_q4_k is not bounded to 384 threads",
+            "the 256-token wide tiles are not bounded to 384 threads",
         ),
         // The warp-specialized wgmma tiles (512 threads a block, stages handed over by mbarriers).
         (
