@@ -1989,6 +1989,20 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
 // the high ones 32-63.
 template <class F>
 __device__ __forceinline__ void wide_ss_decode(const u8* stage, int r, int s, u8* a, u32, int);
+// Row r's 64 bf16 values into the A tile `a`: pair(m, h, lo, hi) gives columns 8m + 2h, + 1 (lo)
+// and 32 + 8m + 2h, + 1 (hi) as bf16 pairs.
+template <class Pair>
+__device__ __forceinline__ void wide_ss_store(u8* a, int r, Pair pair) {
+    u8* const row = a + (r >> 6) * (QWIDE_SS_A_BYTES / 2) + (r & 63) * 128;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        u32 lo[4], hi[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) pair(m, h, lo[h], hi[h]);
+        *(uint4*)(row + ((m ^ (r & 7)) << 4)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *(uint4*)(row + (((4 + m) ^ (r & 7)) << 4)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
+}
 template <>
 __device__ __forceinline__ void wide_ss_decode<FmtQ4_K>(const u8* stage, int r, int s, u8* a, u32, int) {
     const uint4 head = *(const uint4*)(stage + wide_at<FmtQ4_K, 0>(r, 0));
@@ -1996,21 +2010,12 @@ __device__ __forceinline__ void wide_ss_decode<FmtQ4_K>(const u8* stage, int r, 
     const uint4 q1 = *(const uint4*)(stage + wide_at<FmtQ4_K, 1>(r, 16));
     const PairScales k = k4_pair_scales(head, s & 3);
     const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    u8* const row = a + (r >> 6) * (QWIDE_SS_A_BYTES / 2) + (r & 63) * 128;
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-        u32 lo[4], hi[4];
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            // Bytes 2 (h & 1), + 1 of word 2m + h / 2 into the pair's halves.
-            const u32 p = __byte_perm(q[2 * m + (h >> 1)], 0u, h & 1 ? 0x4342u : 0x4140u);
-            lo[h] = bf16x2_fma(bf16x2_fma(and_or<0x000F000Fu>(p, 0x43004300u), BF16X2_ONE, 0xC300C300u), k.s_lo, k.b_lo);
-            hi[h] =
-                bf16x2_fma(bf16x2_fma(and_or<0x000F000Fu>(p >> 4, 0x43004300u), BF16X2_ONE, 0xC300C300u), k.s_hi, k.b_hi);
-        }
-        *(uint4*)(row + ((m ^ (r & 7)) << 4)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        *(uint4*)(row + (((4 + m) ^ (r & 7)) << 4)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    }
+    wide_ss_store(a, r, [&](int m, int h, u32& lo, u32& hi) {
+        // Bytes 2 (h & 1), + 1 of word 2m + h / 2 into the pair's halves.
+        const u32 p = __byte_perm(q[2 * m + (h >> 1)], 0u, h & 1 ? 0x4342u : 0x4140u);
+        lo = bf16x2_fma(bf16x2_fma(and_or<0x000F000Fu>(p, 0x43004300u), BF16X2_ONE, 0xC300C300u), k.s_lo, k.b_lo);
+        hi = bf16x2_fma(bf16x2_fma(and_or<0x000F000Fu>(p >> 4, 0x43004300u), BF16X2_ONE, 0xC300C300u), k.s_hi, k.b_hi);
+    });
 }
 // Q6_K: column j < 32 from low-bit byte j (bits 4 (s % 2)..) and high-bit byte j (bits 4 (s % 2),
 // + 1), column 32 + j from low-bit byte 32 + j and the same high-bit byte (bits 4 (s % 2) + 2, + 3);
@@ -2037,26 +2042,18 @@ __device__ __forceinline__ void wide_ss_decode<FmtQ6_K>(const u8* stage, int r, 
         qh[4 * p] = v.x, qh[4 * p + 1] = v.y, qh[4 * p + 2] = v.z, qh[4 * p + 3] = v.w;
     }
     const int odd = 4 * (s & 1);
-    u8* const row = a + (r >> 6) * (QWIDE_SS_A_BYTES / 2) + (r & 63) * 128;
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-        u32 lo[4], hi[4];
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            const u32 sel = h & 1 ? 0x4342u : 0x4140u;
-            const int at = 2 * m + (h >> 1);
-            const u32 lo0 = __byte_perm(ql[at], 0u, sel) >> odd;
-            const u32 lo1 = __byte_perm(ql[8 + at], 0u, sel) >> odd;
-            const u32 hb = __byte_perm(qh[at], 0u, sel);
-            const u32 v0 = and_or<0x000F000Fu>(lo0, and_or<0x00300030u>(hb << 4 >> odd, 0x43004300u));
-            const u32 v1 = and_or<0x000F000Fu>(lo1, and_or<0x00300030u>(hb << 2 >> odd, 0x43004300u));
-            // (128 + q) - 160 = q - 32, exact; times the scale, rounded once.
-            lo[h] = bf16x2_fma(bf16x2_fma(v0, BF16X2_ONE, 0xC320C320u), sl[m >> 1], 0u);
-            hi[h] = bf16x2_fma(bf16x2_fma(v1, BF16X2_ONE, 0xC320C320u), sl[2 + (m >> 1)], 0u);
-        }
-        *(uint4*)(row + ((m ^ (r & 7)) << 4)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        *(uint4*)(row + (((4 + m) ^ (r & 7)) << 4)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    }
+    wide_ss_store(a, r, [&](int m, int h, u32& lo, u32& hi) {
+        const u32 sel = h & 1 ? 0x4342u : 0x4140u;
+        const int at = 2 * m + (h >> 1);
+        const u32 lo0 = __byte_perm(ql[at], 0u, sel) >> odd;
+        const u32 lo1 = __byte_perm(ql[8 + at], 0u, sel) >> odd;
+        const u32 hb = __byte_perm(qh[at], 0u, sel);
+        const u32 v0 = and_or<0x000F000Fu>(lo0, and_or<0x00300030u>(hb << 4 >> odd, 0x43004300u));
+        const u32 v1 = and_or<0x000F000Fu>(lo1, and_or<0x00300030u>(hb << 2 >> odd, 0x43004300u));
+        // (128 + q) - 160 = q - 32, exact; times the scale, rounded once.
+        lo = bf16x2_fma(bf16x2_fma(v0, BF16X2_ONE, 0xC320C320u), sl[m >> 1], 0u);
+        hi = bf16x2_fma(bf16x2_fma(v1, BF16X2_ONE, 0xC320C320u), sl[2 + (m >> 1)], 0u);
+    });
 }
 
 // qgemm_wide_block's product (same arguments) on the warp-specialized tiles, for 256 tokens.
