@@ -580,3 +580,27 @@ impl Kernels {
             .unwrap_or_else(|| panic!("kernel {name} is not in any family"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::entry_max_threads;
+
+    #[test]
+    fn a_kernels_block_bound_is_read_from_its_entry_header() {
+        let ptx = ".visible .entry ab(\n.param .u64 p\n)\n{\nret;\n}\n\
+                   .visible .entry a(\n.param .u64 p\n)\n.maxntid 384, 1, 1\n.minnctapersm 1\n{\nret;\n}\n\
+                   .visible .entry b(\n)\n{\n// .maxntid 99\nret;\n}\n";
+        assert_eq!(entry_max_threads(ptx, "a"), Some(384));
+        assert_eq!(
+            entry_max_threads(ptx, "ab"),
+            None,
+            "another kernel's bound is not its own"
+        );
+        assert_eq!(
+            entry_max_threads(ptx, "b"),
+            None,
+            "text past the body's start is not a bound"
+        );
+        assert_eq!(entry_max_threads(ptx, "c"), None);
+    }
+}
