@@ -1810,6 +1810,20 @@ extern "C" __constant__ int qwide_x_by_tma = 1;
 extern "C" __constant__ int qwide_weights_by_tma = 1;
 #endif
 
+// The bytes of a step's weight planes by TMA (QWIDE_W_TMA): 128 rows of each field.
+template <class F>
+__host__ __device__ constexpr unsigned wide_plane_bytes() {
+    return QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
+}
+// Step s's weight planes of tile rows row0.. by TMA into `stage`, completing on mbarrier `bar`.
+template <class F>
+__device__ __forceinline__ void wide_planes_by_tma(u8* stage, const TmaMap* const (&w_maps)[3], int s, int row0,
+                                                   unsigned bar) {
+#pragma unroll
+    for (int p = 0; p < F::WIDE_FIELDS; p++)
+        tma_load_2d(stage + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, bar);
+}
+
 // One block's product: tile rows row0.. of the n-row segment w by NT tokens from tok0,
 // k steps [first, last) (none: zeros), stored as rows out0 + row0.. of an n_out-row output, as
 // qgemm_store_to's z and prow0 say (out0 0 and n_out n, but in a pair: out0 the segment's first
@@ -1826,8 +1840,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
     constexpr unsigned X_BYTES = QWIDE_X_BYTES(NT);
     constexpr bool tma = QWIDE_TMA, w_tma = QWIDE_W_TMA;
     // The bytes a stage's mbarrier waits for: the x tile's and the weight planes' by TMA.
-    constexpr unsigned W_TMA_BYTES = QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
-    constexpr unsigned STAGE_TX = (tma ? X_BYTES : 0) + (w_tma ? W_TMA_BYTES : 0);
+    constexpr unsigned STAGE_TX = (tma ? X_BYTES : 0) + (w_tma ? wide_plane_bytes<F>() : 0);
     auto x_stage = [&](int b) { return (bf16*)(base + b * X_BYTES); };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * X_BYTES + b * QWIDE_W_BYTES; };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -1847,9 +1860,7 @@ __device__ __forceinline__ void qgemm_wide_block(const u8* __restrict__ w, const
         if constexpr (w_tma) {
             if (threadIdx.x == 0) {
                 mbarrier_expect_tx(x_full + 8 * b, STAGE_TX);
-#pragma unroll
-                for (int p = 0; p < F::WIDE_FIELDS; p++)
-                    tma_load_2d(stage + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, x_full + 8 * b);
+                wide_planes_by_tma<F>(stage, w_maps, s, row0, x_full + 8 * b);
             }
             if constexpr (F::WIDE_WORD) {
                 if (chalf == 1) F::wide_copy_word(stage + F::WIDE_WORDS_AT + 4 * crow, w, n, kb, cblk, s);
@@ -2064,14 +2075,14 @@ __device__ __forceinline__ void qgemm_wide_ss_block(const u8* __restrict__ w, co
                                                     int tok0, const TmaMap& x_map, const TmaMap* const (&w_maps)[3],
                                                     u8* const base, int z, int prow0, int out0, int n_out) {
     constexpr unsigned X_BYTES = QWIDE_X_BYTES(256);
-    constexpr unsigned STAGE_TX = X_BYTES + QWIDE_ROWS * (F::WIDE_WIDTH[0] + F::WIDE_WIDTH[1] + F::WIDE_WIDTH[2]);
+    constexpr unsigned STAGE_TX = X_BYTES + wide_plane_bytes<F>();
     auto x_stage = [&](int b) { return base + b * X_BYTES; };
     auto w_stage = [&](int b) { return base + QWIDE_STAGES * X_BYTES + b * QWIDE_W_BYTES; };
     u8* const a_tiles = base + QWIDE_STAGES * (X_BYTES + QWIDE_W_BYTES);
     // mbarriers: full[b] (the TMA copies' bytes, and for Q6_K the 128 decoders' word copies),
-    // empty[b] (the decoders' 4 warps and the 8 multiplying
-    // warps are done with stage b), a_full[j] (4 decoding warps stored A tile j), a_empty[j] (the
-    // 8 multiplying warps' products of it are done).
+    // empty[b] (the decoders' 4 warps and the 8 multiplying warps are done with stage b), a_full[j]
+    // (4 decoding warps stored A tile j), a_empty[j] (the 8 multiplying warps' products of it are
+    // done).
     const unsigned bars = (unsigned)__cvta_generic_to_shared(a_tiles + 2 * QWIDE_SS_A_BYTES);
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 8 * (QWIDE_STAGES + b); };
@@ -2094,22 +2105,20 @@ __device__ __forceinline__ void qgemm_wide_ss_block(const u8* __restrict__ w, co
     __syncthreads();
     auto load_weights = [&](int s, int b) {
         mbarrier_expect_tx(full(b), STAGE_TX);
-#pragma unroll
-        for (int p = 0; p < F::WIDE_FIELDS; p++)
-            tma_load_2d(w_stage(b) + F::WIDE_PLANE_AT[p], w_maps[p], F::wide_col(p, s), row0, full(b));
+        wide_planes_by_tma<F>(w_stage(b), w_maps, s, row0, full(b));
     };
     auto load_x = [&](int s, int b) { tma_load_2d(x_stage(b), &x_map, s * QTILE_K, tok0, full(b)); };
-    // The first steps' weights before the wait for the previous kernel (they are not its output).
     // A decoder's row and the first block of its bytes (a row past n copies row 0, never stored),
     // for Q6_K's words of d: each decoder copies its row's, counted on the stage's mbarrier.
-    const int r = threadIdx.x - 256;
-    const size_t rblk = (size_t)(row0 + r < n ? row0 + r : 0) * (k / F::BLOCK);
+    const int r = threadIdx.x - 256, kb = k / F::BLOCK;
+    const size_t rblk = (size_t)(row0 + r < n ? row0 + r : 0) * kb;
     auto load_word = [&](int s, int b) {
         if constexpr (F::WIDE_WORD) {
-            F::wide_copy_word(w_stage(b) + F::WIDE_WORDS_AT + 4 * r, w, n, k / F::BLOCK, rblk, s);
+            F::wide_copy_word(w_stage(b) + F::WIDE_WORDS_AT + 4 * r, w, n, kb, rblk, s);
             mbarrier_arrive_after_copies(full(b));
         }
     };
+    // The first steps' weights before the wait for the previous kernel (they are not its output).
     if (issuer)
         for (int j = 0; j < QWIDE_STAGES - 1; j++)
             if (first + j < last) load_weights(first + j, j);

@@ -409,8 +409,8 @@ pub struct Kernels {
     wide_tma: bool,
     /// Whether they copy their weight planes by TMA too (QWIDE_W_TMA): their calls need maps.
     wide_weights_by_tma: bool,
-    /// Threads a block of a wide kernel has as compiled: 384 where it is warp-specialized
-    /// (QWIDE_SS), whatever its call asks.
+    /// Threads a block of a wide kernel has as compiled: [`WIDE_SS_THREADS`] where it is
+    /// warp-specialized (QWIDE_SS), whatever its call asks.
     block_threads: HashMap<&'static str, u32>,
 }
 
@@ -427,7 +427,10 @@ pub fn wide_shared_bytes(tile: QuantGemmTile) -> u32 {
     4 * (tile.tokens() as u32 * 64 * 2 + 16384 + 8) + 1024
 }
 
-/// quant.cu's QWIDE_SS_SHARED: the warp-specialized wide tiles' (QWIDE_SS, 384 threads) four
+/// quant.cu's QWIDE_SS_THREADS: a block of the warp-specialized wide tiles (QWIDE_SS), which
+/// Kernels::load tells by their PTX's `.maxntid`.
+pub const WIDE_SS_THREADS: u32 = 384;
+/// quant.cu's QWIDE_SS_SHARED: the warp-specialized wide tiles' (QWIDE_SS_THREADS threads) four
 /// stages of a 256 x 64 bf16 x tile and 16 KB of raw weight bytes, two 128 x 64 bf16 A tiles,
 /// twelve mbarriers and the slack.
 pub const WIDE_SS_SHARED_BYTES: u32 = 4 * (256 * 64 * 2 + 16384) + 2 * 128 * 64 * 2 + 96 + 1024;
@@ -494,7 +497,7 @@ impl Kernels {
                 }
                 let wide = QuantGemmTile::of_wide_kernel(name);
                 if arch == "compute_90a" && (name.starts_with("qgemm_tile_") || wide.is_some()) {
-                    let tile_bytes = if block_threads.get(name) == Some(&384) {
+                    let tile_bytes = if block_threads.get(name) == Some(&WIDE_SS_THREADS) {
                         WIDE_SS_SHARED_BYTES
                     } else if let Some(tile) = wide {
                         wide_shared_bytes(tile)

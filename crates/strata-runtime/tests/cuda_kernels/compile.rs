@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 
 use strata_runtime::cuda::kernels::{
     arch_to_compile, compile_all, compile_variant, entry_max_threads, has_specialized_tiles, nvrtc_available,
-    KernelSpec, FAMILIES,
+    KernelSpec, FAMILIES, WIDE_SS_THREADS,
 };
 
 /// ptxas from `STRATA_PTXAS` (`make test` passes the fetched one), if it is there.
@@ -158,8 +158,8 @@ fn compile_quant_variants() -> Vec<Variant> {
             &["QWIDE_SS=1"],
             "quant_wide_ss.ptx",
             |ptx| {
-                entry_max_threads(ptx, "qgemm_wide_q4_k") == Some(384)
-                    && entry_max_threads(ptx, "qgemm_wide_q6_k") == Some(384)
+                entry_max_threads(ptx, "qgemm_wide_q4_k") == Some(WIDE_SS_THREADS)
+                    && entry_max_threads(ptx, "qgemm_wide_q6_k") == Some(WIDE_SS_THREADS)
                     && entry_max_threads(ptx, "qgemm_wide_pair_q4_k_q6_k") == Some(256)
                     && entry_max_threads(ptx, "qgemm_wide128_q4_k") == Some(256)
             },
